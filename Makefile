@@ -1,0 +1,43 @@
+# The README's two commands: `make up` (start the embedded cluster) and `make test`.
+# Both set up everything on a fresh machine: the virtualenv, raylog with its dependencies, and the
+# system packages Spark and the client tests need (a Java 17 runtime, kcat).
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY      = $(VENV)/bin/python
+STAMP   = $(VENV)/.raylog-installed
+PYTEST_ARGS ?=
+UP_ARGS ?=
+
+.PHONY: up test lint system-deps venv bench clean
+
+$(PY):
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "raylog needs Python >= 3.11, found " + sys.version.split()[0]'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
+
+# Reinstall only when the project's dependencies change.
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+system-deps:
+	@bash .ci/system-deps.sh
+
+up: $(STAMP)
+	$(VENV)/bin/raylog up $(UP_ARGS)
+
+test: $(STAMP) system-deps
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench: $(STAMP)
+	$(PY) benchmarks/storage_append.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

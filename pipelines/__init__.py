@@ -1,0 +1,1 @@
+"""raylog.pipelines"""
