@@ -1,0 +1,374 @@
+"""Kafka RecordBatch v2 headers: the one place in raylog that knows the byte layout.
+
+Pure functions over bytes (no I/O): parse a header zero-copy from a ``memoryview``, validate a
+batch a client produced, stamp the fields the broker owns, walk a buffer of concatenated
+batches, and build a valid uncompressed batch from records (for tests and benchmarks).
+
+Byte table (all integers big-endian; "batchLength" counts the bytes after its own field, so a
+batch occupies ``batchLength + 12`` bytes):
+
+| byte | field                 | type   | notes                                                 |
+|------|-----------------------|--------|-------------------------------------------------------|
+|    0 | baseOffset            | int64  | stamped by the leader; not under the CRC              |
+|    8 | batchLength           | int32  | >= 49 (the header after this field)                   |
+|   12 | partitionLeaderEpoch  | int32  | stamped by the leader; not under the CRC              |
+|   16 | magic                 | int8   | must be 2                                             |
+|   17 | crc                   | uint32 | CRC-32C (Castagnoli) over bytes [21, end)             |
+|   21 | attributes            | int16  | bits 0-2 codec (0 none, 1 gzip, 2 snappy, 3 lz4,      |
+|      |                       |        | 4 zstd), bit 3 LogAppendTime, 4 transactional,        |
+|      |                       |        | 5 control                                             |
+|   23 | lastOffsetDelta       | int32  | recordsCount - 1                                      |
+|   27 | baseTimestamp         | int64  | ms                                                    |
+|   35 | maxTimestamp          | int64  | ms; set to the append time under LogAppendTime        |
+|   43 | producerId            | int64  | -1 when not idempotent                                |
+|   51 | producerEpoch         | int16  |                                                       |
+|   53 | baseSequence          | int32  | >= 0 whenever producerId >= 0                         |
+|   57 | recordsCount          | int32  | > 0                                                   |
+|   61 | records               | bytes  | one compressed blob when codec != 0                   |
+
+Each record (uncompressed; Kafka's DefaultRecord) is: length varint, attributes int8,
+timestampDelta varlong, offsetDelta varint, keyLength varint (-1 = null), key, valueLength
+varint, value, headerCount varint, then per header keyLength varint, key (UTF-8), valueLength
+varint, value. Varints are zigzag-encoded LEB128 (protobuf's sint32/sint64).
+
+The broker never decodes records on the produce or replication path: everything here works
+from the 61-byte header, except :func:`build_batch`.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Sequence
+from typing import NamedTuple
+
+import crc32c as _crc32c
+
+from raylog.storage.errors import (
+    CorruptRecordError,
+    InvalidRecordError,
+    RecordTooLargeError,
+    UnsupportedCompressionTypeError,
+)
+
+Buffer = bytes | bytearray | memoryview
+
+HEADER = struct.Struct(">qiibIhiqqqhii")
+HEADER_SIZE = HEADER.size  # 61
+LOG_OVERHEAD = 12  # baseOffset + batchLength: the bytes batchLength does not count
+MIN_BATCH_LENGTH = HEADER_SIZE - LOG_OVERHEAD  # 49
+MAGIC = 2
+
+# Field positions, for in-place rewrites.
+BASE_OFFSET_POS = 0
+BATCH_LENGTH_POS = 8
+PARTITION_LEADER_EPOCH_POS = 12
+MAGIC_POS = 16
+CRC_POS = 17
+ATTRIBUTES_POS = 21
+MAX_TIMESTAMP_POS = 35
+CRC_START = 21
+
+_INT64 = struct.Struct(">q")
+_INT32 = struct.Struct(">i")
+_UINT32 = struct.Struct(">I")
+_INT16 = struct.Struct(">h")
+
+COMPRESSION_MASK = 0x07
+MAX_COMPRESSION_CODEC = 4  # zstd
+TIMESTAMP_TYPE_LOG_APPEND_TIME = 0x08
+TRANSACTIONAL_FLAG = 0x10
+CONTROL_FLAG = 0x20
+
+NO_PRODUCER_ID = -1
+NO_PARTITION_LEADER_EPOCH = -1
+
+# Upper bound on a batch we will even try to frame while walking a buffer or a segment file.
+# Anything larger is a corrupt length field, not a batch (max.message.bytes is capped far below).
+MAX_BATCH_SIZE_SANITY = 1 << 30
+
+
+class BatchHeader(NamedTuple):
+    """The 61-byte v2 header, field for field (see the module's byte table)."""
+
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    records_count: int
+
+    @property
+    def size(self) -> int:
+        """Bytes the whole batch occupies."""
+        return self.batch_length + LOG_OVERHEAD
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def compression(self) -> int:
+        return self.attributes & COMPRESSION_MASK
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & CONTROL_FLAG)
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & TRANSACTIONAL_FLAG)
+
+    @property
+    def is_log_append_time(self) -> bool:
+        return bool(self.attributes & TIMESTAMP_TYPE_LOG_APPEND_TIME)
+
+
+def parse_header(buf: Buffer, pos: int = 0) -> BatchHeader:
+    """Read the header at ``pos`` without copying the batch.
+
+    Raises CorruptRecordError when fewer than 61 bytes remain.
+    """
+    if len(buf) - pos < HEADER_SIZE:
+        raise CorruptRecordError(
+            f"record batch header truncated at byte {pos}: {len(buf) - pos} < {HEADER_SIZE} bytes"
+        )
+    return BatchHeader._make(HEADER.unpack_from(buf, pos))
+
+
+def compute_crc(buf: Buffer, pos: int, size: int) -> int:
+    """CRC-32C of the batch at ``pos`` of ``size`` bytes, over [pos + 21, pos + size)."""
+    view = memoryview(buf)[pos + CRC_START : pos + size]
+    return _crc32c.crc32c(view)
+
+
+def crc_ok(buf: Buffer, pos: int, header: BatchHeader) -> bool:
+    return compute_crc(buf, pos, header.size) == header.crc
+
+
+def check_framing(buf: Buffer, pos: int, header: BatchHeader) -> None:
+    """Magic and length checks: the batch at ``pos`` is a whole v2 batch inside ``buf``."""
+    if header.magic != MAGIC:
+        raise InvalidRecordError(f"record batch magic {header.magic} at byte {pos}, expected 2")
+    if header.batch_length < MIN_BATCH_LENGTH or header.size > MAX_BATCH_SIZE_SANITY:
+        raise CorruptRecordError(f"record batch length {header.batch_length} at byte {pos}")
+    if header.size > len(buf) - pos:
+        raise CorruptRecordError(
+            f"record batch at byte {pos} claims {header.size} bytes, {len(buf) - pos} remain"
+        )
+
+
+def verify_crc(buf: Buffer, pos: int, header: BatchHeader) -> None:
+    if not crc_ok(buf, pos, header):
+        raise CorruptRecordError(
+            f"record batch at byte {pos} (base offset {header.base_offset}) fails its CRC-32C"
+        )
+
+
+def validate_client_batch(buf: Buffer, max_message_bytes: int) -> BatchHeader:
+    """Check one batch a client produced; returns its header.
+
+    The buffer must hold exactly one batch (produce v3+ carries one batch per partition).
+    Checks, in order: framing (length, magic), size <= ``max_message_bytes``, CRC-32C, codec,
+    recordsCount == lastOffsetDelta + 1 > 0, not a control batch, baseSequence >= 0 when
+    producerId >= 0. Each failure raises its own RaylogError subclass.
+    """
+    header = parse_header(buf, 0)
+    check_framing(buf, 0, header)
+    if header.size != len(buf):
+        raise CorruptRecordError(
+            f"produce data holds {len(buf)} bytes but its batch claims {header.size}"
+        )
+    if header.size > max_message_bytes:
+        raise RecordTooLargeError(
+            f"record batch of {header.size} bytes exceeds max.message.bytes={max_message_bytes}"
+        )
+    verify_crc(buf, 0, header)
+    if header.compression > MAX_COMPRESSION_CODEC:
+        raise UnsupportedCompressionTypeError(f"compression codec {header.compression}")
+    if header.records_count <= 0 or header.records_count != header.last_offset_delta + 1:
+        raise InvalidRecordError(
+            f"recordsCount {header.records_count} != lastOffsetDelta "
+            f"{header.last_offset_delta} + 1, or not positive"
+        )
+    if header.is_control:
+        raise InvalidRecordError("control batches may only be written by the broker")
+    if header.producer_id >= 0 and header.base_sequence < 0:
+        raise InvalidRecordError(
+            f"producerId {header.producer_id} with negative baseSequence {header.base_sequence}"
+        )
+    return header
+
+
+def set_base_offset(buf: bytearray | memoryview, pos: int, base_offset: int) -> None:
+    """Stamp baseOffset in place. Not under the CRC: no re-hash needed."""
+    _INT64.pack_into(buf, pos + BASE_OFFSET_POS, base_offset)
+
+
+def set_partition_leader_epoch(buf: bytearray | memoryview, pos: int, epoch: int) -> None:
+    """Stamp partitionLeaderEpoch in place. Not under the CRC: no re-hash needed."""
+    _INT32.pack_into(buf, pos + PARTITION_LEADER_EPOCH_POS, epoch)
+
+
+def stamp_log_append_time(
+    head: bytearray | memoryview, timestamp_ms: int, body: Buffer = b""
+) -> None:
+    """Apply LogAppendTime: set attribute bit 3 and maxTimestamp, then recompute the CRC.
+
+    ``head`` starts with the batch header and ``body`` holds whatever of the batch ``head``
+    does not (empty when ``head`` is the whole batch), so a caller can stamp a copy of the
+    61-byte header without copying the payload. Both fields are under the CRC, so this costs
+    one CRC pass. Consumers read maxTimestamp as every record's timestamp when bit 3 is set.
+    """
+    header = parse_header(head, 0)
+    _INT16.pack_into(head, ATTRIBUTES_POS, header.attributes | TIMESTAMP_TYPE_LOG_APPEND_TIME)
+    _INT64.pack_into(head, MAX_TIMESTAMP_POS, timestamp_ms)
+    crc = _crc32c.crc32c(body, _crc32c.crc32c(memoryview(head)[CRC_START:]))
+    _UINT32.pack_into(head, CRC_POS, crc)
+
+
+def iter_batches(buf: Buffer, *, verify: bool = True) -> Iterator[tuple[int, BatchHeader]]:
+    """Yield ``(position, header)`` for each batch of a buffer of concatenated batches.
+
+    Raises CorruptRecordError (or InvalidRecordError for a bad magic) at the first batch that
+    is truncated, mis-framed or, with ``verify``, fails its CRC. The buffer must end exactly
+    at a batch boundary.
+    """
+    pos = 0
+    end = len(buf)
+    while pos < end:
+        header = parse_header(buf, pos)
+        check_framing(buf, pos, header)
+        if verify:
+            verify_crc(buf, pos, header)
+        yield pos, header
+        pos += header.size
+
+
+def valid_prefix(
+    buf: Buffer, *, expected_base_offset: int | None = None
+) -> tuple[list[tuple[int, BatchHeader]], int]:
+    """The longest prefix of ``buf`` made of whole, CRC-valid, offset-contiguous batches.
+
+    Never raises on bad bytes: returns the good batches and the byte length of the good
+    prefix; whatever follows it is a torn or corrupt tail. Used by recovery. With
+    ``expected_base_offset`` each batch must also start where the previous one ended.
+    """
+    good: list[tuple[int, BatchHeader]] = []
+    pos = 0
+    end = len(buf)
+    expected = expected_base_offset
+    while end - pos >= HEADER_SIZE:
+        header = BatchHeader._make(HEADER.unpack_from(buf, pos))
+        if (
+            header.magic != MAGIC
+            or header.batch_length < MIN_BATCH_LENGTH
+            or header.size > end - pos
+            or header.last_offset_delta < 0
+            or (expected is not None and header.base_offset != expected)
+            or not crc_ok(buf, pos, header)
+        ):
+            break
+        good.append((pos, header))
+        pos += header.size
+        expected = header.next_offset
+    return good, pos
+
+
+# ---------------------------------------------------------------------------------------------
+# Building batches (tests, benchmarks, broker-written records).
+
+
+class Record(NamedTuple):
+    """One record to put in a batch; ``timestamp_ms`` is CreateTime."""
+
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int
+    headers: Sequence[tuple[str, bytes | None]] = ()
+
+
+def _zigzag_varint(value: int, out: bytearray) -> None:
+    # Zigzag maps signed to unsigned (0,-1,1,-2 -> 0,1,2,3), then LEB128, 7 bits per byte.
+    n = (value << 1) ^ (value >> 63)
+    n &= 0xFFFFFFFFFFFFFFFF
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+
+
+def _encode_bytes(value: bytes | None, out: bytearray) -> None:
+    if value is None:
+        _zigzag_varint(-1, out)
+    else:
+        _zigzag_varint(len(value), out)
+        out += value
+
+
+def _encode_record(record: Record, offset_delta: int, base_timestamp: int) -> bytes:
+    body = bytearray()
+    body.append(0)  # record attributes: unused, always 0
+    _zigzag_varint(record.timestamp_ms - base_timestamp, body)
+    _zigzag_varint(offset_delta, body)
+    _encode_bytes(record.key, body)
+    _encode_bytes(record.value, body)
+    _zigzag_varint(len(record.headers), body)
+    for name, value in record.headers:
+        _encode_bytes(name.encode("utf-8"), body)
+        _encode_bytes(value, body)
+    framed = bytearray()
+    _zigzag_varint(len(body), framed)
+    framed += body
+    return bytes(framed)
+
+
+def build_batch(
+    records: Sequence[Record],
+    *,
+    base_offset: int = 0,
+    partition_leader_epoch: int = NO_PARTITION_LEADER_EPOCH,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    transactional: bool = False,
+    control: bool = False,
+) -> bytes:
+    """Encode ``records`` as one valid, uncompressed v2 batch with CreateTime timestamps."""
+    if not records:
+        raise ValueError("a record batch needs at least one record")
+    base_timestamp = records[0].timestamp_ms
+    max_timestamp = max(r.timestamp_ms for r in records)
+    body = b"".join(_encode_record(r, i, base_timestamp) for i, r in enumerate(records))
+    attributes = (TRANSACTIONAL_FLAG if transactional else 0) | (CONTROL_FLAG if control else 0)
+    buf = bytearray(HEADER_SIZE + len(body))
+    HEADER.pack_into(
+        buf,
+        0,
+        base_offset,
+        len(buf) - LOG_OVERHEAD,
+        partition_leader_epoch,
+        MAGIC,
+        0,  # crc, filled below
+        attributes,
+        len(records) - 1,
+        base_timestamp,
+        max_timestamp,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        len(records),
+    )
+    buf[HEADER_SIZE:] = body
+    _UINT32.pack_into(buf, CRC_POS, compute_crc(buf, 0, len(buf)))
+    return bytes(buf)

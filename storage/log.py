@@ -1,0 +1,1070 @@
+"""The write-ahead log of one partition replica: segments, epochs, checkpoints, durability.
+
+Directory layout (Kafka's)::
+
+    00000000000000000000.log        stored RecordBatch v2 bytes, exactly as stamped
+    00000000000000000000.index      sparse offset index   (see segment.py)
+    00000000000000000000.timeindex  sparse time index     (see segment.py)
+    leader-epoch-checkpoint         "0\\n<count>\\n" then "<epoch> <startOffset>" lines
+    high-watermark-checkpoint       "0\\n<high watermark>\\n"
+
+The Log owns offset assignment on the leader path (:meth:`Log.append`), contiguity checks on
+the follower path (:meth:`Log.append_replicated`), reads of whole batches, the leader-epoch
+cache (KIP-101/279), retention, truncation and crash recovery.
+
+Durability (group commit). Appends write under ``_lock`` and fsync outside it. Every write
+gets a sequence number; an appender that needs durability waits until ``_synced_seq`` covers
+its number. The first waiter becomes the flush leader: it notes the newest written sequence,
+fsyncs the active segment (through a dup of its descriptor, so a concurrent roll or truncate
+cannot close it under the fsync) and then releases everyone whose write it covered. Appenders
+that arrive during that fsync are covered by the next one. Invariant: every segment but the
+active one is fsync'd (a roll fsyncs the old segment before creating the new one), so one
+fsync of the active segment makes every earlier write durable.
+
+Lock order: ``_lock`` then ``_flush_cond``; the flush leader never holds ``_flush_cond`` while
+taking ``_lock``. Reads also hold ``_lock`` (so a truncation never shrinks a file under a
+read); they cost a pread and a CRC pass (CRC-32C runs at several GB/s), never an fsync.
+
+Limits (bounded memory): one batch <= MAX_BATCH_BYTES (64 MiB) on both paths and in
+recovery; index positions and relative offsets are int32, so segment.bytes < 2 GiB; the
+active segment's indexes live in memory (20 bytes per index.interval.bytes of data, 5 MiB for
+a full 1 GiB segment at 4 KiB), plus at most MAX_OPEN_INACTIVE_SEGMENTS inactive segments
+with loaded indexes and an open descriptor (LRU); recovery reads 8 MiB at a time. Per
+segment the Log keeps a few integers only.
+
+Recovery (:meth:`Log.open`). Inactive segments were fsync'd with their index files when they
+rolled; they are trusted when those files pass cheap checks (entries increasing, and a header
+walk from the last entry ends exactly at the file's end and at the next segment's base offset;
+bit flips inside batches are caught by the CRC check on read). Other segments, and always the
+last one, are rescanned from their start: whole batches, CRC-32C valid, offsets contiguous
+from the segment's base offset. A segment that does not start where its predecessor ends (a
+crash in the middle of a truncation) is deleted with everything after it. The first bad
+batch and everything after it (later segments included) is cut, the indexes rebuilt, the
+epoch cache trimmed past the new log end and completed from the rescanned batches, and one
+log line (WARNING) says what was cut.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import msgspec
+
+from raylog.storage import batch as rb
+from raylog.storage.errors import (
+    FencedLeaderEpochError,
+    InvalidConfigError,
+    InvalidRecordError,
+    KafkaStorageError,
+    OffsetOutOfRangeError,
+    RaylogError,
+    RecordTooLargeError,
+)
+from raylog.storage.segment import (
+    TMP_SUFFIX,
+    Segment,
+    fsync_directory,
+    write_file_atomically,
+)
+
+logger = logging.getLogger(__name__)
+
+LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
+HIGH_WATERMARK_CHECKPOINT = "high-watermark-checkpoint"
+CHECKPOINT_VERSION = 0
+
+UNDEFINED_EPOCH = -1
+UNDEFINED_EPOCH_OFFSET = -1
+# ListOffsets' special timestamps.
+LATEST_TIMESTAMP = -1
+EARLIEST_TIMESTAMP = -2
+
+# Hard ceiling on one stored batch (leader or follower). Recovery never reads a batch larger
+# than this into memory, so max.message.bytes cannot exceed it.
+MAX_BATCH_BYTES = 64 << 20
+# Relative offsets and positions in index entries are int32.
+MAX_SEGMENT_BYTES = (1 << 31) - 1
+MAX_RELATIVE_OFFSET = (1 << 31) - 1
+# Inactive segments with open descriptors and loaded indexes at once (LRU).
+MAX_OPEN_INACTIVE_SEGMENTS = 8
+
+_DAY_MS = 24 * 60 * 60 * 1000
+_LONG_MAX = (1 << 63) - 1
+_SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex)$")
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class LogConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Per-log settings; each field is the Kafka topic config named in its comment.
+
+    ``flush_messages`` defaults to 1 (fsync before every append is acknowledged), unlike
+    Kafka's Long.MAX_VALUE, which leaves durability to replication and the OS.
+    With ``flush_messages`` > 1 the log fsyncs once that many records are unflushed or when
+    ``flush_ms`` has passed since the last fsync, judged at append time (no background
+    thread: the owner calls :meth:`Log.flush` on a timer if it needs a bound while idle).
+    """
+
+    segment_bytes: int = 1 << 30  # segment.bytes
+    segment_ms: int = 7 * _DAY_MS  # segment.ms
+    retention_ms: int = 7 * _DAY_MS  # retention.ms (-1: unlimited)
+    retention_bytes: int = -1  # retention.bytes (-1: unlimited)
+    max_message_bytes: int = 1048588  # max.message.bytes
+    index_interval_bytes: int = 4096  # index.interval.bytes
+    flush_messages: int = 1  # flush.messages
+    flush_ms: int = _LONG_MAX  # flush.ms
+    message_timestamp_type: str = "CreateTime"  # message.timestamp.type
+
+    def __post_init__(self) -> None:
+        _check_range("segment.bytes", self.segment_bytes, 14, MAX_SEGMENT_BYTES)
+        _check_range("segment.ms", self.segment_ms, 1, _LONG_MAX)
+        _check_range("retention.ms", self.retention_ms, -1, _LONG_MAX)
+        _check_range("retention.bytes", self.retention_bytes, -1, _LONG_MAX)
+        _check_range("max.message.bytes", self.max_message_bytes, 0, MAX_BATCH_BYTES)
+        _check_range("index.interval.bytes", self.index_interval_bytes, 0, MAX_SEGMENT_BYTES)
+        _check_range("flush.messages", self.flush_messages, 1, _LONG_MAX)
+        _check_range("flush.ms", self.flush_ms, 0, _LONG_MAX)
+        if self.message_timestamp_type not in ("CreateTime", "LogAppendTime"):
+            raise InvalidConfigError(
+                f"message.timestamp.type={self.message_timestamp_type!r}: "
+                "expected CreateTime or LogAppendTime"
+            )
+
+    @property
+    def log_append_time(self) -> bool:
+        return self.message_timestamp_type == "LogAppendTime"
+
+    @classmethod
+    def from_kafka(cls, configs: Mapping[str, str | int]) -> LogConfig:
+        """Build from Kafka topic-config keys; keys the log does not own are ignored."""
+        kwargs: dict[str, Any] = {}
+        for key, value in configs.items():
+            field = _KAFKA_KEYS.get(key)
+            if field is None:
+                continue
+            if field == "message_timestamp_type":
+                kwargs[field] = str(value)
+                continue
+            try:
+                kwargs[field] = int(value)
+            except (TypeError, ValueError):
+                raise InvalidConfigError(f"{key}={value!r}: not an integer") from None
+        return cls(**kwargs)
+
+
+_KAFKA_KEYS = {
+    "segment.bytes": "segment_bytes",
+    "segment.ms": "segment_ms",
+    "retention.ms": "retention_ms",
+    "retention.bytes": "retention_bytes",
+    "max.message.bytes": "max_message_bytes",
+    "index.interval.bytes": "index_interval_bytes",
+    "flush.messages": "flush_messages",
+    "flush.ms": "flush_ms",
+    "message.timestamp.type": "message_timestamp_type",
+}
+
+
+def _check_range(key: str, value: object, low: int, high: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise InvalidConfigError(f"{key}={value!r}: must be an integer in [{low}, {high}]")
+
+
+class AppendInfo(msgspec.Struct, frozen=True):
+    """What an append stored: offsets assigned and the LogAppendTime (-1 under CreateTime)."""
+
+    base_offset: int
+    last_offset: int
+    records_count: int
+    size_bytes: int
+    log_append_time: int
+    log_start_offset: int
+    max_timestamp: int
+
+
+class EpochEntry(NamedTuple):
+    """The first offset written under a leader epoch."""
+
+    epoch: int
+    start_offset: int
+
+
+class TimestampOffset(NamedTuple):
+    """Answer of :meth:`Log.offset_for_timestamp`."""
+
+    timestamp: int
+    offset: int
+
+
+@dataclass
+class LogStats:
+    """Counters for tests and metrics. ``fsyncs`` counts fsyncs of segment data only."""
+
+    fsyncs: int = 0
+    appends: int = 0
+    bytes_appended: int = 0
+    segments_rolled: int = 0
+    segments_deleted: int = 0
+
+
+class Log:
+    """One partition replica's write-ahead log in its own directory. Thread-safe."""
+
+    def __init__(
+        self,
+        directory: Path,
+        config: LogConfig,
+        clock_ms: Callable[[], int],
+        fsync: Callable[[int], None],
+    ) -> None:
+        # Use Log.open(): __init__ only sets fields.
+        self.directory = directory
+        self.config = config
+        self._clock_ms = clock_ms
+        self._fsync = fsync
+        self.stats = LogStats()
+        self._lock = threading.Lock()
+        self._flush_cond = threading.Condition(threading.Lock())
+        self._segments: list[Segment] = []
+        self._bases: list[int] = []  # base offsets of _segments, for bisect
+        self._open_inactive: OrderedDict[int, Segment] = OrderedDict()
+        self._epochs: list[EpochEntry] = []
+        self._high_watermark = 0
+        # Group commit state (under _flush_cond): writes numbered by _written_seq.
+        self._written_seq = 0  # also read under _lock, written under both
+        self._synced_seq = 0
+        self._sync_in_progress = False
+        self._unflushed_records = 0
+        self._last_flush_ms = 0
+        self._failure: str | None = None  # set on a failed fsync: the log refuses all work
+        self._closed = False
+
+    # -- opening and recovery ------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        directory: str | os.PathLike[str],
+        config: LogConfig | None = None,
+        *,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+        fsync: Callable[[int], None] = os.fdatasync,
+    ) -> Log:
+        """Open (creating if needed) and recover the log in ``directory``.
+
+        ``clock_ms`` (LogAppendTime, flush.ms) and ``fsync`` (every fsync of segment data,
+        given a file descriptor) are injectable for tests and simulation.
+        """
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        log = cls(path, config or LogConfig(), clock_ms, fsync)
+        try:
+            log._recover()
+        except OSError as exc:
+            raise KafkaStorageError(f"cannot open log {path}: {exc}") from exc
+        log._last_flush_ms = clock_ms()
+        return log
+
+    def _recover(self) -> None:
+        bases: set[int] = set()
+        for entry in os.listdir(self.directory):
+            if entry.endswith(TMP_SUFFIX):
+                (self.directory / entry).unlink()  # an interrupted atomic write
+                continue
+            m = _SEGMENT_FILE.match(entry)
+            if m and m.group(2) == "log":
+                bases.add(int(m.group(1)))
+        for entry in os.listdir(self.directory):  # index files whose .log is gone
+            m = _SEGMENT_FILE.match(entry)
+            if m and int(m.group(1)) not in bases:
+                (self.directory / entry).unlink()
+        ordered = sorted(bases)
+        interval = self.config.index_interval_bytes
+        cut: str | None = None
+        segments: list[Segment] = []
+        for i, base in enumerate(ordered):
+            seg = Segment(self.directory, base, interval)
+            if segments and base != segments[-1].next_offset:
+                cut = f"segment {base} does not follow offset {segments[-1].next_offset}"
+                seg.delete_files()
+                for later in ordered[i + 1 :]:
+                    Segment(self.directory, later, interval).delete_files()
+                break
+            is_last = i == len(ordered) - 1
+            if not is_last and seg.load_trusted(ordered[i + 1]):
+                seg.release()
+                segments.append(seg)
+                continue
+            valid = seg.recover(MAX_BATCH_BYTES)
+            if valid == seg.size:
+                if not is_last:
+                    seg.write_index_files()
+                    seg.release()
+                segments.append(seg)
+                continue
+            cut = (
+                f"cut {seg.size - valid} bytes of torn or corrupt data at byte {valid} of "
+                f"{seg.log_path.name} (offset {seg.next_offset})"
+            )
+            os.ftruncate(seg.fd, valid)
+            self._fsync(seg.fd)
+            seg.size = valid
+            dropped = ordered[i + 1 :]
+            for later in dropped:
+                Segment(self.directory, later, interval).delete_files()
+            if dropped:
+                cut += f" and {len(dropped)} later segment(s)"
+            segments.append(seg)
+            break
+        if not segments:
+            segments.append(Segment.create(self.directory, 0, interval))
+        self._segments = segments
+        self._bases = [s.base_offset for s in segments]
+        # Invariant: the active (last) segment was rescanned, so its indexes are in memory.
+        fsync_directory(self.directory)
+
+        self._load_epochs(segments)
+        self._high_watermark = self._load_high_watermark()
+        if cut:
+            logger.warning(
+                "log %s recovered: %s; log end offset %d", self.directory, cut, self.log_end_offset
+            )
+        else:
+            logger.info(
+                "log %s recovered: %d segment(s), offsets [%d, %d)",
+                self.directory,
+                len(segments),
+                self.log_start_offset,
+                self.log_end_offset,
+            )
+
+    def _load_epochs(self, segments: list[Segment]) -> None:
+        path = self.directory / LEADER_EPOCH_CHECKPOINT
+        entries: list[EpochEntry] = []
+        try:
+            lines = path.read_text().split("\n")
+            if int(lines[0]) != CHECKPOINT_VERSION:
+                raise ValueError(f"version {lines[0]}")
+            count = int(lines[1])
+            for line in lines[2 : 2 + count]:
+                epoch, start = line.split(" ")
+                entries.append(EpochEntry(int(epoch), int(start)))
+            if len(entries) != count:
+                raise ValueError("short file")
+        except FileNotFoundError:
+            entries = []
+        except (ValueError, IndexError) as exc:
+            logger.warning("ignoring unreadable %s: %s", path, exc)
+            entries = []
+        self._epochs = entries
+        self._trim_epochs()  # first drop entries past a cut tail, then add what it lacks
+        # Batches rescanned by recovery may carry epochs the checkpoint missed.
+        self._assign_epochs_from_active(segments[-1])
+        self._trim_epochs()
+        if self._epochs != entries:
+            self._write_epochs()
+
+    def _assign_epochs_from_active(self, seg: Segment) -> None:
+        pos = 0
+        while pos < seg.size:
+            head = seg.read(pos, rb.HEADER_SIZE)
+            header = rb.parse_header(head)
+            epoch = header.partition_leader_epoch
+            if epoch >= 0 and (not self._epochs or epoch > self._epochs[-1].epoch):
+                self._epochs.append(EpochEntry(epoch, header.base_offset))
+            pos += header.size
+
+    def _trim_epochs(self) -> None:
+        """Invariant: entries are strictly increasing in both fields and start below the log
+        end; the first entry is moved up to the log start offset when retention passed it."""
+        leo, start = self.log_end_offset, self.log_start_offset
+        kept = [e for e in self._epochs if e.start_offset < leo]
+        while len(kept) > 1 and kept[1].start_offset <= start:
+            kept.pop(0)
+        if kept and kept[0].start_offset < start:
+            kept[0] = EpochEntry(kept[0].epoch, start)
+        self._epochs = kept
+
+    def _write_epochs(self) -> None:
+        """Persist the epoch cache (atomically, fsync'd) in Kafka's checkpoint text format."""
+        lines = [str(CHECKPOINT_VERSION), str(len(self._epochs))]
+        lines += [f"{e.epoch} {e.start_offset}" for e in self._epochs]
+        try:
+            write_file_atomically(
+                self.directory / LEADER_EPOCH_CHECKPOINT, ("\n".join(lines) + "\n").encode()
+            )
+            fsync_directory(self.directory)
+        except OSError as exc:
+            raise KafkaStorageError(f"leader epoch checkpoint failed: {exc}") from exc
+
+    def _load_high_watermark(self) -> int:
+        path = self.directory / HIGH_WATERMARK_CHECKPOINT
+        try:
+            version, value = path.read_text().split("\n")[:2]
+            if int(version) != CHECKPOINT_VERSION:
+                raise ValueError(f"version {version}")
+            hw = int(value)
+        except FileNotFoundError:
+            hw = 0
+        except ValueError as exc:
+            logger.warning("ignoring unreadable %s: %s", path, exc)
+            hw = 0
+        return min(max(hw, self.log_start_offset), self.log_end_offset)
+
+    # -- state ---------------------------------------------------------------------------------
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._segments[0].base_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._segments[-1].next_offset
+
+    @property
+    def size_bytes(self) -> int:
+        with self._lock:
+            return sum(s.size for s in self._segments)
+
+    @property
+    def segment_count(self) -> int:
+        return len(self._segments)
+
+    @property
+    def high_watermark(self) -> int:
+        """The last checkpointed (or recovered) high watermark, clamped to the log."""
+        return self._high_watermark
+
+    @property
+    def latest_epoch(self) -> int:
+        """The newest leader epoch in the cache, UNDEFINED_EPOCH (-1) when empty."""
+        with self._lock:
+            return self._epochs[-1].epoch if self._epochs else UNDEFINED_EPOCH
+
+    @property
+    def epoch_entries(self) -> list[EpochEntry]:
+        with self._lock:
+            return list(self._epochs)
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise KafkaStorageError(f"log {self.directory} is closed")
+        if self._failure is not None:
+            raise KafkaStorageError(f"log {self.directory} failed: {self._failure}")
+
+    # -- appends -------------------------------------------------------------------------------
+
+    def append(self, batch: bytes | bytearray | memoryview, leader_epoch: int) -> AppendInfo:
+        """Leader path: validate one client batch, assign offsets, stamp, store, fsync.
+
+        The payload is never copied: the 61-byte header is stamped in a copy and written with
+        the rest of the caller's buffer in one pwritev. Returns after the bytes are durable
+        (per flush.messages / flush.ms).
+        """
+        view = memoryview(batch).cast("B")
+        rb.validate_client_batch(view, self.config.max_message_bytes)
+        head = bytearray(view[: rb.HEADER_SIZE])
+        body = view[rb.HEADER_SIZE :]
+        with self._lock:
+            self._check_usable()
+            if self._epochs and leader_epoch < self._epochs[-1].epoch:
+                raise FencedLeaderEpochError(
+                    f"append in epoch {leader_epoch} after epoch {self._epochs[-1].epoch}"
+                )
+            now = self._clock_ms()
+            base = self.log_end_offset
+            rb.set_base_offset(head, 0, base)
+            rb.set_partition_leader_epoch(head, 0, leader_epoch)
+            append_time = -1
+            if self.config.log_append_time:
+                append_time = now
+                # Under the CRC: hash the stamped header tail, then the untouched body.
+                rb.stamp_log_append_time(head, now, body)
+            stored = rb.parse_header(head)
+            try:
+                self._maybe_roll(stored)
+                self._segments[-1].append([head, body], [stored])
+                if leader_epoch >= 0 and (
+                    not self._epochs or leader_epoch > self._epochs[-1].epoch
+                ):
+                    self._epochs.append(EpochEntry(leader_epoch, base))
+                    self._write_epochs()
+            except OSError as exc:  # Segment.append already cut back its own partial write
+                raise KafkaStorageError(f"append to {self.directory} failed: {exc}") from exc
+            seq, need_sync = self._note_written(stored.size, stored.records_count, now)
+            info = AppendInfo(
+                base_offset=base,
+                last_offset=stored.last_offset,
+                records_count=stored.records_count,
+                size_bytes=stored.size,
+                log_append_time=append_time,
+                log_start_offset=self.log_start_offset,
+                max_timestamp=stored.max_timestamp,
+            )
+        if need_sync:
+            self._sync(seq)
+        return info
+
+    def append_replicated(self, batches: bytes | bytearray | memoryview) -> AppendInfo | None:
+        """Follower path: store batches that already carry the leader's offsets and epochs.
+
+        Checks framing and CRC of every batch, that the first starts at the log end offset and
+        each next one where the previous ended, and that leader epochs never go backwards.
+        Returns None for an empty buffer.
+        """
+        view = memoryview(batches).cast("B")
+        headers = [h for _, h in rb.iter_batches(view, verify=True)]
+        if not headers:
+            return None
+        for h in headers:
+            if h.size > MAX_BATCH_BYTES:
+                raise RecordTooLargeError(f"replicated batch of {h.size} bytes")
+            if h.last_offset_delta < 0:
+                raise InvalidRecordError(f"lastOffsetDelta {h.last_offset_delta} < 0")
+        with self._lock:
+            self._check_usable()
+            expected = self.log_end_offset
+            epoch = self._epochs[-1].epoch if self._epochs else UNDEFINED_EPOCH
+            for h in headers:
+                if h.base_offset != expected:
+                    raise InvalidRecordError(
+                        f"replicated batch at offset {h.base_offset}, expected {expected}"
+                    )
+                if 0 <= h.partition_leader_epoch < epoch:
+                    raise InvalidRecordError(
+                        f"replicated batch in epoch {h.partition_leader_epoch} after {epoch}"
+                    )
+                epoch = max(epoch, h.partition_leader_epoch)
+                expected = h.next_offset
+            now = self._clock_ms()
+            pos = 0
+            new_epochs = False
+            records = 0
+            try:
+                for h in headers:
+                    # One batch per write keeps rolls exact; the fsync is still shared.
+                    self._maybe_roll(h)
+                    self._segments[-1].append([view[pos : pos + h.size]], [h])
+                    pos += h.size
+                    records += h.records_count
+                    e = h.partition_leader_epoch
+                    if e >= 0 and (not self._epochs or e > self._epochs[-1].epoch):
+                        self._epochs.append(EpochEntry(e, h.base_offset))
+                        new_epochs = True
+            except (OSError, KafkaStorageError) as exc:
+                # The batches before the failing one are stored (a contiguous prefix): account
+                # for them so a later flush covers them, then report the failure.
+                if pos:
+                    self._note_written(pos, records, now)
+                if new_epochs:
+                    self._write_epochs()
+                raise KafkaStorageError(f"append to {self.directory} failed: {exc}") from exc
+            if new_epochs:
+                self._write_epochs()
+            seq, need_sync = self._note_written(len(view), records, now)
+            info = AppendInfo(
+                base_offset=headers[0].base_offset,
+                last_offset=headers[-1].last_offset,
+                records_count=records,
+                size_bytes=len(view),
+                log_append_time=-1,
+                log_start_offset=self.log_start_offset,
+                max_timestamp=max(h.max_timestamp for h in headers),
+            )
+        if need_sync:
+            self._sync(seq)
+        return info
+
+    def _maybe_roll(self, header: rb.BatchHeader) -> None:
+        """Start a new segment at the log end when the next batch should not join the active
+        one (segment.bytes, segment.ms, or int32 relative offsets).
+
+        segment.ms is judged as Kafka does: the incoming batch's maxTimestamp minus the first
+        batch's, so replaying old timestamps does not roll on every append.
+        """
+        active = self._segments[-1]
+        if active.size == 0:
+            return
+        size, records = header.size, header.records_count
+        full = active.size + size > self.config.segment_bytes
+        aged = header.max_timestamp - active.first_batch_timestamp > self.config.segment_ms
+        overflow = active.next_offset + records - active.base_offset > MAX_RELATIVE_OFFSET
+        if full or aged or overflow:
+            self._roll()
+
+    def _roll(self) -> None:
+        # 1. Make the old segment and its indexes durable, so that (invariant) only the
+        #    active segment can hold unsynced bytes, and everyone waiting on it is covered.
+        old = self._segments[-1]
+        try:
+            self._fsync(old.fd)
+        except OSError as exc:
+            self._failure = f"fsync failed: {exc}"  # as in _sync: page cache state unknown
+            raise
+        old.write_index_files()
+        with self._flush_cond:
+            self.stats.fsyncs += 1
+            self._synced_seq = max(self._synced_seq, self._written_seq)
+            self._flush_cond.notify_all()
+        # 2. Create the new segment and make its directory entry durable.
+        new = Segment.create(self.directory, old.next_offset, self.config.index_interval_bytes)
+        fsync_directory(self.directory)
+        self._segments.append(new)
+        self._bases.append(new.base_offset)
+        self._cache_inactive(old)
+        self.stats.segments_rolled += 1
+
+    def _cache_inactive(self, seg: Segment) -> None:
+        """Keep at most MAX_OPEN_INACTIVE_SEGMENTS inactive segments open (LRU)."""
+        self._open_inactive[seg.base_offset] = seg
+        self._open_inactive.move_to_end(seg.base_offset)
+        while len(self._open_inactive) > MAX_OPEN_INACTIVE_SEGMENTS:
+            _, evicted = self._open_inactive.popitem(last=False)
+            evicted.release()
+
+    def _note_written(self, size: int, records: int, now_ms: int) -> tuple[int, bool]:
+        """Under _lock: number the write and decide whether its appender must fsync."""
+        with self._flush_cond:
+            self._written_seq += 1
+            seq = self._written_seq
+        self.stats.appends += 1
+        self.stats.bytes_appended += size
+        self._unflushed_records += records
+        need = (
+            self._unflushed_records >= self.config.flush_messages
+            or now_ms - self._last_flush_ms >= self.config.flush_ms
+        )
+        if need:
+            self._unflushed_records = 0
+            self._last_flush_ms = now_ms
+        return seq, need
+
+    def _sync(self, seq: int) -> None:
+        """Return once write ``seq`` is durable, fsyncing as the group-commit leader if needed."""
+        while True:
+            with self._flush_cond:
+                while self._synced_seq < seq and self._sync_in_progress:
+                    self._flush_cond.wait()
+                if self._failure is not None:
+                    raise KafkaStorageError(f"log {self.directory} failed: {self._failure}")
+                if self._synced_seq >= seq:
+                    return
+                self._sync_in_progress = True
+            # This thread is the flush leader: it covers every write numbered up to target.
+            target = 0
+            try:
+                with self._lock:
+                    target = self._written_seq
+                    fd = os.dup(self._segments[-1].fd)
+                try:
+                    self._fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                with self._flush_cond:
+                    # After a failed fsync the page cache state is unknown: stop serving until
+                    # the log is reopened and recovered.
+                    self._failure = f"fsync failed: {exc}"
+                    self._sync_in_progress = False
+                    self._flush_cond.notify_all()
+                raise KafkaStorageError(f"fsync of log {self.directory} failed: {exc}") from exc
+            with self._flush_cond:
+                self.stats.fsyncs += 1
+                self._synced_seq = max(self._synced_seq, target)
+                self._sync_in_progress = False
+                self._flush_cond.notify_all()
+
+    def flush(self) -> None:
+        """Make every append so far durable (the flush.ms timer of a relaxed config)."""
+        with self._lock:
+            self._check_usable()
+            seq = self._written_seq
+            self._unflushed_records = 0
+            self._last_flush_ms = self._clock_ms()
+        self._sync(seq)
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def read(self, offset: int, max_bytes: int, max_offset: int | None = None) -> bytes:
+        """Whole stored batches, starting with the one that holds ``offset``.
+
+        The first batch may start before ``offset`` (as in Kafka). At least one batch is
+        returned even when it is larger than ``max_bytes``; after the first, batches are added
+        while the total stays within ``max_bytes``. With ``max_offset`` (the caller's high
+        watermark) no batch whose last offset is >= max_offset is returned: batches are never
+        split, and on a leader the high watermark always sits on a batch boundary, so this is
+        exactly "only records below the high watermark" (a follower whose high watermark
+        falls inside a batch serves up to the batch before it). A read at exactly the log end
+        offset (or at/above max_offset) returns b"". Every returned batch has passed its
+        CRC-32C: corrupt stored bytes raise KafkaStorageError and are never served.
+        """
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes {max_bytes} < 0")
+        with self._lock:
+            self._check_usable()
+            start, leo = self.log_start_offset, self.log_end_offset
+            if offset < start or offset > leo:
+                raise OffsetOutOfRangeError(
+                    f"offset {offset} outside the log [{start}, {leo}] of {self.directory}"
+                )
+            limit = leo if max_offset is None else min(max_offset, leo)
+            if offset >= limit:
+                return b""
+            try:
+                return self._read_locked(offset, max_bytes, limit)
+            except OSError as exc:
+                raise KafkaStorageError(f"read of {self.directory} failed: {exc}") from exc
+
+    def _read_locked(self, offset: int, max_bytes: int, limit: int) -> bytes:
+        out: list[bytes] = []
+        total = 0
+        i = bisect.bisect_right(self._bases, offset) - 1
+        seg = self._segment_at(i)
+        pos = seg.lookup_position(offset)
+        while True:
+            if pos >= seg.size:
+                i += 1
+                if i >= len(self._segments):
+                    break
+                seg = self._segment_at(i)
+                pos = 0
+                continue
+            # Read what the budget allows (at least a header), then walk whole batches.
+            want = max(max_bytes - total, rb.HEADER_SIZE)
+            chunk = seg.read(pos, want)
+            at = 0
+            done = False
+            while len(chunk) - at >= rb.HEADER_SIZE:
+                header = rb.parse_header(chunk, at)
+                self._check_stored(seg, pos + at, header, offset)
+                if header.next_offset <= offset:  # before the wanted batch: skip it
+                    at += header.size
+                    continue
+                if header.last_offset >= limit:
+                    done = True
+                    break
+                if total and total + header.size > max_bytes:
+                    done = True
+                    break
+                if header.size > len(chunk) - at:
+                    if at:
+                        break  # the chunk began at skipped batches: re-read from this one
+                    if total:  # cannot happen (the budget check above), but never split
+                        done = True
+                        break
+                    # The chunk began here with the whole budget, and this first batch is
+                    # larger than max_bytes: served whole anyway.
+                    data = seg.read(pos + at, header.size)
+                    self._verify_stored(seg, pos + at, data, 0, header)
+                    out.append(data)
+                    total += header.size
+                    at += header.size
+                    done = True
+                    break
+                self._verify_stored(seg, pos + at, chunk, at, header)
+                out.append(chunk[at : at + header.size])
+                total += header.size
+                at += header.size
+            if done or (total and total >= max_bytes):
+                break
+            if at == 0 and len(chunk) < rb.HEADER_SIZE:
+                raise KafkaStorageError(f"{seg.log_path} truncated under a read at byte {pos}")
+            pos += at
+        return b"".join(out)
+
+    def _segment_at(self, i: int) -> Segment:
+        seg = self._segments[i]
+        if seg is not self._segments[-1]:
+            self._cache_inactive(seg)
+        return seg
+
+    @staticmethod
+    def _check_stored(seg: Segment, pos: int, header: rb.BatchHeader, offset: int) -> None:
+        if (
+            header.magic != rb.MAGIC
+            or header.batch_length < rb.MIN_BATCH_LENGTH
+            or pos + header.size > seg.size
+            or header.last_offset_delta < 0
+        ):
+            raise KafkaStorageError(
+                f"corrupt batch header at byte {pos} of {seg.log_path} (reading offset {offset})"
+            )
+
+    @staticmethod
+    def _verify_stored(seg: Segment, pos: int, buf: bytes, at: int, header: rb.BatchHeader) -> None:
+        if not rb.crc_ok(buf, at, header):
+            raise KafkaStorageError(
+                f"stored batch at byte {pos} of {seg.log_path} (offset {header.base_offset}) "
+                "fails its CRC-32C; not served"
+            )
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> TimestampOffset | None:
+        """ListOffsets: the first batch whose maxTimestamp >= ``timestamp_ms``.
+
+        Returns (its maxTimestamp, its base offset), or None when no batch is that late.
+        Precision is one batch: records are not decoded, so the offset is the batch's base
+        offset, which may be a few records before the first record at that time (a consumer
+        seeking there sees them). -1 (latest) and -2 (earliest) return the log end / start
+        offset with timestamp -1, as Kafka does.
+        """
+        with self._lock:
+            self._check_usable()
+            if timestamp_ms == LATEST_TIMESTAMP:
+                return TimestampOffset(-1, self.log_end_offset)
+            if timestamp_ms == EARLIEST_TIMESTAMP:
+                return TimestampOffset(-1, self.log_start_offset)
+            for i, seg in enumerate(self._segments):
+                if seg.size == 0 or seg.max_timestamp < timestamp_ms:
+                    continue
+                seg = self._segment_at(i)
+                pos = seg.lookup_timestamp_position(timestamp_ms)
+                while pos < seg.size:
+                    header = rb.parse_header(seg.read(pos, rb.HEADER_SIZE))
+                    self._check_stored(seg, pos, header, -1)
+                    if header.max_timestamp >= timestamp_ms:
+                        return TimestampOffset(header.max_timestamp, header.base_offset)
+                    pos += header.size
+            return None
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """OffsetForLeaderEpoch (KIP-101/279): ``(epoch, end_offset)`` as Kafka answers it.
+
+        - the latest epoch: (epoch, log end offset);
+        - an earlier known epoch, or one between known epochs: (the largest known epoch <=
+          the requested one, start offset of the first epoch above the requested one);
+        - an epoch below every known epoch: (requested epoch, start offset of the first
+          known epoch), as Kafka's LeaderEpochFileCache.endOffsetFor does since KIP-279;
+        - an epoch above the latest, -1, or an empty cache: (-1, -1) (UNDEFINED).
+        """
+        with self._lock:
+            if epoch == UNDEFINED_EPOCH or not self._epochs:
+                return (UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET)
+            if epoch == self._epochs[-1].epoch:
+                return (epoch, self.log_end_offset)
+            epochs = [e.epoch for e in self._epochs]
+            higher = bisect.bisect_right(epochs, epoch)
+            if higher == len(epochs):
+                return (UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET)
+            if higher == 0:
+                return (epoch, self._epochs[0].start_offset)
+            return (self._epochs[higher - 1].epoch, self._epochs[higher].start_offset)
+
+    # -- truncation, retention, checkpoints ------------------------------------------------------
+
+    def truncate_to(self, offset: int) -> int:
+        """Remove every batch whose last offset is >= ``offset``; returns the new log end.
+
+        Batches are never split, so the new log end offset is the base offset of the first
+        removed batch, which is <= ``offset`` (the replication layer truncates at batch
+        boundaries, where the two agree). No-op at or above the log end offset. Raises
+        OffsetOutOfRangeError below the log start offset (see truncate_fully_and_start_at).
+        The result is durable before returning.
+        """
+        with self._lock:
+            self._check_usable()
+            if offset >= self.log_end_offset:
+                return self.log_end_offset
+            if offset < self.log_start_offset:
+                raise OffsetOutOfRangeError(
+                    f"truncate to {offset} below log start offset {self.log_start_offset}"
+                )
+            try:
+                i = bisect.bisect_right(self._bases, offset) - 1
+                seg = self._segments[i]
+                cut = self._first_position_at_or_after(seg, offset)
+                if cut == 0 and i > 0:
+                    i -= 1  # the whole segment goes: its predecessor becomes active
+                    seg = self._segments[i]
+                    cut = seg.size
+                removed = self._segments[i + 1 :]
+                del self._segments[i + 1 :]
+                del self._bases[i + 1 :]
+                self._open_inactive.pop(seg.base_offset, None)
+                # Order matters for a crash in between: 1. cut and fsync the new last segment
+                # (rescanned: the active segment's in-memory state must be complete); 2. unlink
+                # later segments newest first. Whatever survives a crash then no longer
+                # follows the cut segment's end, and open() deletes it.
+                seg.truncate_to_size(cut)
+                self._fsync(seg.fd)
+                for dead in reversed(removed):
+                    self._open_inactive.pop(dead.base_offset, None)
+                    dead.delete_files()
+                fsync_directory(self.directory)
+            except OSError as exc:
+                self._failure = f"truncation failed: {exc}"
+                raise KafkaStorageError(f"truncate of {self.directory} failed: {exc}") from exc
+            with self._flush_cond:
+                self.stats.fsyncs += 1
+                self._synced_seq = max(self._synced_seq, self._written_seq)
+                self._flush_cond.notify_all()
+            before = list(self._epochs)
+            self._trim_epochs()
+            if self._epochs != before:
+                self._write_epochs()
+            self._high_watermark = min(self._high_watermark, self.log_end_offset)
+            logger.info(
+                "log %s truncated to offset %d (asked %d)",
+                self.directory,
+                self.log_end_offset,
+                offset,
+            )
+            return self.log_end_offset
+
+    def _first_position_at_or_after(self, seg: Segment, offset: int) -> int:
+        """Position of the first batch of ``seg`` whose last offset is >= ``offset``."""
+        pos = seg.lookup_position(offset)
+        while pos < seg.size:
+            header = rb.parse_header(seg.read(pos, rb.HEADER_SIZE))
+            self._check_stored(seg, pos, header, offset)
+            if header.last_offset >= offset:
+                return pos
+            pos += header.size
+        return seg.size
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Drop every segment and start empty at ``offset`` (follower behind the leader's
+        log start offset). The epoch cache is cleared; the high watermark becomes ``offset``."""
+        with self._lock:
+            self._check_usable()
+            try:
+                for seg in self._segments:
+                    seg.delete_files()
+                self._open_inactive.clear()
+                new = Segment.create(self.directory, offset, self.config.index_interval_bytes)
+                fsync_directory(self.directory)
+            except OSError as exc:
+                self._failure = f"truncation failed: {exc}"
+                raise KafkaStorageError(f"truncate of {self.directory} failed: {exc}") from exc
+            self._segments = [new]
+            self._bases = [offset]
+            with self._flush_cond:
+                self._synced_seq = max(self._synced_seq, self._written_seq)
+                self._flush_cond.notify_all()
+            self._epochs = []
+            self._write_epochs()
+            self._high_watermark = offset
+            self._write_high_watermark(offset)
+
+    def enforce_retention(self, now_ms: int, high_watermark: int | None = None) -> int:
+        """Delete whole inactive segments past retention.ms (by their largest timestamp) or
+        beyond retention.bytes, oldest first; returns how many were deleted.
+
+        Never the active segment; with ``high_watermark``, only segments wholly below it
+        (uncommitted data is never deleted). The log start offset advances to the base offset
+        of the first remaining segment.
+        """
+        with self._lock:
+            self._check_usable()
+            total = sum(s.size for s in self._segments)
+            deleted = 0
+            while len(self._segments) > 1:
+                seg = self._segments[0]
+                end = self._segments[1].base_offset
+                if high_watermark is not None and end > high_watermark:
+                    break
+                expired = (
+                    self.config.retention_ms >= 0
+                    and now_ms - seg.max_timestamp > self.config.retention_ms
+                )
+                oversized = (
+                    self.config.retention_bytes >= 0
+                    and total - seg.size >= self.config.retention_bytes
+                )
+                if not (expired or oversized):
+                    break
+                # Order: leave the in-memory log first, then unlink (a crash in between
+                # leaves either a whole old segment, or index files that open() removes).
+                self._segments.pop(0)
+                self._bases.pop(0)
+                self._open_inactive.pop(seg.base_offset, None)
+                try:
+                    seg.delete_files()
+                except OSError as exc:
+                    raise KafkaStorageError(f"deleting {seg.log_path} failed: {exc}") from exc
+                total -= seg.size
+                deleted += 1
+            if deleted:
+                fsync_directory(self.directory)
+                self.stats.segments_deleted += deleted
+                before = list(self._epochs)
+                self._trim_epochs()
+                if self._epochs != before:
+                    self._write_epochs()
+                self._high_watermark = max(self._high_watermark, self.log_start_offset)
+                logger.info(
+                    "log %s retention deleted %d segment(s); log start offset %d",
+                    self.directory,
+                    deleted,
+                    self.log_start_offset,
+                )
+            return deleted
+
+    def checkpoint_high_watermark(self, high_watermark: int) -> None:
+        """Persist the high watermark (atomically, fsync'd); clamped to the log."""
+        with self._lock:
+            self._check_usable()
+            hw = min(max(high_watermark, self.log_start_offset), self.log_end_offset)
+            self._write_high_watermark(hw)
+            self._high_watermark = hw
+
+    def _write_high_watermark(self, hw: int) -> None:
+        try:
+            write_file_atomically(
+                self.directory / HIGH_WATERMARK_CHECKPOINT, f"{CHECKPOINT_VERSION}\n{hw}\n".encode()
+            )
+            fsync_directory(self.directory)
+        except OSError as exc:
+            raise KafkaStorageError(f"high watermark checkpoint failed: {exc}") from exc
+
+    def close(self) -> None:
+        """Flush, write the active segment's indexes, release every descriptor. Idempotent."""
+        if self._closed:
+            return
+        try:
+            if self._failure is None:
+                self.flush()
+        except RaylogError:
+            pass  # closing a failed log still releases its descriptors
+        with self._lock:
+            try:
+                if self._failure is None:
+                    self._segments[-1].write_index_files()
+            except OSError as exc:
+                logger.warning("log %s: index write on close failed: %s", self.directory, exc)
+            for seg in self._segments:
+                seg.release()
+            self._open_inactive.clear()
+            self._closed = True
+
+    def __enter__(self) -> Log:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = [
+    "HIGH_WATERMARK_CHECKPOINT",
+    "LEADER_EPOCH_CHECKPOINT",
+    "MAX_BATCH_BYTES",
+    "UNDEFINED_EPOCH",
+    "UNDEFINED_EPOCH_OFFSET",
+    "AppendInfo",
+    "EpochEntry",
+    "Log",
+    "LogConfig",
+    "LogStats",
+    "TimestampOffset",
+]
