@@ -1,0 +1,126 @@
+"""Fixtures shared by every suite: a real S3 API (moto's server) on a loopback port.
+
+- ``moto_server`` (session): starts ``python -m moto.server`` on a free 127.0.0.1 port, waits
+  (bounded) until it answers, yields its endpoint URL, and stops it by its PID at the end.
+- ``s3_client_kwargs``: the boto3 arguments (endpoint, region, dummy credentials) for it.
+- ``create_bucket``: a callable that creates a fresh bucket and returns its name, so tests do
+  not see each other's objects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+MOTO_REGION = "us-east-1"
+MOTO_CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+_MOTO_START_TIMEOUT_S = 30.0
+_MOTO_START_ATTEMPTS_MAX = 3  # a free port can be taken between probing it and binding it
+_MOTO_STOP_TIMEOUT_S = 10.0
+
+
+def _free_loopback_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1.0):
+            return True
+    except urllib.error.HTTPError:
+        return True  # any HTTP answer means the server is up
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    """Stop the server we started, by its PID: SIGTERM, then SIGKILL after a bounded wait."""
+    if process.poll() is not None:
+        return
+    os.kill(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=_MOTO_STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(timeout=_MOTO_STOP_TIMEOUT_S)
+
+
+@contextlib.contextmanager
+def run_moto_server(log_dir: Path) -> Iterator[str]:
+    """Run one moto server on a free loopback port; yield its endpoint URL."""
+    for attempt in range(_MOTO_START_ATTEMPTS_MAX):
+        port = _free_loopback_port()
+        url = f"http://127.0.0.1:{port}"
+        log_path = log_dir / f"moto-{port}.log"
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            deadline = time.monotonic() + _MOTO_START_TIMEOUT_S
+            while process.poll() is None and time.monotonic() < deadline and not _answers(url):
+                time.sleep(0.05)
+            if process.poll() is None and _answers(url):
+                yield url
+                return
+            if attempt == _MOTO_START_ATTEMPTS_MAX - 1:
+                raise RuntimeError(
+                    f"moto server did not answer on {url}: {log_path.read_text()[-2000:]}"
+                )
+        finally:
+            _stop(process)
+
+
+@pytest.fixture(scope="session")
+def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Endpoint URL of a moto S3 server shared by the whole session."""
+    with run_moto_server(tmp_path_factory.mktemp("moto")) as url:
+        yield url
+
+
+@pytest.fixture
+def s3_client_kwargs(moto_server: str) -> dict[str, Any]:
+    """Arguments for ``boto3.client("s3", **kwargs)`` or ``S3ObjectStore(bucket, **kwargs)``."""
+    return {"endpoint_url": moto_server, "region_name": MOTO_REGION, **MOTO_CREDENTIALS}
+
+
+@pytest.fixture
+def create_bucket(s3_client_kwargs: dict[str, Any]) -> Callable[..., str]:
+    """``create_bucket(name=None) -> name``: create a bucket (a fresh unique one by default)."""
+    import boto3
+
+    client = boto3.client("s3", **s3_client_kwargs)
+
+    def create(name: str | None = None) -> str:
+        bucket = name or f"test-{uuid.uuid4().hex[:16]}"
+        client.create_bucket(Bucket=bucket)
+        return bucket
+
+    return create
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--sim-seeds N``: how many seeds the simulator runs (tests/sim; env RAYLOG_SIM_SEEDS)."""
+    parser.addoption(
+        "--sim-seeds",
+        type=int,
+        default=None,
+        help="number of seeds for the replication simulator (default 500, or RAYLOG_SIM_SEEDS)",
+    )
