@@ -1,0 +1,511 @@
+"""The one registry of raylog's configuration keys: topic configs and broker configs.
+
+This module owns every configuration key raylog accepts, with Kafka's names, types, defaults and
+validation rules, and turns the ``dict[str, str]`` of overrides that travels in CreateTopics,
+AlterConfigs and the cluster metadata into:
+
+- :func:`validate` — the same overrides, checked and normalised (what the metadata stores);
+- :func:`effective` — a typed :class:`TopicConfig` with every key resolved;
+- :func:`describe` — one :class:`ConfigEntry` per key for DescribeConfigs.
+
+:data:`BROKER_CONFIGS` does the same for the broker-level keys (:class:`BrokerConfig`).
+
+Unknown keys and bad values raise :class:`~raylog.storage.errors.InvalidConfigError` (Kafka code
+40) whose message names the key and the value, as Kafka does.
+
+Where raylog's default differs from Kafka's, the definition's ``note`` says why.
+Rules followed from Kafka:
+
+- values are trimmed; booleans are ``true``/``false`` in any case; ints and longs are decimal
+  (Java's ``parseInt``: an optional sign, digits only) within the 32/64-bit range;
+- ``min.insync.replicas`` may exceed the replication factor: Kafka creates such a topic and then
+  fails acks=all produce requests with NOT_ENOUGH_REPLICAS, so raylog does the same;
+- topic configs Kafka has but raylog does not implement (``compression.type``,
+  ``min.compaction.lag.ms``, ...) are unknown keys here, refused rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Literal
+
+import msgspec
+
+from raylog.storage.errors import InvalidConfigError
+
+ConfigType = Literal["boolean", "string", "int", "long", "list"]
+
+# DescribeConfigs ``config_type`` codes (Kafka's ConfigEntry.ConfigType).
+CONFIG_TYPE_CODES: dict[ConfigType, int] = {
+    "boolean": 1,
+    "string": 2,
+    "int": 3,
+    "long": 5,
+    "list": 7,
+}
+
+# DescribeConfigs ``config_source`` codes (Kafka's DescribeConfigsResponse.ConfigSource).
+SOURCE_TOPIC_CONFIG = 1  # DYNAMIC_TOPIC_CONFIG: an override stored with the topic
+SOURCE_STATIC_BROKER_CONFIG = 4  # set in the broker's configuration at start-up
+SOURCE_DEFAULT_CONFIG = 5  # the registry's default
+
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+class ConfigDef(msgspec.Struct, frozen=True, kw_only=True):
+    """One key: its Kafka name, type, default (as its normalised string) and rule."""
+
+    name: str
+    type: ConfigType
+    default: str
+    doc: str
+    minimum: int | None = None  # ints and longs: inclusive lower bound
+    maximum: int | None = None  # ints and longs: inclusive upper bound
+    choices: tuple[str, ...] = ()  # strings and list items: the allowed values (case-sensitive)
+    refused: tuple[str, ...] = ()  # values Kafka allows but raylog does not implement yet
+    note: str = ""  # why raylog's default or rule differs from Kafka's
+
+
+class ConfigEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """One row of a DescribeConfigs answer."""
+
+    name: str
+    value: str
+    is_default: bool
+    source: int  # SOURCE_* code
+    config_type: int  # CONFIG_TYPE_CODES value
+    read_only: bool = False
+    is_sensitive: bool = False
+    documentation: str = ""
+
+
+def _fail(key: str, value: object, why: str) -> InvalidConfigError:
+    return InvalidConfigError(f"Invalid value {value!r} for configuration {key}: {why}")
+
+
+def _parse(d: ConfigDef, raw: str) -> Any:
+    """Parse and check one value; return the typed value (raises InvalidConfigError)."""
+    if not isinstance(raw, str):
+        raise _fail(d.name, raw, f"expected a string holding a {d.type}")
+    text = raw.strip()
+    if d.type == "boolean":
+        low = text.lower()
+        if low not in ("true", "false"):
+            raise _fail(d.name, raw, "expected true or false")
+        return low == "true"
+    if d.type in ("int", "long"):
+        if not _INTEGER.fullmatch(text):
+            raise _fail(d.name, raw, f"expected a decimal integer ({d.type})")
+        value = int(text)
+        bound = INT32_MAX if d.type == "int" else INT64_MAX
+        if not -bound - 1 <= value <= bound:
+            raise _fail(d.name, raw, f"out of the {d.type} range")
+        if d.minimum is not None and value < d.minimum:
+            raise _fail(d.name, raw, f"value must be at least {d.minimum}")
+        if d.maximum is not None and value > d.maximum:
+            raise _fail(d.name, raw, f"value must be at most {d.maximum}")
+        return value
+    items = [t.strip() for t in text.split(",")] if d.type == "list" else [text]
+    if d.type == "list":
+        items = [t for t in items if t]
+        if not items:
+            raise _fail(d.name, raw, "expected at least one value")
+    for item in items:
+        if d.choices and item not in d.choices:
+            raise _fail(d.name, raw, f"must be one of {', '.join(d.choices)}")
+        if item in d.refused:
+            raise _fail(d.name, raw, f"{item!r} is not supported by raylog yet")
+    return ",".join(items) if d.type == "list" else text
+
+
+def _normalise(d: ConfigDef, value: Any) -> str:
+    if d.type == "boolean":
+        return "true" if value else "false"
+    return str(value)
+
+
+CrossCheck = Callable[["ConfigRegistry", Mapping[str, str]], None]
+
+
+class ConfigRegistry:
+    """A set of :class:`ConfigDef` and the typed struct its resolved values fill.
+
+    Invariant (checked at construction): the struct's fields are exactly the keys with ``.``
+    replaced by ``_``, and every default passes its own rule.
+    """
+
+    def __init__(
+        self,
+        defs: Iterable[ConfigDef],
+        struct: type[msgspec.Struct],
+        checks: Iterable[CrossCheck] = (),
+    ) -> None:
+        self.defs: dict[str, ConfigDef] = {d.name: d for d in defs}
+        self.struct = struct
+        # Rules across keys; validate() runs them so that it stays the only gate.
+        self.checks = tuple(checks)
+        fields = set(struct.__struct_fields__)
+        keys = {_field(k) for k in self.defs}
+        if fields != keys:
+            raise RuntimeError(f"{struct.__name__} fields {fields ^ keys} do not match the keys")
+        for d in self.defs.values():
+            if _normalise(d, _parse(d, d.default)) != d.default:
+                raise RuntimeError(f"default of {d.name} is not normalised: {d.default!r}")
+
+    def validate(self, overrides: Mapping[str, str]) -> dict[str, str]:
+        """Check every key and value; return the overrides normalised, sorted by key."""
+        out: dict[str, str] = {}
+        for key in sorted(overrides):
+            d = self.defs.get(key)
+            if d is None:
+                raise InvalidConfigError(
+                    f"Unknown configuration {key} (value {overrides[key]!r}); "
+                    f"known keys: {', '.join(sorted(self.defs))}"
+                )
+            out[key] = _normalise(d, _parse(d, overrides[key]))
+        for check in self.checks:
+            check(self, out)
+        return out
+
+    def effective(self, overrides: Mapping[str, str]) -> Any:
+        """The typed struct with every key resolved: overrides over defaults."""
+        given = self.validate(overrides)
+        values = {_field(k): _parse(d, given.get(k, d.default)) for k, d in self.defs.items()}
+        return self.struct(**values)
+
+    def describe(
+        self,
+        overrides: Mapping[str, str],
+        keys: Iterable[str] | None = None,
+        *,
+        override_source: int = SOURCE_TOPIC_CONFIG,
+    ) -> list[ConfigEntry]:
+        """DescribeConfigs rows for ``keys`` (all keys when None), sorted by key.
+
+        A key DescribeConfigs asks about that the registry does not hold raises
+        InvalidConfigError, like any unknown key.
+        """
+        given = self.validate(overrides)
+        wanted = sorted(self.defs) if keys is None else list(keys)
+        rows = []
+        for key in wanted:
+            d = self.defs.get(key)
+            if d is None:
+                raise InvalidConfigError(f"Unknown configuration {key}")
+            is_default = key not in given
+            rows.append(
+                ConfigEntry(
+                    name=key,
+                    value=d.default if is_default else given[key],
+                    is_default=is_default,
+                    source=SOURCE_DEFAULT_CONFIG if is_default else override_source,
+                    config_type=CONFIG_TYPE_CODES[d.type],
+                    documentation=d.doc,
+                )
+            )
+        return rows
+
+    def apply_incremental(
+        self,
+        current: Mapping[str, str],
+        set_configs: Mapping[str, str] | None = None,
+        delete_configs: Iterable[str] = (),
+    ) -> dict[str, str]:
+        """IncrementalAlterConfigs SET/DELETE on ``current``; returns the validated result.
+
+        Deleting a key that is not overridden is a no-op, as in Kafka; deleting an unknown key
+        raises.
+        """
+        out = dict(current)
+        for key in delete_configs:
+            if key not in self.defs:
+                raise InvalidConfigError(f"Unknown configuration {key}")
+            out.pop(key, None)
+        out.update(set_configs or {})
+        return self.validate(out)
+
+
+def _field(key: str) -> str:
+    return key.replace(".", "_")
+
+
+# --- topic configs ----------------------------------------------------------------------------
+
+
+class TopicConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Every topic config resolved to its typed value (see TOPIC_CONFIG_DEFS for meanings)."""
+
+    min_insync_replicas: int
+    unclean_leader_election_enable: bool
+    replication_mode: str  # "pull" | "push"
+    retention_ms: int  # -1 = keep forever
+    retention_bytes: int  # -1 = no size limit
+    segment_bytes: int
+    segment_ms: int
+    max_message_bytes: int
+    message_timestamp_type: str  # "CreateTime" | "LogAppendTime"
+    flush_messages: int
+    flush_ms: int
+    cleanup_policy: str  # "delete"
+
+
+TOPIC_CONFIG_DEFS: tuple[ConfigDef, ...] = (
+    ConfigDef(
+        name="min.insync.replicas",
+        type="int",
+        default="1",
+        minimum=1,
+        doc="The fewest ISR members an acks=all produce needs; fewer fails with "
+        "NOT_ENOUGH_REPLICAS. May exceed the replication factor (then acks=all always fails).",
+    ),
+    ConfigDef(
+        name="unclean.leader.election.enable",
+        type="boolean",
+        default="false",
+        doc="Elect a replica outside the ISR when no ISR member is alive, losing committed "
+        "records, rather than leaving the partition offline.",
+    ),
+    ConfigDef(
+        name="replication.mode",
+        type="string",
+        default="pull",
+        choices=("pull", "push"),
+        doc="raylog only: pull (followers long-poll the leader, as Kafka) or push (the leader "
+        "sends each batch to its followers).",
+    ),
+    ConfigDef(
+        name="retention.ms",
+        type="long",
+        default="604800000",
+        minimum=-1,
+        doc="How long a closed segment is kept; -1 keeps segments forever.",
+    ),
+    ConfigDef(
+        name="retention.bytes",
+        type="long",
+        default="-1",
+        minimum=-1,
+        doc="The most bytes a partition keeps before deleting old segments; -1 means no limit.",
+    ),
+    ConfigDef(
+        name="segment.bytes",
+        type="int",
+        default="1073741824",
+        minimum=14,  # Kafka's minimum: the size of the smallest legacy record
+        doc="The size at which a segment is rolled.",
+    ),
+    ConfigDef(
+        name="segment.ms",
+        type="long",
+        default="604800000",
+        minimum=1,
+        doc="The age at which a segment is rolled even when not full.",
+    ),
+    ConfigDef(
+        name="max.message.bytes",
+        type="int",
+        default="1048588",
+        minimum=0,
+        doc="The largest record batch (after compression) the topic accepts.",
+    ),
+    ConfigDef(
+        name="message.timestamp.type",
+        type="string",
+        default="CreateTime",
+        choices=("CreateTime", "LogAppendTime"),
+        doc="Whether record timestamps are the producer's (CreateTime) or the leader's append "
+        "time (LogAppendTime).",
+    ),
+    ConfigDef(
+        name="flush.messages",
+        type="long",
+        default="1",
+        minimum=1,
+        doc="fsync the log after this many appended batches; 1 = every append.",
+        note="Kafka's default is Long.MAX_VALUE (leave flushing to the OS and rely on "
+        "replication). raylog's replicas often share one machine and one power supply in the "
+        "embedded cluster, so replication alone does not protect an acknowledged write there; "
+        "group-committed fsync of every append keeps acks durable at a small cost.",
+    ),
+    ConfigDef(
+        name="flush.ms",
+        type="long",
+        default=str(INT64_MAX),
+        minimum=0,
+        doc="fsync the log when this long has passed since the last fsync.",
+    ),
+    ConfigDef(
+        name="cleanup.policy",
+        type="list",
+        default="delete",
+        choices=("delete", "compact"),
+        refused=("compact",),
+        doc="delete: drop old segments by retention.ms / retention.bytes. compact is not "
+        "supported by raylog yet and is refused.",
+    ),
+)
+
+TOPIC_CONFIGS = ConfigRegistry(TOPIC_CONFIG_DEFS, TopicConfig)
+
+
+def validate(overrides: Mapping[str, str]) -> dict[str, str]:
+    """Check topic config overrides; return them normalised (raises InvalidConfigError)."""
+    return TOPIC_CONFIGS.validate(overrides)
+
+
+def effective(overrides: Mapping[str, str]) -> TopicConfig:
+    """The typed topic config: overrides over the registry defaults."""
+    return TOPIC_CONFIGS.effective(overrides)
+
+
+def describe(overrides: Mapping[str, str], keys: Iterable[str] | None = None) -> list[ConfigEntry]:
+    """DescribeConfigs rows of a topic: each key, its value, is_default and source."""
+    return TOPIC_CONFIGS.describe(overrides, keys)
+
+
+def apply_incremental(
+    current: Mapping[str, str],
+    set_configs: Mapping[str, str] | None = None,
+    delete_configs: Iterable[str] = (),
+) -> dict[str, str]:
+    """IncrementalAlterConfigs on a topic's overrides; returns the validated result."""
+    return TOPIC_CONFIGS.apply_incremental(current, set_configs, delete_configs)
+
+
+# --- broker configs ---------------------------------------------------------------------------
+
+
+class BrokerConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Every broker-level config resolved to its typed value (see BROKER_CONFIG_DEFS)."""
+
+    auto_create_topics_enable: bool
+    default_replication_factor: int
+    num_partitions: int
+    offsets_topic_num_partitions: int
+    offsets_topic_replication_factor: int
+    auto_leader_rebalance_enable: bool
+    leader_imbalance_per_broker_percentage: int
+    leader_imbalance_check_interval_seconds: int
+    broker_heartbeat_interval_ms: int
+    broker_session_timeout_ms: int
+    replica_lag_time_max_ms: int
+
+
+BROKER_CONFIG_DEFS: tuple[ConfigDef, ...] = (
+    ConfigDef(
+        name="auto.create.topics.enable",
+        type="boolean",
+        default="false",
+        doc="Create a topic when a client asks for metadata of an unknown one.",
+        note="Kafka's default is true. Each replica is a Ray actor (~57 MiB, ~0.5 s to start), "
+        "so a typo in a topic name must not silently cost a process per replica.",
+    ),
+    ConfigDef(
+        name="default.replication.factor",
+        type="int",
+        default="1",
+        minimum=1,
+        maximum=INT32_MAX,
+        doc="The replication factor of topics created without one (auto-created, or "
+        "CreateTopics with replication factor -1).",
+    ),
+    ConfigDef(
+        name="num.partitions",
+        type="int",
+        default="1",
+        minimum=1,
+        doc="The partition count of topics created without one.",
+    ),
+    ConfigDef(
+        name="offsets.topic.num.partitions",
+        type="int",
+        default="3",
+        minimum=1,
+        doc="Partitions of __consumer_offsets; fixed once the topic exists.",
+        note="Kafka's default is 50. A raylog replica is a Ray actor costing ~57 MiB, so 50 "
+        "partitions x RF 3 would take ~8.4 GiB before any user topic exists.",
+    ),
+    ConfigDef(
+        name="offsets.topic.replication.factor",
+        type="int",
+        default="3",
+        minimum=1,
+        maximum=32767,
+        doc="Replication factor of __consumer_offsets (capped by the brokers present when it is "
+        "created).",
+    ),
+    ConfigDef(
+        name="auto.leader.rebalance.enable",
+        type="boolean",
+        default="true",
+        doc="Move leadership back to preferred replicas when a broker's imbalance exceeds "
+        "leader.imbalance.per.broker.percentage.",
+    ),
+    ConfigDef(
+        name="leader.imbalance.per.broker.percentage",
+        type="int",
+        default="10",
+        minimum=0,
+        maximum=100,
+        doc="Percent of a broker's preferred partitions it may fail to lead before a rebalance.",
+    ),
+    ConfigDef(
+        name="leader.imbalance.check.interval.seconds",
+        type="long",
+        default="300",
+        minimum=1,
+        doc="How often the controller checks leader imbalance.",
+    ),
+    ConfigDef(
+        name="broker.heartbeat.interval.ms",
+        type="int",
+        default="2000",
+        minimum=1,
+        doc="How often a broker heartbeats the controller.",
+    ),
+    ConfigDef(
+        name="broker.session.timeout.ms",
+        type="int",
+        default="9000",
+        minimum=1,
+        doc="A broker not heard from for this long is fenced (judged by the controller's "
+        "monotonic clock). Must be at least twice broker.heartbeat.interval.ms.",
+    ),
+    ConfigDef(
+        name="replica.lag.time.max.ms",
+        type="long",
+        default="30000",
+        minimum=1,
+        doc="A follower that has not caught up to the leader's log end for this long leaves "
+        "the ISR.",
+    ),
+)
+
+
+def _session_outlives_heartbeats(reg: ConfigRegistry, given: Mapping[str, str]) -> None:
+    # A session must survive one lost heartbeat, else a single delayed message fences a healthy
+    # broker and moves its leaders (the lease rule: lease >= 2 x renew).
+    def get(key: str) -> int:
+        return int(given.get(key, reg.defs[key].default))
+
+    session = get("broker.session.timeout.ms")
+    heartbeat = get("broker.heartbeat.interval.ms")
+    if session < 2 * heartbeat:
+        raise _fail(
+            "broker.session.timeout.ms",
+            str(session),
+            f"must be at least 2 x broker.heartbeat.interval.ms ({heartbeat})",
+        )
+
+
+BROKER_CONFIGS = ConfigRegistry(
+    BROKER_CONFIG_DEFS, BrokerConfig, checks=(_session_outlives_heartbeats,)
+)
+
+
+def broker_config(overrides: Mapping[str, str] | None = None) -> BrokerConfig:
+    """The typed broker config: overrides (e.g. from ``raylog up``) over the defaults."""
+    return BROKER_CONFIGS.effective(overrides or {})

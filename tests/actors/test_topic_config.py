@@ -1,0 +1,164 @@
+"""The config registry follows Kafka's names, defaults and validation, and refuses loudly.
+
+Proves: defaults are Kafka's (or raylog's documented ones), values are parsed and normalised the
+way Kafka parses them, every bad value and unknown key raises INVALID_CONFIG naming key and value,
+DescribeConfigs rows say which values are defaults, and the broker config's cross-key rule holds.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from raylog.actors import topic_config
+from raylog.actors.topic_config import (
+    BROKER_CONFIGS,
+    SOURCE_DEFAULT_CONFIG,
+    SOURCE_TOPIC_CONFIG,
+    broker_config,
+)
+from raylog.storage.errors import InvalidConfigError
+
+
+def test_topic_defaults() -> None:
+    c = topic_config.effective({})
+    assert c.min_insync_replicas == 1
+    assert c.unclean_leader_election_enable is False
+    assert c.replication_mode == "pull"
+    assert c.retention_ms == 604800000
+    assert c.retention_bytes == -1
+    assert c.segment_bytes == 1073741824
+    assert c.segment_ms == 604800000
+    assert c.max_message_bytes == 1048588
+    assert c.message_timestamp_type == "CreateTime"
+    assert c.flush_messages == 1  # raylog: fsync every append (Kafka: Long.MAX_VALUE)
+    assert c.flush_ms == 2**63 - 1
+    assert c.cleanup_policy == "delete"
+
+
+def test_broker_defaults() -> None:
+    b = broker_config()
+    assert b.auto_create_topics_enable is False
+    assert b.default_replication_factor == 1
+    assert b.num_partitions == 1
+    assert b.offsets_topic_num_partitions == 3
+    assert b.auto_leader_rebalance_enable is True
+    assert b.leader_imbalance_per_broker_percentage == 10
+    assert b.leader_imbalance_check_interval_seconds == 300
+    assert b.broker_heartbeat_interval_ms == 2000
+    assert b.broker_session_timeout_ms == 9000
+    assert b.replica_lag_time_max_ms == 30000
+
+
+def test_values_are_parsed_like_kafka_and_normalised() -> None:
+    got = topic_config.validate(
+        {
+            "unclean.leader.election.enable": " TRUE ",
+            "min.insync.replicas": "+2",
+            "retention.ms": "-1",
+            "cleanup.policy": " delete ",
+            "replication.mode": "push",
+        }
+    )
+    assert got == {
+        "cleanup.policy": "delete",
+        "min.insync.replicas": "2",
+        "replication.mode": "push",
+        "retention.ms": "-1",
+        "unclean.leader.election.enable": "true",
+    }
+    assert list(got) == sorted(got)
+    c = topic_config.effective(got)
+    assert c.unclean_leader_election_enable is True
+    assert c.min_insync_replicas == 2
+    assert c.retention_ms == -1
+
+
+def test_min_insync_replicas_above_any_replication_factor_is_allowed() -> None:
+    # Kafka creates such a topic; acks=all produce then fails with NOT_ENOUGH_REPLICAS.
+    assert topic_config.effective({"min.insync.replicas": "5"}).min_insync_replicas == 5
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("min.insync.replicas", "0"),
+        ("min.insync.replicas", "1.5"),
+        ("min.insync.replicas", "2147483648"),  # above int32
+        ("unclean.leader.election.enable", "yes"),
+        ("replication.mode", "PULL"),  # choices are case-sensitive, as Kafka's ValidString
+        ("retention.ms", "-2"),
+        ("retention.ms", "1_000"),  # Python's int() would take it, Java's parseLong would not
+        ("retention.bytes", "-5"),
+        ("segment.bytes", "13"),
+        ("segment.ms", "0"),
+        ("max.message.bytes", "-1"),
+        ("message.timestamp.type", "WallClock"),
+        ("flush.messages", "0"),
+        ("flush.ms", "-1"),
+        ("cleanup.policy", "compact"),
+        ("cleanup.policy", "delete,compact"),
+        ("cleanup.policy", "shred"),
+        ("cleanup.policy", " , "),
+    ],
+)
+def test_bad_values_name_key_and_value(key: str, value: str) -> None:
+    with pytest.raises(InvalidConfigError) as e:
+        topic_config.validate({key: value})
+    assert e.value.error_code == 40
+    assert key in str(e.value)
+    assert repr(value) in str(e.value)
+
+
+def test_compact_is_refused_with_a_clear_message() -> None:
+    with pytest.raises(InvalidConfigError, match="not supported by raylog yet"):
+        topic_config.validate({"cleanup.policy": "compact"})
+
+
+def test_unknown_keys_are_refused() -> None:
+    for key in ("compression.type", "replica.lag.time.max.ms", "min.insync.replica"):
+        with pytest.raises(InvalidConfigError, match=key.replace(".", r"\.")):
+            topic_config.validate({key: "1"})
+
+
+def test_describe_marks_defaults_and_overrides() -> None:
+    rows = {r.name: r for r in topic_config.describe({"retention.ms": "-1"})}
+    assert set(rows) == set(topic_config.TOPIC_CONFIGS.defs)
+    assert rows["retention.ms"].value == "-1"
+    assert rows["retention.ms"].is_default is False
+    assert rows["retention.ms"].source == SOURCE_TOPIC_CONFIG
+    assert rows["retention.ms"].config_type == 5  # LONG
+    assert rows["min.insync.replicas"].value == "1"
+    assert rows["min.insync.replicas"].is_default is True
+    assert rows["min.insync.replicas"].source == SOURCE_DEFAULT_CONFIG
+    only = topic_config.describe({}, ["segment.bytes"])
+    assert [r.name for r in only] == ["segment.bytes"]
+    with pytest.raises(InvalidConfigError):
+        topic_config.describe({}, ["no.such.key"])
+
+
+def test_incremental_alter_sets_and_deletes() -> None:
+    current = {"retention.ms": "1000", "min.insync.replicas": "2"}
+    got = topic_config.apply_incremental(
+        current, {"segment.ms": "60000"}, delete_configs=["retention.ms", "flush.ms"]
+    )
+    assert got == {"min.insync.replicas": "2", "segment.ms": "60000"}
+    with pytest.raises(InvalidConfigError):
+        topic_config.apply_incremental(current, delete_configs=["bogus"])
+
+
+def test_broker_session_must_outlive_two_heartbeats() -> None:
+    assert broker_config({"broker.session.timeout.ms": "4000"}).broker_session_timeout_ms == 4000
+    with pytest.raises(InvalidConfigError, match=r"broker\.session\.timeout\.ms"):
+        broker_config({"broker.session.timeout.ms": "3999"})
+    with pytest.raises(InvalidConfigError, match=r"broker\.session\.timeout\.ms"):
+        broker_config({"broker.heartbeat.interval.ms": "5000"})
+
+
+def test_broker_config_validation_style_matches() -> None:
+    with pytest.raises(InvalidConfigError, match=r"leader\.imbalance\.per\.broker\.percentage"):
+        BROKER_CONFIGS.validate({"leader.imbalance.per.broker.percentage": "101"})
+    with pytest.raises(InvalidConfigError, match=r"min\.insync\.replicas"):
+        BROKER_CONFIGS.validate({"min.insync.replicas": "1"})  # a topic key, not a broker one
+    assert BROKER_CONFIGS.validate({"auto.create.topics.enable": "True"}) == {
+        "auto.create.topics.enable": "true"
+    }
