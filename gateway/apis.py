@@ -1,0 +1,69 @@
+"""The API versions raylog's gateway implements, and what it advertises in ApiVersions.
+
+``TARGET_VERSIONS`` is KAFKA_PROTOCOL.md §1: the versions every supported client was measured
+against. None of them is a flexible version except ApiVersions' own handshake, which is answered
+specially (see ``handlers/api_versions.py``). The transaction APIs (24, 25, 26, 28) and SASL are
+not in it yet.
+
+What is *advertised* is the target range of each API that has a handler registered, and nothing
+else: a client never sees an API the gateway cannot answer. So the advertised table grows as
+handler modules land, and this table caps each one at the measured range. Note that kafka-python
+infers the broker's version from the advertised table (with only ApiVersions and Metadata it
+guesses a very old broker); clients of a partial gateway pass ``api_version`` explicitly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+
+from raylog.gateway import codec
+
+__all__ = ["TARGET_VERSIONS", "VersionRange", "advertised_versions"]
+
+VersionRange = tuple[int, int]  # (min_version, max_version), both inclusive
+
+TARGET_VERSIONS: Mapping[int, VersionRange] = MappingProxyType(
+    {
+        0: (3, 7),  # Produce: >=3 means RecordBatch v2 only; zstd needs >=7 (and Fetch >=10)
+        1: (4, 11),  # Fetch: v11 carries rack_id / preferred_read_replica (KIP-392)
+        2: (1, 3),  # ListOffsets: timestamps from v1
+        3: (1, 5),  # Metadata: >=4 for older kcat builds
+        8: (2, 3),  # OffsetCommit
+        9: (1, 3),  # OffsetFetch
+        10: (0, 2),  # FindCoordinator
+        11: (0, 5),  # JoinGroup: aiokafka knows {0, 1, 2, 5}
+        12: (0, 3),  # Heartbeat
+        13: (0, 1),  # LeaveGroup
+        14: (0, 3),  # SyncGroup: aiokafka knows {0, 1, 3}
+        18: (0, 2),  # ApiVersions
+        19: (2, 4),  # CreateTopics: v4 = -1 defaults (KIP-464)
+        20: (1, 3),  # DeleteTopics
+        22: (0, 1),  # InitProducerId: kafka-python's guessed version must stay < 2.5
+        32: (0, 2),  # DescribeConfigs
+        33: (0, 1),  # AlterConfigs
+        44: (0, 0),  # IncrementalAlterConfigs
+    }
+)
+
+
+def _check_table() -> None:
+    # The codec must be able to decode and encode every version we could advertise.
+    for api_key, (low, high) in TARGET_VERSIONS.items():
+        if not 0 <= low <= high <= codec.max_version(api_key):
+            raise RuntimeError(f"API {api_key}: versions {low}-{high} exceed the codec's specs")
+
+
+_check_table()
+
+
+def advertised_versions(registered: Iterable[int]) -> Mapping[int, VersionRange]:
+    """The ApiVersions table for a gateway whose handlers cover the ``registered`` API keys."""
+    table: dict[int, VersionRange] = {}
+    for api_key in registered:
+        if api_key not in TARGET_VERSIONS:
+            raise ValueError(
+                f"a handler is registered for API {api_key}, which has no target range"
+            )
+        table[api_key] = TARGET_VERSIONS[api_key]
+    return MappingProxyType(dict(sorted(table.items())))

@@ -1,0 +1,58 @@
+"""Request handlers, one module per Kafka API, and the registry the server dispatches on.
+
+To add an API: write ``handlers/<api>.py`` with ``API_KEY`` and ``async def handle(context,
+request)`` returning the response message (a kafka-python spec-built response object for
+``request.response_version``) or None when the request gets no response (Produce acks=0); then add
+the module to ``_MODULES`` below. Its versions come from ``apis.TARGET_VERSIONS`` and it is
+advertised from then on. Handlers raise only for bugs: expected failures become error codes in
+the response, because an exception escaping a handler closes the client's connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType, ModuleType
+from typing import Any
+
+from raylog.gateway import apis
+from raylog.gateway.backend import Backend
+from raylog.gateway.protocol import Request
+
+__all__ = ["HANDLERS", "Handler", "RequestContext", "advertised_versions"]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    """What a handler may use besides the request: the backend and the advertised table."""
+
+    backend: Backend
+    api_versions: Mapping[int, tuple[int, int]]
+    peer: str  # "host:port" of the client, for log lines
+
+
+Handler = Callable[[RequestContext, Request], Awaitable[Any | None]]
+
+
+def _load() -> Mapping[int, Handler]:
+    # Imported here, not at module top, so that each handler module can import this package's
+    # RequestContext without a cycle.
+    from raylog.gateway.handlers import api_versions, metadata
+
+    modules: tuple[ModuleType, ...] = (api_versions, metadata)
+    table: dict[int, Handler] = {}
+    for module in modules:
+        if module.API_KEY in table:
+            raise RuntimeError(f"two handler modules for API {module.API_KEY}")
+        table[module.API_KEY] = module.handle
+    return MappingProxyType(table)
+
+
+HANDLERS: Mapping[int, Handler] = _load()
+
+
+def advertised_versions(
+    handlers: Mapping[int, Handler] = HANDLERS,
+) -> Mapping[int, tuple[int, int]]:
+    """The ApiVersions table for a gateway serving ``handlers``."""
+    return apis.advertised_versions(handlers.keys())

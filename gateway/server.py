@@ -1,0 +1,279 @@
+"""The gateway's TCP server: asyncio sockets around the sans-IO :class:`Connection`.
+
+This module owns the I/O of the Kafka listener: accepting connections, reading bytes into each
+connection's state machine, running one task per admitted request, and writing the bytes the
+state machine releases. Protocol decisions (framing, admission, ordering, limits) are the
+connection's; dispatch is by API key through ``handlers.HANDLERS``.
+
+Per connection:
+
+1. One reader task feeds ``receive_data`` and asks ``next_event`` for requests. It stops reading
+   while the connection is PAUSED (``max_in_flight`` requests unanswered), so a client that
+   pipelines faster than we answer is held back by TCP, and the buffered bytes stay within one
+   frame plus one read.
+2. Each request runs in its own task, so a slow Fetch does not hold up a Metadata behind it; the
+   connection releases responses in request order regardless.
+3. Client garbage (``RemoteProtocolError``) logs one line and closes that connection. A handler
+   that raises is a bug: it is logged with its traceback and that connection is closed. Neither
+   touches other connections or the listening socket.
+
+Limits: ``max_connections`` open connections (more are closed on accept), ``max_frame_bytes``
+per request, ``max_in_flight`` requests and ``max_in_flight_bytes`` per connection,
+``connections_max_idle_ms`` (Kafka's key and default: a connection with nothing in flight and
+nothing received for that long is closed; a peer that does not read its responses for that long
+is dropped too), and ``close_timeout_s`` for in-flight requests to finish when the server stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from raylog.gateway.backend import Backend
+from raylog.gateway.errors import RemoteProtocolError
+from raylog.gateway.handlers import HANDLERS, Handler, RequestContext, advertised_versions
+from raylog.gateway.protocol import (
+    DEFAULT_MAX_FRAME_BYTES,
+    DEFAULT_MAX_IN_FLIGHT,
+    Connection,
+    Request,
+    Signal,
+)
+
+__all__ = ["GatewayServer", "Limits", "event_loop_factory"]
+
+log = logging.getLogger(__name__)
+
+READ_CHUNK_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Every bound the server keeps, with Kafka's key names where Kafka has one."""
+
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES  # socket.request.max.bytes
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    max_in_flight_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    max_connections: int = 1024  # max.connections
+    connections_max_idle_ms: int = 600_000  # connections.max.idle.ms
+    close_timeout_s: float = 5.0
+
+
+def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
+    """uvloop's event loop when it is installed, else asyncio's default one."""
+    try:
+        import uvloop  # type: ignore[import-not-found]
+    except ImportError:
+        return asyncio.new_event_loop
+    return uvloop.new_event_loop  # type: ignore[no-any-return]
+
+
+class GatewayServer:
+    """A Kafka protocol listener serving ``handlers`` against ``backend``."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        handlers: Mapping[int, Handler] = HANDLERS,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        max_in_flight_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        max_connections: int = 1024,
+        connections_max_idle_ms: int = 600_000,
+        close_timeout_s: float = 5.0,
+    ) -> None:
+        self.backend = backend
+        self._handlers = dict(handlers)
+        self._api_versions = advertised_versions(self._handlers)
+        self.limits = Limits(
+            max_frame_bytes=max_frame_bytes,
+            max_in_flight=max_in_flight,
+            max_in_flight_bytes=max_in_flight_bytes,
+            max_connections=max_connections,
+            connections_max_idle_ms=connections_max_idle_ms,
+            close_timeout_s=close_timeout_s,
+        )
+        self._server: asyncio.Server | None = None
+        self._clients: set[asyncio.Task[None]] = set()
+        self.connections_accepted = 0
+        self.connections_rejected = 0  # closed by us for garbage, handler bugs or over the limit
+
+    @property
+    def api_versions(self) -> Mapping[int, tuple[int, int]]:
+        """The advertised table: the target versions of the APIs with a handler."""
+        return self._api_versions
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._clients)
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None and self._server.is_serving()
+
+    async def start(self, host: str, port: int) -> int:
+        """Listen on ``host:port`` (0 = any free port); return the bound port."""
+        if self._server is not None:
+            raise RuntimeError("server already started")
+        self._server = await asyncio.start_server(self._on_connect, host, port)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        """Stop accepting, let in-flight requests finish (bounded), then close every connection."""
+        if self._server is None:
+            return
+        self._server.close()
+        clients = list(self._clients)
+        for task in clients:
+            task.cancel()
+        if clients:
+            # Each connection drains within close_timeout_s; the margin covers closing itself.
+            await asyncio.wait(clients, timeout=self.limits.close_timeout_s * 2)
+        await self._server.wait_closed()
+        self._server = None
+
+    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        if len(self._clients) >= self.limits.max_connections:
+            self.connections_rejected += 1
+            log.warning("refusing connection: %d connections open", len(self._clients))
+            writer.transport.abort()
+            return
+        self.connections_accepted += 1
+        self._clients.add(task)
+        try:
+            await _ClientConnection(self, self._handlers, reader, writer).run()
+        finally:
+            self._clients.discard(task)
+
+
+class _ClientConnection:
+    """The I/O shell of one connection: a reader loop plus one task per request."""
+
+    def __init__(
+        self,
+        server: GatewayServer,
+        handlers: Mapping[int, Handler],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        self._server = server  # for its counters
+        self._handlers = handlers
+        self._limits = limits = server.limits
+        self._idle_s = limits.connections_max_idle_ms / 1000
+        self._reader = reader
+        self._writer = writer
+        peer = writer.get_extra_info("peername")
+        self._peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self._connection = Connection(
+            server.api_versions,
+            max_frame_bytes=limits.max_frame_bytes,
+            max_in_flight=limits.max_in_flight,
+            max_in_flight_bytes=limits.max_in_flight_bytes,
+        )
+        self._context = RequestContext(server.backend, server.api_versions, self._peer)
+        self._requests: set[asyncio.Task[None]] = set()
+        self._answered = asyncio.Event()  # set whenever a response is released
+        self._closing = False
+
+    async def run(self) -> None:
+        try:
+            await self._read_loop()
+            # The peer closed its side, or sent garbage: answer nothing more than what is in
+            # flight (for EOF) and close.
+            await self._drain_requests()
+        except asyncio.CancelledError:
+            # The server is stopping: finish what was admitted, within the close timeout.
+            await self._drain_requests()
+        finally:
+            self._close()
+
+    async def _read_loop(self) -> None:
+        connection = self._connection
+        while not self._closing:
+            try:
+                event = connection.next_event()
+            except RemoteProtocolError as exc:
+                self._server.connections_rejected += 1
+                log.warning("closing connection from %s: %s", self._peer, exc)
+                self._abort()
+                return
+            if isinstance(event, Request):
+                task = asyncio.create_task(self._answer(event))
+                self._requests.add(task)
+                task.add_done_callback(self._requests.discard)
+            elif event is Signal.NEED_DATA:
+                try:
+                    # asyncio.timeout rather than wait_for: no extra task per read.
+                    async with asyncio.timeout(self._idle_s):
+                        data = await self._reader.read(READ_CHUNK_BYTES)
+                except TimeoutError:
+                    if connection.in_flight:
+                        continue  # quiet while its requests are served: not idle
+                    log.info("closing idle connection from %s", self._peer)
+                    return
+                except (ConnectionError, OSError):
+                    data = b""
+                connection.receive_data(data)
+            elif event is Signal.PAUSED:
+                self._answered.clear()
+                if connection.paused:
+                    await self._answered.wait()
+            else:  # Signal.CLOSED
+                return
+
+    async def _answer(self, request: Request) -> None:
+        handler = self._handlers[request.api_key]
+        try:
+            response = await handler(self._context, request)
+            if self._closing:
+                return
+            if response is None:
+                data = self._connection.send_nothing(request)
+            else:
+                data = self._connection.send(request, response)
+        except Exception:
+            # A handler or encoding bug, not the client's fault: keep the traceback, close this
+            # connection (its response order can no longer be kept), leave the others alone.
+            self._server.connections_rejected += 1
+            log.exception(
+                "closing connection from %s: API %d v%d (correlation id %d) failed",
+                self._peer,
+                request.api_key,
+                request.api_version,
+                request.correlation_id,
+            )
+            self._abort()
+            return
+        self._answered.set()
+        if data:
+            self._writer.write(data)
+            try:
+                async with asyncio.timeout(self._idle_s):
+                    await self._writer.drain()
+            except (ConnectionError, OSError, TimeoutError):
+                self._abort()
+
+    async def _drain_requests(self) -> None:
+        # After an abort nobody can read the answers: cancel at once instead of waiting.
+        if self._requests and not self._closing:
+            await asyncio.wait(set(self._requests), timeout=self._limits.close_timeout_s)
+        for task in list(self._requests):
+            task.cancel()
+
+    def _abort(self) -> None:
+        self._closing = True
+        self._answered.set()  # wake a paused reader so that it sees _closing
+        self._writer.transport.abort()
+
+    def _close(self) -> None:
+        self._closing = True
+        for task in list(self._requests):
+            task.cancel()
+        with contextlib.suppress(Exception):
+            self._writer.close()

@@ -1,0 +1,324 @@
+"""A live gateway on loopback, bootstrapped by real Kafka clients.
+
+Unit-level for the gateway layer: the backend is ``InMemoryBackend`` (no Ray actors), everything
+else is real: TCP on 127.0.0.1, the asyncio server, the sans-IO connection, the handlers, and
+unmodified kafka-python, confluent-kafka (librdkafka), aiokafka and kcat. Proves that each client
+completes the ApiVersions handshake (including the unsupported-version retry that kafka-python
+and librdkafka go through) and sees the brokers and topics the backend returns, without the
+gateway closing any of their connections; that responses on one connection leave in request
+order when handlers finish out of order and requests exceed the in-flight bound; that a handler
+bug closes only its own connection; and that stopping the server answers what is in flight.
+
+kafka-python infers the broker's version from the advertised table. With only ApiVersions and
+Metadata advertised it identifies the broker as 1.0 and still bootstraps; the tests run it both
+that way and with ``api_version=(2, 3)`` pinned (the version the full table reads as).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+import socket
+import struct
+import subprocess
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import pytest
+from gateway_support import (
+    CLUSTER_ID,
+    HOST,
+    InMemoryBackend,
+    LiveGateway,
+    api_versions_v0_frame,
+    raw_api_versions_roundtrip,
+    read_frame,
+    sample_topics,
+    wait_for,
+)
+from kafka.protocol.metadata import ApiVersionsResponse, MetadataRequest
+
+from raylog.gateway.backend import TopicState
+from raylog.gateway.handlers import HANDLERS, RequestContext
+from raylog.gateway.protocol import Request
+
+CLIENT_TIMEOUT_S = 20.0
+
+
+@pytest.fixture
+def no_closed_connections(live_gateway: LiveGateway) -> Iterator[None]:
+    """Fail the test if the gateway closed any connection on its side while it ran."""
+    before = live_gateway.server.connections_rejected
+    yield
+    assert live_gateway.server.connections_rejected == before
+
+
+def expected_partitions() -> dict[str, set[int]]:
+    return {name: {p.partition for p in t.partitions} for name, t in sample_topics().items()}
+
+
+def test_raw_api_versions(live_gateway: LiveGateway, no_closed_connections: None) -> None:
+    frame = raw_api_versions_roundtrip(live_gateway.port, correlation_id=99)
+    response = ApiVersionsResponse.decode(frame[4:], version=0)
+    assert int.from_bytes(frame[:4], "big") == 99
+    assert response.error_code == 0
+    assert {(k.api_key, k.min_version, k.max_version) for k in response.api_keys} == {
+        (3, 1, 5),
+        (18, 0, 2),
+    }
+
+
+@pytest.mark.parametrize("api_version", [None, (2, 3)])
+def test_kafka_python_consumer(
+    live_gateway: LiveGateway, no_closed_connections: None, api_version: Any
+) -> None:
+    from kafka import KafkaConsumer
+
+    kwargs = {} if api_version is None else {"api_version": api_version}
+    consumer = KafkaConsumer(
+        bootstrap_servers=live_gateway.bootstrap, request_timeout_ms=10000, **kwargs
+    )
+    try:
+        assert consumer.topics() == {"orders", "events"}
+        assert consumer.partitions_for_topic("orders") == {0, 1, 2}
+        assert consumer.partitions_for_topic("events") == {0, 1}
+    finally:
+        consumer.close()
+
+
+def test_kafka_python_admin(live_gateway: LiveGateway, no_closed_connections: None) -> None:
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=live_gateway.bootstrap, request_timeout_ms=10000)
+    try:
+        cluster = admin.describe_cluster()
+        assert cluster["cluster_id"] == CLUSTER_ID
+        assert cluster["controller_id"] == 1
+        assert {(b["broker_id"], b["port"], b["rack"]) for b in cluster["brokers"]} == {
+            (n, live_gateway.port, f"rack-{n}") for n in (1, 2, 3)
+        }
+        assert sorted(admin.list_topics()) == ["events", "orders"]
+    finally:
+        admin.close()
+
+
+def test_confluent_kafka(live_gateway: LiveGateway, no_closed_connections: None) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": live_gateway.bootstrap})
+    metadata = admin.list_topics(timeout=10)
+    assert metadata.cluster_id == CLUSTER_ID
+    assert metadata.controller_id == 1
+    assert sorted(metadata.brokers) == [1, 2, 3]
+    assert {b.port for b in metadata.brokers.values()} == {live_gateway.port}
+    assert {n: set(t.partitions) for n, t in metadata.topics.items()} == expected_partitions()
+    leaderless = metadata.topics["events"].partitions[1]
+    assert leaderless.leader == -1 and leaderless.error.code() == 5
+
+
+def test_aiokafka(live_gateway: LiveGateway, no_closed_connections: None) -> None:
+    from aiokafka.client import AIOKafkaClient
+
+    async def bootstrap() -> Any:
+        client = AIOKafkaClient(bootstrap_servers=live_gateway.bootstrap)
+        try:
+            await asyncio.wait_for(client.bootstrap(), CLIENT_TIMEOUT_S)
+            return await asyncio.wait_for(client.fetch_all_metadata(), CLIENT_TIMEOUT_S)
+        finally:
+            await client.close()
+
+    cluster = asyncio.run(bootstrap())
+    assert {b.nodeId for b in cluster.brokers()} == {1, 2, 3}
+    assert cluster.topics() == {"orders", "events"}
+    assert cluster.partitions_for_topic("orders") == {0, 1, 2}
+    assert cluster.leader_for_partition(_topic_partition("events", 1)) == -1
+
+
+def _topic_partition(topic: str, partition: int) -> Any:
+    from aiokafka.structs import TopicPartition
+
+    return TopicPartition(topic, partition)
+
+
+@pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is not on PATH")
+def test_kcat_list(live_gateway: LiveGateway, no_closed_connections: None) -> None:
+    kcat = shutil.which("kcat")
+    assert kcat is not None
+    result = subprocess.run(
+        [kcat, "-b", live_gateway.bootstrap, "-L", "-J", "-m", "10"],
+        capture_output=True,
+        timeout=CLIENT_TIMEOUT_S,
+        check=True,
+    )
+    listing = json.loads(result.stdout)
+    assert listing["controllerid"] == 1
+    assert sorted(b["id"] for b in listing["brokers"]) == [1, 2, 3]
+    topics = {t["topic"]: {p["partition"] for p in t["partitions"]} for t in listing["topics"]}
+    assert topics == expected_partitions()
+
+
+class ReversedLatencyBackend(InMemoryBackend):
+    """Answers the i-th of ``n`` calls after the (i+1)-th: later requests finish first."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(topic_states=sample_topics())
+        self.remaining = n
+
+    async def topics(self, names: Sequence[str] | None) -> Mapping[str, TopicState]:
+        self.remaining -= 1
+        # Simulated backend latency (not a wait for a test condition): earlier calls are slower.
+        await asyncio.sleep(0.0001 * self.remaining)
+        return await super().topics(names)
+
+
+def metadata_v1_frame(correlation_id: int) -> bytes:
+    request = MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name="orders")])
+    request.API_VERSION = 1
+    request.with_header(correlation_id=correlation_id, client_id="pipeline")
+    return bytes(request.encode(version=1, header=True, framed=True))
+
+
+def test_pipelined_responses_keep_request_order() -> None:
+    count = 200  # above max_in_flight, so the reader pauses and resumes
+    gateway = LiveGateway(ReversedLatencyBackend(count), max_in_flight=16)
+    gateway.start()
+    try:
+        frames = [metadata_v1_frame(i) if i % 2 else api_versions_v0_frame(i) for i in range(count)]
+        with socket.create_connection((HOST, gateway.port), timeout=CLIENT_TIMEOUT_S) as sock:
+            sock.sendall(b"".join(frames))
+            correlation_ids = [struct.unpack(">i", read_frame(sock)[:4])[0] for _ in frames]
+        assert correlation_ids == list(range(count))
+        assert gateway.server.connections_rejected == 0
+    finally:
+        gateway.stop()
+
+
+def test_handler_bug_closes_only_its_connection() -> None:
+    async def broken(context: RequestContext, request: Request) -> Any:
+        raise RuntimeError("a bug in a handler")
+
+    handlers = {18: HANDLERS[18], 3: broken}
+    gateway = LiveGateway(InMemoryBackend(topic_states=sample_topics()), handlers=handlers)
+    gateway.start()
+    try:
+        with socket.create_connection((HOST, gateway.port), timeout=CLIENT_TIMEOUT_S) as good:
+            good.sendall(api_versions_v0_frame(1))
+            read_frame(good)
+            with socket.create_connection((HOST, gateway.port), timeout=CLIENT_TIMEOUT_S) as bad:
+                bad.sendall(metadata_v1_frame(2))
+                with pytest.raises((ConnectionError, OSError)):
+                    read_frame(bad)
+            good.sendall(api_versions_v0_frame(3))
+            assert read_frame(good)[:4] == struct.pack(">i", 3)
+        assert gateway.alive()
+        assert gateway.server.connections_rejected == 1
+    finally:
+        gateway.stop()
+
+
+class BlockingBackend(InMemoryBackend):
+    """Holds every ``topics`` call until ``release`` is set (in the gateway's loop)."""
+
+    def __init__(self) -> None:
+        super().__init__(topic_states=sample_topics())
+        self.release: asyncio.Event | None = None
+        self.waiting = 0
+
+    async def topics(self, names: Sequence[str] | None) -> Mapping[str, TopicState]:
+        self.release = self.release or asyncio.Event()
+        self.waiting += 1
+        await asyncio.wait_for(self.release.wait(), CLIENT_TIMEOUT_S)
+        return await super().topics(names)
+
+
+def test_stop_answers_requests_in_flight() -> None:
+    backend = BlockingBackend()
+    gateway = LiveGateway(backend)
+    gateway.start()
+    try:
+        stop_with_request_in_flight(gateway, backend)
+    finally:
+        gateway.stop()  # the server is already stopped: this stops the loop and its thread
+
+
+def stop_with_request_in_flight(gateway: LiveGateway, backend: BlockingBackend) -> None:
+    with socket.create_connection((HOST, gateway.port), timeout=CLIENT_TIMEOUT_S) as sock:
+        sock.sendall(metadata_v1_frame(5))
+        wait_for(lambda: backend.waiting == 1, CLIENT_TIMEOUT_S, "the request to reach the backend")
+
+        async def stop_then_release() -> None:
+            stopping = asyncio.ensure_future(gateway.server.stop())
+            # One turn of the loop: stop() closes the listener and cancels the connection's
+            # reader before the backend answers, so the answer is written during the drain.
+            await asyncio.sleep(0)
+            assert not gateway.server.serving
+            assert backend.release is not None
+            backend.release.set()
+            await stopping
+
+        gateway.call(stop_then_release(), timeout_s=30.0)
+        assert read_frame(sock)[:4] == struct.pack(">i", 5)
+        assert sock.recv(1) == b""  # then closed
+
+
+def test_connections_over_the_limit_are_closed() -> None:
+    gateway = LiveGateway(InMemoryBackend(topic_states=sample_topics()), max_connections=1)
+    gateway.start()
+    try:
+        with socket.create_connection((HOST, gateway.port), timeout=CLIENT_TIMEOUT_S) as first:
+            first.sendall(api_versions_v0_frame(1))
+            read_frame(first)  # now certainly registered as open
+            with socket.create_connection((HOST, gateway.port), timeout=CLIENT_TIMEOUT_S) as extra:
+                extra.sendall(api_versions_v0_frame(2))
+                with pytest.raises((ConnectionError, OSError)):
+                    read_frame(extra)
+            first.sendall(api_versions_v0_frame(3))
+            assert read_frame(first)[:4] == struct.pack(">i", 3)
+        assert gateway.server.connections_rejected == 1
+    finally:
+        gateway.stop()
+
+
+def test_event_loop_factory_falls_back_without_uvloop() -> None:
+    from raylog.gateway.server import event_loop_factory
+
+    factory = event_loop_factory()
+    loop = factory()
+    try:
+        assert isinstance(loop, asyncio.AbstractEventLoop)
+    finally:
+        loop.close()
+
+
+def test_idle_connection_is_closed() -> None:
+    gateway = LiveGateway(InMemoryBackend(), connections_max_idle_ms=200)
+    gateway.start()
+    try:
+        with socket.create_connection((HOST, gateway.port), timeout=CLIENT_TIMEOUT_S) as sock:
+            sock.sendall(api_versions_v0_frame(1))
+            read_frame(sock)
+            # Blocks until the gateway closes the idle connection (bounded by the timeout).
+            assert sock.recv(1) == b""
+        wait_for(lambda: gateway.server.open_connections == 0, CLIENT_TIMEOUT_S, "the close")
+    finally:
+        gateway.stop()
+
+
+def test_garbage_logs_one_line_and_closes(
+    live_gateway: LiveGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    before = live_gateway.server.connections_rejected
+    with caplog.at_level(logging.WARNING, logger="raylog.gateway.server"):
+        with socket.create_connection((HOST, live_gateway.port), timeout=CLIENT_TIMEOUT_S) as sock:
+            sock.sendall(struct.pack(">i", 2**31 - 1))  # a size prefix far above the limit
+            assert sock.recv(1) == b""  # closed by the gateway
+        wait_for(
+            lambda: live_gateway.server.connections_rejected == before + 1,
+            CLIENT_TIMEOUT_S,
+            "the gateway to count the rejected connection",
+        )
+    lines = [r.getMessage() for r in caplog.records if r.name == "raylog.gateway.server"]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    assert "socket.request.max.bytes" in lines[0]

@@ -1,0 +1,275 @@
+"""The sans-IO connection and the codec: framing, headers, admission, ordering, limits.
+
+Proves, without sockets: frames are cut at the size prefix however the bytes are chunked; request
+header v1 and v2 (flexible, with tagged fields) parse as the JSON specs say, using bytes built by
+hand and by kafka-python's client-side encoder; the header version follows ``flexibleVersions``
+(and Kafka's two exceptions); an oversized or negative size prefix fails before the frame is
+buffered; unknown APIs and versions fail (except ApiVersions); responses leave in request order
+and the in-flight bound pauses the reader; the unsupported-ApiVersions answer is Kafka's exact
+bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from typing import Any
+
+import pytest
+from gateway_support import InMemoryBackend, api_versions_v0_frame, sample_topics
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest, MetadataResponse
+
+from raylog.gateway import codec
+from raylog.gateway.errors import LocalProtocolError, RemoteProtocolError
+from raylog.gateway.handlers import HANDLERS, RequestContext, advertised_versions
+from raylog.gateway.protocol import Connection, Request, Signal
+
+ADVERTISED = advertised_versions()
+
+
+def frame(payload: bytes) -> bytes:
+    return struct.pack(">i", len(payload)) + payload
+
+
+def metadata_request_frame(version: int, topics: list[str] | None, correlation_id: int) -> bytes:
+    request = MetadataRequest(
+        topics=None
+        if topics is None
+        else [MetadataRequest.MetadataRequestTopic(name=t) for t in topics],
+        allow_auto_topic_creation=False,
+    )
+    request.API_VERSION = version
+    request.with_header(correlation_id=correlation_id, client_id="golden")
+    return bytes(request.encode(version=version, header=True, framed=True))
+
+
+def answer(connection: Connection, request: Request) -> bytes:
+    context = RequestContext(InMemoryBackend(topic_states=sample_topics()), ADVERTISED, "test")
+    response = asyncio.run(HANDLERS[request.api_key](context, request))
+    return bytes(connection.send(request, response))
+
+
+def test_advertised_table_is_the_registered_handlers() -> None:
+    assert dict(ADVERTISED) == {3: (1, 5), 18: (0, 2)}
+
+
+def test_header_versions_follow_flexible_versions() -> None:
+    assert codec.request_header_version(3, 5) == 1
+    assert codec.request_header_version(3, 9) == 2  # Metadata flexibleVersions "9+"
+    assert codec.request_header_version(18, 2) == 1
+    assert codec.request_header_version(18, 3) == 2  # ApiVersions flexibleVersions "3+"
+    assert codec.request_header_version(7, 0) == 0  # ControlledShutdown v0: no client id
+    assert codec.response_header_version(3, 5) == 0
+    assert codec.response_header_version(3, 9) == 1
+    assert codec.response_header_version(18, 3) == 0  # ApiVersions: always header v0
+
+
+def test_api_versions_v0_golden_bytes() -> None:
+    connection = Connection(ADVERTISED)
+    connection.receive_data(api_versions_v0_frame(correlation_id=7, client_id="raw"))
+    request = connection.next_event()
+    assert isinstance(request, Request)
+    assert request.header == codec.RequestHeader(18, 0, 7, "raw", 1)
+    assert answer(connection, request) == bytes.fromhex(
+        "00000016"  # size: 22 bytes
+        "00000007"  # correlation id
+        "0000"  # error_code NONE
+        "00000002"  # api_keys: 2 entries, by key
+        "0003"
+        "0001"
+        "0005"  # Metadata 1-5
+        "0012"
+        "0000"
+        "0002"  # ApiVersions 0-2
+    )
+
+
+def test_unsupported_api_versions_gets_kafkas_exact_answer() -> None:
+    # kafka-python opens with ApiVersions v4: flexible, header v2, a body we never parse.
+    request = ApiVersionsRequest(client_software_name="kafka-python", client_software_version="3")
+    request.API_VERSION = 4
+    request.with_header(correlation_id=1, client_id="kp")
+    connection = Connection(ADVERTISED)
+    connection.receive_data(bytes(request.encode(version=4, header=True, framed=True)))
+    event = connection.next_event()
+    assert isinstance(event, Request)
+    assert event.body is None and event.response_version == 0
+    assert answer(connection, event) == bytes.fromhex(
+        "00000010"  # size: 16 bytes
+        "00000001"  # response header v0: correlation id only
+        "0023"  # error_code 35 UNSUPPORTED_VERSION
+        "00000001"  # api_keys: non-compact array of 1 (v0 body)
+        "0012"
+        "0000"
+        "0002"  # ApiVersions 0-2, and nothing else
+    )
+
+
+def test_unsupported_api_versions_needs_only_eight_bytes() -> None:
+    connection = Connection(ADVERTISED)
+    connection.receive_data(frame(struct.pack(">hhi", 18, 99, 0x01020304)))
+    event = connection.next_event()
+    assert isinstance(event, Request)
+    assert (event.api_version, event.correlation_id, event.body) == (99, 0x01020304, None)
+    assert answer(connection, event)[4:8] == bytes.fromhex("01020304")
+
+
+def test_flexible_header_v2_with_tagged_fields_by_hand() -> None:
+    # Metadata v9, header v2: key 3, version 9, correlation 42, client id "c", then one tagged
+    # field (tag 5, 2 bytes) that must be skipped; then the body: topics null (compact 0),
+    # allow_auto_topic_creation true, two authorized-operations booleans, no tagged fields.
+    header = struct.pack(">hhih", 3, 9, 42, 1) + b"c" + bytes([1, 5, 2, 0xAA, 0xBB])
+    body = bytes([0, 1, 0, 0, 0])
+    connection = Connection({3: (0, 12)})
+    connection.receive_data(frame(header + body))
+    event = connection.next_event()
+    assert isinstance(event, Request)
+    assert event.header == codec.RequestHeader(3, 9, 42, "c", 2)
+    assert event.body.topics is None
+    assert event.body.allow_auto_topic_creation is True
+
+
+@pytest.mark.parametrize("version", [1, 4, 5, 9, 12])
+def test_client_encoded_metadata_requests_decode(version: int) -> None:
+    connection = Connection({3: (0, 12)})
+    connection.receive_data(metadata_request_frame(version, ["orders", "events"], 11))
+    event = connection.next_event()
+    assert isinstance(event, Request)
+    assert event.header.client_id == "golden"
+    assert event.header.header_version == (2 if version >= 9 else 1)
+    assert [t.name for t in event.body.topics] == ["orders", "events"]
+
+
+@given(
+    topics=st.one_of(st.none(), st.lists(st.text(min_size=1, max_size=20), max_size=5)),
+    correlation_id=st.integers(-(2**31), 2**31 - 1),
+    version=st.integers(1, 5),
+    cuts=st.lists(st.integers(0, 400), max_size=6),
+)
+@settings(max_examples=150, deadline=None)
+def test_round_trip_any_chunking(
+    topics: list[str] | None, correlation_id: int, version: int, cuts: list[int]
+) -> None:
+    data = metadata_request_frame(version, topics, correlation_id) * 2
+    connection = Connection(ADVERTISED)
+    events: list[Any] = []
+    previous = 0
+    for cut in [*sorted(c % (len(data) + 1) for c in cuts), len(data)]:
+        if cut > previous:  # receive_data(b"") would mean end of stream
+            connection.receive_data(data[previous:cut])
+        previous = max(previous, cut)
+        while isinstance(event := connection.next_event(), Request):
+            events.append(event)
+        assert event is Signal.NEED_DATA
+    assert len(events) == 2
+    for event in events:
+        assert event.correlation_id == correlation_id
+        assert (
+            None if event.body.topics is None else [t.name for t in event.body.topics]
+        ) == topics
+    # And the response decodes with the client's own decoder.
+    encoded = answer(connection, events[0])
+    response = MetadataResponse.decode(encoded[8:], version=version)
+    assert {b.node_id for b in response.brokers} == {1, 2, 3}
+
+
+@pytest.mark.parametrize("size", [104_857_601, 2**31 - 1, -1, -(2**31)])
+def test_bad_size_prefix_fails_before_buffering(size: int) -> None:
+    connection = Connection(ADVERTISED)
+    connection.receive_data(struct.pack(">i", size))
+    with pytest.raises(RemoteProtocolError, match=r"socket\.request\.max\.bytes"):
+        connection.next_event()
+    with pytest.raises(RemoteProtocolError):  # and stays failed
+        connection.next_event()
+
+
+def test_frame_limit_is_configurable() -> None:
+    connection = Connection(ADVERTISED, max_frame_bytes=100)
+    connection.receive_data(frame(b"x" * 100)[:4])
+    assert connection.next_event() is Signal.NEED_DATA
+    connection = Connection(ADVERTISED, max_frame_bytes=100)
+    connection.receive_data(frame(b"x" * 101)[:4])
+    with pytest.raises(RemoteProtocolError):
+        connection.next_event()
+
+
+@pytest.mark.parametrize(
+    ("api_key", "version"),
+    [(0, 7), (3, 0), (3, 6), (3, 9), (-1, 0), (999, 0), (60, 0)],
+)
+def test_unadvertised_api_or_version_closes(api_key: int, version: int) -> None:
+    connection = Connection(ADVERTISED)
+    connection.receive_data(frame(struct.pack(">hhih", api_key, version, 1, -1)))
+    with pytest.raises(RemoteProtocolError, match="unsupported"):
+        connection.next_event()
+
+
+def test_truncated_body_is_rejected() -> None:
+    data = metadata_request_frame(5, ["orders"], 3)
+    # Cut the last byte of the topic name but keep the frame's size consistent.
+    payload = data[4:-2] + data[-1:]
+    connection = Connection(ADVERTISED)
+    connection.receive_data(frame(payload))
+    with pytest.raises(RemoteProtocolError, match="bad request"):
+        connection.next_event()
+
+
+def test_short_frame_is_rejected() -> None:
+    connection = Connection(ADVERTISED)
+    connection.receive_data(frame(b"\x00\x12\x00"))
+    with pytest.raises(RemoteProtocolError, match="no request header"):
+        connection.next_event()
+
+
+def test_responses_leave_in_request_order_and_in_flight_is_bounded() -> None:
+    connection = Connection(ADVERTISED, max_in_flight=3)
+    connection.receive_data(b"".join(api_versions_v0_frame(i) for i in range(4)))
+    requests = [connection.next_event() for _ in range(3)]
+    assert all(isinstance(r, Request) for r in requests)
+    assert connection.next_event() is Signal.PAUSED
+    assert answer(connection, requests[2]) == b""  # waits for 0 and 1
+    assert answer(connection, requests[1]) == b""
+    released = answer(connection, requests[0])
+    correlation_ids = []
+    while released:
+        size = struct.unpack_from(">i", released)[0]
+        correlation_ids.append(struct.unpack_from(">i", released, 4)[0])
+        released = released[4 + size :]
+    assert correlation_ids == [0, 1, 2]
+    assert connection.in_flight == 0
+    last = connection.next_event()
+    assert isinstance(last, Request) and last.correlation_id == 3
+
+
+def test_answering_twice_or_a_stranger_is_a_local_error() -> None:
+    connection = Connection(ADVERTISED)
+    connection.receive_data(api_versions_v0_frame(1))
+    request = connection.next_event()
+    assert isinstance(request, Request)
+    assert connection.send_nothing(request) == b""
+    with pytest.raises(LocalProtocolError):
+        connection.send_nothing(request)
+    other = Connection(ADVERTISED)
+    with pytest.raises(LocalProtocolError):
+        other.send_nothing(request)
+
+
+def test_end_of_stream() -> None:
+    connection = Connection(ADVERTISED)
+    connection.receive_data(api_versions_v0_frame(1)[:-1])
+    connection.receive_data(b"")
+    assert connection.next_event() is Signal.CLOSED
+
+
+def test_in_flight_bytes_are_bounded_but_one_request_always_fits() -> None:
+    big = metadata_request_frame(5, ["t" * 200], 1)
+    connection = Connection(ADVERTISED, max_in_flight_bytes=100)
+    connection.receive_data(big + api_versions_v0_frame(2))
+    first = connection.next_event()
+    assert isinstance(first, Request)  # larger than the bound, admitted alone
+    assert connection.next_event() is Signal.PAUSED
+    answer(connection, first)
+    second = connection.next_event()
+    assert isinstance(second, Request) and second.correlation_id == 2
