@@ -1,0 +1,535 @@
+"""Unit tests of the pure replication state machine: one test per claim it makes.
+
+Each test drives ``PartitionReplica`` with messages and explicit times and inspects the Ready it
+produces; no shell, no Ray, no disk. The claims: ISR shrink after ``replica.lag.time.max.ms``
+with Kafka's caught-up rule, the expand rule, the HW as min over the maximal ISR (leader counts
+its durable end) and monotonic, the HW frozen below min ISR, acks=all NOT_ENOUGH_REPLICAS before
+append and AFTER_APPEND after, the request timeout, the bound on pending requests, follower
+truncation via ``diverging_epoch``, ``end_offset_for_epoch`` semantics, fencing by leader epoch,
+observers outside the ISR, push replication and its fallback to pull, and invariant checks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from raylog.actors.messages import (
+    AlterPartitionResponse,
+    BatchMeta,
+    BecomeFollower,
+    BecomeLeader,
+    EpochEndOffset,
+    FetchRequest,
+    FetchResponse,
+    LocalAppendDurable,
+    ProduceRequest,
+    RecordBatch,
+    ReplicateAck,
+    ReplicateRequest,
+    StopReplica,
+)
+from raylog.actors.partition import (
+    AppendBatch,
+    InvariantViolation,
+    PartitionReplica,
+    ProduceResult,
+    Ready,
+    ReplicaConfig,
+    Role,
+    SendFetchData,
+    SendPushData,
+    SendToReplica,
+    TruncateTo,
+)
+from raylog.storage.errors import (
+    FencedLeaderEpochError,
+    NotEnoughReplicasAfterAppendError,
+    NotEnoughReplicasError,
+    NotLeaderOrFollowerError,
+    RequestTimedOutError,
+    UnknownLeaderEpochError,
+)
+
+EPOCH = 1
+
+
+def make_leader(
+    isr: tuple[int, ...] = (0, 1, 2),
+    replicas: tuple[int, ...] = (0, 1, 2),
+    observers: tuple[int, ...] = (),
+    now_ms: int = 0,
+    **config: Any,
+) -> PartitionReplica:
+    replica = PartitionReplica(0, ReplicaConfig(**config))
+    replica.step(BecomeLeader(1, EPOCH, 0, isr, replicas, observers), now_ms)
+    replica.ready()
+    return replica
+
+
+def produce(
+    replica: PartitionReplica,
+    request_id: int,
+    acks: int = -1,
+    now_ms: int = 0,
+    timeout_ms: int = 30_000,
+    count: int = 1,
+) -> Ready:
+    replica.step(ProduceRequest(request_id, acks, timeout_ms, count, 10, b"x"), now_ms)
+    return replica.ready()
+
+
+def make_durable(replica: PartitionReplica, now_ms: int = 0) -> Ready:
+    replica.step(LocalAppendDurable(replica.log_end_offset, replica.generation), now_ms)
+    return replica.ready()
+
+
+_fetch_ids = iter(range(1, 1 << 30))
+
+
+def follower_fetch(
+    replica: PartitionReplica, follower: int, offset: int, now_ms: int, epoch: int = EPOCH
+) -> Ready:
+    request = FetchRequest(follower, next(_fetch_ids), epoch, offset, -1, 1 << 20, 0)
+    replica.step(request, now_ms)
+    return replica.ready()
+
+
+def commit_alter(replica: PartitionReplica, ready: Ready, now_ms: int = 0) -> Ready:
+    request = ready.alter_partition[-1]
+    replica.step(
+        AlterPartitionResponse(
+            0,
+            request.leader_epoch,
+            request.partition_epoch + 1,
+            request.new_isr,
+            request.request_id,
+        ),
+        now_ms,
+    )
+    return replica.ready()
+
+
+def results(ready: Ready) -> dict[int, ProduceResult]:
+    return {r.request_id: r for r in ready.produce_results}
+
+
+def fetch_answers(ready: Ready) -> list[FetchResponse]:
+    return [m.response for m in ready.messages if isinstance(m, SendFetchData)]
+
+
+# --- ISR -------------------------------------------------------------------------------------
+
+
+def test_isr_shrinks_when_follower_not_caught_up_within_lag_time() -> None:
+    leader = make_leader(replica_lag_time_max_ms=1_000)
+    produce(leader, 1, acks=1)
+    for now_ms in (200, 600, 1_000):
+        follower_fetch(leader, 1, leader.log_end_offset, now_ms)  # 1 keeps up; 2 is silent
+        leader.tick(now_ms)
+        assert leader.ready().alter_partition == []  # 2 caught up at 0 (become-leader time)
+    leader.tick(1_001)
+    proposal = leader.ready().alter_partition
+    assert [p.new_isr for p in proposal] == [(0, 1)]
+    assert leader.isr == (0, 1, 2)  # not in effect until the controller commits it
+    commit_alter(leader, Ready(alter_partition=proposal))
+    assert leader.isr == (0, 1)
+
+
+def test_caught_up_time_follows_kafkas_previous_fetch_rule() -> None:
+    leader = make_leader(isr=(0,), replicas=(0, 1))
+    for i in range(10):
+        produce(leader, i, acks=1)
+    follower_fetch(leader, 1, 5, now_ms=100)  # behind the leader's end (10) at this fetch
+    assert leader.followers[1].last_caught_up_ms == 0
+    for i in range(10, 20):
+        produce(leader, i, acks=1)
+    # Reaches the leader end *as of the previous fetch* (10): caught up as of that fetch (100).
+    follower_fetch(leader, 1, 10, now_ms=200)
+    assert leader.followers[1].last_caught_up_ms == 100
+    follower_fetch(leader, 1, 20, now_ms=300)  # reaches the current end: caught up now
+    assert leader.followers[1].last_caught_up_ms == 300
+
+
+def test_isr_expands_when_follower_reaches_hw_and_epoch_start() -> None:
+    # Recovered log [0, 10) with HW 4; leading epoch 1 starts at offset 10.
+    leader = PartitionReplica(0, log_end_offset=10, epoch_cache=[(0, 0)], high_watermark=4)
+    leader.step(BecomeLeader(1, EPOCH, 0, (0,), (0, 1)), 0)
+    leader.ready()
+    assert follower_fetch(leader, 1, 6, 10).alter_partition == []  # >= HW, < epoch start
+    ready = follower_fetch(leader, 1, 10, 20)
+    assert [p.new_isr for p in ready.alter_partition] == [(0, 1)]
+
+
+def test_observer_never_joins_isr() -> None:
+    leader = make_leader(isr=(0,), replicas=(0,), observers=(5,))
+    produce(leader, 1, acks=1)
+    make_durable(leader)
+    ready = follower_fetch(leader, 5, leader.log_end_offset, 10)
+    leader.tick(20)
+    assert ready.alter_partition == [] and leader.ready().alter_partition == []
+    assert 5 not in leader.maximal_isr()
+
+
+# --- high watermark ----------------------------------------------------------------------------
+
+
+def test_hw_is_min_over_isr_with_leader_durable_end_and_never_decreases() -> None:
+    leader = make_leader()
+    for i in range(3):
+        produce(leader, i, acks=1)
+    follower_fetch(leader, 1, 3, 10)
+    follower_fetch(leader, 2, 3, 10)
+    assert leader.high_watermark == 0  # the leader's own copy is not durable yet
+    make_durable(leader)
+    assert leader.high_watermark == 3
+    produce(leader, 9, acks=1)
+    make_durable(leader)
+    follower_fetch(leader, 1, 4, 20)
+    assert leader.high_watermark == 3  # follower 2 is still at 3
+    follower_fetch(leader, 2, 2, 30)  # a follower reporting less never moves the HW back
+    assert leader.high_watermark == 3
+
+
+def test_hw_counts_pending_isr_additions_maximal_isr() -> None:
+    leader = make_leader(isr=(0, 1), replicas=(0, 1, 2))
+    ready = follower_fetch(leader, 2, 0, 5)  # reaches HW 0: proposed, not yet committed
+    assert [p.new_isr for p in ready.alter_partition] == [(0, 1, 2)]
+    produce(leader, 1, acks=1)
+    make_durable(leader)
+    follower_fetch(leader, 1, 1, 10)
+    assert leader.isr == (0, 1)
+    assert leader.high_watermark == 0  # held back by 2, a pending member
+    follower_fetch(leader, 2, 1, 10)
+    assert leader.high_watermark == 1
+
+
+def test_hw_frozen_while_isr_below_min_insync_replicas() -> None:
+    leader = make_leader(isr=(0,), replicas=(0, 1), min_insync_replicas=2)
+    produce(leader, 1, acks=1)
+    ready = make_durable(leader)
+    assert results(ready)[1].error_code == 0  # acks=1 still completes on local durability
+    assert leader.high_watermark == 0
+
+
+def test_follower_hw_is_min_of_leader_hw_and_own_end() -> None:
+    follower = PartitionReplica(1)
+    follower.step(BecomeFollower(1, 0, EPOCH, 0), 0)
+    request = follower.ready().messages[0].message
+    batch = RecordBatch(BatchMeta(0, 3, 10, EPOCH), b"x")
+    follower.step(FetchResponse(0, request.request_id, EPOCH, 0, 7, 0, 7, None, (batch,)), 1)
+    assert follower.high_watermark == 3
+
+
+# --- acks --------------------------------------------------------------------------------------
+
+
+def test_acks_1_completes_on_local_durability_acks_all_on_hw() -> None:
+    leader = make_leader(isr=(0, 1), replicas=(0, 1))
+    produce(leader, 1, acks=1)
+    produce(leader, 2, acks=-1)
+    done = results(make_durable(leader))
+    assert list(done) == [1] and done[1].base_offset == 0
+    done = results(follower_fetch(leader, 1, 2, 10))
+    assert list(done) == [2] and done[2].base_offset == 1 and done[2].error_code == 0
+
+
+def test_acks_all_below_min_isr_fails_before_append() -> None:
+    leader = make_leader(isr=(0,), replicas=(0, 1), min_insync_replicas=2)
+    ready = produce(leader, 1)
+    assert results(ready)[1].error_code == NotEnoughReplicasError.error_code
+    assert ready.log_ops == [] and leader.log_end_offset == 0
+
+
+def test_acks_all_shrink_after_append_fails_not_enough_replicas_after_append() -> None:
+    leader = make_leader(
+        isr=(0, 1), replicas=(0, 1), min_insync_replicas=2, replica_lag_time_max_ms=100
+    )
+    ready = produce(leader, 1)
+    assert isinstance(ready.log_ops[0], AppendBatch) and not ready.log_ops[0].replicated
+    leader.tick(101)
+    ready = commit_alter(leader, leader.ready())
+    assert leader.isr == (0,)
+    assert results(ready)[1].error_code == NotEnoughReplicasAfterAppendError.error_code
+
+
+def test_acks_all_times_out() -> None:
+    leader = make_leader()
+    produce(leader, 1, now_ms=0, timeout_ms=100)
+    leader.tick(99)
+    assert leader.ready().produce_results == []
+    leader.tick(100)
+    assert results(leader.ready())[1].error_code == RequestTimedOutError.error_code
+
+
+def test_pending_acks_all_are_bounded() -> None:
+    leader = make_leader(max_pending_acks_all=2)
+    produce(leader, 1)
+    produce(leader, 2)
+    ready = produce(leader, 3)
+    refused = results(ready)[3]
+    assert refused.error_code == RequestTimedOutError.error_code
+    assert "max_pending_acks_all=2" in refused.message
+    assert ready.log_ops == [] and leader.log_end_offset == 2
+
+
+def test_losing_leadership_fails_pending_with_not_leader() -> None:
+    leader = make_leader()
+    produce(leader, 1)
+    leader.step(BecomeFollower(1, 1, EPOCH + 1, 1), 5)
+    assert results(leader.ready())[1].error_code == NotLeaderOrFollowerError.error_code
+    assert leader.role is Role.FOLLOWER
+
+
+# --- divergence and epochs ---------------------------------------------------------------------
+
+
+def test_end_offset_for_epoch_follows_kafka() -> None:
+    replica = PartitionReplica(0, log_end_offset=30, epoch_cache=[(1, 0), (3, 10), (5, 20)])
+    assert replica.end_offset_for_epoch(-1) == EpochEndOffset(-1, -1)
+    assert replica.end_offset_for_epoch(5) == EpochEndOffset(5, 30)  # latest: the log end
+    assert replica.end_offset_for_epoch(6) == EpochEndOffset(-1, -1)  # unknown future epoch
+    assert replica.end_offset_for_epoch(3) == EpochEndOffset(3, 20)
+    assert replica.end_offset_for_epoch(4) == EpochEndOffset(3, 20)  # floor epoch, next start
+    assert replica.end_offset_for_epoch(2) == EpochEndOffset(1, 10)
+    assert replica.end_offset_for_epoch(0) == EpochEndOffset(0, 0)  # below every epoch
+
+
+def test_follower_truncates_diverged_suffix_using_diverging_epoch() -> None:
+    # Leader: epoch 0 on [0, 10), epoch 2 on [10, 20). Follower: epoch 0 on [0, 5), then an
+    # epoch-1 suffix [5, 8) that no leader kept.
+    leader = PartitionReplica(1, log_end_offset=20, epoch_cache=[(0, 0), (2, 10)])
+    leader.step(BecomeLeader(1, 3, 0, (1,), (0, 1)), 0)
+    leader.ready()
+    follower = PartitionReplica(0, log_end_offset=8, epoch_cache=[(0, 0), (1, 5)])
+    follower.step(BecomeFollower(1, 1, 3, 0), 0)
+    request = follower.ready().messages[0].message
+    assert (request.fetch_offset, request.last_fetched_epoch) == (8, 1)
+    leader.step(request, 1)
+    answer = fetch_answers(leader.ready())[0]
+    assert answer.diverging_epoch == EpochEndOffset(0, 10)
+    follower.step(answer, 2)
+    ready = follower.ready()
+    # Kafka's rule: min(leader's end for epoch 0, our end for epoch 0) = 5, not min(10, 8).
+    assert ready.log_ops == [TruncateTo(5, 1)]
+    again = next(m.message for m in ready.messages if isinstance(m, SendToReplica))
+    assert (again.fetch_offset, again.last_fetched_epoch) == (5, 0)
+    leader.step(again, 3)
+    answer = fetch_answers(leader.ready())[0]
+    assert answer.diverging_epoch is None and answer.error_code == 0
+
+
+def test_truncation_below_hw_is_an_invariant_violation() -> None:
+    follower = PartitionReplica(0, log_end_offset=8, epoch_cache=[(0, 0), (1, 5)], high_watermark=8)
+    follower.step(BecomeFollower(1, 1, 3, 0), 0)
+    request = follower.ready().messages[0].message
+    response = FetchResponse(1, request.request_id, 3, 0, 8, 0, 20, EpochEndOffset(0, 10))
+    with pytest.raises(InvariantViolation):
+        follower.step(response, 1)
+    assert issubclass(InvariantViolation, AssertionError)
+
+
+def test_fencing_with_stale_and_future_leader_epochs() -> None:
+    leader = make_leader()
+    stale = fetch_answers(follower_fetch(leader, 1, 0, 1, epoch=EPOCH - 1))[0]
+    future = fetch_answers(follower_fetch(leader, 1, 0, 1, epoch=EPOCH + 1))[0]
+    assert stale.error_code == FencedLeaderEpochError.error_code
+    assert future.error_code == UnknownLeaderEpochError.error_code
+    # A stale controller command is ignored.
+    leader.step(BecomeFollower(1, 2, EPOCH - 1, 0), 2)
+    assert leader.role is Role.LEADER
+    # A follower refuses a push from a deposed leader.
+    follower = PartitionReplica(1)
+    follower.step(BecomeFollower(1, 0, 5, 0), 0)
+    follower.ready()
+    batch = RecordBatch(BatchMeta(0, 1, 1, 4), b"x")
+    follower.step(ReplicateRequest(2, 4, 0, -1, (batch,)), 1)
+    (reply,) = [m.message for m in follower.ready().messages if isinstance(m, SendToReplica)]
+    assert reply.error_code == FencedLeaderEpochError.error_code
+    assert follower.log_end_offset == 0
+
+
+def test_new_leader_holds_hw_until_every_isr_follower_fetches() -> None:
+    leader = PartitionReplica(0, log_end_offset=5, epoch_cache=[(0, 0)], high_watermark=2)
+    leader.step(BecomeLeader(1, EPOCH, 0, (0, 1), (0, 1)), 0)
+    leader.ready()
+    assert leader.high_watermark == 2  # follower 1's end is unknown in this epoch
+    follower_fetch(leader, 1, 5, 1)
+    assert leader.high_watermark == 5
+
+
+# --- long poll and push ------------------------------------------------------------------------
+
+
+def test_pull_fetch_at_log_end_is_parked_until_data_arrives() -> None:
+    leader = make_leader(isr=(0, 1), replicas=(0, 1))
+    leader.step(FetchRequest(1, 77, EPOCH, 0, -1, 1 << 20, max_wait_ms=500), 0)
+    assert fetch_answers(leader.ready()) == []
+    answers = fetch_answers(produce(leader, 1, acks=1))
+    assert [a.request_id for a in answers] == [77]
+
+
+def test_push_mode_leader_pushes_to_caught_up_follower_and_stops_when_it_falls_behind() -> None:
+    leader = make_leader(isr=(0, 1), replicas=(0, 1), replication_mode="push")
+    follower_fetch(leader, 1, 0, 1)  # caught up: pushes start
+    pushes = [m for m in produce(leader, 1).messages if isinstance(m, SendPushData)]
+    assert [(m.to, m.base_offset, m.end_offset) for m in pushes] == [(1, 0, 1)]
+    assert isinstance(pushes[0].request, ReplicateRequest)
+    make_durable(leader)
+    leader.step(ReplicateAck(1, EPOCH, 1), 2)
+    done = results(leader.ready())
+    assert done[1].error_code == 0  # acks=all completed by the push ack
+    # The follower refuses a push (a gap): no more pushes until it fetches at the end again.
+    leader.step(ReplicateAck(1, EPOCH, 1, in_push=False), 3)
+    assert [m for m in produce(leader, 2).messages if isinstance(m, SendPushData)] == []
+    follower_fetch(leader, 1, 2, 4)
+    pushes = [m for m in produce(leader, 3).messages if isinstance(m, SendPushData)]
+    assert len(pushes) == 1
+
+
+def test_push_mode_follower_falls_back_to_pull_on_a_gap() -> None:
+    follower = PartitionReplica(1, ReplicaConfig(replication_mode="push"))
+    follower.step(BecomeFollower(1, 0, EPOCH, 0), 0)
+    first_fetch = follower.ready().messages[0].message
+    follower.step(FetchResponse(0, first_fetch.request_id, EPOCH, 0, 0, 0, 0), 1)
+    assert follower.push_active  # caught up: now waits for pushes
+    batch = RecordBatch(BatchMeta(0, 1, 1, EPOCH), b"a")
+    follower.step(ReplicateRequest(0, EPOCH, 0, -1, (batch,)), 2)
+    ready = follower.ready()
+    assert [type(op) for op in ready.log_ops] == [AppendBatch]
+    assert ready.log_ops[0].replicated  # the leader's stamped bytes: Log.append_replicated
+    ack = make_durable(follower, 3).messages[0].message
+    assert isinstance(ack, ReplicateAck) and ack.durable_end_offset == 1
+    gap = RecordBatch(BatchMeta(5, 1, 1, EPOCH), b"z")  # offsets 1..4 never arrived
+    follower.step(ReplicateRequest(0, EPOCH, 0, EPOCH, (gap,)), 4)
+    sent = [m.message for m in follower.ready().messages if isinstance(m, SendToReplica)]
+    assert isinstance(sent[0], ReplicateAck) and not sent[0].in_push
+    assert isinstance(sent[1], FetchRequest) and sent[1].fetch_offset == 1
+    assert not follower.push_active and follower.log_end_offset == 1
+
+
+def test_truncation_takes_kafkas_intermediate_step_for_an_unknown_epoch() -> None:
+    # Leader: epochs 0 @0, 2 @8, 4 @12. Follower: 0 @0, 3 @10 (epoch 3 never reached this leader).
+    leader = PartitionReplica(1, log_end_offset=14, epoch_cache=[(0, 0), (2, 8), (4, 12)])
+    leader.step(BecomeLeader(1, 5, 0, (1,), (0, 1)), 0)
+    leader.ready()
+    follower = PartitionReplica(0, log_end_offset=12, epoch_cache=[(0, 0), (3, 10)])
+    follower.step(BecomeFollower(1, 1, 5, 0), 0)
+    request = follower.ready().messages[0].message
+    truncations = []
+    for now_ms in range(1, 4):  # bounded: one round per epoch the logs disagree on
+        leader.step(request, now_ms)
+        answer = fetch_answers(leader.ready())[0]
+        if answer.diverging_epoch is None:
+            break
+        follower.step(answer, now_ms)
+        ready = follower.ready()
+        truncations += [op.offset for op in ready.log_ops if isinstance(op, TruncateTo)]
+        request = next(m.message for m in ready.messages if isinstance(m, SendToReplica))
+    # First to 10 (our end of epoch 0, the largest we hold below the leader's epoch 2), then to
+    # 8 (the leader's end of epoch 0): the follower's offsets 8 and 9 were never the leader's.
+    assert truncations == [10, 8]
+    assert (request.fetch_offset, request.last_fetched_epoch) == (8, 0)
+
+
+def test_alter_partition_refused_as_stale_adopts_the_controllers_state() -> None:
+    leader = make_leader(isr=(0, 1), replicas=(0, 1, 2))
+    ready = follower_fetch(leader, 2, 0, 1)
+    (request,) = ready.alter_partition
+    # The commit's answer was lost; the resend is refused with the controller's current state.
+    leader.step(AlterPartitionResponse(108, EPOCH, request.partition_epoch + 1, (0, 1, 2), -1), 2)
+    assert leader.isr == (0, 1, 2) and leader.alter_in_flight is None
+
+
+def test_unanswered_alter_partition_is_resent_after_timeout() -> None:
+    leader = make_leader(isr=(0, 1), replicas=(0, 1, 2), alter_partition_timeout_ms=50)
+    (request,) = follower_fetch(leader, 2, 0, 0).alter_partition
+    leader.tick(49)
+    assert leader.ready().alter_partition == []
+    leader.tick(50)
+    assert leader.ready().alter_partition == [request]
+
+
+def test_parked_fetch_is_answered_at_max_wait() -> None:
+    leader = make_leader(isr=(0, 1), replicas=(0, 1))
+    leader.step(FetchRequest(1, 5, EPOCH, 0, -1, 1 << 20, max_wait_ms=100), 0)
+    leader.tick(99)
+    assert fetch_answers(leader.ready()) == []
+    leader.tick(100)
+    assert [a.request_id for a in fetch_answers(leader.ready())] == [5]
+
+
+def test_stop_fails_pending_and_stale_stop_is_ignored() -> None:
+    leader = make_leader()
+    leader.step(StopReplica(1, EPOCH - 1, 0), 1)
+    assert leader.role is Role.LEADER
+    produce(leader, 1)
+    leader.step(StopReplica(1, EPOCH, 1), 2)
+    assert results(leader.ready())[1].error_code == NotLeaderOrFollowerError.error_code
+    assert leader.role is Role.STOPPED
+
+
+def test_consumer_reads_only_below_the_high_watermark() -> None:
+    leader = make_leader(isr=(0, 1), replicas=(0, 1))
+    produce(leader, 1, acks=1, count=3)
+    make_durable(leader)
+    leader.step(FetchRequest(-1, 9, -1, 0, -1, 1 << 20), 1)
+    (out,) = [m for m in leader.ready().messages if isinstance(m, SendFetchData)]
+    assert out.upper_offset == 0 == leader.high_watermark  # follower 1 has nothing yet
+    follower_fetch(leader, 1, 3, 2)
+    leader.step(FetchRequest(-1, 10, -1, 0, -1, 1 << 20), 3)
+    (out,) = [m for m in leader.ready().messages if isinstance(m, SendFetchData)]
+    assert out.upper_offset == 3
+
+
+def test_invariant_checks_survive_python_optimize() -> None:
+    """InvariantViolation is raised explicitly, so ``python -O`` keeps the checks."""
+    import subprocess
+    import sys
+
+    code = (
+        "from raylog.actors.partition import PartitionReplica, InvariantViolation\n"
+        "try:\n"
+        "    PartitionReplica(0, log_start_offset=5, log_end_offset=3)\n"
+        "except InvariantViolation:\n"
+        "    print('checked')\n"
+    )
+    out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True)
+    assert out.stdout.strip() == "checked", out.stderr
+
+
+def test_refused_alter_partition_backs_off_before_proposing_again() -> None:
+    leader = make_leader(isr=(0, 1), replicas=(0, 1, 2), alter_partition_timeout_ms=100)
+    (request,) = follower_fetch(leader, 2, 0, 0).alter_partition
+    leader.step(
+        AlterPartitionResponse(107, EPOCH, request.partition_epoch, (0, 1), request.request_id), 1
+    )  # INELIGIBLE
+    assert follower_fetch(leader, 2, 0, 50).alter_partition == []
+    leader.tick(100)
+    assert leader.ready().alter_partition == []
+    leader.tick(101)
+    assert [p.new_isr for p in leader.ready().alter_partition] == [(0, 1, 2)]
+
+
+def test_observer_is_never_elected() -> None:
+    replica = PartitionReplica(5)
+    with pytest.raises(InvariantViolation):
+        replica.step(BecomeLeader(1, EPOCH, 0, (5,), (0,), (5,)), 0)
+
+
+def test_late_answer_to_an_earlier_proposal_keeps_the_one_in_flight() -> None:
+    """Regression (found by the simulator, seed 1011566): a late refusal of an earlier proposal
+    must not drop the proposal in flight, which the controller may still commit; while in
+    flight its additions keep holding the HW back (maximal ISR)."""
+    leader = make_leader(isr=(0, 1), replicas=(0, 1, 2))
+    (request,) = follower_fetch(leader, 2, 0, 1).alter_partition
+    stale = AlterPartitionResponse(
+        108, EPOCH, leader.partition_epoch, (0, 1), request.request_id - 1
+    )
+    leader.step(stale, 2)
+    assert leader.alter_in_flight == request
+    produce(leader, 1, acks=1)
+    make_durable(leader)
+    follower_fetch(leader, 1, 1, 3)
+    assert leader.high_watermark == 0  # replica 2 (at 0) may be in the ISR already

@@ -1,0 +1,84 @@
+"""Safety checkers run by the simulator after every step.
+
+Definitions (what each checker proves, for runs with clean elections only):
+1. Acknowledged acks=all writes survive: an acked batch is entered into ``committed`` at its
+   offset; every replica the controller makes leader must hold every committed batch when it
+   takes over (the leader is elected from the ISR, so a member of the ISR that acknowledged the
+   write survives, counting a crashed-and-restarted replica with its durable disk).
+2. Logs never differ below the high watermark: every batch that lies below some replica's HW
+   must equal the batch recorded in ``committed`` at that offset (recorded on first sight).
+3. High watermarks never go backwards, per replica incarnation. Across failovers the
+   *committed data* never regresses: a new leader holds every batch below the highest HW any
+   replica ever exposed (checker 1's check). The HW *number* a new leader reports may be lower
+   for a while (Kafka's behaviour: it learns the followers' ends first); consumers then see an
+   empty read, never different data.
+4. At most one replica appends client writes in any one leader epoch.
+5. Consumers never read at or above the HW of the replica that served them.
+6. Consumer reads have no lost write, skip or nonmonotonic read: each consumer reads offsets
+   contiguously from 0, each batch read equals the committed batch at that offset (lost write:
+   an acked batch replaced by another), its first batch starts exactly at its position (skip)
+   and positions only grow (nonmonotonic).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+
+class SimViolation(AssertionError):
+    """A checker found a safety violation."""
+
+
+@dataclass
+class Checkers:
+    committed: dict[int, bytes] = field(default_factory=dict)  # base offset -> batch data
+    committed_next: dict[int, int] = field(default_factory=dict)  # base offset -> next offset
+    committed_bases: list[int] = field(default_factory=list)  # sorted keys of ``committed``
+    committed_end: int = 0  # highest offset below which every batch is committed
+    epoch_writers: dict[int, int] = field(default_factory=dict)  # leader epoch -> replica id
+    last_hw: dict[tuple[int, int], int] = field(default_factory=dict)  # (node, incarnation)
+
+    def commit(self, base_offset: int, next_offset: int, data: bytes, why: str) -> None:
+        """Record that ``data`` is committed at ``base_offset`` (checkers 1, 2, 6)."""
+        seen = self.committed.get(base_offset)
+        if seen is not None:
+            if seen != data or self.committed_next[base_offset] != next_offset:
+                raise SimViolation(
+                    f"{why}: offset {base_offset} holds {data!r}, but {seen!r} was committed there"
+                )
+            return
+        # A batch at a new base offset must not overlap any committed batch: a divergent log
+        # may cut its batches at other boundaries.
+        index = bisect.bisect_left(self.committed_bases, base_offset)
+        if index > 0:
+            before = self.committed_bases[index - 1]
+            if self.committed_next[before] > base_offset:
+                raise SimViolation(
+                    f"{why}: batch {data!r} at [{base_offset}, {next_offset}) overlaps committed "
+                    f"{self.committed[before]!r} at [{before}, {self.committed_next[before]})"
+                )
+        if index < len(self.committed_bases) and self.committed_bases[index] < next_offset:
+            after = self.committed_bases[index]
+            raise SimViolation(
+                f"{why}: batch {data!r} at [{base_offset}, {next_offset}) overlaps committed "
+                f"{self.committed[after]!r} at [{after}, {self.committed_next[after]})"
+            )
+        self.committed[base_offset] = data
+        self.committed_next[base_offset] = next_offset
+        self.committed_bases.insert(index, base_offset)
+        self.committed_end = max(self.committed_end, next_offset)
+
+    def check_hw_monotonic(self, node: int, incarnation: int, hw: int) -> None:
+        key = (node, incarnation)
+        previous = self.last_hw.get(key, -1)
+        if hw < previous:
+            raise SimViolation(f"replica {node} HW went back from {previous} to {hw}")
+        self.last_hw[key] = hw
+
+    def check_single_writer(self, epoch: int, node: int) -> None:
+        writer = self.epoch_writers.setdefault(epoch, node)
+        if writer != node:
+            raise SimViolation(
+                f"replicas {writer} and {node} both accepted writes in epoch {epoch}"
+            )

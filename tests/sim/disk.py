@@ -1,0 +1,99 @@
+"""A simulated replica disk: an in-memory log of batches with a durable prefix.
+
+What it models: appends land in the page cache (``batches``) and become durable only when an
+fsync covering them completes (``durable_count``). A crash keeps the durable prefix plus, when
+the write tears, some prefix of the unsynced batches (never a partial batch: the real log's
+recovery drops a torn batch by its CRC, which is the same as keeping a prefix of whole batches).
+Recovery then fsyncs what survived. Truncation is immediate and durable, as the state machine's
+contract says.
+
+Invariant: batches are contiguous from offset 0 and ``durable_count <= len(batches)``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import random
+
+from raylog.actors.messages import BatchMeta, RecordBatch
+
+
+class SimDisk:
+    def __init__(self) -> None:
+        self.batches: list[RecordBatch] = []
+        self.bases: list[int] = []  # base offsets, for bisect
+        self.durable_count = 0
+        self.generation = 0
+        self.hw_checkpoint = 0
+
+    @property
+    def end_offset(self) -> int:
+        return self.batches[-1].meta.next_offset if self.batches else 0
+
+    def append(self, meta: BatchMeta, data: bytes, generation: int) -> None:
+        if meta.base_offset != self.end_offset:
+            raise AssertionError(
+                f"log assigned {self.end_offset}, state machine {meta.base_offset}"
+            )
+        self.generation = generation
+        self.batches.append(RecordBatch(meta, data))
+        self.bases.append(meta.base_offset)
+
+    def truncate(self, offset: int, generation: int) -> None:
+        index = bisect.bisect_left(self.bases, offset)
+        if index < len(self.bases) and self.bases[index] != offset:
+            raise AssertionError(f"truncation to {offset} is not a batch boundary")
+        del self.batches[index:]
+        del self.bases[index:]
+        self.durable_count = min(self.durable_count, index)
+        self.generation = generation
+
+    def sync(self, end_offset: int, generation: int) -> bool:
+        """Complete an fsync issued when the log ended at ``end_offset``; False if stale."""
+        if generation != self.generation:
+            return False
+        count = bisect.bisect_left(self.bases, end_offset)
+        self.durable_count = max(self.durable_count, min(count, len(self.batches)))
+        return True
+
+    def crash(self, rng: random.Random, tear: bool) -> None:
+        unsynced = len(self.batches) - self.durable_count
+        keep = rng.randint(0, unsynced) if tear and unsynced else 0
+        cut = self.durable_count + keep
+        del self.batches[cut:]
+        del self.bases[cut:]
+        self.durable_count = cut  # recovery fsyncs the surviving tail
+        self.generation += 1
+
+    def epoch_cache(self) -> list[tuple[int, int]]:
+        cache: list[tuple[int, int]] = []
+        for batch in self.batches:
+            if not cache or cache[-1][0] < batch.meta.leader_epoch:
+                cache.append((batch.meta.leader_epoch, batch.meta.base_offset))
+        return cache
+
+    def batch_at(self, base_offset: int) -> RecordBatch | None:
+        index = bisect.bisect_left(self.bases, base_offset)
+        if index < len(self.bases) and self.bases[index] == base_offset:
+            return self.batches[index]
+        return None
+
+    def read(self, fetch_offset: int, max_bytes: int, upper_offset: int) -> tuple[RecordBatch, ...]:
+        """Whole batches from the one holding ``fetch_offset``, below ``upper_offset``, up to
+        ``max_bytes`` but at least one (as Kafka does)."""
+        index = bisect.bisect_right(self.bases, fetch_offset) - 1
+        index = max(index, 0)
+        out: list[RecordBatch] = []
+        size = 0
+        limit = 1000  # bound one read
+        while index < len(self.batches) and len(out) < limit:
+            batch = self.batches[index]
+            if batch.meta.next_offset > upper_offset or (
+                out and size + batch.meta.size_bytes > max_bytes
+            ):
+                break
+            if batch.meta.next_offset > fetch_offset:
+                out.append(batch)
+                size += batch.meta.size_bytes
+            index += 1
+        return tuple(out)
