@@ -124,3 +124,57 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help="number of seeds for the replication simulator (default 500, or RAYLOG_SIM_SEEDS)",
     )
+
+
+_RAY_DATA_DIR: Path | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Give this test session its own Ray environment before anything imports ray.
+
+    Ray reads RAY_AUTH_MODE and friends when it is imported, so they are set here, before
+    collection imports test modules: token authentication with a token in a directory this
+    session owns, loopback listeners, and Ray's temp dir inside that directory.
+    """
+    global _RAY_DATA_DIR
+    import tempfile
+
+    from raylog.actors import raycluster
+
+    _RAY_DATA_DIR = Path(tempfile.mkdtemp(prefix="raylog-ray-"))
+    raycluster.apply_ray_env(_RAY_DATA_DIR)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import shutil
+
+    if _RAY_DATA_DIR is not None:
+        shutil.rmtree(_RAY_DATA_DIR, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def ray_local() -> Iterator[Path]:
+    """A real local Ray (one node) configured as raylog configures its own clusters.
+
+    Token authentication, loopback listeners, a temp dir owned by this session, fast death
+    detection. Yields the directory that holds the token; shut down at the end of the session.
+    """
+    import ray
+
+    from raylog.actors import raycluster
+
+    assert _RAY_DATA_DIR is not None
+    ray.init(
+        namespace="raylog",
+        num_cpus=2,
+        include_dashboard=False,
+        logging_level="WARNING",
+        log_to_driver=False,
+        object_store_memory=512 * 1024 * 1024,
+        _temp_dir=os.environ["RAY_TMPDIR"],
+        _system_config=raycluster.FAST_DEATH_SYSTEM_CONFIG,
+    )
+    try:
+        yield _RAY_DATA_DIR
+    finally:
+        ray.shutdown()
