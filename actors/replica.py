@@ -1,0 +1,588 @@
+"""ReplicaActor: the Ray actor that hosts one partition replica and its write-ahead log.
+
+A thin shell around the pure state machine (:class:`raylog.actors.partition.PartitionReplica`)
+and a :class:`raylog.storage.Log`. It owns the I/O the state machine may not do:
+
+- carrying out each Ready in the order the state machine's contract fixes: log operations
+  (truncate, append) on the real log, then the high-watermark checkpoint, then messages to
+  other replicas, then AlterPartition proposals, then produce completions;
+- fsync: appends are written on the actor's event loop (so the log assigns offsets in exactly
+  the state machine's order) and made durable by one flusher task that fsyncs in a thread and
+  reports ``LocalAppendDurable``. Appends that arrive while an fsync runs share the next one
+  (group commit at the actor level);
+- the clock (``tick`` every ``TICK_MS``), Ray calls to peers, and long polls for consumers.
+
+Peers are found by name (:func:`replica_actor_name`) in the ``raylog`` namespace, so the
+controller only has to create actors and send commands. Messages to peers are one-way Ray calls
+(the state machine retries what gets lost, as on any network); at most
+``PEER_CALLS_IN_FLIGHT_MAX`` are outstanding per peer, beyond which messages are dropped.
+
+A failed log (full disk, failed fsync) takes the replica offline, as Kafka does with an offline
+log directory: every call then answers KAFKA_STORAGE_ERROR until the actor is re-created, which
+recovers the log from disk. A killed actor restarted by Ray does exactly that in ``__init__``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import ray
+
+from raylog.actors.messages import (
+    CONSUMER_REPLICA_ID,
+    UNDEFINED_EPOCH,
+    AlterPartitionRequest,
+    BatchMeta,
+    BecomeFollower,
+    BecomeLeader,
+    BecomeObserver,
+    FetchRequest,
+    FetchResponse,
+    LocalAppendDurable,
+    ProduceRequest,
+    RecordBatch,
+    StopReplica,
+)
+from raylog.actors.partition import PartitionReplica
+from raylog.actors.replication_types import (
+    AppendBatch,
+    ReplicaConfig,
+    SendFetchData,
+    SendPushData,
+    SendToReplica,
+    TruncateTo,
+)
+from raylog.storage import batch as rb
+from raylog.storage.errors import (
+    KafkaStorageError,
+    NotLeaderOrFollowerError,
+    RaylogError,
+    RequestTimedOutError,
+)
+from raylog.storage.log import Log, LogConfig
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "raylog"
+TICK_MS = 10  # timer resolution of the state machine (ISR lag, timeouts, long polls)
+PEER_CALLS_IN_FLIGHT_MAX = 64  # one-way messages outstanding per peer before dropping
+HW_CHECKPOINT_INTERVAL_MS = 1_000  # the HW checkpoint is lazy; recovery clamps it
+CONSUMER_WAIT_MS_MAX = 30_000  # bound on a consumer long poll
+REQUEST_TIMEOUT_MS_MAX = 300_000  # bound on a produce request's timeout
+# The log never fsyncs inside append: the flusher task does, so appends stay on the event loop.
+_NO_FLUSH = (1 << 63) - 1
+
+
+def replica_actor_name(topic: str, partition: int, replica_id: int) -> str:
+    """The Ray actor name of a replica (unique in the ``raylog`` namespace)."""
+    return f"replica:{topic}:{partition}:{replica_id}"
+
+
+def now_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class ProduceOutcome(msgspec.Struct, frozen=True):
+    """What a produce call returns: Kafka's error code, base offset and log start offset."""
+
+    error_code: int
+    base_offset: int
+    log_start_offset: int
+    message: str = ""
+
+
+class FetchOutcome(msgspec.Struct, frozen=True):
+    """What a consumer fetch returns: whole stored batches as one opaque byte string."""
+
+    error_code: int
+    high_watermark: int
+    last_stable_offset: int
+    log_start_offset: int
+    records: bytes
+    leader_epoch: int = UNDEFINED_EPOCH
+    message: str = ""
+
+
+class ReplicaState(msgspec.Struct, frozen=True):
+    """A snapshot for operators and tests."""
+
+    topic: str
+    partition: int
+    replica_id: int
+    role: str
+    leader_id: int
+    leader_epoch: int
+    partition_epoch: int
+    isr: tuple[int, ...]
+    high_watermark: int
+    log_start_offset: int
+    log_end_offset: int
+    durable_end_offset: int
+    offline: str | None
+
+
+@dataclass
+class _Flusher:
+    """Group commit: at most one fsync in flight; appends during it wait for the next one."""
+
+    wanted: bool = False
+    running: bool = False
+
+
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000)
+class ReplicaActor:
+    """One partition replica: a state machine, its log, and the Ray plumbing between them."""
+
+    _loop: asyncio.AbstractEventLoop  # the actor's event loop, known from the first call
+
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        replica_id: int,
+        log_dir: str,
+        topic_config: dict[str, str] | None = None,
+        replica_config: ReplicaConfig | None = None,
+    ) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.replica_id = replica_id
+        configs = dict(topic_config or {})
+        self._flush_messages = int(configs.get("flush.messages", 1))
+        log_config = LogConfig.from_kafka({**configs, "flush.messages": _NO_FLUSH})
+        self._max_message_bytes = log_config.max_message_bytes
+        # Recovery happens here, also when Ray restarts a killed actor.
+        self._log = Log.open(Path(log_dir), log_config)
+        self._sm = PartitionReplica(
+            replica_id,
+            replica_config or ReplicaConfig(),
+            log_start_offset=self._log.log_start_offset,
+            log_end_offset=self._log.log_end_offset,
+            epoch_cache=[(e.epoch, e.start_offset) for e in self._log.epoch_entries],
+            high_watermark=self._log.high_watermark,
+        )
+        self._offline: str | None = None
+        self._next_request_id = 1
+        self._produce_waiters: dict[int, asyncio.Future[ProduceOutcome]] = {}
+        self._fetch_waiters: dict[int, asyncio.Future[FetchResponse]] = {}
+        self._peers: dict[int, Any] = {}
+        self._peer_calls: dict[int, int] = {}
+        self._flusher = _Flusher()
+        self._unflushed_records = 0
+        self._hw_waiters: list[asyncio.Future[None]] = []  # consumer long polls
+        self._hw_checkpointed = self._log.high_watermark
+        self._hw_checkpoint_ms = 0
+        self._controller: Any = None
+        self._ticker: asyncio.Task[None] | None = None
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def _ensure_started(self) -> None:
+        """Start the ticker on the actor's event loop (not available in ``__init__``)."""
+        if self._ticker is None:
+            self._loop = asyncio.get_running_loop()
+            self._ticker = self._loop.create_task(self._tick_loop())
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_MS / 1000)
+            if self._offline is not None:
+                continue
+            try:
+                self._sm.tick(now_ms())
+                self._drain()
+                await self._maybe_checkpoint_hw()
+            except Exception as exc:
+                self._go_offline(f"tick failed: {exc!r}")
+                raise
+
+    async def ping(self) -> int:
+        """Liveness check; returns the replica id."""
+        self._ensure_started()
+        return self.replica_id
+
+    async def state(self) -> ReplicaState:
+        self._ensure_started()
+        sm = self._sm
+        return ReplicaState(
+            topic=self.topic,
+            partition=self.partition,
+            replica_id=self.replica_id,
+            role=sm.role.value,
+            leader_id=sm.leader_id,
+            leader_epoch=sm.leader_epoch,
+            partition_epoch=sm.partition_epoch,
+            isr=tuple(sm.isr),
+            high_watermark=sm.high_watermark,
+            log_start_offset=sm.log_start_offset,
+            log_end_offset=sm.log_end_offset,
+            durable_end_offset=sm.durable_end_offset,
+            offline=self._offline,
+        )
+
+    def set_controller(self, controller: Any) -> None:
+        """The actor that receives AlterPartition proposals (``alter_partition`` method)."""
+        self._controller = controller
+
+    # --- controller commands ------------------------------------------------------------------
+
+    async def become_leader(self, command: BecomeLeader) -> ReplicaState:
+        return await self._command(command)
+
+    async def become_follower(self, command: BecomeFollower) -> ReplicaState:
+        return await self._command(command)
+
+    async def become_observer(self, command: BecomeObserver) -> ReplicaState:
+        return await self._command(command)
+
+    async def stop_replica(self, command: StopReplica) -> ReplicaState:
+        return await self._command(command)
+
+    async def _command(self, command: Any) -> ReplicaState:
+        self._ensure_started()
+        self._raise_if_offline()
+        self._step(command)
+        return await self.state()
+
+    # --- the data path ------------------------------------------------------------------------
+
+    async def produce(self, batch: bytes, acks: int, timeout_ms: int) -> ProduceOutcome:
+        """Append one client batch; return when the acks condition holds (or fails)."""
+        self._ensure_started()
+        start = self._sm.log_start_offset
+        if self._offline is not None:
+            return ProduceOutcome(KafkaStorageError.error_code, -1, start, self._offline)
+        try:
+            header = rb.validate_client_batch(batch, self._max_message_bytes)
+        except RaylogError as exc:
+            return ProduceOutcome(exc.error_code, -1, start, str(exc))
+        request_id = self._new_request_id()
+        waiter: asyncio.Future[ProduceOutcome] = asyncio.get_running_loop().create_future()
+        self._produce_waiters[request_id] = waiter
+        timeout_ms = max(0, min(timeout_ms, REQUEST_TIMEOUT_MS_MAX))
+        self._step(
+            ProduceRequest(request_id, acks, timeout_ms, header.records_count, header.size, batch)
+        )
+        if acks == 0:
+            # Kafka answers nothing for acks=0; the caller still learns the assigned offset.
+            self._produce_waiters.pop(request_id, None)
+            if waiter.done():
+                return waiter.result()
+            return ProduceOutcome(0, -1, start)
+        try:
+            # The state machine times out acks=all itself; this bound only guards the shell.
+            return await asyncio.wait_for(waiter, timeout=timeout_ms / 1000 + 5)
+        except TimeoutError:
+            self._produce_waiters.pop(request_id, None)
+            return ProduceOutcome(RequestTimedOutError.error_code, -1, start, "no completion")
+
+    async def fetch(
+        self,
+        fetch_offset: int,
+        max_bytes: int,
+        max_wait_ms: int = 0,
+        min_bytes: int = 1,
+        current_leader_epoch: int = UNDEFINED_EPOCH,
+    ) -> FetchOutcome:
+        """Consumer fetch: whole batches from ``fetch_offset``, never at or above the HW.
+
+        Long-polls up to ``max_wait_ms`` until at least ``min_bytes`` are available. Followers
+        serve consumers too, up to their own high watermark (KIP-392).
+        """
+        self._ensure_started()
+        deadline = now_ms() + max(0, min(max_wait_ms, CONSUMER_WAIT_MS_MAX))
+        while True:
+            hw_seen = self._sm.high_watermark
+            outcome = await self._fetch_once(fetch_offset, max_bytes, current_leader_epoch)
+            remaining_ms = deadline - now_ms()
+            if outcome.error_code or len(outcome.records) >= max(1, min_bytes):
+                return outcome
+            if remaining_ms <= 0:
+                return outcome
+            if self._sm.high_watermark == hw_seen:
+                # Wait for the next HW move (set by _drain), or the deadline.
+                waiter: asyncio.Future[None] = self._loop.create_future()
+                self._hw_waiters.append(waiter)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(waiter, timeout=remaining_ms / 1000)
+
+    async def _fetch_once(
+        self, fetch_offset: int, max_bytes: int, current_leader_epoch: int
+    ) -> FetchOutcome:
+        sm = self._sm
+        if self._offline is not None:
+            return FetchOutcome(KafkaStorageError.error_code, -1, -1, -1, b"", -1, self._offline)
+        request_id = self._new_request_id()
+        waiter: asyncio.Future[FetchResponse] = asyncio.get_running_loop().create_future()
+        self._fetch_waiters[request_id] = waiter
+        self._step(
+            FetchRequest(
+                CONSUMER_REPLICA_ID,
+                request_id,
+                current_leader_epoch,
+                fetch_offset,
+                UNDEFINED_EPOCH,
+                max(1, max_bytes),
+            )
+        )
+        try:
+            response = await asyncio.wait_for(waiter, timeout=10)
+        except TimeoutError:
+            self._fetch_waiters.pop(request_id, None)
+            return FetchOutcome(RequestTimedOutError.error_code, -1, -1, -1, b"")
+        records = b"".join(b.data for b in response.batches)
+        return FetchOutcome(
+            response.error_code,
+            response.high_watermark,
+            response.high_watermark,  # no transactions yet: the LSO is the HW
+            response.log_start_offset,
+            records,
+            sm.leader_epoch,
+        )
+
+    async def read_committed(self, fetch_offset: int, max_bytes: int) -> FetchOutcome:
+        """Bulk read for pipelines: committed batches from this replica, no long poll."""
+        return await self.fetch(fetch_offset, max_bytes)
+
+    # --- replica to replica ---------------------------------------------------------------------
+
+    async def deliver(self, message: Any) -> None:
+        """A one-way message from another replica (fetch, fetch response, push, push ack)."""
+        self._ensure_started()
+        if self._offline is not None:
+            return
+        self._step(message)
+
+    async def alter_partition_response(self, message: Any) -> None:
+        """The controller's answer to an AlterPartition proposal."""
+        self._ensure_started()
+        if self._offline is None:
+            self._step(message)
+
+    # --- carrying out Ready -----------------------------------------------------------------------
+
+    def _new_request_id(self) -> int:
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        return request_id
+
+    def _raise_if_offline(self) -> None:
+        if self._offline is not None:
+            raise KafkaStorageError(self._offline)
+
+    def _step(self, message: Any) -> None:
+        try:
+            self._sm.step(message, now_ms())
+            self._drain()
+        except KafkaStorageError as exc:
+            self._go_offline(str(exc))
+
+    def _drain(self) -> None:
+        """Carry out every pending Ready, in the contract's order."""
+        for _ in range(1_000):  # a Ready's effects may produce another Ready; bounded
+            if not self._sm.has_ready():
+                return
+            hw_before = self._sm.high_watermark
+            ready = self._sm.ready()
+            appended_records = 0
+            # 1. Log operations, in order.
+            for op in ready.log_ops:
+                if isinstance(op, TruncateTo):
+                    if op.full:
+                        self._log.truncate_fully_and_start_at(op.offset)
+                    else:
+                        self._log.truncate_to(op.offset)
+                else:
+                    assert isinstance(op, AppendBatch)
+                    appended_records += op.batch.record_count
+                    self._append(op)
+            if appended_records:
+                self._after_append(appended_records)
+            # 2. The HW checkpoint is lazy (see _maybe_checkpoint_hw).
+            # 3. Messages.
+            for out in ready.messages:
+                if isinstance(out, SendToReplica):
+                    self._send(out.to, out.message)
+                elif isinstance(out, SendPushData):
+                    batches = self._read_batches(out.base_offset, 1 << 30, out.end_offset)
+                    self._send(out.to, msgspec.structs.replace(out.request, batches=batches))
+                else:
+                    assert isinstance(out, SendFetchData)
+                    self._send_fetch_data(out)
+            # 4. AlterPartition proposals.
+            for request in ready.alter_partition:
+                self._propose(request)
+            # 5. Produce completions.
+            for result in ready.produce_results:
+                waiter = self._produce_waiters.pop(result.request_id, None)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(
+                        ProduceOutcome(
+                            result.error_code,
+                            result.base_offset,
+                            self._sm.log_start_offset,
+                            result.message,
+                        )
+                    )
+            if self._sm.high_watermark != hw_before:
+                waiters, self._hw_waiters = self._hw_waiters, []
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
+        raise RuntimeError("state machine kept producing Ready: bound of 1000 rounds reached")
+
+    def _append(self, op: AppendBatch) -> None:
+        if op.replicated:
+            self._log.append_replicated(op.data)
+            return
+        info = self._log.append(op.data, op.batch.leader_epoch)
+        if info.base_offset != op.batch.base_offset:
+            # Invariant: the log assigns exactly the offsets the state machine chose.
+            raise RuntimeError(
+                f"log assigned {info.base_offset}, state machine {op.batch.base_offset}"
+            )
+
+    def _after_append(self, records: int) -> None:
+        """Make appends durable: fsync now (group commit) or per a relaxed flush policy."""
+        if self._flush_messages <= 1:
+            self._request_flush()
+            return
+        # flush.messages > 1: the topic accepts acknowledging before fsync.
+        self._unflushed_records += records
+        self._sm.step(LocalAppendDurable(self._log.log_end_offset, self._sm.generation), now_ms())
+        if self._unflushed_records >= self._flush_messages:
+            self._unflushed_records = 0
+            self._request_flush(report=False)
+
+    def _request_flush(self, report: bool = True) -> None:
+        self._flusher.wanted = True
+        if not self._flusher.running:
+            self._flusher.running = True
+            self._loop.create_task(self._flush_loop(report))
+
+    async def _flush_loop(self, report: bool) -> None:
+        try:
+            while self._flusher.wanted and self._offline is None:
+                self._flusher.wanted = False
+                end, generation = self._log.log_end_offset, self._sm.generation
+                try:
+                    await asyncio.to_thread(self._log.flush)
+                except KafkaStorageError as exc:
+                    self._go_offline(str(exc))
+                    return
+                if report:
+                    self._step(LocalAppendDurable(end, generation))
+        finally:
+            self._flusher.running = False
+
+    async def _maybe_checkpoint_hw(self) -> None:
+        hw = self._sm.high_watermark
+        if hw == self._hw_checkpointed or now_ms() - self._hw_checkpoint_ms < (
+            HW_CHECKPOINT_INTERVAL_MS
+        ):
+            return
+        self._hw_checkpoint_ms = now_ms()
+        await asyncio.to_thread(self._log.checkpoint_high_watermark, hw)
+        self._hw_checkpointed = hw
+
+    def _read_batches(self, offset: int, max_bytes: int, upper: int) -> tuple[RecordBatch, ...]:
+        data = self._log.read(offset, max_bytes, max_offset=upper)
+        view = memoryview(data)
+        batches = []
+        for pos, header in rb.iter_batches(view, verify=False):  # read() verified the CRCs
+            meta = BatchMeta(
+                header.base_offset,
+                header.records_count,
+                header.size,
+                header.partition_leader_epoch,
+            )
+            batches.append(RecordBatch(meta, bytes(view[pos : pos + header.size])))
+        return tuple(batches)
+
+    def _send_fetch_data(self, out: SendFetchData) -> None:
+        response = out.response
+        if response.error_code == 0 and out.fetch_offset < out.upper_offset:
+            batches = self._read_batches(out.fetch_offset, out.max_bytes, out.upper_offset)
+            response = msgspec.structs.replace(response, batches=batches)
+        if out.to == CONSUMER_REPLICA_ID:
+            waiter = self._fetch_waiters.pop(response.request_id, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(response)
+            return
+        self._send(out.to, response)
+
+    def _peer(self, replica_id: int) -> Any:
+        handle = self._peers.get(replica_id)
+        if handle is None:
+            name = replica_actor_name(self.topic, self.partition, replica_id)
+            try:
+                handle = ray.get_actor(name, namespace=NAMESPACE)
+            except ValueError:
+                return None  # not created yet, or gone: the state machine retries later
+            self._peers[replica_id] = handle
+        return handle
+
+    def _send(self, to: int, message: Any) -> None:
+        """One-way message to a peer replica; dropped when the peer is unknown or saturated."""
+        if self._peer_calls.get(to, 0) >= PEER_CALLS_IN_FLIGHT_MAX:
+            return
+        handle = self._peer(to)
+        if handle is None:
+            return
+        self._peer_calls[to] = self._peer_calls.get(to, 0) + 1
+        self._loop.create_task(self._await_peer_call(to, handle.deliver.remote(message)))
+
+    async def _await_peer_call(self, to: int, ref: Any) -> None:
+        try:
+            await ref
+        except Exception:
+            # The peer died or restarted: look it up again next time; the state machine
+            # resends whatever mattered.
+            self._peers.pop(to, None)
+        finally:
+            self._peer_calls[to] -= 1
+
+    def _propose(self, request: AlterPartitionRequest) -> None:
+        if self._controller is None:
+            return  # no controller yet: the state machine resends after its timeout
+        self._controller.alter_partition.remote(
+            self.topic, self.partition, request, self._self_handle()
+        )
+
+    def _self_handle(self) -> Any:
+        return ray.get_runtime_context().current_actor
+
+    def _go_offline(self, reason: str) -> None:
+        """Stop serving after a storage failure, as Kafka takes a failed log dir offline."""
+        if self._offline is not None:
+            return
+        self._offline = reason
+        log.error(
+            "replica %s-%d@%d offline: %s", self.topic, self.partition, self.replica_id, reason
+        )
+        for waiter in self._produce_waiters.values():
+            if not waiter.done():
+                waiter.set_result(ProduceOutcome(KafkaStorageError.error_code, -1, -1, reason))
+        self._produce_waiters.clear()
+        for request_id, fetch_waiter in list(self._fetch_waiters.items()):
+            if not fetch_waiter.done():
+                fetch_waiter.set_exception(KafkaStorageError(reason))
+            self._fetch_waiters.pop(request_id, None)
+
+
+__all__ = [
+    "NAMESPACE",
+    "FetchOutcome",
+    "NotLeaderOrFollowerError",
+    "ProduceOutcome",
+    "ReplicaActor",
+    "ReplicaState",
+    "replica_actor_name",
+]

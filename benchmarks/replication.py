@@ -1,0 +1,210 @@
+"""Replication at the actor level (no gateway): produce throughput and latency, beside raw Ray.
+
+Prints one JSON document. For RF=1 and RF=3, acks=all, pull and push, 64 KiB and 1 MiB batches:
+produce MB/s with several calls in flight, p50/p99 latency of those calls, and p50/p99 latency
+at a fixed 10 MB/s. Beside them, in the same run, the raw Ray transfer rate of the same payloads
+between two actors (no disk, no replication). Goals (the replication issue): RF=3 acks=all push
+>= 0.5 x (raw rate / 2), since each byte crosses two replication links; p99 <= 5 ms at 10 MB/s.
+
+    .venv/bin/python benchmarks/replication.py [--seconds 3] [--sizes 65536,1048576]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=3.0, help="per case (default 3)")
+    parser.add_argument("--sizes", default="65536,1048576", help="batch sizes in bytes")
+    parser.add_argument("--in-flight", type=int, default=4, help="produce calls outstanding")
+    parser.add_argument("--rate-mb-per-s", type=float, default=10.0, help="fixed-rate case")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+
+    work = Path(tempfile.mkdtemp(prefix="raylog-bench-"))
+    from raylog.actors import raycluster
+
+    env = raycluster.apply_ray_env(work)  # before importing ray: Ray reads it at import
+    import ray
+
+    ray.init(
+        namespace="raylog",
+        include_dashboard=False,
+        logging_level="ERROR",
+        log_to_driver=False,
+        object_store_memory=1 << 30,
+        _temp_dir=env["RAY_TMPDIR"],
+        _system_config=raycluster.FAST_DEATH_SYSTEM_CONFIG,
+    )
+    try:
+        results = {
+            "benchmark": "replication",
+            "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
+            "seconds_per_case": args.seconds,
+            "in_flight": args.in_flight,
+            "raw_ray_transfer": [_raw_transfer(ray, size, args) for size in sizes],
+            "produce": [],
+        }
+        for size in sizes:
+            for rf, mode in ((1, "pull"), (3, "pull"), (3, "push")):
+                results["produce"].append(_produce_case(ray, work, size, rf, mode, args))
+        _goals(results)
+        json.dump(results, sys.stdout, indent=2)
+        print()
+    finally:
+        ray.shutdown()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _raw_transfer(ray: Any, size: int, args: argparse.Namespace) -> dict[str, Any]:
+    @ray.remote(num_cpus=0)
+    class Sink:
+        def take(self, data: bytes) -> int:
+            return len(data)
+
+    @ray.remote(num_cpus=0)
+    class Source:
+        def pump(self, sink: Any, size: int, seconds: float, in_flight: int) -> float:
+            payload = os.urandom(size)
+            pending: list[Any] = []
+            moved = 0
+            end = time.monotonic() + seconds
+            start = time.monotonic()
+            while time.monotonic() < end:
+                while len(pending) < in_flight:
+                    pending.append(sink.take.remote(payload))
+                done, pending = ray.wait(pending, num_returns=1)
+                moved += sum(ray.get(done))
+            moved += sum(ray.get(pending))
+            return moved / (time.monotonic() - start) / 1e6
+
+    sink, source = Sink.remote(), Source.remote()
+    mb_per_s = ray.get(source.pump.remote(sink, size, args.seconds, args.in_flight))
+    for actor in (sink, source):
+        ray.kill(actor)
+    return {"batch_bytes": size, "mb_per_s": round(mb_per_s, 1)}
+
+
+def _produce_case(
+    ray: Any, work: Path, size: int, rf: int, mode: str, args: argparse.Namespace
+) -> dict[str, Any]:
+    from raylog.actors.messages import BecomeFollower, BecomeLeader
+    from raylog.actors.replica import NAMESPACE, ReplicaActor, replica_actor_name
+    from raylog.actors.replication_types import ReplicaConfig
+    from raylog.storage import batch as rb
+
+    topic = f"bench-{size}-{rf}-{mode}"
+    config = ReplicaConfig(replication_mode=mode, min_insync_replicas=min(2, rf))
+    max_bytes = str(size + 4096)
+    topic_config = {"max.message.bytes": max_bytes, "segment.bytes": str(256 << 20)}
+    replicas = [
+        ReplicaActor.options(name=replica_actor_name(topic, 0, rid), namespace=NAMESPACE).remote(  # type: ignore[attr-defined]
+            topic, 0, rid, str(work / topic / str(rid)), topic_config, config
+        )
+        for rid in range(rf)
+    ]
+    everyone = tuple(range(rf))
+    calls = [replicas[0].become_leader.remote(BecomeLeader(1, 1, 1, everyone, everyone))]
+    calls += [replicas[r].become_follower.remote(BecomeFollower(1, 0, 1, 1)) for r in everyone[1:]]
+    ray.get(calls)
+    batch = rb.build_batch([rb.Record(None, os.urandom(size - 80), 0, ())])
+    leader = replicas[0]
+
+    # Saturated: `in_flight` calls outstanding.
+    latencies: list[float] = []
+    pending: dict[Any, float] = {}
+    moved = 0
+    start = time.monotonic()
+    end = start + args.seconds
+    while time.monotonic() < end:
+        while len(pending) < args.in_flight:
+            pending[leader.produce.remote(batch, -1, 30_000)] = time.monotonic()
+        done, _ = ray.wait(list(pending), num_returns=1)
+        for ref in done:
+            outcome = ray.get(ref)
+            latencies.append((time.monotonic() - pending.pop(ref)) * 1000)
+            if outcome.error_code != 0:
+                raise RuntimeError(f"produce failed: {outcome}")
+            moved += len(batch)
+    for ref in list(pending):
+        ray.get(ref)
+    elapsed = time.monotonic() - start
+
+    # Fixed rate: one call at a time, paced to rate_mb_per_s.
+    interval = len(batch) / (args.rate_mb_per_s * 1e6)
+    paced: list[float] = []
+    next_at = time.monotonic()
+    end = next_at + args.seconds
+    while time.monotonic() < end:
+        now = time.monotonic()
+        if now < next_at:
+            time.sleep(next_at - now)
+        sent = time.monotonic()
+        outcome = ray.get(leader.produce.remote(batch, -1, 30_000))
+        paced.append((time.monotonic() - sent) * 1000)
+        next_at += interval
+    for actor in replicas:
+        ray.kill(actor)
+    return {
+        "batch_bytes": size,
+        "rf": rf,
+        "mode": mode,
+        "acks": "all",
+        "mb_per_s": round(moved / elapsed / 1e6, 1),
+        "p50_ms": round(statistics.median(latencies), 2),
+        "p99_ms": round(_percentile(latencies, 0.99), 2),
+        "fixed_rate_mb_per_s": args.rate_mb_per_s,
+        "fixed_rate_p50_ms": round(statistics.median(paced), 2),
+        "fixed_rate_p99_ms": round(_percentile(paced, 0.99), 2),
+    }
+
+
+def _goals(results: dict[str, Any]) -> None:
+    raw = {r["batch_bytes"]: r["mb_per_s"] for r in results["raw_ray_transfer"]}
+    goals = []
+    for case in results["produce"]:
+        if case["rf"] == 3 and case["mode"] == "push":
+            target = 0.5 * raw[case["batch_bytes"]] / 2
+            goals.append(
+                {
+                    "goal": "RF=3 push acks=all >= 0.5 x raw/2",
+                    "batch_bytes": case["batch_bytes"],
+                    "target_mb_per_s": round(target, 1),
+                    "measured_mb_per_s": case["mb_per_s"],
+                    "met": case["mb_per_s"] >= target,
+                }
+            )
+        if case["rf"] == 3:
+            goals.append(
+                {
+                    "goal": "p99 <= 5 ms at 10 MB/s",
+                    "batch_bytes": case["batch_bytes"],
+                    "mode": case["mode"],
+                    "measured_p99_ms": case["fixed_rate_p99_ms"],
+                    "met": case["fixed_rate_p99_ms"] <= 5.0,
+                }
+            )
+    results["goals"] = goals
+
+
+if __name__ == "__main__":
+    main()
