@@ -17,11 +17,12 @@ import asyncio
 import socket
 import struct
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
+
+from waiting import wait_until
 
 from raylog.gateway.backend import Broker, ClusterView, PartitionState, TopicState
 from raylog.gateway.server import GatewayServer
@@ -122,11 +123,7 @@ class LiveGateway:
 
 def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
     """Poll ``condition`` until true or the deadline passes (then fail naming ``what``)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.01)
+    wait_until(condition, timeout_s=timeout_s, interval_s=0.01, message=what)
 
 
 def api_versions_v0_frame(correlation_id: int, client_id: str = "raw") -> bytes:

@@ -20,6 +20,7 @@ import heapq
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -27,6 +28,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from waiting import wait_until
 
 from raylog.storage.errors import InvalidConfigError, ObjectStoreError
 from raylog.storage.lease import (
@@ -464,14 +466,8 @@ def test_holder_always_demotes_before_a_taker_wins(
 # -- 3. LeaseKeeper threads on a real local store --------------------------------------------
 
 
-def wait_for(condition: object, timeout_s: float) -> bool:
-    assert callable(condition)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.005)
-    return bool(condition())
+def wait_for(condition: Callable[[], object], timeout_s: float) -> bool:
+    return bool(wait_until(condition, timeout_s=timeout_s, interval_s=0.005))
 
 
 def test_keepers_elect_one_and_release_hands_over_at_next_poll(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import wait_until
 
 from raylog.storage.errors import ObjectStoreError
 from raylog.storage.leasekeeper import LeaseKeeper, monotonic_ms
@@ -119,13 +120,7 @@ def read_log(workdir: Path, name: str) -> list[tuple[str, int, int]]:
 
 
 def wait_for(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.01)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+    return wait_until(condition, timeout_s=timeout_s, interval_s=0.01, message=what)
 
 
 def first_start(workdir: Path, names: list[str], epoch: int) -> tuple[str, int] | None:

@@ -12,12 +12,12 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from kafka.record.default_records import DefaultRecordBatch
+from waiting import wait_until
 
 from raylog.storage import Log, LogConfig
 from raylog.storage import batch as rb
@@ -50,11 +50,7 @@ def fill(log: Log, count: int, n: int = 2, epoch: int = 0, ts: int = 1_000) -> N
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met before the deadline")
-        time.sleep(0.001)
+    wait_until(condition, timeout_s=timeout_s, interval_s=0.001)
 
 
 @pytest.fixture
