@@ -324,7 +324,7 @@ TOPIC_CONFIG_DEFS: tuple[ConfigDef, ...] = (
         type="long",
         default="1",
         minimum=1,
-        doc="fsync the log after this many appended batches; 1 = every append.",
+        doc="fsync the log after this many appended records; 1 = before each append is acked.",
         note="Kafka's default is Long.MAX_VALUE (leave flushing to the OS and rely on "
         "replication). raylog's replicas often share one machine and one power supply in the "
         "embedded cluster, so replication alone does not protect an acknowledged write there; "
