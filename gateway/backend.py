@@ -5,7 +5,9 @@ Kafka, the backend speaks raylog, and the values crossing it are plain immutable
 (NamedTuples of ints and strings), never protocol messages and never Ray handles. The real backend
 (calls to the controller and replica actors) lives with the actors; tests use an in-memory one.
 
-Methods grow with the handlers: today only what Metadata needs.
+Methods grow with the handlers: :class:`Backend` is what Metadata needs, :class:`DataBackend`
+adds the data path (Produce, Fetch, ListOffsets). Record batches cross this boundary as opaque
+``bytes``: neither side decodes records on the produce or fetch path.
 """
 
 from __future__ import annotations
@@ -13,7 +15,20 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
-__all__ = ["Backend", "Broker", "ClusterView", "PartitionState", "TopicState"]
+__all__ = [
+    "Backend",
+    "Broker",
+    "ClusterView",
+    "DataBackend",
+    "FetchResult",
+    "ListOffsetsResult",
+    "PartitionState",
+    "ProduceResult",
+    "TopicState",
+]
+
+READ_UNCOMMITTED = 0  # Fetch / ListOffsets isolation_level values, as on the wire
+READ_COMMITTED = 1
 
 
 class Broker(NamedTuple):
@@ -63,4 +78,88 @@ class Backend(Protocol):
 
         Never creates a topic: raylog has no auto-creation from Metadata.
         """
+        ...
+
+
+class ProduceResult(NamedTuple):
+    """The outcome of appending one batch to one partition (Kafka's ProduceResponse fields).
+
+    ``base_offset`` is -1 on error and for acks=0 when the replica did not wait;
+    ``log_append_time`` is -1 unless the broker stamped LogAppendTime.
+    """
+
+    error_code: int
+    base_offset: int
+    log_append_time: int
+    log_start_offset: int
+    message: str = ""
+
+
+class FetchResult(NamedTuple):
+    """One partition's fetch: whole stored batches from the one holding the fetch offset.
+
+    ``records`` may start before the fetch offset (clients skip what they did not ask for) and
+    holds only records below ``last_stable_offset`` for read_committed, below
+    ``high_watermark`` for read_uncommitted. Offsets are -1 when ``error_code`` is set.
+    """
+
+    error_code: int
+    high_watermark: int
+    last_stable_offset: int
+    log_start_offset: int
+    records: bytes
+    preferred_read_replica: int = -1  # KIP-392; -1 = read from the leader
+    message: str = ""
+
+
+class ListOffsetsResult(NamedTuple):
+    """ListOffsets for one partition: ``(timestamp, offset)``, (-1, -1) when none matches."""
+
+    error_code: int
+    timestamp: int
+    offset: int
+    leader_epoch: int = -1
+
+
+@runtime_checkable
+class DataBackend(Backend, Protocol):
+    """A :class:`Backend` that also serves the data path, for Produce, Fetch and ListOffsets.
+
+    Every method answers for one partition, reports expected failures as Kafka error codes in
+    its result (never by raising), and returns within a bound: ``timeout_ms`` for produce,
+    ``max_wait_ms`` for fetch, plus the backend's own call timeout. UNKNOWN_TOPIC_OR_PARTITION
+    (3) for a partition the metadata does not hold; NOT_LEADER_OR_FOLLOWER (6) when this broker
+    does not lead it, so that the client refreshes its metadata and goes to the leader.
+    """
+
+    async def produce(
+        self, topic: str, partition: int, records: bytes, acks: int, timeout_ms: int
+    ) -> ProduceResult:
+        """Append one client batch (validated and stamped by the leader replica)."""
+        ...
+
+    async def fetch(
+        self,
+        topic: str,
+        partition: int,
+        fetch_offset: int,
+        max_bytes: int,
+        max_wait_ms: int,
+        min_bytes: int,
+        isolation_level: int,
+        current_leader_epoch: int,
+    ) -> FetchResult:
+        """Read from ``fetch_offset``, waiting up to ``max_wait_ms`` for ``min_bytes``."""
+        ...
+
+    async def list_offsets(
+        self,
+        topic: str,
+        partition: int,
+        timestamp: int,
+        isolation_level: int,
+        current_leader_epoch: int,
+    ) -> ListOffsetsResult:
+        """-2: the log start offset; -1: the last fetchable offset; else the first offset
+        whose batch has a timestamp >= ``timestamp``."""
         ...

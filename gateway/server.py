@@ -34,7 +34,13 @@ from dataclasses import dataclass
 
 from raylog.gateway.backend import Backend
 from raylog.gateway.errors import RemoteProtocolError
-from raylog.gateway.handlers import HANDLERS, Handler, RequestContext, advertised_versions
+from raylog.gateway.handlers import (
+    HANDLERS,
+    CloseConnection,
+    Handler,
+    RequestContext,
+    advertised_versions,
+)
 from raylog.gateway.protocol import (
     DEFAULT_MAX_FRAME_BYTES,
     DEFAULT_MAX_IN_FLIGHT,
@@ -237,6 +243,14 @@ class _ClientConnection:
                 data = self._connection.send_nothing(request)
             else:
                 data = self._connection.send(request, response)
+        except CloseConnection as exc:
+            # Kafka's answer to some requests (a failed acks=0 Produce) is to close. Responses
+            # still pending before this one are dropped with the connection, as Kafka's
+            # Processor.close drops them (Kafka serves one request per connection at a time,
+            # so it never has any).
+            log.info("closing connection from %s as Kafka does: %s", self._peer, exc)
+            self._abort()
+            return
         except Exception:
             # A handler or encoding bug, not the client's fault: keep the traceback, close this
             # connection (its response order can no longer be kept), leave the others alone.

@@ -5,7 +5,8 @@ request)`` returning the response message (a kafka-python spec-built response ob
 ``request.response_version``) or None when the request gets no response (Produce acks=0); then add
 the module to ``_MODULES`` below. Its versions come from ``apis.TARGET_VERSIONS`` and it is
 advertised from then on. Handlers raise only for bugs: expected failures become error codes in
-the response, because an exception escaping a handler closes the client's connection.
+the response, because an exception escaping a handler closes the client's connection. The one
+deliberate exception is :class:`CloseConnection`, for the cases where Kafka answers by closing.
 """
 
 from __future__ import annotations
@@ -19,7 +20,17 @@ from raylog.gateway import apis
 from raylog.gateway.backend import Backend
 from raylog.gateway.protocol import Request
 
-__all__ = ["HANDLERS", "Handler", "RequestContext", "advertised_versions"]
+__all__ = ["HANDLERS", "CloseConnection", "Handler", "RequestContext", "advertised_versions"]
+
+
+class CloseConnection(Exception):
+    """Raised by a handler to close the client's connection instead of answering.
+
+    Kafka does this for a Produce with acks=0 that failed (KAFKA_PROTOCOL.md section 4): the
+    client gets no response to learn the error from, so the broker closes the connection and
+    the client's next send fails and refreshes metadata. The server logs one line and closes
+    that connection only; it is not counted as a rejected (misbehaving) connection.
+    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,9 +48,9 @@ Handler = Callable[[RequestContext, Request], Awaitable[Any | None]]
 def _load() -> Mapping[int, Handler]:
     # Imported here, not at module top, so that each handler module can import this package's
     # RequestContext without a cycle.
-    from raylog.gateway.handlers import api_versions, metadata
+    from raylog.gateway.handlers import api_versions, fetch, list_offsets, metadata, produce
 
-    modules: tuple[ModuleType, ...] = (api_versions, metadata)
+    modules: tuple[ModuleType, ...] = (api_versions, metadata, produce, fetch, list_offsets)
     table: dict[int, Handler] = {}
     for module in modules:
         if module.API_KEY in table:

@@ -65,6 +65,9 @@ def test_raw_api_versions(live_gateway: LiveGateway, no_closed_connections: None
     assert int.from_bytes(frame[:4], "big") == 99
     assert response.error_code == 0
     assert {(k.api_key, k.min_version, k.max_version) for k in response.api_keys} == {
+        (0, 3, 7),
+        (1, 4, 11),
+        (2, 1, 3),
         (3, 1, 5),
         (18, 0, 2),
     }

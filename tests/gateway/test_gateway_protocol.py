@@ -52,7 +52,7 @@ def answer(connection: Connection, request: Request) -> bytes:
 
 
 def test_advertised_table_is_the_registered_handlers() -> None:
-    assert dict(ADVERTISED) == {3: (1, 5), 18: (0, 2)}
+    assert dict(ADVERTISED) == {0: (3, 7), 1: (4, 11), 2: (1, 3), 3: (1, 5), 18: (0, 2)}
 
 
 def test_header_versions_follow_flexible_versions() -> None:
@@ -73,10 +73,13 @@ def test_api_versions_v0_golden_bytes() -> None:
     assert isinstance(request, Request)
     assert request.header == codec.RequestHeader(18, 0, 7, "raw", 1)
     assert answer(connection, request) == bytes.fromhex(
-        "00000016"  # size: 22 bytes
+        "00000028"  # size: 40 bytes
         "00000007"  # correlation id
         "0000"  # error_code NONE
-        "00000002"  # api_keys: 2 entries, by key
+        "00000005"  # api_keys: 5 entries, by key
+        "000000030007"  # Produce 3-7
+        "00010004000b"  # Fetch 4-11
+        "000200010003"  # ListOffsets 1-3
         "0003"
         "0001"
         "0005"  # Metadata 1-5
@@ -197,7 +200,7 @@ def test_frame_limit_is_configurable() -> None:
 
 @pytest.mark.parametrize(
     ("api_key", "version"),
-    [(0, 7), (3, 0), (3, 6), (3, 9), (-1, 0), (999, 0), (60, 0)],
+    [(0, 8), (0, 2), (3, 0), (3, 6), (3, 9), (-1, 0), (999, 0), (60, 0)],
 )
 def test_unadvertised_api_or_version_closes(api_key: int, version: int) -> None:
     connection = Connection(ADVERTISED)

@@ -1,0 +1,62 @@
+"""ListOffsets (key 2), versions 1-3: offsets by time, for seeks and consumer lag.
+
+This module owns the request's shape; each partition is answered by its leader replica through
+the backend, concurrently, with its own error code (3 unknown, 6 not the leader here, 56 storage,
+...). Kafka's meanings of ``timestamp``:
+
+- -2 (earliest): the log start offset;
+- -1 (latest): the last fetchable offset, the high watermark for read_uncommitted and the last
+  stable offset for read_committed (v2+; equal while raylog has no transactions);
+- otherwise: the first offset whose batch has a timestamp >= ``timestamp``, with that timestamp,
+  or (-1, -1) when no committed batch is that late. raylog answers with batch precision (records
+  are not decoded): the base offset of the first batch whose maxTimestamp is late enough.
+
+The answer's timestamp is -1 for -1 and -2, as Kafka's is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+from kafka.protocol.consumer import ListOffsetsResponse
+
+from raylog.gateway.backend import READ_UNCOMMITTED, DataBackend
+from raylog.gateway.handlers import RequestContext
+from raylog.gateway.protocol import Request
+
+API_KEY = 2
+
+_Topic = ListOffsetsResponse.ListOffsetsTopicResponse
+_Partition = _Topic.ListOffsetsPartitionResponse
+
+
+async def handle(context: RequestContext, request: Request) -> Any:
+    body = request.body
+    backend = cast(DataBackend, context.backend)
+    # isolation_level exists from v2; v1 reads as read_uncommitted.
+    isolation = body.isolation_level if request.api_version >= 2 else READ_UNCOMMITTED
+    results = iter(
+        await asyncio.gather(
+            *(
+                backend.list_offsets(topic.name, p.partition_index, p.timestamp, isolation, -1)
+                for topic in body.topics
+                for p in topic.partitions
+            )
+        )
+    )
+    topics = []
+    for topic in body.topics:
+        partitions = []
+        for p in topic.partitions:
+            result = next(results)
+            partitions.append(
+                _Partition(
+                    partition_index=p.partition_index,
+                    error_code=result.error_code,
+                    timestamp=result.timestamp,
+                    offset=result.offset,
+                )
+            )
+        topics.append(_Topic(name=topic.name, partitions=partitions))
+    return ListOffsetsResponse(throttle_time_ms=0, topics=topics)

@@ -1,0 +1,142 @@
+"""Produce (key 0), versions 3-7: one record batch per partition, appended by its leader replica.
+
+This module owns the Kafka rules of a Produce request; the backend owns getting each batch to the
+partition's leader replica, which validates the v2 header and CRC and stamps offsets. Batches
+stay opaque bytes: only the 61-byte header is read here, never the records.
+
+Rules kept here, each Kafka's:
+
+1. ``acks`` must be 0, 1 or -1, else every partition gets INVALID_REQUIRED_ACKS (21).
+2. acks=0 gets no response. If any partition failed, the connection is closed instead
+   (:class:`CloseConnection`): the client has no other way to learn of it.
+3. A request's partitions are appended concurrently (one Ray call per partition, never one per
+   record). Requests of one connection are applied in order per partition, as Kafka (which
+   serves one request per connection at a time) applies them: a producer pipelining
+   non-idempotent batches must not see them reordered. The server runs a connection's requests
+   as concurrent tasks and Ray may run a replica's calls out of order, so each partition's
+   append waits here until the previous append of the same connection has been answered.
+4. Transactions are not supported yet: a request with a ``transactional_id`` or a transactional
+   batch gets INVALID_TXN_STATE (48), since no transaction was begun through a coordinator here.
+5. Idempotence is not supported yet (InitProducerId is not advertised, so no client is given a
+   producer id). A batch with producerId >= 0 gets UNKNOWN_PRODUCER_ID (59): raylog holds no
+   state for it and could not deduplicate its retries, so accepting it would promise what is not
+   kept. producerId -1 (aiokafka, librdkafka and kafkajs by default, kafka-python with
+   ``enable_idempotence=False``) is a plain producer.
+6. Missing records (null) are INVALID_RECORD (87); anything else wrong with a batch is the
+   replica's verdict (CORRUPT_MESSAGE, MESSAGE_TOO_LARGE, INVALID_RECORD, ...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+from kafka.protocol.producer import ProduceResponse
+
+from raylog.gateway.backend import DataBackend, ProduceResult
+from raylog.gateway.errors import ErrorCode
+from raylog.gateway.handlers import CloseConnection, RequestContext
+from raylog.gateway.protocol import Request
+from raylog.storage import batch as rb
+
+API_KEY = 0
+
+_Topic = ProduceResponse.TopicProduceResponse
+_Partition = _Topic.PartitionProduceResponse
+
+# (connection, topic, partition) -> the future the next append of that connection waits for. The
+# connection is the id of its RequestContext (one per connection, alive as long as it is). An
+# entry is removed when its last append finishes, so the table holds at most one entry per
+# partition per connection with appends in flight (bounded by the connection's max_in_flight).
+_OrderKey = tuple[int, str, int]
+_tails: dict[_OrderKey, asyncio.Future[None]] = {}
+
+
+async def handle(context: RequestContext, request: Request) -> Any:
+    body = request.body
+    backend = cast(DataBackend, context.backend)
+    calls: list[tuple[str, int, Awaitable[ProduceResult]]] = []
+    for topic in body.topic_data:
+        for data in topic.partition_data:
+            calls.append(
+                (
+                    topic.name,
+                    data.index,
+                    _produce_one(id(context), backend, body, topic.name, data.index, data.records),
+                )
+            )
+    results = await asyncio.gather(*(call for _, _, call in calls))
+    if body.acks == 0:
+        failed = [
+            f"{name}-{index}: error {result.error_code}"
+            for (name, index, _), result in zip(calls, results, strict=True)
+            if result.error_code
+        ]
+        if failed:
+            raise CloseConnection(f"acks=0 produce failed ({', '.join(failed[:5])})")
+        return None
+    by_topic: dict[str, list[Any]] = {}
+    for (name, index, _), result in zip(calls, results, strict=True):
+        by_topic.setdefault(name, []).append(
+            _Partition(
+                index=index,
+                error_code=result.error_code,
+                base_offset=result.base_offset,
+                log_append_time_ms=result.log_append_time,
+                log_start_offset=result.log_start_offset,
+            )
+        )
+    return ProduceResponse(
+        responses=[
+            _Topic(name=name, partition_responses=parts) for name, parts in by_topic.items()
+        ],
+        throttle_time_ms=0,
+    )
+
+
+async def _produce_one(
+    connection: int, backend: DataBackend, body: Any, topic: str, partition: int, records: Any
+) -> ProduceResult:
+    error = _refusal(body, records)
+    if error:
+        return ProduceResult(error, -1, -1, -1)
+    batch = bytes(records)  # a view into the request frame; Ray needs an owned copy
+    return await _in_order(
+        (connection, topic, partition),
+        lambda: backend.produce(topic, partition, batch, body.acks, body.timeout_ms),
+    )
+
+
+def _refusal(body: Any, records: Any) -> int:
+    """The error for a request or batch refused before it reaches a replica, else 0."""
+    if body.acks not in (0, 1, -1):
+        return ErrorCode.INVALID_REQUIRED_ACKS
+    if body.transactional_id is not None:
+        return ErrorCode.INVALID_TXN_STATE
+    if records is None:
+        return ErrorCode.INVALID_RECORD
+    if len(records) >= rb.HEADER_SIZE:
+        # Header fields only; a short or malformed batch is left to the replica's checks.
+        header = rb.parse_header(records, 0)
+        if header.is_transactional:
+            return ErrorCode.INVALID_TXN_STATE
+        if header.producer_id >= 0:
+            return ErrorCode.UNKNOWN_PRODUCER_ID
+    return ErrorCode.NONE
+
+
+async def _in_order(key: _OrderKey, call: Callable[[], Awaitable[ProduceResult]]) -> ProduceResult:
+    """Run ``call`` after the previous call with the same key has finished (FIFO per key)."""
+    previous = _tails.get(key)
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    _tails[key] = done
+    try:
+        if previous is not None:
+            # shield: a cancelled waiter must not cancel the future the next one waits on.
+            await asyncio.shield(previous)
+        return await call()
+    finally:
+        done.set_result(None)
+        if _tails.get(key) is done:
+            del _tails[key]
