@@ -1,0 +1,141 @@
+"""Ray Data over raylog topics: ``read_topic`` returns a ``ray.data.Dataset`` of records.
+
+One read task per committed offset range (the same planning as the Spark source, see
+:mod:`raylog.pipelines.reading`), rows with the same columns as Spark's Kafka source
+(:func:`raylog.pipelines.records.schema`). Read tasks run as Ray tasks in the cluster that
+holds the replicas, so they need no connection of their own; the driver must have joined it
+(``cluster`` joins it when this process has not).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pyarrow as pa
+import ray.data
+from ray.data.block import BlockMetadata
+from ray.data.datasource import Datasource, ReadTask
+
+from raylog.pipelines import reading, records
+from raylog.pipelines.catalog import Catalog
+
+# Arrow bytes per record beyond key and value (offset, timestamp, type, partition, topic).
+_ROW_OVERHEAD_BYTES = 32
+
+
+class RaylogDatasource(Datasource):
+    """A Ray Data datasource over planned offset ranges of raylog partitions."""
+
+    def __init__(
+        self,
+        ranges: list[reading.OffsetRange],
+        *,
+        include_headers: bool = False,
+        fail_on_data_loss: bool = True,
+        bytes_per_record: int = 128,
+    ) -> None:
+        super().__init__()
+        self._ranges = ranges
+        self._include_headers = include_headers
+        self._fail_on_data_loss = fail_on_data_loss
+        self._bytes_per_record = bytes_per_record + _ROW_OVERHEAD_BYTES
+
+    def estimate_inmemory_data_size(self) -> int | None:
+        return sum(r.size for r in self._ranges) * self._bytes_per_record
+
+    def get_read_tasks(
+        self,
+        parallelism: int,
+        per_task_row_limit: int | None = None,
+        data_context: Any = None,
+    ) -> list[ReadTask]:
+        # One task per planned range: ranges are the unit of parallelism (split them with
+        # ``min_partitions``), so ``parallelism`` is not used to re-split here.
+        include_headers, fail_on_data_loss = self._include_headers, self._fail_on_data_loss
+        tasks = []
+        for r in self._ranges:
+
+            def read_fn(r: reading.OffsetRange = r) -> Iterable[pa.Table]:
+                for batch in reading.read_range(
+                    r, include_headers=include_headers, fail_on_data_loss=fail_on_data_loss
+                ):
+                    if batch.num_rows:
+                        yield pa.Table.from_batches([batch])
+
+            metadata = BlockMetadata(
+                num_rows=r.size,  # an upper bound: compacted or control offsets have no row
+                size_bytes=r.size * self._bytes_per_record,
+                input_files=None,
+                exec_stats=None,
+            )
+            tasks.append(
+                ReadTask(
+                    read_fn,
+                    metadata,
+                    schema=records.schema(include_headers),
+                    per_task_row_limit=per_task_row_limit,
+                )
+            )
+        return tasks
+
+
+def read_topic(
+    topic: str | list[str],
+    *,
+    catalog: Catalog,
+    start: str | int | Mapping[int, int] = "earliest",
+    end: str | int | Mapping[int, int] = "latest",
+    cluster: str | None = None,
+    min_partitions: int = 0,
+    include_headers: bool = False,
+    fail_on_data_loss: bool = True,
+) -> ray.data.Dataset:
+    """The committed records of ``topic`` from ``start`` to ``end`` as a Dataset.
+
+    ``start`` / ``end``: "earliest", "latest", an offset for every partition, or
+    ``{partition: offset}`` (-2 earliest, -1 latest). ``catalog`` says where partitions
+    live (a :class:`~raylog.pipelines.catalog.StaticCatalog` until the controller-backed
+    catalog exists). ``cluster`` (data dir or Ray address) is joined when this process is
+    not in Ray yet.
+    """
+    topics = [topic] if isinstance(topic, str) else list(topic)
+    if cluster is not None:
+        reading.connect(reading.ClusterTarget.resolve(cluster))
+    elif not ray.is_initialized():
+        raise ValueError("read_topic: pass cluster=..., or join the cluster with ray.init first")
+    chosen = reading.select_partitions(catalog, subscribe=topics)
+    ranges = reading.plan(
+        chosen,
+        reading.fetch_bounds(chosen),
+        _spec(start, topics, "start"),
+        _spec(end, topics, "end"),
+        min_partitions=min_partitions,
+        fail_on_data_loss=fail_on_data_loss,
+    )
+    source = RaylogDatasource(
+        ranges, include_headers=include_headers, fail_on_data_loss=fail_on_data_loss
+    )
+    # One block per range at most per task; tasks are as many as ranges.
+    return ray.data.read_datasource(source, override_num_blocks=max(1, len(ranges)))
+
+
+def _spec(value: str | int | Mapping[int, int], topics: list[str], name: str) -> Any:
+    if isinstance(value, str):
+        return reading.parse_offsets(value, name)
+    if isinstance(value, int):
+        if value in (reading.EARLIEST, reading.LATEST):
+            return value
+        return {t: _AllPartitions(value) for t in topics}
+    return {t: {int(p): int(o) for p, o in value.items()} for t in topics}
+
+
+class _AllPartitions(dict[int, int]):
+    """One offset for every partition of a topic (``start=100``)."""
+
+    def __init__(self, offset: int) -> None:
+        super().__init__()
+        self.offset = offset
+
+    def get(self, key: int, default: Any = None) -> Any:  # type: ignore[override]
+        return self.offset

@@ -1,0 +1,45 @@
+"""Fixtures of the pipelines tests: one produced topic on real replica actors, shared.
+
+``events_topic`` (session): a 2-partition RF=3 topic (leaders 0 and 1, every replica in sync)
+with one kafka-python-built batch per codec in each partition, produced with acks=all. Starting
+six actors costs seconds on a loaded 2-core machine, so the Spark and Ray Data modules share
+it; both only read it.
+
+Nothing here imports Ray at module level: pytest loads this file before the root conftest's
+``pytest_configure`` sets the Ray environment when tests/pipelines is named on the command line,
+and Ray reads that environment when it is imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from pipeline_support import ProducedTopic
+
+
+@pytest.fixture(scope="session")
+def events_topic(
+    ray_local: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ProducedTopic]:
+    import ray
+    from pipeline_support import (
+        EVENTS,
+        EVENTS_PARTITIONS,
+        ProducedTopic,
+        catalog_json,
+        produce_topic,
+        start_topic,
+    )
+
+    replicas = start_topic(tmp_path_factory.mktemp("pipeline-logs"), EVENTS, EVENTS_PARTITIONS)
+    rows = produce_topic(replicas, EVENTS)
+    # The handles keep the (non-detached) replica actors alive until the session ends.
+    yield ProducedTopic(EVENTS, EVENTS_PARTITIONS, rows, catalog_json(EVENTS, EVENTS_PARTITIONS))
+    for by_id in replicas.values():
+        for handle in by_id.values():
+            ray.kill(handle)

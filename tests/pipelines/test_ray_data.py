@@ -1,0 +1,176 @@
+"""``read_topic`` (Ray Data) on real Ray replica actors, and offset planning without Ray.
+
+Proves:
+- ``read_topic`` returns exactly the produced records (keys, values, headers, timestamps,
+  offsets) from earliest to latest, one read task per planned range; ``min_partitions``
+  splits ranges; ``start``/``end`` per partition select exactly that window;
+- planning (pure): -2/-1 resolve to log start / high watermark; offsets below the log start
+  fail naming topic, partition and offsets, or are skipped with failOnDataLoss off; ends
+  beyond the high watermark and inverted ranges fail; splitting keeps ranges contiguous;
+- the catalog prefers in-sync followers, then the leader, then out-of-sync replicas.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import ray
+from pipeline_support import ProducedTopic, table_rows
+
+from raylog.actors.raycluster import ClusterInfo, write_cluster_info
+from raylog.pipelines import read_topic
+from raylog.pipelines.catalog import PartitionInfo, StaticCatalog, read_order
+from raylog.pipelines.ray_data import RaylogDatasource
+from raylog.pipelines.reading import (
+    EARLIEST,
+    LATEST,
+    Bounds,
+    ClusterTarget,
+    DataLossError,
+    OffsetRange,
+    parse_offsets,
+    plan,
+    split,
+)
+
+
+def _collect(ds: ray.data.Dataset) -> list[dict]:
+    return table_rows(pa.concat_tables(ray.get(ds.to_arrow_refs())))
+
+
+@pytest.mark.slow
+def test_read_topic_returns_exactly_what_was_produced(events_topic: ProducedTopic) -> None:
+    catalog = StaticCatalog.from_json(events_topic.catalog)
+    ds = read_topic(events_topic.topic, catalog=catalog, include_headers=True)
+    assert ds.schema().names == [
+        "key",
+        "value",
+        "topic",
+        "partition",
+        "offset",
+        "timestamp",
+        "timestampType",
+        "headers",
+    ]
+    assert _collect(ds) == events_topic.rows
+
+
+@pytest.mark.slow
+def test_read_topic_window_and_min_partitions(events_topic: ProducedTopic) -> None:
+    catalog = StaticCatalog.from_json(events_topic.catalog)
+    ds = read_topic(
+        events_topic.topic,
+        catalog=catalog,
+        start={0: 3, 1: 50},
+        end={0: 150, 1: -1},
+        min_partitions=5,
+    )
+    assert ds.materialize().num_blocks() >= 5, "one read task (at least one block) per range"
+    want = [
+        {k: v for k, v in r.items() if k != "headers"}
+        for r in events_topic.rows
+        if (r["partition"] == 0 and 3 <= r["offset"] < 150)
+        or (r["partition"] == 1 and r["offset"] >= 50)
+    ]
+    assert _collect(ds) == want
+
+
+# --- planning, no Ray -----------------------------------------------------------------------
+
+
+def _info(p: int = 0, leader: int = 0, isr: tuple[int, ...] = (0, 1, 2)) -> PartitionInfo:
+    return PartitionInfo("t", p, leader, isr, (0, 1, 2))
+
+
+def test_plan_resolves_earliest_and_latest() -> None:
+    bounds = {("t", 0): Bounds(10, 100), ("t", 1): Bounds(0, 5)}
+    ranges = plan([_info(0), _info(1, leader=1)], bounds, EARLIEST, LATEST)
+    assert [(r.partition, r.start, r.end) for r in ranges] == [(0, 10, 100), (1, 0, 5)]
+    assert ranges[0].replica_ids == (1, 2, 0), "in-sync followers first, leader last"
+
+
+def test_plan_data_loss_fails_or_skips() -> None:
+    bounds = {("t", 0): Bounds(10, 100)}
+    starting = parse_offsets('{"t": {"0": 4}}', "startingOffsets")
+    with pytest.raises(DataLossError, match=r"t-0: offsets 4\.\.9 .*log start offset 10"):
+        plan([_info()], bounds, starting, LATEST)
+    (r,) = plan([_info()], bounds, starting, LATEST, fail_on_data_loss=False)
+    assert (r.start, r.end) == (10, 100)
+
+
+@pytest.mark.parametrize(
+    ("starting", "ending", "message"),
+    [
+        ('{"t": {"0": 20}}', '{"t": {"0": 101}}', "beyond the high watermark"),
+        ('{"t": {"0": 50}}', '{"t": {"0": 40}}', "starting offset 50 > ending offset 40"),
+        ('{"t": {"0": -1}}', "latest", "latest"),
+        ("earliest", '{"t": {"0": -2}}', "earliest"),
+        ('{"t": {"7": 1}}', "latest", "not read"),
+    ],
+)
+def test_plan_rejects_bad_ranges(starting: str, ending: str, message: str) -> None:
+    bounds = {("t", 0): Bounds(10, 100)}
+    with pytest.raises(ValueError, match=message):
+        plan(
+            [_info()],
+            bounds,
+            parse_offsets(starting, "startingOffsets"),
+            parse_offsets(ending, "endingOffsets"),
+        )
+
+
+def test_split_until_min_partitions_keeps_ranges_contiguous() -> None:
+    ranges = [OffsetRange("t", 0, 0, 1000, (0,)), OffsetRange("t", 1, 0, 10, (1,))]
+    out = split(ranges, 6)
+    assert len(out) == 6
+    for p, (lo, hi) in ((0, (0, 1000)), (1, (0, 10))):
+        mine = [r for r in out if r.partition == p]
+        assert mine[0].start == lo and mine[-1].end == hi
+        assert all(a.end == b.start for a, b in itertools.pairwise(mine))
+    assert len(split([OffsetRange("t", 0, 5, 6, (0,))], 4)) == 1, "one record does not split"
+    assert split([OffsetRange("t", 0, 5, 5, (0,))], 0) == [], "empty ranges read nothing"
+
+
+def test_one_read_task_per_range() -> None:
+    ranges = [OffsetRange("t", 0, 0, 10, (0,)), OffsetRange("t", 0, 10, 25, (0,))]
+    tasks = RaylogDatasource(ranges).get_read_tasks(parallelism=100)
+    assert [t.metadata.num_rows for t in tasks] == [10, 15]
+
+
+def test_read_order_prefers_in_sync_followers() -> None:
+    assert read_order(_info(leader=0, isr=(0, 1, 2))) == [1, 2, 0]
+    assert read_order(_info(leader=2, isr=(2, 0))) == [0, 2, 1]
+    assert read_order(_info(leader=-1, isr=(1,))) == [1, 0, 2]
+
+
+def test_cluster_option_reads_cluster_json_of_a_data_dir(tmp_path: Path) -> None:
+    token = tmp_path / "ray-token"
+    token.write_text("secret")
+    info = ClusterInfo("127.0.0.1:6379", str(token), str(tmp_path / "ray"), os.getpid())
+    write_cluster_info(tmp_path, info)
+    target = ClusterTarget.resolve(str(tmp_path))
+    assert target.ray_address == "127.0.0.1:6379"
+    env = dict(target.env)
+    assert env["RAY_AUTH_MODE"] == "token" and env["RAY_AUTH_TOKEN_PATH"] == str(token)
+    assert ClusterTarget.from_json(target.to_json()) == target
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"without cluster\.json"):
+        ClusterTarget.resolve(str(tmp_path / "empty"))
+
+
+def test_catalog_json_round_trip_and_validation() -> None:
+    catalog = StaticCatalog.from_json('{"a": [{"partition": 1, "replicas": [3, 4]}]}')
+    (info,) = catalog.partitions("a")
+    assert (info.leader_id, info.isr, info.replica_ids) == (3, (3, 4), (3, 4))
+    assert StaticCatalog.from_json(catalog.to_json()).partitions("a") == [info]
+    assert catalog.topics() == ["a"] and catalog.partitions("b") == []
+    with pytest.raises(ValueError, match="not replicas"):
+        StaticCatalog.from_json('{"a": [{"partition": 0, "replicas": [0], "isr": [0, 9]}]}')
+    with pytest.raises(ValueError, match="listed twice"):
+        StaticCatalog.from_json(
+            '{"a": [{"partition": 0, "replicas": [0]}, {"partition": 0, "replicas": [1]}]}'
+        )
