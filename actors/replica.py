@@ -150,8 +150,14 @@ class ReplicaActor:
         log_dir: str,
         topic_config: dict[str, str] | None = None,
         replica_config: ReplicaConfig | None = None,
+        session_lease: bool = False,
     ) -> None:
         self.topic = topic
+        # Leader lease (set by a BrokerActor): with ``session_lease`` the replica accepts produce
+        # only while now_ms() < _lease_until_ms, a time on this machine's monotonic clock that
+        # the broker extends after each heartbeat the controller accepted. Starts lapsed.
+        self._lease_required = session_lease
+        self._lease_until_ms = 0
         self.partition = partition
         self.replica_id = replica_id
         configs = dict(topic_config or {})
@@ -177,6 +183,7 @@ class ReplicaActor:
         self._flusher = _Flusher()
         self._unflushed_records = 0
         self._hw_waiters: list[asyncio.Future[None]] = []  # consumer long polls
+        self._hw_notified = self._sm.high_watermark  # the HW long polls last heard of
         self._hw_checkpointed = self._log.high_watermark
         self._hw_checkpoint_ms = 0
         self._controller: Any = None
@@ -227,6 +234,15 @@ class ReplicaActor:
             offline=self._offline,
         )
 
+    def set_session_lease(self, until_ms: int) -> None:
+        """Accept produce until ``until_ms`` (this machine's monotonic ms); only ever extends."""
+        self._lease_until_ms = max(self._lease_until_ms, until_ms)
+
+    def revoke_session_lease(self) -> bool:
+        """Stop accepting produce at once (until the next grant); True once done."""
+        self._lease_until_ms = 0
+        return True
+
     def set_controller(self, controller: Any) -> None:
         """The actor that receives AlterPartition proposals (``alter_partition`` method)."""
         self._controller = controller
@@ -248,6 +264,9 @@ class ReplicaActor:
     async def _command(self, command: Any) -> ReplicaState:
         self._ensure_started()
         self._raise_if_offline()
+        # Peers may have been re-created under their names since we looked them up (a restarted
+        # broker): look them up again, or a fetch sent to a dead handle waits fetch_timeout_ms.
+        self._peers.clear()
         self._step(command)
         return await self.state()
 
@@ -259,6 +278,11 @@ class ReplicaActor:
         start = self._sm.log_start_offset
         if self._offline is not None:
             return ProduceOutcome(KafkaStorageError.error_code, -1, start, self._offline)
+        if self._lease_required and now_ms() >= self._lease_until_ms:
+            # No confirmed broker session: another replica may already lead (no split brain).
+            return ProduceOutcome(
+                NotLeaderOrFollowerError.error_code, -1, start, "broker session lease lapsed"
+            )
         try:
             header = rb.validate_client_batch(batch, self._max_message_bytes)
         except RaylogError as exc:
@@ -351,6 +375,43 @@ class ReplicaActor:
         """Bulk read for pipelines: committed batches from this replica, no long poll."""
         return await self.fetch(fetch_offset, max_bytes)
 
+    async def list_offsets(
+        self, timestamp: int, current_leader_epoch: int = UNDEFINED_EPOCH
+    ) -> tuple[int, int, int, int]:
+        """Kafka's ListOffsets on the leader: ``(error_code, timestamp, offset, leader_epoch)``.
+
+        -2 (earliest) is the log start offset, -1 (latest) the last fetchable offset (the HW;
+        for read_committed the LSO, which equals the HW while raylog has no transactions), and
+        any other value the first batch whose maxTimestamp >= ``timestamp`` with that
+        maxTimestamp (batch precision: records are not decoded). As in Kafka, a batch at or
+        above the HW is not offered, and (-1, -1) means no batch is that late.
+        """
+        # Imported here so that this method stays one self-contained addition.
+        from raylog.actors.replication_types import Role
+        from raylog.storage.errors import FencedLeaderEpochError, UnknownLeaderEpochError
+
+        self._ensure_started()
+        sm = self._sm
+        if self._offline is not None:
+            return (KafkaStorageError.error_code, -1, -1, -1)
+        if sm.role is not Role.LEADER:
+            return (NotLeaderOrFollowerError.error_code, -1, -1, -1)
+        if current_leader_epoch != UNDEFINED_EPOCH and current_leader_epoch < sm.leader_epoch:
+            return (FencedLeaderEpochError.error_code, -1, -1, sm.leader_epoch)
+        if current_leader_epoch > sm.leader_epoch:
+            return (UnknownLeaderEpochError.error_code, -1, -1, sm.leader_epoch)
+        if timestamp == -2:
+            return (0, -1, sm.log_start_offset, sm.leader_epoch)
+        if timestamp == -1:
+            return (0, -1, sm.high_watermark, sm.leader_epoch)
+        try:
+            found = self._log.offset_for_timestamp(timestamp)
+        except RaylogError as exc:
+            return (exc.error_code, -1, -1, -1)
+        if found is None or found.offset >= sm.high_watermark:
+            return (0, -1, -1, sm.leader_epoch)
+        return (0, found.timestamp, found.offset, sm.leader_epoch)
+
     # --- replica to replica ---------------------------------------------------------------------
 
     async def deliver(self, message: Any) -> None:
@@ -388,8 +449,8 @@ class ReplicaActor:
         """Carry out every pending Ready, in the contract's order."""
         for _ in range(1_000):  # a Ready's effects may produce another Ready; bounded
             if not self._sm.has_ready():
+                self._wake_long_polls()
                 return
-            hw_before = self._sm.high_watermark
             ready = self._sm.ready()
             appended_records = 0
             # 1. Log operations, in order.
@@ -431,12 +492,19 @@ class ReplicaActor:
                             result.message,
                         )
                     )
-            if self._sm.high_watermark != hw_before:
-                waiters, self._hw_waiters = self._hw_waiters, []
-                for waiter in waiters:
-                    if not waiter.done():
-                        waiter.set_result(None)
+            self._wake_long_polls()
         raise RuntimeError("state machine kept producing Ready: bound of 1000 rounds reached")
+
+    def _wake_long_polls(self) -> None:
+        """Wake consumer long polls on any HW move since the last wake-up (the move may have
+        happened inside the step or tick that led here)."""
+        if self._sm.high_watermark == self._hw_notified:
+            return
+        self._hw_notified = self._sm.high_watermark
+        waiters, self._hw_waiters = self._hw_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _append(self, op: AppendBatch) -> None:
         if op.replicated:

@@ -44,6 +44,7 @@ rather than defining exceptions of their own.
 | NotEnoughReplicasAfterAppendError | NOT_ENOUGH_REPLICAS_AFTER_APPEND |   20 |
 | InvalidRequiredAcksError          | INVALID_REQUIRED_ACKS          |   21 |
 | UnknownLeaderEpochError           | UNKNOWN_LEADER_EPOCH           |   75 |
+| BrokerNotAvailableError           | BROKER_NOT_AVAILABLE           |    8 |
 """
 
 from __future__ import annotations
@@ -290,3 +291,10 @@ class UnknownLeaderEpochError(RaylogError):
     """A request names a leader epoch newer than the replica knows (its metadata is ahead)."""
 
     error_code = 75
+
+
+class BrokerNotAvailableError(RaylogError):
+    """The actor a call went to (a broker, a replica, a controller) is dead or restarting, as
+    Ray reported it (RayActorError); callers look the peer up again or treat it as gone."""
+
+    error_code = 8
