@@ -1,0 +1,485 @@
+"""BrokerActor: one broker's identity, its session with the controller, and its replica actors.
+
+This module owns what a Kafka broker process owns apart from the wire protocol:
+
+- identity: ``broker.id`` persisted in ``<data>/broker-<id>/meta.properties``, a rack, and the
+  host/port its gateway will listen on (recorded in its registration; the gateway comes later);
+  every start of the actor (also a Ray restart) is a new incarnation (uuid);
+- the session: it registers with the active controller and heartbeats every
+  ``broker.heartbeat.interval.ms``; after each accepted heartbeat it extends its replicas' write
+  lease to ``t0 + session - guard`` where ``t0`` was read just before sending (the safety
+  argument is in ``raylog.actors.controller``). It finds the active controller by trying the
+  configured controller actors in turn;
+- replicas: the controller pushes the full list of replicas this broker must host with their
+  role commands (``apply``). The broker creates missing ``ReplicaActor``s (named, in namespace
+  ``raylog``, pinned to this node, each with its WAL in ``<data>/broker-<id>/<topic>-<p>``),
+  re-creates one whose topic configs changed (its state is recovered from the WAL), stops and
+  deletes replicas that are no longer assigned (deleted topics: data removed), and forwards the
+  commands. Commands from an older controller epoch than one already seen are refused;
+- the AlterPartition path: replicas send their proposals to the broker (``set_controller`` is
+  the broker), which adds its broker id and epoch and forwards them to the active controller,
+  then hands the answer back to the replica;
+- controlled shutdown (``shutdown``): the controller moves leadership away first, then the
+  broker stops its replicas.
+
+Replica actors are created by this actor, so Ray makes them share its fate: when the broker's
+process dies its replicas die too, and a restarted broker re-creates them from their WALs once
+the controller tells it what to host. Ray does not restart replicas (``max_restarts=0``: one
+pinned to a dead node would hold its name forever); a replica that dies alone is found dead by
+the next ``apply`` (the controller resyncs every ``resync_interval_ms``) and re-created here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from raylog.actors import topic_config
+from raylog.actors.controller import (
+    SESSION_GUARD_FRACTION,
+    HeartbeatReply,
+    RegisterReply,
+    ReplicaSpec,
+    controller_actor_name,
+    monotonic_ms,
+    ray_call,
+)
+from raylog.actors.messages import AlterPartitionRequest, BecomeLeader
+from raylog.actors.replica import NAMESPACE, ReplicaActor, ReplicaState, replica_actor_name
+from raylog.actors.replication_types import ReplicaConfig
+from raylog.storage.errors import (
+    BrokerNotAvailableError,
+    DuplicateBrokerRegistrationError,
+    InvalidConfigError,
+    NotControllerError,
+    RaylogError,
+    RequestTimedOutError,
+)
+
+log = logging.getLogger(__name__)
+
+META_FILE = "meta.properties"
+TOPIC_ID_SUFFIX = ".topic_id"
+REPLICA_START_TIMEOUT_MS = 60_000  # actors start one after another at ~0.5 s each
+REPLICA_CALL_TIMEOUT_MS = 5_000
+NAME_RETRY_MAX = 200  # a dying actor keeps its name for a moment; bound the wait for it
+NAME_RETRY_S = 0.05
+REGISTER_ATTEMPTS_MAX = 10_000  # with backoff, far longer than any controller outage in tests
+REGISTER_BACKOFF_MS_MAX = 1_000
+
+
+def broker_actor_name(broker_id: int) -> str:
+    """The Ray actor name of a broker (unique in the ``raylog`` namespace)."""
+    return f"broker:{broker_id}"
+
+
+def read_or_write_broker_id(broker_dir: Path, broker_id: int) -> int:
+    """Persist ``broker.id`` in ``meta.properties``; refuse a directory of another broker."""
+    broker_dir.mkdir(parents=True, exist_ok=True)
+    meta = broker_dir / META_FILE
+    if meta.exists():
+        props = dict(line.split("=", 1) for line in meta.read_text().splitlines() if "=" in line)
+        stored = int(props.get("broker.id", "-1"))
+        if stored != broker_id:
+            raise InvalidConfigError(f"{broker_dir} belongs to broker {stored}, not {broker_id}")
+        return stored
+    tmp = meta.with_suffix(".tmp")
+    tmp.write_text(f"version=1\nbroker.id={broker_id}\n")
+    tmp.replace(meta)
+    return broker_id
+
+
+def _is_dead(result: object) -> bool:
+    return isinstance(result, BrokerNotAvailableError)
+
+
+@dataclass
+class _Hosted:
+    handle: Any
+    topic_id: str
+    configs: dict[str, str]
+
+
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=4)
+class SessionSentinel:
+    """Lives exactly as long as the broker process that created it; the controller's death watch.
+
+    Why a separate actor: Ray reports the death of a restartable actor (the broker has
+    ``max_restarts=-1``) to a caller only after it decided to restart it, 1.3-2 s on these
+    machines, but the death of a non-restartable one within ~25 ms. The sentinel is owned by the
+    broker actor, so Ray kills it when the broker's process dies (measured: 23-36 ms after a
+    SIGKILL or ray.kill of the broker), and with its node. Cost: one more small process.
+    """
+
+    async def wait_forever(self) -> None:
+        await asyncio.Event().wait()
+
+    async def ping(self) -> bool:
+        return True
+
+
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000)
+class BrokerActor:
+    """One broker: session, replica actors, and the relay between them and the controller."""
+
+    def __init__(
+        self,
+        broker_id: int,
+        data_dir: str,
+        *,
+        rack: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 9092,
+        controller_names: tuple[str, ...] = (controller_actor_name(0), controller_actor_name(1)),
+        broker_configs: dict[str, str] | None = None,
+        auto_start: bool = True,
+    ) -> None:
+        self.broker_id = broker_id
+        self.dir = Path(data_dir) / f"broker-{broker_id}"
+        read_or_write_broker_id(self.dir, broker_id)
+        self.rack = rack
+        self.host = host
+        self.port = port
+        self.incarnation_id = uuid.uuid4().hex
+        self._controller_names = tuple(controller_names)
+        self._config = topic_config.broker_config(broker_configs)
+        self._heartbeat_ms = self._config.broker_heartbeat_interval_ms
+        self._session_ms = self._config.broker_session_timeout_ms
+        self._guard_ms = int(self._session_ms * SESSION_GUARD_FRACTION)
+        self._controller: Any = None
+        self._broker_epoch = -1
+        self._controller_epoch = -1  # highest seen; older commands are refused
+        self._applied_epoch = -1
+        self._lease_until_ms = 0
+        self._hosted: dict[tuple[str, int], _Hosted] = {}
+        self._apply_lock: asyncio.Lock | None = None
+        self._sentinel: Any = None
+        self._heartbeater: asyncio.Task[None] | None = None
+        self._started = False
+        self._stopping = False
+        self._node_id = ray.get_runtime_context().get_node_id()
+        if auto_start:
+            # Also after Ray restarts this actor: the new incarnation registers by itself.
+            self._self().start.remote()
+
+    def _self(self) -> Any:
+        return ray.get_runtime_context().current_actor
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def _ensure_loop_state(self) -> None:
+        if self._apply_lock is None:
+            self._apply_lock = asyncio.Lock()
+
+    async def start(self) -> int:
+        """Register with the active controller and start heartbeating; returns the broker
+        epoch. Idempotent."""
+        self._ensure_loop_state()
+        if self._started:
+            return self._broker_epoch
+        self._started = True
+        self._sentinel = SessionSentinel.options(  # type: ignore[attr-defined]
+            scheduling_strategy=NodeAffinitySchedulingStrategy(self._node_id, soft=False)
+        ).remote()
+        await ray_call(self._sentinel.ping.remote(), REPLICA_START_TIMEOUT_MS)
+        await self._register()
+        self._heartbeater = asyncio.get_running_loop().create_task(self._heartbeat_loop())
+        return self._broker_epoch
+
+    async def _register(self) -> None:
+        backoff_ms = 50
+        for _ in range(REGISTER_ATTEMPTS_MAX):
+            if self._stopping:
+                return
+            try:
+                reply: RegisterReply = await self._call_controller(
+                    "register_broker",
+                    self.broker_id,
+                    self.incarnation_id,
+                    self.rack,
+                    self.host,
+                    self.port,
+                    self._self(),
+                    self._sentinel,
+                )
+                self._broker_epoch = reply.broker_epoch
+                self._controller_epoch = max(self._controller_epoch, reply.controller_epoch)
+                log.info("broker %d registered, epoch %d", self.broker_id, reply.broker_epoch)
+                return
+            except (NotControllerError, DuplicateBrokerRegistrationError) as exc:
+                log.info("broker %d registration refused: %s", self.broker_id, exc)
+            await asyncio.sleep(backoff_ms / 1000)
+            backoff_ms = min(backoff_ms * 2, REGISTER_BACKOFF_MS_MAX)
+        raise NotControllerError(f"broker {self.broker_id} could not register")
+
+    async def status(self) -> dict[str, Any]:
+        self._ensure_loop_state()
+        return {
+            "broker_id": self.broker_id,
+            "incarnation_id": self.incarnation_id,
+            "broker_epoch": self._broker_epoch,
+            "controller_epoch": self._controller_epoch,
+            "applied_epoch": self._applied_epoch,
+            "lease_valid_ms": self._lease_until_ms - monotonic_ms(),
+            "replicas": sorted(f"{t}-{p}" for t, p in self._hosted),
+            "rack": self.rack,
+            "port": self.port,
+            "node_id": self._node_id,
+        }
+
+    async def replica(self, topic: str, partition: int) -> Any:
+        """The handle of a hosted replica (None if not hosted here)."""
+        hosted = self._hosted.get((topic, partition))
+        return None if hosted is None else hosted.handle
+
+    # --- the controller link -----------------------------------------------------------------
+
+    async def _call_controller(self, method: str, *args: Any, timeout_ms: int | None = None) -> Any:
+        """Call the active controller: the cached one first; when it is gone or no longer
+        active, the configured controllers in turn (looked up by name). Raises
+        NotControllerError when none answers as the active one."""
+        timeout = timeout_ms or REPLICA_CALL_TIMEOUT_MS
+        last: Exception | None = None
+        if self._controller is not None:
+            try:
+                return await ray_call(getattr(self._controller, method).remote(*args), timeout)
+            except (NotControllerError, BrokerNotAvailableError, RequestTimedOutError) as exc:
+                last = exc
+                self._controller = None
+        for name in self._controller_names:  # bounded: one attempt per configured controller
+            try:
+                handle = await asyncio.to_thread(ray.get_actor, name, namespace=NAMESPACE)
+                result = await ray_call(getattr(handle, method).remote(*args), timeout)
+            except ValueError as exc:  # no actor of that name (yet)
+                last = exc
+                continue
+            except (NotControllerError, BrokerNotAvailableError, RequestTimedOutError) as exc:
+                last = exc
+                continue
+            self._controller = handle
+            return result
+        raise NotControllerError(f"no active controller answered: {last}")
+
+    async def _heartbeat_loop(self) -> None:
+        while not self._stopping:  # ends with shutdown(); one heartbeat per interval
+            t0 = monotonic_ms()
+            try:
+                reply: HeartbeatReply = await self._call_controller(
+                    "heartbeat",
+                    self.broker_id,
+                    self.incarnation_id,
+                    self._applied_epoch,
+                    self._self(),
+                    self._sentinel,
+                    timeout_ms=max(self._heartbeat_ms, self._session_ms // 3),
+                )
+                self._controller_epoch = max(self._controller_epoch, reply.controller_epoch)
+                if not reply.registered:
+                    await self._register()
+                elif reply.lease_ok:
+                    await self._grant_lease(t0 + self._session_ms - self._guard_ms)
+            except RaylogError as exc:
+                log.warning("broker %d heartbeat failed: %s", self.broker_id, exc)
+            except Exception:
+                log.exception("broker %d heartbeat failed", self.broker_id)
+            delay_ms = t0 + self._heartbeat_ms - monotonic_ms()
+            if delay_ms > 0:
+                await asyncio.sleep(delay_ms / 1000)
+
+    async def _grant_lease(self, until_ms: int) -> None:
+        """Extend every hosted replica's write lease (this node's monotonic clock)."""
+        self._lease_until_ms = max(self._lease_until_ms, until_ms)
+        calls = [
+            ray_call(h.handle.set_session_lease.remote(until_ms), REPLICA_CALL_TIMEOUT_MS)
+            for h in list(self._hosted.values())
+        ]
+        await asyncio.gather(*calls, return_exceptions=True)
+
+    # --- replicas -------------------------------------------------------------------------------
+
+    async def apply(
+        self, controller_epoch: int, metadata_epoch: int, specs: list[ReplicaSpec], phase: str
+    ) -> list[ReplicaState]:
+        """Host exactly ``specs``; forward the non-leader commands (phase "followers") or the
+        leader commands (phase "leaders"). Returns the states of every hosted replica."""
+        self._ensure_loop_state()
+        assert self._apply_lock is not None
+        if controller_epoch < self._controller_epoch:
+            raise NotControllerError(
+                f"controller epoch {controller_epoch} is older than {self._controller_epoch}"
+            )
+        self._controller_epoch = controller_epoch
+        async with self._apply_lock:
+            if controller_epoch < self._controller_epoch:
+                raise NotControllerError(f"controller epoch {controller_epoch} is stale")
+            wanted = {(s.topic, s.partition): s for s in specs}
+            for key in [k for k in self._hosted if k not in wanted]:
+                await self._remove(key, delete_data=True)
+            self._remove_stray_dirs(wanted)
+            await asyncio.gather(*(self._ensure(s) for s in specs))
+            leaders = phase == "leaders"
+            me = self._self()
+            calls = []
+            keys = []
+            for s in specs:
+                keys.append((s.topic, s.partition))
+                hosted = self._hosted[(s.topic, s.partition)]
+                if s.is_leader != leaders:
+                    calls.append(ray_call(hosted.handle.state.remote(), REPLICA_CALL_TIMEOUT_MS))
+                    continue
+                hosted.handle.set_controller.remote(me)  # again: a restarted replica forgot it
+                if isinstance(s.command, BecomeLeader):
+                    ref = hosted.handle.become_leader.remote(s.command)
+                elif s.command.__class__.__name__ == "BecomeObserver":
+                    ref = hosted.handle.become_observer.remote(s.command)
+                else:
+                    ref = hosted.handle.become_follower.remote(s.command)
+                calls.append(ray_call(ref, REPLICA_CALL_TIMEOUT_MS))
+            results = await asyncio.gather(*calls, return_exceptions=True)
+            dead = [k for k, r in zip(keys, results, strict=True) if _is_dead(r)]
+            for key in dead:  # re-created from its WAL by the next apply
+                log.warning("broker %d: replica %s-%d died", self.broker_id, *key)
+                self._hosted.pop(key, None)
+            if dead:
+                raise BrokerNotAvailableError(f"replicas {dead} died; re-creating them")
+            if leaders:
+                self._applied_epoch = max(self._applied_epoch, metadata_epoch)
+            return [r for r in results if isinstance(r, ReplicaState)]
+
+    def _log_dir(self, topic: str, partition: int) -> Path:
+        return self.dir / f"{topic}-{partition}"
+
+    async def _ensure(self, spec: ReplicaSpec) -> None:
+        key = (spec.topic, spec.partition)
+        hosted = self._hosted.get(key)
+        if (
+            hosted is not None
+            and hosted.topic_id == spec.topic_id
+            and hosted.configs == spec.configs
+        ):
+            return
+        if hosted is not None:
+            # Configs changed (re-created from its WAL) or the topic was re-created (wiped).
+            await self._remove(key, delete_data=hosted.topic_id != spec.topic_id)
+        log_dir = self._log_dir(spec.topic, spec.partition)
+        id_file = log_dir.with_name(log_dir.name + TOPIC_ID_SUFFIX)
+        if id_file.exists() and id_file.read_text() != spec.topic_id:
+            shutil.rmtree(log_dir, ignore_errors=True)  # data of an older topic of that name
+        id_file.write_text(spec.topic_id)
+        cfg = topic_config.effective(spec.configs)
+        replica_config = ReplicaConfig(
+            replica_lag_time_max_ms=self._config.replica_lag_time_max_ms,
+            min_insync_replicas=cfg.min_insync_replicas,
+            replication_mode=cfg.replication_mode,
+            unclean_leader_election_enable=cfg.unclean_leader_election_enable,
+        )
+        name = replica_actor_name(spec.topic, spec.partition, self.broker_id)
+        handle = None
+        for _ in range(NAME_RETRY_MAX):
+            try:
+                handle = ReplicaActor.options(  # type: ignore[attr-defined]
+                    name=name,
+                    namespace=NAMESPACE,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(self._node_id, soft=False),
+                    # Not restarted by Ray: a replica pinned to a dead node would hold its name
+                    # forever. The broker re-creates a dead replica from its WAL instead.
+                    max_restarts=0,
+                ).remote(
+                    spec.topic,
+                    spec.partition,
+                    self.broker_id,
+                    str(log_dir),
+                    dict(spec.configs),
+                    replica_config,
+                    session_lease=True,
+                )
+                break
+            except ValueError:  # the name is still held by a dying incarnation
+                await asyncio.sleep(NAME_RETRY_S)
+        if handle is None:
+            raise RequestTimedOutError(f"replica actor name {name} stayed taken")
+        await ray_call(handle.ping.remote(), REPLICA_START_TIMEOUT_MS)
+        handle.set_controller.remote(self._self())
+        if self._lease_until_ms > monotonic_ms():
+            handle.set_session_lease.remote(self._lease_until_ms)
+        self._hosted[key] = _Hosted(handle, spec.topic_id, dict(spec.configs))
+
+    async def _remove(self, key: tuple[str, int], *, delete_data: bool) -> None:
+        """Stop a replica actor, wait (bounded) until Ray confirms it dead, maybe drop its data."""
+        hosted = self._hosted.pop(key)
+        ray.kill(hosted.handle, no_restart=True)
+        for _ in range(NAME_RETRY_MAX):
+            try:
+                await ray_call(hosted.handle.ping.remote(), REPLICA_CALL_TIMEOUT_MS)
+            except BrokerNotAvailableError:
+                break
+            except RequestTimedOutError:
+                continue
+            await asyncio.sleep(NAME_RETRY_S)
+        if delete_data:
+            log_dir = self._log_dir(*key)
+            shutil.rmtree(log_dir, ignore_errors=True)
+            log_dir.with_name(log_dir.name + TOPIC_ID_SUFFIX).unlink(missing_ok=True)
+
+    def _remove_stray_dirs(self, wanted: dict[tuple[str, int], ReplicaSpec]) -> None:
+        """Delete data of partitions no longer assigned here (a topic deleted while down)."""
+        keep = {self._log_dir(t, p).name for t, p in wanted}
+        for id_file in self.dir.glob(f"*{TOPIC_ID_SUFFIX}"):
+            name = id_file.name.removesuffix(TOPIC_ID_SUFFIX)
+            if name not in keep:
+                shutil.rmtree(self.dir / name, ignore_errors=True)
+                id_file.unlink(missing_ok=True)
+
+    # --- AlterPartition relay ---------------------------------------------------------------------
+
+    async def alter_partition(
+        self, topic: str, partition: int, request: AlterPartitionRequest, replica: Any
+    ) -> None:
+        """A leader replica's proposal: forward with this broker's id and epoch, answer back."""
+        try:
+            response = await self._call_controller(
+                "alter_partition", self.broker_id, self._broker_epoch, topic, partition, request
+            )
+        except RaylogError as exc:
+            log.info("AlterPartition %s-%d not answered: %s", topic, partition, exc)
+            return  # the replica resends after alter_partition_timeout_ms
+        replica.alter_partition_response.remote(response)
+
+    # --- controlled shutdown ----------------------------------------------------------------
+
+    async def shutdown(self) -> bool:
+        """Controlled shutdown: leadership moves away first, then replicas stop. Returns True
+        when the controller confirmed this broker leads nothing any more."""
+        self._ensure_loop_state()
+        moved = False
+        try:
+            moved = bool(
+                await self._call_controller(
+                    "controlled_shutdown",
+                    self.broker_id,
+                    self.incarnation_id,
+                    timeout_ms=60_000,
+                )
+            )
+        except RaylogError as exc:
+            log.warning("broker %d controlled shutdown not confirmed: %s", self.broker_id, exc)
+        self._stopping = True
+        if self._heartbeater is not None:
+            self._heartbeater.cancel()
+        for key in list(self._hosted):
+            await self._remove(key, delete_data=False)
+        # The controller sees the sentinel die and fences this broker, which leads nothing now.
+        if self._sentinel is not None:
+            ray.kill(self._sentinel, no_restart=True)
+        return moved
+
+
+__all__ = ["BrokerActor", "broker_actor_name", "read_or_write_broker_id"]

@@ -1,0 +1,949 @@
+"""ControllerActor: the active/standby controller and its reconcile loop.
+
+This module owns the Ray shell of raylog's controller: who is active (the lease), the one copy
+of the cluster metadata it acts on (compare-and-swapped in the object store before anything is
+done with it), broker sessions, and the loop that makes replicas match the metadata. Every
+decision comes from the pure modules: ``metadata`` (transitions), ``election`` (leaders, ISR,
+fencing, AlterPartition), ``placement`` (where replicas go) and ``topic_config`` (validation).
+
+Active and standby. Every ControllerActor runs a :class:`LeaseKeeper` on ``controller/lease``.
+The holder is active and its controller epoch is the lease epoch. On election it re-reads the
+metadata, records its epoch in it (``take_controllership``, a CAS write) and only then acts. A
+lost CAS means another controller wrote: it re-reads and demotes if that controller's epoch is
+newer. Before every write it checks ``is_holder()``, which turns false at the lease deadline,
+strictly before any standby can take over (see ``raylog.storage.lease``). A standby takes over
+within ``lease_ms + poll_ms`` of the active one's death (at once after a graceful release).
+
+Commands to replicas carry the controller epoch; brokers and replicas refuse older ones.
+
+Sessions and no split brain. A broker heartbeats every ``broker.heartbeat.interval.ms``. Before
+sending heartbeat ``h`` it reads its machine's monotonic clock, ``t0``; when the controller
+accepts ``h`` the broker extends its replicas' write lease to ``t0 + session - guard`` on that
+same clock (replicas run on their broker's node). A leader refuses produce once its lease
+lapsed. The controller moves leadership away from broker ``b`` only:
+
+1. after ``b``'s session expired by the controller's monotonic clock: no heartbeat accepted for
+   ``session`` ms. The last accepted heartbeat was received at controller time ``R >= t0``
+   (real time), so fencing happens at ``>= t0 + session`` while every lease ``b`` granted ends
+   by ``t0 + session - guard``: ``guard`` (10 % of the session) absorbs rate differences between
+   the two machines' clocks. A newly active controller counts every session from its own
+   activation ``A``: the old controller accepted heartbeats only while ``is_holder()``, i.e.
+   before its lease deadline, which precedes ``A``; so every lease granted ends before
+   ``A + session``.
+2. or when Ray confirmed the death of ``b``'s process (a never-returning ``wait_forever`` call on
+   its session sentinel failed with RayActorError; see ``raylog.actors.broker``) AND each
+   replica ``b`` leads is confirmed unable to write: its ``revoke_session_lease`` answered, or
+   Ray reports it dead. Replicas are owned by their broker actor, so they die with it; the
+   revocation covers the window before they do. Without both confirmations the controller
+   falls back to (1).
+3. or on controlled shutdown / preferred election: the old leader is told to step down (phase 1
+   of a reconcile round) before the new one is told to lead (phase 2). If the old leader cannot
+   be reached in phase 1 its acks=1 writes may briefly overlap (acks=all cannot complete there:
+   its followers already follow the new epoch), as in Kafka.
+
+A broker that was fenced and comes back (same incarnation, heartbeat) or registers anew gets
+no lease until it has applied the metadata version that unfenced it (``lease_from_epoch``), so a
+replica that still thinks it leads an old epoch is demoted before it can write again.
+
+Reconcile. One loop, woken by every metadata change and at least every ``reconcile_interval_ms``:
+fence brokers whose session expired, then push each unfenced broker its desired replicas (topic
+id, configs, role command) in two phases, non-leader commands then leader commands. Brokers
+create missing replica actors, delete strays (deleted topics) and forward the commands. A broker
+is pushed again when its desired set changed, it re-registered, or ``resync_interval_ms`` passed.
+
+Every Ray call goes through :func:`ray_call` (timeouts, dead peers) so failures are handled in one
+place. Ray actor methods here are async: they all run on the actor's one event loop, so the
+controller state is touched by one task at a time between awaits; metadata writes are serialised
+by ``_write_lock``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+import msgspec
+import ray
+
+from raylog.actors import election, placement, topic_config
+from raylog.actors import metadata as md_
+from raylog.actors.messages import (
+    AlterPartitionRequest,
+    AlterPartitionResponse,
+    BecomeFollower,
+    BecomeLeader,
+    BecomeObserver,
+)
+from raylog.actors.metadata import (
+    ClusterMetadata,
+    TopicMetadata,
+    TopicPartition,
+)
+from raylog.actors.metadata_store import MetadataStore, VersionedMetadata
+from raylog.actors.replica import NAMESPACE, replica_actor_name
+from raylog.storage.errors import (
+    BrokerIdNotRegisteredError,
+    BrokerNotAvailableError,
+    InvalidPartitionsError,
+    NotControllerError,
+    PreconditionFailedError,
+    RaylogError,
+    RequestTimedOutError,
+)
+from raylog.storage.leasekeeper import LeaseKeeper
+from raylog.storage.objectstore import open_object_store
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+CONTROLLER_LEASE_KEY = "controller/lease"
+CALL_TIMEOUT_MS_DEFAULT = 5_000
+RECONCILE_INTERVAL_MS_DEFAULT = 500
+RESYNC_INTERVAL_MS_DEFAULT = 10_000
+DEATH_CONFIRM_TIMEOUT_MS = 2_000  # bound on confirming a dead broker's leaders cannot write
+CAS_RETRIES_MAX = 5
+SLOW_PUSH_MS = 100  # a push round slower than this is logged
+WAIT_RECONCILED_MS_MAX = 30_000
+SESSION_GUARD_FRACTION = 0.1  # of broker.session.timeout.ms; see the module docstring
+
+
+def controller_actor_name(index: int) -> str:
+    """The Ray actor name of controller ``index`` (0 and 1 by default: active + standby)."""
+    return f"controller:{index}"
+
+
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+# --- the one wrapper for Ray calls ------------------------------------------------------------
+
+
+async def ray_call(ref: Any, timeout_ms: int | None) -> Any:
+    """Await one Ray call; the only place Ray failures are translated.
+
+    - the peer actor is dead or restarting (RayActorError) -> BrokerNotAvailableError;
+    - no answer within ``timeout_ms`` (None: wait forever) -> RequestTimedOutError;
+    - an exception raised by the remote method comes back as itself (Ray re-raises it as an
+      instance of its own class), e.g. NotControllerError.
+    """
+    try:
+        if timeout_ms is None:
+            return await ref
+        return await asyncio.wait_for(_awaited(ref), timeout=timeout_ms / 1000)
+    except ray.exceptions.RayActorError as exc:
+        raise BrokerNotAvailableError(f"peer actor gone: {type(exc).__name__}") from exc
+    except TimeoutError as exc:
+        raise RequestTimedOutError(f"no answer within {timeout_ms} ms") from exc
+
+
+async def _awaited(ref: Any) -> Any:
+    return await ref
+
+
+# --- what crosses Ray between the controller and brokers --------------------------------------
+
+RoleCommand = BecomeLeader | BecomeFollower | BecomeObserver
+
+
+class ReplicaSpec(msgspec.Struct, frozen=True):
+    """One replica a broker must host, and the role command it must have applied."""
+
+    topic: str
+    topic_id: str
+    partition: int
+    configs: dict[str, str]
+    command: RoleCommand
+
+    @property
+    def is_leader(self) -> bool:
+        return isinstance(self.command, BecomeLeader)
+
+
+class RegisterReply(msgspec.Struct, frozen=True):
+    broker_epoch: int
+    controller_epoch: int
+
+
+class HeartbeatReply(msgspec.Struct, frozen=True):
+    """``lease_ok``: the broker may extend its replicas' write leases from this heartbeat."""
+
+    lease_ok: bool
+    registered: bool  # False: this incarnation is unknown; register again
+    state: str
+    controller_epoch: int
+    metadata_epoch: int
+
+
+class ControllerStatus(msgspec.Struct, frozen=True):
+    controller_id: str
+    active: bool
+    controller_epoch: int
+    metadata_epoch: int
+    reconciled_epoch: int  # the metadata epoch every unfenced broker has applied
+
+
+@dataclass
+class _BrokerLink:
+    """What the active controller knows of a broker besides the metadata (never persisted)."""
+
+    handle: Any
+    incarnation_id: str
+    last_heartbeat_ms: int
+    watch: asyncio.Task[None] | None = None
+    pushed: tuple[str, list[ReplicaSpec]] | None = None  # incarnation, specs last applied
+    pushed_ms: int = 0
+    applied_epoch: int = -1
+    lease_from_epoch: int = 0
+    leos: dict[TopicPartition, int] = field(default_factory=dict)
+
+
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000)
+class ControllerActor:
+    """One controller; active while it holds the lease, standby otherwise."""
+
+    def __init__(
+        self,
+        store_url: str,
+        controller_id: str,
+        *,
+        cluster_id: str = "raylog",
+        lease_ms: int = 15_000,
+        renew_ms: int = 5_000,
+        poll_ms: int = 2_000,
+        broker_configs: dict[str, str] | None = None,
+        reconcile_interval_ms: int = RECONCILE_INTERVAL_MS_DEFAULT,
+        resync_interval_ms: int = RESYNC_INTERVAL_MS_DEFAULT,
+        call_timeout_ms: int = CALL_TIMEOUT_MS_DEFAULT,
+        auto_start: bool = True,
+    ) -> None:
+        self.controller_id = controller_id
+        self._cluster_id = cluster_id
+        self._store = open_object_store(store_url)
+        self._mstore = MetadataStore(self._store)
+        self._lease_args = {"lease_ms": lease_ms, "renew_ms": renew_ms, "poll_ms": poll_ms}
+        self._broker_config = topic_config.broker_config(broker_configs)
+        self._session_ms = self._broker_config.broker_session_timeout_ms
+        self._reconcile_interval_ms = min(reconcile_interval_ms, max(10, self._session_ms // 4))
+        self._resync_interval_ms = resync_interval_ms
+        self._call_timeout_ms = call_timeout_ms
+        self._keeper: LeaseKeeper | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._epoch: int | None = None  # controller epoch while active
+        self._md: VersionedMetadata | None = None
+        self._write_lock: asyncio.Lock | None = None
+        self._wake: asyncio.Event | None = None
+        self._links: dict[int, _BrokerLink] = {}
+        self._reconciled_epoch = -1
+        self._reconciler: asyncio.Task[None] | None = None
+        self._activation: asyncio.Task[None] | None = None
+        self._stopped = False
+        self._pending_sessions_from_ms = 0  # sessions without a heartbeat count from here
+        self.unclean_elections = 0  # metric
+        if auto_start:
+            # Also after Ray restarts this actor: it rejoins the contest for the lease by itself.
+            ray.get_runtime_context().current_actor.start.remote()
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def _ensure_started(self) -> None:
+        """Start the lease keeper and the reconcile loop on the first call (also after Ray
+        restarts this actor: brokers looking for the active controller call every one)."""
+        if self._loop is not None or self._stopped:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._write_lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._keeper = LeaseKeeper(
+            self._store,
+            f"{self.controller_id}-{uuid.uuid4().hex[:8]}",
+            key=CONTROLLER_LEASE_KEY,
+            on_elected=self._from_lease_thread_elected,
+            on_demoted=self._from_lease_thread_demoted,
+            **self._lease_args,
+        )
+        self._keeper.start()
+        self._reconciler = self._loop.create_task(self._reconcile_loop())
+
+    async def start(self) -> ControllerStatus:
+        """Join the contest for the lease; returns at once (active or standby)."""
+        self._ensure_started()
+        return await self.status()
+
+    async def stop(self, release: bool = True) -> None:
+        """Stop contending; a holder demotes first and (``release``) hands over at once."""
+        self._stopped = True
+        if self._keeper is not None:
+            await asyncio.to_thread(self._keeper.stop, release=release)
+        self._demote("stopped")
+        if self._reconciler is not None:
+            self._reconciler.cancel()
+
+    async def status(self) -> ControllerStatus:
+        self._ensure_started()
+        md = self._md.metadata if self._md is not None else None
+        return ControllerStatus(
+            controller_id=self.controller_id,
+            active=self._is_active(),
+            controller_epoch=self._epoch or -1,
+            metadata_epoch=md.metadata_epoch if md is not None else -1,
+            reconciled_epoch=self._reconciled_epoch,
+        )
+
+    def _from_lease_thread_elected(self, epoch: int) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._start_activation, epoch)
+
+    def _from_lease_thread_demoted(self) -> None:
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(self._demote, "lease lost")
+
+    def _start_activation(self, epoch: int) -> None:
+        assert self._loop is not None
+        self._activation = self._loop.create_task(self._activate(epoch))
+
+    async def _activate(self, epoch: int) -> None:
+        """Steps: 1. re-read the metadata; 2. CAS-write our epoch into it; 3. start acting.
+
+        Sessions of every known broker start counting at this activation (module docstring).
+        """
+        assert self._write_lock is not None and self._wake is not None
+        async with self._write_lock:
+            for _ in range(CAS_RETRIES_MAX):
+                if not self._holds(epoch):
+                    return
+                current = await asyncio.to_thread(self._mstore.load)
+                base = current.metadata if current else ClusterMetadata(cluster_id=self._cluster_id)
+                if base.controller_epoch >= epoch:
+                    log.error(
+                        "%s: metadata names controller epoch %d >= our lease epoch %d",
+                        self.controller_id,
+                        base.controller_epoch,
+                        epoch,
+                    )
+                    return
+                new = md_.take_controllership(base, epoch)
+                try:
+                    self._md = await asyncio.to_thread(
+                        self._mstore.write, new, current.etag if current else None
+                    )
+                except PreconditionFailedError:
+                    continue  # a late write of the previous controller: read again
+                break
+            else:
+                log.error("%s: could not record controller epoch %d", self.controller_id, epoch)
+                return
+            self._epoch = epoch
+            now = monotonic_ms()
+            self._links = {}
+            self._pending_sessions_from_ms = now
+            self._reconciled_epoch = -1
+        log.info("%s active at controller epoch %d", self.controller_id, epoch)
+        self._wake.set()
+
+    def _demote(self, why: str) -> None:
+        if self._epoch is not None:
+            log.warning("%s demoted (%s) at epoch %s", self.controller_id, why, self._epoch)
+        self._epoch = None
+        self._md = None
+        for link in self._links.values():
+            if link.watch is not None:
+                link.watch.cancel()
+        self._links = {}
+
+    def _holds(self, epoch: int | None) -> bool:
+        keeper = self._keeper
+        return keeper is not None and epoch is not None and keeper.epoch == epoch
+
+    def _is_active(self) -> bool:
+        return self._md is not None and self._holds(self._epoch)
+
+    def _require_active(self) -> VersionedMetadata:
+        if not self._is_active() or self._md is None:
+            raise NotControllerError(f"{self.controller_id} is not the active controller")
+        return self._md
+
+    # --- metadata writes -------------------------------------------------------------------------
+
+    async def _mutate(self, change: Callable[[ClusterMetadata], tuple[ClusterMetadata, T]]) -> T:
+        """Decide with ``change`` on the current metadata, CAS-write the result, then act.
+
+        Invariant: ``self._md`` is always a version that is (or was) stored; nothing is sent to
+        brokers about a version before its write succeeded.
+        """
+        assert self._write_lock is not None and self._wake is not None
+        async with self._write_lock:
+            current = self._require_active()
+            new, result = change(current.metadata)
+            if new is current.metadata:
+                return result
+            self._require_active()  # the lease deadline may have passed while deciding
+            try:
+                self._md = await asyncio.to_thread(self._mstore.write, new, current.etag)
+            except PreconditionFailedError:
+                await self._after_lost_cas()
+                raise NotControllerError(
+                    f"{self.controller_id}: metadata changed under us; retry"
+                ) from None
+            log.debug("metadata epoch %d written (%s)", new.metadata_epoch, change.__qualname__)
+            if self._is_active():
+                self._wake.set()
+            return result
+
+    async def _after_lost_cas(self) -> None:
+        stored = await asyncio.to_thread(self._mstore.load)
+        if stored is None or self._epoch is None or stored.metadata.controller_epoch > self._epoch:
+            self._demote("a newer controller wrote the metadata")
+        else:
+            self._md = stored  # our own write of unknown outcome landed: adopt it
+
+    # --- broker registration and heartbeats -----------------------------------------------------
+
+    async def register_broker(
+        self,
+        broker_id: int,
+        incarnation_id: str,
+        rack: str | None,
+        host: str,
+        port: int,
+        handle: Any,
+        sentinel: Any,
+    ) -> RegisterReply:
+        """BrokerRegistration: records the incarnation (fencing an older one) and watches it."""
+        self._ensure_started()
+        link = self._links.get(broker_id)
+        now = monotonic_ms()
+        live = link is not None and now - link.last_heartbeat_ms < self._session_ms
+
+        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, None]:
+            out = election.register_broker(
+                md,
+                broker_id,
+                incarnation_id,
+                rack,
+                host,
+                port,
+                old_session_live=live,
+                log_end_offsets=self._leos(),
+            )
+            self._count_unclean(out)
+            return out.metadata, None
+
+        await self._mutate(change)
+        md = self._require_active().metadata
+        reg = md.brokers[broker_id]
+        self._attach(broker_id, incarnation_id, handle, sentinel, md.metadata_epoch)
+        assert self._epoch is not None
+        return RegisterReply(reg.broker_epoch, self._epoch)
+
+    def _attach(
+        self,
+        broker_id: int,
+        incarnation_id: str,
+        handle: Any,
+        sentinel: Any,
+        lease_from_epoch: int,
+    ) -> None:
+        """Start tracking (and watching) this incarnation of the broker."""
+        assert self._loop is not None and self._wake is not None
+        old = self._links.get(broker_id)
+        if old is not None and old.watch is not None:
+            old.watch.cancel()
+        link = _BrokerLink(
+            handle, incarnation_id, monotonic_ms(), lease_from_epoch=lease_from_epoch
+        )
+        link.watch = self._loop.create_task(self._watch(broker_id, incarnation_id, sentinel))
+        self._links[broker_id] = link
+        self._wake.set()
+
+    async def heartbeat(
+        self,
+        broker_id: int,
+        incarnation_id: str,
+        applied_epoch: int,
+        handle: Any,
+        sentinel: Any,
+    ) -> HeartbeatReply:
+        """A broker's heartbeat; says whether it may extend its replicas' write leases."""
+        self._ensure_started()
+        current = self._require_active()
+        assert self._epoch is not None
+        reg = current.metadata.brokers.get(broker_id)
+        if reg is None or reg.incarnation_id != incarnation_id:
+            return HeartbeatReply(
+                False, False, "unknown", self._epoch, current.metadata.metadata_epoch
+            )
+        link = self._links.get(broker_id)
+        if link is None or link.incarnation_id != incarnation_id:
+            # First heartbeat to this controller (it took over): track it from now on; leases
+            # only after it applied our current version.
+            self._attach(
+                broker_id, incarnation_id, handle, sentinel, current.metadata.metadata_epoch
+            )
+            link = self._links[broker_id]
+        if reg.state == "fenced":
+
+            def unfence(md: ClusterMetadata) -> tuple[ClusterMetadata, None]:
+                out = election.unfence_broker(md, broker_id, self._leos())
+                self._count_unclean(out)
+                return out.metadata, None
+
+            await self._mutate(unfence)
+            md = self._require_active().metadata
+            link.lease_from_epoch = md.metadata_epoch
+            link.pushed = None
+            reg = md.brokers[broker_id]
+        link.last_heartbeat_ms = monotonic_ms()
+        link.applied_epoch = max(link.applied_epoch, applied_epoch)
+        md = self._require_active().metadata  # is_holder() is checked once more before granting
+        lease_ok = reg.state != "fenced" and link.applied_epoch >= link.lease_from_epoch
+        return HeartbeatReply(lease_ok, True, reg.state, self._epoch, md.metadata_epoch)
+
+    async def controlled_shutdown(self, broker_id: int, incarnation_id: str) -> bool:
+        """Move the broker's leaderships away; returns once the move reached the brokers.
+
+        True when the broker leads nothing any more (partitions whose only ISR member it is go
+        offline instead, as in Kafka).
+        """
+        self._ensure_started()
+        reg = self._require_active().metadata.brokers.get(broker_id)
+        if reg is None or reg.incarnation_id != incarnation_id:
+            raise BrokerIdNotRegisteredError(
+                f"Broker {broker_id} ({incarnation_id}) is not registered"
+            )
+
+        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, election.Outcome]:
+            out = election.controlled_shutdown(md, broker_id)
+            return out.metadata, out
+
+        out = await self._mutate(change)
+        md = self._require_active().metadata
+        # Wait only for the brokers hosting the moved partitions (a dead, not yet fenced broker
+        # elsewhere must not hold the shutdown up).
+        involved = {
+            b
+            for c in out.changes
+            for b in md.topics[c.topic].partitions[c.partition].replicas
+            if b != broker_id and md.brokers[b].state != "fenced"
+        }
+        await self._wait_applied(involved, md.metadata_epoch, WAIT_RECONCILED_MS_MAX)
+        md = self._require_active().metadata
+        return not any(p.leader == broker_id for _, p in md_.partitions(md))
+
+    # --- death detection ------------------------------------------------------------------------
+
+    async def _watch(self, broker_id: int, incarnation_id: str, sentinel: Any) -> None:
+        """Hold a never-returning call on the broker's sentinel; its failure is Ray confirming
+        that the broker's process (or node) died."""
+        try:
+            await ray_call(sentinel.wait_forever.remote(), None)
+        except BrokerNotAvailableError:
+            await self._on_broker_died(broker_id, incarnation_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("watch of broker %d ended unexpectedly", broker_id)
+
+    async def _on_broker_died(self, broker_id: int, incarnation_id: str) -> None:
+        if not self._is_active():
+            return
+        md = self._require_active().metadata
+        reg = md.brokers.get(broker_id)
+        if reg is None or reg.incarnation_id != incarnation_id or reg.state == "fenced":
+            return
+        led = [tp for tp, p in md_.partitions(md) if p.leader == broker_id]
+        seen_ms = monotonic_ms()
+        confirmed = await asyncio.gather(*(self._cannot_write(tp, broker_id) for tp in led))
+        if not all(confirmed):
+            log.warning(
+                "broker %d died but its leaders are not confirmed fenced; waiting for "
+                "its session to expire",
+                broker_id,
+            )
+            return
+        confirmed_ms = monotonic_ms()
+        await self._fence(broker_id, incarnation_id)
+        log.warning(
+            "broker %d (%s) confirmed dead by Ray: %d leaders confirmed fenced in %d ms, "
+            "fenced in %d ms more (at %d)",
+            broker_id,
+            incarnation_id,
+            len(led),
+            confirmed_ms - seen_ms,
+            monotonic_ms() - confirmed_ms,
+            monotonic_ms(),
+        )
+
+    async def _cannot_write(self, tp: TopicPartition, broker_id: int) -> bool:
+        """True once the replica is dead or has dropped its write lease."""
+        name = replica_actor_name(tp.topic, tp.partition, broker_id)
+        try:
+            handle = await asyncio.to_thread(ray.get_actor, name, namespace=NAMESPACE)
+        except ValueError:
+            return True  # no such actor: nothing can write
+        try:
+            return bool(
+                await ray_call(handle.revoke_session_lease.remote(), DEATH_CONFIRM_TIMEOUT_MS)
+            )
+        except BrokerNotAvailableError:
+            return True
+        except RequestTimedOutError:
+            return False
+
+    async def _fence(self, broker_id: int, incarnation_id: str) -> None:
+        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, None]:
+            reg = md.brokers.get(broker_id)
+            if reg is None or reg.incarnation_id != incarnation_id or reg.state == "fenced":
+                return md, None
+            out = election.fence_broker(md, broker_id, self._leos())
+            self._count_unclean(out)
+            return out.metadata, None
+
+        try:
+            await self._mutate(change)
+        except NotControllerError:
+            return
+        link = self._links.get(broker_id)
+        if link is not None and link.incarnation_id == incarnation_id:
+            link.pushed = None
+
+    def _count_unclean(self, out: election.Outcome) -> None:
+        if out.unclean_elections:
+            self.unclean_elections += out.unclean_elections
+            log.warning(
+                "unclean leader election for %s",
+                [c.topic_partition for c in out.changes if c.unclean],
+            )
+
+    def _leos(self) -> dict[TopicPartition, dict[int, int]]:
+        out: dict[TopicPartition, dict[int, int]] = {}
+        for b, link in self._links.items():
+            for tp, leo in link.leos.items():
+                out.setdefault(tp, {})[b] = leo
+        return out
+
+    # --- the reconcile loop ---------------------------------------------------------------------
+
+    async def _reconcile_loop(self) -> None:
+        assert self._wake is not None
+        while not self._stopped:  # ends with stop(); each round is bounded by call timeouts
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._reconcile_interval_ms / 1000)
+            self._wake.clear()
+            if not self._is_active():
+                continue
+            try:
+                await self._expire_sessions()
+                await self._push_round()
+            except NotControllerError:
+                continue
+            except Exception:
+                log.exception("%s: reconcile round failed", self.controller_id)
+
+    async def _expire_sessions(self) -> None:
+        md = self._require_active().metadata
+        now = monotonic_ms()
+        for broker_id, reg in md.brokers.items():
+            if reg.state == "fenced":
+                continue
+            link = self._links.get(broker_id)
+            last = link.last_heartbeat_ms if link is not None else self._pending_sessions_from_ms
+            if link is not None and link.incarnation_id != reg.incarnation_id:
+                last = self._pending_sessions_from_ms
+            if now - last > self._session_ms:
+                log.warning("broker %d session expired (%d ms): fencing", broker_id, now - last)
+                await self._fence(broker_id, reg.incarnation_id)
+
+    def _desired(self, md: ClusterMetadata, broker_id: int) -> list[ReplicaSpec]:
+        assert self._epoch is not None
+        specs = []
+        for name in sorted(md.topics):
+            t = md.topics[name]
+            for p in t.partitions:
+                if broker_id not in p.replicas:
+                    continue
+                command: RoleCommand
+                if p.leader == broker_id:
+                    command = BecomeLeader(
+                        controller_epoch=self._epoch,
+                        leader_epoch=p.leader_epoch,
+                        partition_epoch=p.partition_epoch,
+                        isr=p.isr,
+                        replicas=tuple(b for b in p.replicas if b not in p.observers),
+                        observers=p.observers,
+                    )
+                elif broker_id in p.observers:
+                    command = BecomeObserver(
+                        self._epoch, p.leader, p.leader_epoch, p.partition_epoch
+                    )
+                else:
+                    command = BecomeFollower(
+                        self._epoch, p.leader, p.leader_epoch, p.partition_epoch
+                    )
+                specs.append(ReplicaSpec(name, t.topic_id, p.partition, dict(t.configs), command))
+        return specs
+
+    async def _push_round(self) -> None:
+        """Push desired replicas to every unfenced broker that needs it, in two phases."""
+        current = self._require_active()
+        md = current.metadata
+        now = monotonic_ms()
+        targets: dict[int, list[ReplicaSpec]] = {}
+        for broker_id, reg in md.brokers.items():
+            link = self._links.get(broker_id)
+            if reg.state == "fenced" or link is None or link.incarnation_id != reg.incarnation_id:
+                continue
+            specs = self._desired(md, broker_id)
+            due = now - link.pushed_ms >= self._resync_interval_ms
+            if link.pushed == (reg.incarnation_id, specs) and not due:
+                continue
+            targets[broker_id] = specs
+        if targets:
+            started_ms = monotonic_ms()
+            # Phase 1: demotions and followers (also creates missing actors, removes strays).
+            await asyncio.gather(*(self._push(b, s, "followers", md) for b, s in targets.items()))
+            # Phase 2: leaders, only after every reachable old leader stepped down.
+            results = await asyncio.gather(
+                *(self._push(b, s, "leaders", md) for b, s in targets.items())
+            )
+            for (broker_id, specs), ok in zip(targets.items(), results, strict=True):
+                link = self._links.get(broker_id)
+                if ok and link is not None:
+                    link.pushed = (md.brokers[broker_id].incarnation_id, specs)
+                    link.pushed_ms = now
+                    link.applied_epoch = max(link.applied_epoch, md.metadata_epoch)
+            took_ms = monotonic_ms() - started_ms
+            (log.warning if took_ms > SLOW_PUSH_MS else log.debug)(
+                "pushed metadata epoch %d to brokers %s in %d ms (at %d)",
+                md.metadata_epoch,
+                sorted(targets),
+                took_ms,
+                monotonic_ms(),
+            )
+        self._update_reconciled(md)
+
+    def _update_reconciled(self, md: ClusterMetadata) -> None:
+        for broker_id, reg in md.brokers.items():
+            if reg.state == "fenced":
+                continue
+            link = self._links.get(broker_id)
+            if link is None or link.incarnation_id != reg.incarnation_id:
+                return
+            if link.pushed is None or link.pushed[1] != self._desired(md, broker_id):
+                return
+        self._reconciled_epoch = max(self._reconciled_epoch, md.metadata_epoch)
+
+    async def _push(
+        self, broker_id: int, specs: list[ReplicaSpec], phase: str, md: ClusterMetadata
+    ) -> bool:
+        link = self._links.get(broker_id)
+        if link is None or not self._is_active():
+            return False
+        assert self._epoch is not None
+        try:
+            states = await ray_call(
+                link.handle.apply.remote(self._epoch, md.metadata_epoch, specs, phase),
+                self._call_timeout_ms,
+            )
+        except RaylogError as exc:
+            log.warning("push (%s) to broker %d failed: %s", phase, broker_id, exc)
+            return False
+        link.leos = {TopicPartition(s.topic, s.partition): s.log_end_offset for s in states}
+        return True
+
+    async def _wait_reconciled(self, epoch: int, timeout_ms: int) -> bool:
+        """Wait (bounded) until every unfenced broker applied metadata ``epoch``."""
+        deadline = monotonic_ms() + timeout_ms
+        assert self._wake is not None
+        while self._reconciled_epoch < epoch:
+            if monotonic_ms() >= deadline or not self._is_active():
+                return False
+            self._wake.set()
+            await asyncio.sleep(0.005)
+        return True
+
+    async def _wait_applied(self, brokers: set[int], epoch: int, timeout_ms: int) -> bool:
+        """Wait (bounded) until each of ``brokers`` applied metadata ``epoch`` or later."""
+        deadline = monotonic_ms() + timeout_ms
+        assert self._wake is not None
+        self._wake.set()
+        while True:  # bounded by the deadline
+            links = [self._links.get(b) for b in brokers]
+            if all(link is not None and link.applied_epoch >= epoch for link in links):
+                return True
+            if monotonic_ms() >= deadline or not self._is_active():
+                return False
+            await asyncio.sleep(0.005)
+
+    # --- AlterPartition -------------------------------------------------------------------------
+
+    async def alter_partition(
+        self,
+        broker_id: int,
+        broker_epoch: int,
+        topic: str,
+        partition: int,
+        request: AlterPartitionRequest,
+    ) -> AlterPartitionResponse:
+        """A leader's ISR proposal (forwarded by its broker), validated by election.py."""
+        self._ensure_started()
+        tp = TopicPartition(topic, partition)
+
+        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, None]:
+            out = election.alter_partition(
+                md,
+                broker_id,
+                broker_epoch,
+                tp,
+                request.leader_epoch,
+                request.partition_epoch,
+                request.new_isr,
+            )
+            return out.metadata, None
+
+        try:
+            await self._mutate(change)
+            error = 0
+        except RaylogError as exc:
+            if isinstance(exc, NotControllerError):
+                raise
+            error = exc.error_code
+        p = md_.get_partition(self._require_active().metadata, topic, partition)
+        if error and p.leader_epoch != request.leader_epoch:
+            # Only answers about the leader's own epoch carry the committed state.
+            return AlterPartitionResponse(
+                error,
+                request.leader_epoch,
+                request.partition_epoch,
+                request.new_isr,
+                request.request_id,
+            )
+        return AlterPartitionResponse(
+            error, p.leader_epoch, p.partition_epoch, p.isr, request.request_id
+        )
+
+    # --- topics ----------------------------------------------------------------------------------
+
+    async def create_topic(
+        self,
+        name: str,
+        num_partitions: int,
+        replication_factor: int,
+        configs: dict[str, str] | None = None,
+        assignment: list[list[int]] | None = None,
+    ) -> TopicMetadata:
+        """CreateTopics: place replicas rack-aware (or take ``assignment``), validate, write."""
+        self._ensure_started()
+        topic_id = uuid.uuid4().hex
+
+        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, None]:
+            md_.validate_topic_name(name)
+            chosen = assignment or placement.place_replicas(
+                md_.active_brokers(md), num_partitions, replication_factor
+            )
+            return md_.create_topic(md, name, topic_id, chosen, configs), None
+
+        await self._mutate(change)
+        return self._require_active().metadata.topics[name]
+
+    async def delete_topic(self, name: str) -> None:
+        """DeleteTopics: brokers stop the replicas and remove their data on the next round."""
+        self._ensure_started()
+        await self._mutate(lambda md: (md_.delete_topic(md, name), None))
+
+    async def describe_topic(self, name: str) -> TopicMetadata:
+        self._ensure_started()
+        return md_.get_topic(self._require_active().metadata, name)
+
+    async def describe_configs(self, name: str) -> list[topic_config.ConfigEntry]:
+        self._ensure_started()
+        return topic_config.describe(md_.get_topic(self._require_active().metadata, name).configs)
+
+    async def alter_configs(self, name: str, overrides: dict[str, str]) -> TopicMetadata:
+        """AlterConfigs (the whole override set). Brokers re-create the topic's replica actors
+        from their WALs with the new configs; then unclean elections are retried if enabled."""
+        self._ensure_started()
+
+        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, None]:
+            md = md_.alter_configs(md, name, overrides)
+            out = election.elect_offline(md, self._leos())
+            self._count_unclean(out)
+            return out.metadata, None
+
+        await self._mutate(change)
+        return self._require_active().metadata.topics[name]
+
+    async def create_partitions(self, name: str, total_count: int) -> TopicMetadata:
+        """CreatePartitions: grow the topic to ``total_count`` partitions (placement continues)."""
+        self._ensure_started()
+
+        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, None]:
+            t = md_.get_topic(md, name)
+            if total_count <= len(t.partitions):
+                raise InvalidPartitionsError(
+                    f"Topic {name!r} has {len(t.partitions)} partitions; {total_count} is not more"
+                )
+            new = placement.place_new_partitions(
+                md_.active_brokers(md),
+                [p.replicas for p in t.partitions],
+                total_count - len(t.partitions),
+            )
+            return md_.add_partitions(md, name, new), None
+
+        await self._mutate(change)
+        return self._require_active().metadata.topics[name]
+
+    async def elect_leaders(
+        self,
+        election_type: Literal["preferred", "unclean"],
+        partitions: list[tuple[str, int]] | None = None,
+    ) -> dict[tuple[str, int], int]:
+        """ElectLeaders; returns Kafka's error code per partition (0 = elected)."""
+        self._ensure_started()
+        wanted = None if partitions is None else [TopicPartition(t, p) for t, p in partitions]
+
+        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, election.Outcome]:
+            out = election.elect_leaders(md, election_type, wanted, self._leos())
+            self._count_unclean(out)
+            return out.metadata, out
+
+        out = await self._mutate(change)
+        codes = {(c.topic, c.partition): 0 for c in out.changes}
+        codes.update({(tp.topic, tp.partition): e.error_code for tp, e in out.errors.items()})
+        return codes
+
+    async def metadata(self) -> ClusterMetadata:
+        self._ensure_started()
+        return self._require_active().metadata
+
+    async def wait_reconciled(self, timeout_ms: int = WAIT_RECONCILED_MS_MAX) -> int:
+        """Wait until every unfenced broker applied the current metadata; returns its epoch
+        (-1 when that did not happen within ``timeout_ms``)."""
+        self._ensure_started()
+        epoch = self._require_active().metadata.metadata_epoch
+        done = await self._wait_reconciled(epoch, min(timeout_ms, WAIT_RECONCILED_MS_MAX))
+        return epoch if done else -1
+
+    async def leader_of(self, topic: str, partition: int) -> int:
+        self._ensure_started()
+        """The partition's leader broker id (-1: offline)."""
+        return md_.get_partition(self._require_active().metadata, topic, partition).leader
+
+
+__all__ = [
+    "CONTROLLER_LEASE_KEY",
+    "ControllerActor",
+    "ControllerStatus",
+    "HeartbeatReply",
+    "RegisterReply",
+    "ReplicaSpec",
+    "controller_actor_name",
+    "ray_call",
+]

@@ -1,0 +1,358 @@
+"""ControllerActor and BrokerActor on real Ray: one node, three brokers, active + standby.
+
+Proves, with short sessions and leases so each scenario takes about a second:
+- two controllers started together yield exactly one active one;
+- a topic with RF=3 gets a leader and two followers hosted by three brokers; acks=all produce
+  through the leader's ReplicaActor succeeds and the whole ISR has it;
+- topic errors are Kafka's (exists, bad replication factor, bad config); configs can be altered
+  and described, partitions added, and a deleted topic's replicas stop and their data go;
+- a leader's broker hard-killed (its replica actors die with it): a new leader from the ISR
+  within a short time, no acknowledged acks=all write lost; the broker comes back by itself
+  (Ray restarts it), re-creates its replicas from their WALs and rejoins the ISR;
+- controlled shutdown moves leadership away before the broker stops; the broker comes back and
+  a preferred leader election on demand moves leadership to the preferred replica;
+- killing the active controller hands over to the standby, and the old epoch's commands are
+  refused (stale controller);
+- a replica with a session lease refuses produce with NOT_LEADER_OR_FOLLOWER before its first
+  grant, after a revocation and once the lease lapsed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+from waiting import wait_until
+
+from raylog.actors.broker import BrokerActor, broker_actor_name
+from raylog.actors.controller import ControllerActor, controller_actor_name
+from raylog.actors.messages import BecomeLeader
+from raylog.actors.replica import NAMESPACE, ReplicaActor, replica_actor_name
+from raylog.storage import batch as rb
+from raylog.storage.errors import (
+    ElectionNotNeededError,
+    InvalidConfigError,
+    InvalidReplicationFactorError,
+    NotControllerError,
+    NotLeaderOrFollowerError,
+    TopicAlreadyExistsError,
+)
+
+pytestmark = pytest.mark.slow
+
+CALL_TIMEOUT_S = 30.0
+BROKERS = (1, 2, 3)
+# A loaded 2-core machine can starve a renewal; 3 s keeps the lease while takeover stays short.
+LEASE = {"lease_ms": 3_000, "renew_ms": 1_000, "poll_ms": 100}
+BROKER_CONFIGS = {"broker.heartbeat.interval.ms": "100", "broker.session.timeout.ms": "1500"}
+PREFIX = "ctl-test"  # actor names of this module (namespace raylog)
+
+
+def _batch(i: int) -> bytes:
+    return rb.build_batch(
+        [
+            rb.Record(
+                key=str(i).encode(), value=f"v{i}".encode() * 20, timestamp_ms=1_700_000_000_000
+            )
+        ]
+    )
+
+
+def _get(ref: Any) -> Any:
+    return ray.get(ref, timeout=CALL_TIMEOUT_S)
+
+
+class Cluster:
+    """Handles to this module's controllers and brokers."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.controller_names = (
+            f"{PREFIX}-{controller_actor_name(0)}",
+            f"{PREFIX}-{controller_actor_name(1)}",
+        )
+        self.controllers = [self._controller(name) for name in self.controller_names]
+        self.brokers: dict[int, Any] = {b: self._broker(b) for b in BROKERS}
+
+    def _controller(self, name: str) -> Any:
+        return ControllerActor.options(name=name, namespace=NAMESPACE).remote(  # type: ignore[attr-defined]
+            str(self.root / "store"),
+            name,
+            broker_configs=BROKER_CONFIGS,
+            reconcile_interval_ms=100,
+            **LEASE,
+        )
+
+    def _broker(self, broker_id: int) -> Any:
+        return BrokerActor.options(  # type: ignore[attr-defined]
+            name=f"{PREFIX}-{broker_actor_name(broker_id)}", namespace=NAMESPACE
+        ).remote(
+            broker_id,
+            str(self.root / "data"),
+            rack="abc"[broker_id - 1],
+            port=9090 + broker_id,
+            controller_names=self.controller_names,
+            broker_configs=BROKER_CONFIGS,
+        )
+
+    def statuses(self) -> list[Any]:
+        out = []
+        for c in self.controllers:
+            try:
+                out.append(ray.get(c.status.remote(), timeout=5))
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                out.append(None)
+        return out
+
+    def call(self, method: str, *args: Any) -> Any:
+        """Call the active controller; retried while the active one changes (lease moves)."""
+        result: list[Any] = []
+
+        def attempt() -> bool:
+            try:
+                result.append(_get(getattr(self.active(), method).remote(*args)))
+            except (NotControllerError, ray.exceptions.RayActorError):
+                return False
+            return True
+
+        wait_until(attempt, timeout_s=CALL_TIMEOUT_S, message=f"controller {method}")
+        return result[-1]
+
+    def active(self) -> Any:
+        def probe() -> Any:
+            for c, s in zip(self.controllers, self.statuses(), strict=True):
+                if s is not None and s.active:
+                    return c
+            return None
+
+        return wait_until(probe, timeout_s=CALL_TIMEOUT_S, message="an active controller")
+
+    def reconciled(self) -> int:
+        def probe() -> int:
+            try:
+                return int(self.call("wait_reconciled", 5_000)) >= 0
+            except NotControllerError:
+                return False
+
+        wait_until(probe, timeout_s=CALL_TIMEOUT_S, message="brokers reconciled")
+        return 0
+
+    def leader(self, topic: str, partition: int = 0) -> int:
+        md = self.call("metadata")
+        return md.topics[topic].partitions[partition].leader
+
+    def replica(self, broker_id: int, topic: str, partition: int = 0) -> Any:
+        return _get(self.brokers[broker_id].replica.remote(topic, partition))
+
+    def leader_replica(self, topic: str, partition: int = 0) -> Any:
+        return self.replica(self.leader(topic, partition), topic, partition)
+
+    def produce(self, topic: str, i: int, partition: int = 0) -> Any:
+        return _get(self.leader_replica(topic, partition).produce.remote(_batch(i), -1, 5_000))
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_local: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster(tmp_path_factory.mktemp("controller"))
+    try:
+        c.active()
+        wait_until(
+            lambda: all(_get(b.status.remote())["broker_epoch"] > 0 for b in c.brokers.values()),
+            timeout_s=CALL_TIMEOUT_S,
+            message="three brokers registered",
+        )
+        yield c
+    finally:
+        for handle in [*c.controllers, *c.brokers.values()]:
+            with contextlib.suppress(Exception):
+                ray.kill(handle, no_restart=True)
+
+
+def _create(
+    cluster: Cluster, name: str, partitions: int = 1, configs: dict[str, str] | None = None
+) -> Any:
+    t = cluster.call("create_topic", name, partitions, 3, configs or {"min.insync.replicas": "2"})
+    cluster.reconciled()
+    return t
+
+
+def _produce_ok(cluster: Cluster, topic: str, i: int) -> bool:
+    try:
+        return cluster.produce(topic, i).error_code == 0
+    except (ray.exceptions.RayActorError, AttributeError, KeyError):
+        return False
+
+
+def test_two_controllers_started_together_yield_one_active(cluster: Cluster) -> None:
+    cluster.active()
+    statuses = [s for s in cluster.statuses() if s is not None]
+    assert sum(s.active for s in statuses) == 1, statuses
+
+
+def test_create_topic_rf3_leader_and_followers_take_acks_all(cluster: Cluster) -> None:
+    _create(cluster, "orders")
+    leader = cluster.leader("orders")
+    states = {b: _get(cluster.replica(b, "orders").state.remote()) for b in BROKERS}
+    assert states[leader].role == "leader"
+    assert sorted(s.role for b, s in states.items() if b != leader) == ["follower", "follower"]
+    wait_until(
+        lambda: _produce_ok(cluster, "orders", 0), timeout_s=CALL_TIMEOUT_S, message="produce"
+    )
+    for i in range(1, 5):
+        assert cluster.produce("orders", i).error_code == 0
+    wait_until(
+        lambda: all(
+            _get(cluster.replica(b, "orders").state.remote()).high_watermark == 5 for b in BROKERS
+        ),
+        timeout_s=CALL_TIMEOUT_S,
+        message="HW 5 on every replica",
+    )
+
+
+def test_topic_errors_configs_partitions_and_delete(cluster: Cluster) -> None:
+    _create(cluster, "events")
+    with pytest.raises(TopicAlreadyExistsError):
+        cluster.call("create_topic", "events", 1, 3)
+    with pytest.raises(InvalidReplicationFactorError):
+        cluster.call("create_topic", "too-many", 1, 4)
+    with pytest.raises(InvalidConfigError):
+        cluster.call("create_topic", "bad-config", 1, 3, {"min.insync.replicas": "zero"})
+    t = cluster.call("alter_configs", "events", {"min.insync.replicas": "3"})
+    assert t.configs == {"min.insync.replicas": "3"}
+    entries = {e.name: e.value for e in cluster.call("describe_configs", "events")}
+    assert entries["min.insync.replicas"] == "3"
+    t = cluster.call("create_partitions", "events", 2)
+    assert len(t.partitions) == 2
+    cluster.reconciled()
+    assert all(cluster.replica(b, "events", 1) is not None for b in BROKERS)
+    data = cluster.root / "data"
+    assert (data / "broker-1" / "events-1").is_dir()
+    cluster.call("delete_topic", "events")
+    cluster.reconciled()
+    assert all(cluster.replica(b, "events", p) is None for b in BROKERS for p in (0, 1))
+    assert not any((data / f"broker-{b}" / "events-0").exists() for b in BROKERS)
+
+
+def test_hard_kill_of_leader_broker_elects_from_isr_and_loses_nothing(cluster: Cluster) -> None:
+    _create(cluster, "payments")
+    wait_until(
+        lambda: _produce_ok(cluster, "payments", 0), timeout_s=CALL_TIMEOUT_S, message="produce"
+    )
+    acked = {0: 0}
+    for i in range(1, 20):
+        outcome = cluster.produce("payments", i)
+        assert outcome.error_code == 0
+        acked[i] = outcome.base_offset
+    old = cluster.leader("payments")
+    ray.kill(cluster.brokers[old], no_restart=False)  # its replicas die with it; Ray restarts it
+    wait_until(
+        lambda: cluster.leader("payments") not in (old, -1), timeout_s=10, message="a new leader"
+    )
+    new = cluster.leader("payments")
+    wait_until(
+        lambda: _produce_ok(cluster, "payments", 20), timeout_s=10, message="produce on new leader"
+    )
+    fetched = _get(cluster.replica(new, "payments").fetch.remote(0, 1 << 20))
+    offsets = [h.base_offset for _, h in rb.iter_batches(fetched.records)]
+    assert set(acked.values()) <= set(offsets), "an acknowledged acks=all write was lost"
+    # The killed broker comes back (new incarnation), re-creates its replica from the WAL and
+    # rejoins the ISR.
+    wait_until(
+        lambda: old in cluster.call("metadata").topics["payments"].partitions[0].isr,
+        timeout_s=CALL_TIMEOUT_S,
+        message="restarted broker back in the ISR",
+    )
+
+
+def test_controlled_shutdown_moves_leadership_first(cluster: Cluster) -> None:
+    _create(cluster, "clicks")
+    wait_until(
+        lambda: _produce_ok(cluster, "clicks", 0), timeout_s=CALL_TIMEOUT_S, message="produce"
+    )
+    old = cluster.leader("clicks")
+    assert _get(cluster.brokers[old].shutdown.remote()) is True
+    new = cluster.leader("clicks")
+    assert new not in (old, -1)
+    assert cluster.produce("clicks", 1).error_code == 0
+    # Bring the broker back: a Ray restart is a new incarnation that registers by itself.
+    ray.kill(cluster.brokers[old], no_restart=False)
+    wait_until(
+        lambda: cluster.call("metadata").brokers[old].state == "registered",
+        timeout_s=2 * CALL_TIMEOUT_S,  # a process restart and an actor start on a loaded machine
+        message="broker registered again",
+    )
+    # Preferred leader election on demand, once the preferred replica is back in the ISR.
+    md = cluster.call("metadata")
+    preferred = md.topics["clicks"].partitions[0].replicas[0]
+    wait_until(
+        lambda: preferred in cluster.call("metadata").topics["clicks"].partitions[0].isr,
+        timeout_s=CALL_TIMEOUT_S,
+        message="preferred replica in the ISR",
+    )
+    codes = cluster.call("elect_leaders", "preferred", [("clicks", 0)])
+    assert codes[("clicks", 0)] in (0, ElectionNotNeededError.error_code)
+    assert cluster.leader("clicks") == preferred
+    wait_until(
+        lambda: _produce_ok(cluster, "clicks", 2), timeout_s=CALL_TIMEOUT_S, message="produce"
+    )
+
+
+def test_replica_without_a_live_lease_refuses_produce(ray_local: Path, tmp_path: Path) -> None:
+    replica = ReplicaActor.options(  # type: ignore[attr-defined]
+        name=replica_actor_name(f"{PREFIX}-lease", 0, 0), namespace=NAMESPACE
+    ).remote(f"{PREFIX}-lease", 0, 0, str(tmp_path / "log"), {}, None, session_lease=True)
+    try:
+        _get(replica.become_leader.remote(BecomeLeader(1, 1, 1, (0,), (0,))))
+        refused = _get(replica.produce.remote(_batch(0), -1, 5_000))
+        assert refused.error_code == NotLeaderOrFollowerError.error_code, "never granted"
+        _get(replica.set_session_lease.remote(time.monotonic_ns() // 1_000_000 + 60_000))
+        assert _get(replica.produce.remote(_batch(1), -1, 5_000)).error_code == 0
+        _get(replica.revoke_session_lease.remote())
+        refused = _get(replica.produce.remote(_batch(2), -1, 5_000))
+        assert refused.error_code == NotLeaderOrFollowerError.error_code, "revoked"
+        _get(replica.set_session_lease.remote(time.monotonic_ns() // 1_000_000 - 1))
+        refused = _get(replica.produce.remote(_batch(3), -1, 5_000))
+        assert refused.error_code == NotLeaderOrFollowerError.error_code, "lapsed"
+    finally:
+        ray.kill(replica, no_restart=True)
+
+
+def test_active_controller_killed_standby_takes_over_and_old_epoch_is_refused(
+    cluster: Cluster,
+) -> None:
+    if "orders" not in cluster.call("metadata").topics:  # when run on its own
+        _create(cluster, "orders")
+    old = cluster.active()
+    old_epoch = _get(old.status.remote()).controller_epoch
+    ray.kill(old, no_restart=False)  # Ray restarts it; it comes back as the standby
+    new = wait_until(
+        lambda: next(
+            (
+                c
+                for c, s in zip(cluster.controllers, cluster.statuses(), strict=True)
+                if s is not None and s.active and s.controller_epoch > old_epoch
+            ),
+            None,
+        ),
+        timeout_s=10,
+        message="the standby active with a newer epoch",
+    )
+    assert new is not old
+    wait_until(
+        lambda: _produce_ok(cluster, "orders", 100), timeout_s=CALL_TIMEOUT_S, message="produce"
+    )
+    # Once a broker has heard from the new controller, the old epoch's commands are refused.
+    wait_until(
+        lambda: _get(cluster.brokers[1].status.remote())["controller_epoch"] > old_epoch,
+        timeout_s=CALL_TIMEOUT_S,
+        message="broker 1 knows the new controller epoch",
+    )
+    with pytest.raises(NotControllerError):
+        _get(cluster.brokers[1].apply.remote(old_epoch, 0, [], "followers"))
+    statuses = [s for s in cluster.statuses() if s is not None]
+    assert sum(s.active for s in statuses) == 1
