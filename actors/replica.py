@@ -54,6 +54,7 @@ from raylog.actors.partition import PartitionReplica
 from raylog.actors.replication_types import (
     AppendBatch,
     ReplicaConfig,
+    Role,
     SendFetchData,
     SendPushData,
     SendToReplica,
@@ -61,10 +62,12 @@ from raylog.actors.replication_types import (
 )
 from raylog.storage import batch as rb
 from raylog.storage.errors import (
+    FencedLeaderEpochError,
     KafkaStorageError,
     NotLeaderOrFollowerError,
     RaylogError,
     RequestTimedOutError,
+    UnknownLeaderEpochError,
 )
 from raylog.storage.log import Log, LogConfig
 
@@ -386,10 +389,6 @@ class ReplicaActor:
         maxTimestamp (batch precision: records are not decoded). As in Kafka, a batch at or
         above the HW is not offered, and (-1, -1) means no batch is that late.
         """
-        # Imported here so that this method stays one self-contained addition.
-        from raylog.actors.replication_types import Role
-        from raylog.storage.errors import FencedLeaderEpochError, UnknownLeaderEpochError
-
         self._ensure_started()
         sm = self._sm
         if self._offline is not None:
@@ -468,11 +467,17 @@ class ReplicaActor:
                 self._after_append(appended_records)
             # 2. The HW checkpoint is lazy (see _maybe_checkpoint_hw).
             # 3. Messages.
+            pushed: dict[tuple[int, int], tuple[RecordBatch, ...]] = {}
             for out in ready.messages:
                 if isinstance(out, SendToReplica):
                     self._send(out.to, out.message)
                 elif isinstance(out, SendPushData):
-                    batches = self._read_batches(out.base_offset, 1 << 30, out.end_offset)
+                    # One read per pushed range, however many followers it goes to.
+                    key = (out.base_offset, out.end_offset)
+                    batches = pushed.get(key)
+                    if batches is None:
+                        batches = self._read_batches(out.base_offset, 1 << 30, out.end_offset)
+                        pushed[key] = batches
                     self._send(out.to, msgspec.structs.replace(out.request, batches=batches))
                 else:
                     assert isinstance(out, SendFetchData)
@@ -530,23 +535,34 @@ class ReplicaActor:
             self._request_flush(report=False)
 
     def _request_flush(self, report: bool = True) -> None:
-        self._flusher.wanted = True
-        if not self._flusher.running:
-            self._flusher.running = True
-            self._loop.create_task(self._flush_loop(report))
+        if self._flusher.running:
+            self._flusher.wanted = True  # the running flusher fsyncs again when it is done
+            return
+        self._flusher.running = True
+        # Start the fsync now, in a thread, so that it runs in parallel with the sends the
+        # current Ready still has to make (push mode: the leader's fsync overlaps replication).
+        end, generation = self._log.log_end_offset, self._sm.generation
+        first = self._loop.run_in_executor(None, self._log.flush)
+        self._loop.create_task(self._flush_loop(report, first, end, generation))
 
-    async def _flush_loop(self, report: bool) -> None:
+    async def _flush_loop(
+        self, report: bool, flushing: asyncio.Future[None], end: int, generation: int
+    ) -> None:
         try:
-            while self._flusher.wanted and self._offline is None:
-                self._flusher.wanted = False
-                end, generation = self._log.log_end_offset, self._sm.generation
+            while True:
                 try:
-                    await asyncio.to_thread(self._log.flush)
+                    await flushing
                 except KafkaStorageError as exc:
                     self._go_offline(str(exc))
                     return
                 if report:
                     self._step(LocalAppendDurable(end, generation))
+                if not self._flusher.wanted or self._offline is not None:
+                    return
+                # Appends arrived during that fsync: one more covers all of them.
+                self._flusher.wanted = False
+                end, generation = self._log.log_end_offset, self._sm.generation
+                flushing = self._loop.run_in_executor(None, self._log.flush)
         finally:
             self._flusher.running = False
 
