@@ -1,4 +1,4 @@
-"""`raylog up` run as a user runs it: a subprocess that starts Ray and stops cleanly on SIGINT.
+"""`raylog up` run as a user runs it: a subprocess that starts the cluster and stops cleanly.
 
 Proves: the cluster starts with raylog's Ray settings (token auth, temp dir owned by the data
 dir), records how to join it in cluster.json, keeps the same cluster identity across restarts,
@@ -11,6 +11,7 @@ import json
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -60,11 +61,37 @@ class _Lines:
         raise AssertionError(f"no line with {needle!r}; got {self.seen!r}, stderr {stderr!r}")
 
 
+def _free_port_block(count: int) -> int:
+    """A first port with ``count`` consecutive free loopback ports after it."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            first = probe.getsockname()[1]
+        if first + count > 65535:
+            continue
+        try:
+            socks = []
+            for port in range(first, first + count):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise AssertionError("no block of free ports")
+
+
 def _start(data_dir: Path) -> subprocess.Popen[str]:
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)
+    # One broker on a free port: this test is about Ray and the process, not the data path
+    # (tests/test_embedded_cluster.py drives a 3-broker cluster with Kafka clients).
+    port = _free_port_block(1)
     return subprocess.Popen(
-        [*RAYLOG, "up", "--data-dir", str(data_dir)],
+        [*RAYLOG, "up", "--brokers", "1", "--port", str(port), "--data-dir", str(data_dir)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -1,0 +1,187 @@
+"""GatewayActor: one broker's Kafka listener, run as a Ray actor next to its BrokerActor.
+
+Owns the listener's lifetime and keeping its routing metadata fresh. The actor runs a
+:class:`~raylog.gateway.server.GatewayServer` with a
+:class:`~raylog.gateway.replica_backend.ReplicaBackend` inside its own event loop, and polls the
+active controller's ``metadata()`` every ``poll_ms`` to refresh the backend's
+:class:`~raylog.gateway.replica_backend.MetadataView` (brokers and partitions as clients see
+them; a leaderless partition has leader -1).
+
+Import direction: ``raylog.gateway`` imports ``raylog.actors``, so this module imports the
+gateway lazily, inside the actor's methods; importing it from ``raylog.actors`` creates no cycle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+import ray
+
+from raylog.actors import metadata as md_
+from raylog.actors.controller import ray_call
+from raylog.actors.replica import NAMESPACE
+from raylog.storage.errors import RaylogError
+
+if TYPE_CHECKING:
+    from raylog.gateway.backend import Broker, TopicState
+    from raylog.gateway.replica_backend import MetadataView
+    from raylog.gateway.server import GatewayServer
+
+log = logging.getLogger(__name__)
+
+POLL_MS_DEFAULT = 200
+CALL_TIMEOUT_MS = 2_000  # bound on one status()/metadata() call to a controller
+LOOKUP_TIMEOUT_S = 5.0  # bound on ray.get_actor (a GCS round trip, run in a thread)
+
+
+def gateway_actor_name(broker_id: int) -> str:
+    """The Ray actor name of broker ``broker_id``'s gateway."""
+    return f"gateway:{broker_id}"
+
+
+class GatewayStartError(Exception):
+    """The listener could not be opened (e.g. the port is in use); the message says why."""
+
+
+def client_view(md: md_.ClusterMetadata) -> tuple[list[Broker], dict[str, TopicState]]:
+    """ClusterMetadata as Kafka's Metadata response shows it: live brokers and partitions.
+
+    A broker is live unless fenced; replicas on brokers that are not live are offline.
+    """
+    from raylog.gateway.backend import Broker, PartitionState, TopicState
+
+    live = {b: r for b, r in md.brokers.items() if r.state != "fenced"}
+    brokers = [Broker(r.broker_id, r.host, r.port, r.rack) for _, r in sorted(live.items())]
+    topics = {
+        name: TopicState(
+            name,
+            [
+                PartitionState(
+                    p.partition,
+                    p.leader,  # NO_LEADER (-1) when leaderless
+                    p.leader_epoch,
+                    list(p.replicas),
+                    list(p.isr),
+                    [r for r in p.replicas if r not in live],
+                )
+                for p in t.partitions
+            ],
+        )
+        for name, t in md.topics.items()
+    }
+    return brokers, topics
+
+
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1000)
+class GatewayActor:
+    """The Kafka listener of broker ``broker_id`` on ``host:port``."""
+
+    def __init__(
+        self,
+        broker_id: int,
+        cluster_id: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 9092,
+        controller_names: tuple[str, ...] = (),
+        poll_ms: int = POLL_MS_DEFAULT,
+    ) -> None:
+        self.broker_id = broker_id
+        self.cluster_id = cluster_id
+        self.host = host
+        self.port = port
+        self._controller_names = tuple(controller_names)
+        self._poll_ms = max(10, poll_ms)
+        self._view: MetadataView | None = None
+        self._server: GatewayServer | None = None
+        self._poller: asyncio.Task[None] | None = None
+        self._controller: Any = None  # handle of the controller last found active
+        self._metadata_epoch = -1
+
+    async def start(self) -> int:
+        """Open the listener and start polling metadata; returns the bound port. Idempotent."""
+        from raylog.gateway.replica_backend import MetadataView, ReplicaBackend
+        from raylog.gateway.server import GatewayServer
+
+        if self._server is not None:
+            return self.port
+        view = MetadataView(self.broker_id, self.cluster_id)
+        server = GatewayServer(ReplicaBackend(view))
+        try:
+            self.port = await server.start(self.host, self.port)
+        except OSError as exc:
+            raise GatewayStartError(
+                f"gateway of broker {self.broker_id} cannot listen on {self.host}:{self.port}: "
+                f"{exc.strerror or exc}"
+            ) from None
+        self._view, self._server = view, server
+        self._poller = asyncio.get_running_loop().create_task(self._poll_loop())
+        return self.port
+
+    async def stop(self) -> None:
+        """Stop polling and close the listener (in-flight requests drain, bounded)."""
+        if self._poller is not None:
+            self._poller.cancel()
+            self._poller = None
+        if self._server is not None:
+            await self._server.stop()
+            self._server = None
+
+    async def status(self) -> dict[str, Any]:
+        view = self._view
+        return {
+            "broker_id": self.broker_id,
+            "port": self.port,
+            "serving": self._server is not None and self._server.serving,
+            "metadata_epoch": self._metadata_epoch,
+            "brokers": sorted(b.node_id for b in view.cluster().brokers) if view else [],
+            "topics": sorted(view.topics()) if view else [],
+        }
+
+    # --- metadata -------------------------------------------------------------------------------
+
+    async def _poll_loop(self) -> None:
+        while True:
+            try:
+                await self._refresh()
+            except (RaylogError, ray.exceptions.RayError) as exc:
+                # Keep serving the last view: stale leaders get NOT_LEADER_OR_FOLLOWER from the
+                # replicas themselves, and clients retry.
+                log.debug("gateway %d: metadata not refreshed: %s", self.broker_id, exc)
+                self._controller = None
+            await asyncio.sleep(self._poll_ms / 1000)
+
+    async def _refresh(self) -> None:
+        if self._controller is None:
+            self._controller = await self._find_active()
+            if self._controller is None:
+                return
+        md: md_.ClusterMetadata = await ray_call(
+            self._controller.metadata.remote(), CALL_TIMEOUT_MS
+        )
+        if md.metadata_epoch == self._metadata_epoch:
+            return
+        brokers, topics = client_view(md)
+        live = [b.node_id for b in brokers]
+        assert self._view is not None
+        self._view.update(controller_id=min(live) if live else -1, brokers=brokers, topics=topics)
+        self._metadata_epoch = md.metadata_epoch
+
+    async def _find_active(self) -> Any:
+        for name in self._controller_names:
+            try:
+                handle = await asyncio.wait_for(
+                    asyncio.to_thread(ray.get_actor, name, namespace=NAMESPACE),
+                    timeout=LOOKUP_TIMEOUT_S,
+                )
+                status = await ray_call(handle.status.remote(), CALL_TIMEOUT_MS)
+            except (ValueError, TimeoutError, RaylogError, ray.exceptions.RayError):
+                continue
+            if status.active:
+                return handle
+        return None
+
+
+__all__ = ["GatewayActor", "GatewayStartError", "client_view", "gateway_actor_name"]
