@@ -114,10 +114,17 @@ class EmbeddedCluster:
     """
 
     def __init__(
-        self, data_dir: Path, store_url: str, cluster_id: str, brokers: int, port: int
+        self,
+        data_dir: Path,
+        store_url: str,
+        cluster_id: str,
+        brokers: int,
+        port: int,
+        s3_endpoint: str | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.store_url = store_url
+        self.s3_endpoint = s3_endpoint
         self.cluster_id = cluster_id
         self.broker_ids = list(range(1, brokers + 1))
         self.ports = {b: port + i for i, b in enumerate(self.broker_ids)}
@@ -137,7 +144,11 @@ class EmbeddedCluster:
         for name in names:
             self.controllers.append(
                 ControllerActor.options(name=name, namespace=NAMESPACE).remote(  # type: ignore[attr-defined]
-                    self.store_url, name, cluster_id=self.cluster_id, **CONTROLLER_LEASE
+                    self.store_url,
+                    name,
+                    s3_endpoint=self.s3_endpoint,
+                    cluster_id=self.cluster_id,
+                    **CONTROLLER_LEASE,
                 )
             )
         for i, b in enumerate(self.broker_ids):
@@ -259,7 +270,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    cluster = EmbeddedCluster(data_dir, store_url, cluster_id, args.brokers, args.port)
+    cluster = EmbeddedCluster(
+        data_dir, store_url, cluster_id, args.brokers, args.port, s3_endpoint=args.s3_endpoint
+    )
     try:
         gcs = ray.get_runtime_context().gcs_address
         raycluster.write_cluster_info(

@@ -214,6 +214,7 @@ class ControllerActor:
         store_url: str,
         controller_id: str,
         *,
+        s3_endpoint: str | None = None,
         cluster_id: str = "raylog",
         lease_ms: int = 15_000,
         renew_ms: int = 5_000,
@@ -226,7 +227,7 @@ class ControllerActor:
     ) -> None:
         self.controller_id = controller_id
         self._cluster_id = cluster_id
-        self._store = open_object_store(store_url)
+        self._store = open_object_store(store_url, endpoint_url=s3_endpoint)
         self._mstore = MetadataStore(self._store)
         self._lease_args = {"lease_ms": lease_ms, "renew_ms": renew_ms, "poll_ms": poll_ms}
         self._broker_config = topic_config.broker_config(broker_configs)
