@@ -14,7 +14,9 @@ import os
 import signal
 import socket
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
@@ -37,13 +39,15 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _up(data_dir: Path, port: int) -> subprocess.Popen[str]:
+def _up(
+    data_dir: Path, port: int, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [*RAYLOG, "up", "--brokers", "3", "--port", str(port), "--data-dir", str(data_dir)],
+        [*RAYLOG, "up", "--brokers", "3", "--port", str(port), "--data-dir", str(data_dir), *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=_env(),
+        env=env or _env(),
     )
 
 
@@ -210,3 +214,49 @@ def test_topics_without_a_cluster_fail_in_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert proc.stderr.startswith("raylog: no raylog cluster is running from ")
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_up_on_s3_keeps_lease_and_metadata_in_the_bucket(
+    tmp_path: Path, s3_client_kwargs: dict[str, Any], create_bucket: Callable[..., str]
+) -> None:
+    """The production shape: the object store is S3 (moto's server), reached by the CLI and by
+    the controller actors alike."""
+    import boto3
+
+    bucket = create_bucket()
+    env = {
+        **_env(),
+        "AWS_ACCESS_KEY_ID": s3_client_kwargs["aws_access_key_id"],
+        "AWS_SECRET_ACCESS_KEY": s3_client_kwargs["aws_secret_access_key"],
+        "AWS_DEFAULT_REGION": s3_client_kwargs["region_name"],
+    }
+    data_dir = tmp_path / "data"
+    port = _free_port_block(3)
+    store = (
+        "--object-store",
+        f"s3://{bucket}/c1",
+        "--s3-endpoint",
+        s3_client_kwargs["endpoint_url"],
+    )
+    proc = _up(data_dir, port, *store, env=env)
+    try:
+        lines = _Lines(proc)
+        bootstrap = _bootstrap(lines.wait_for("raylog ready", START_DEADLINE_S))
+        created = _raylog(
+            "topics", "create", TOPIC, "--partitions", str(PARTITIONS),
+            "--replication-factor", "3", "--data-dir", str(data_dir),
+        )  # fmt: skip
+        assert created.returncode == 0, created.stderr
+        _produce(bootstrap)
+        assert _read_kcat(bootstrap) == _expected()
+        keys = {
+            o["Key"]
+            for o in boto3.client("s3", **s3_client_kwargs)
+            .list_objects_v2(Bucket=bucket)
+            .get("Contents", [])
+        }
+        assert {"c1/controller/lease", "c1/metadata/cluster.json"} <= keys, keys
+        _stop(proc, lines)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
