@@ -26,11 +26,12 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
+from cut_store import CutStore
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from waiting import wait_until
 
-from raylog.storage.errors import InvalidConfigError, ObjectStoreError
+from raylog.storage.errors import InvalidConfigError
 from raylog.storage.lease import (
     Absent,
     Acquire,
@@ -53,7 +54,6 @@ from raylog.storage.lease import (
 )
 from raylog.storage.leasekeeper import LeaseKeeper
 from raylog.storage.localstore import LocalObjectStore
-from raylog.storage.objectstore import ObjectStore, StoredObject
 
 LEASE_MS, RENEW_MS, POLL_MS, GUARD_MS = 1500, 500, 200, 150
 
@@ -518,47 +518,9 @@ def test_keepers_elect_one_and_release_hands_over_at_next_poll(tmp_path: Path) -
     assert record.released and record.epoch == 2
 
 
-class FlakyStore(ObjectStore):
-    """A real store that can be made to fail every call, as when the network to S3 is cut."""
-
-    def __init__(self, inner: ObjectStore) -> None:
-        self.inner, self.broken = inner, threading.Event()
-
-    def _check(self) -> None:
-        if self.broken.is_set():
-            raise ObjectStoreError("store unreachable (test)")
-
-    def get(self, key: str) -> StoredObject | None:
-        self._check()
-        return self.inner.get(key)
-
-    def put(self, key: str, body: bytes) -> str:
-        self._check()
-        return self.inner.put(key, body)
-
-    def put_if_absent(self, key: str, body: bytes) -> str:
-        self._check()
-        return self.inner.put_if_absent(key, body)
-
-    def put_if_match(self, key: str, body: bytes, etag: str) -> str:
-        self._check()
-        return self.inner.put_if_match(key, body, etag)
-
-    def delete(self, key: str) -> None:
-        self._check()
-        self.inner.delete(key)
-
-    def delete_if_match(self, key: str, etag: str) -> None:
-        self._check()
-        self.inner.delete_if_match(key, etag)
-
-    def list(self, prefix: str = "") -> list[str]:
-        self._check()
-        return self.inner.list(prefix)
-
-
 def test_keeper_demotes_when_the_store_is_lost(tmp_path: Path) -> None:
-    flaky = FlakyStore(LocalObjectStore(tmp_path))
+    cut = threading.Event()
+    flaky = CutStore(LocalObjectStore(tmp_path), cut.is_set)
     demoted = threading.Event()
     keeper = LeaseKeeper(
         flaky,
@@ -571,7 +533,7 @@ def test_keeper_demotes_when_the_store_is_lost(tmp_path: Path) -> None:
     keeper.start()
     assert keeper.wait_until_holder(5)
     hold = keeper.hold()
-    flaky.broken.set()
+    cut.set()
     assert demoted.wait(LEASE_MS / 1000 + 1)
     assert not keeper.is_holder()
     assert hold is not None and hold.epoch == 1 and keeper.hold() is None

@@ -22,55 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cut_store import CutStore
 from waiting import wait_until
 
-from raylog.storage.errors import ObjectStoreError
 from raylog.storage.leasekeeper import LeaseKeeper, monotonic_ms
-from raylog.storage.objectstore import ObjectStore, StoredObject
 from raylog.storage.s3store import S3ObjectStore
 
 LEASE_MS, RENEW_MS, POLL_MS = 1500, 500, 200
 TAKEOVER_SLACK_MS = 600  # request latency and scheduling on a shared 2-core machine
 CONTENDER_STEPS_MAX = 100_000  # each contender is killed long before this
-
-
-class CutOffStore(ObjectStore):
-    """A real store whose every call fails once ``cut_path`` exists: the network to S3 is cut."""
-
-    def __init__(self, inner: ObjectStore, cut_path: Path) -> None:
-        self.inner, self.cut_path = inner, cut_path
-
-    def _check(self) -> None:
-        if self.cut_path.exists():
-            raise ObjectStoreError("object store unreachable (cut off by the test)")
-
-    def get(self, key: str) -> StoredObject | None:
-        self._check()
-        return self.inner.get(key)
-
-    def put(self, key: str, body: bytes) -> str:
-        self._check()
-        return self.inner.put(key, body)
-
-    def put_if_absent(self, key: str, body: bytes) -> str:
-        self._check()
-        return self.inner.put_if_absent(key, body)
-
-    def put_if_match(self, key: str, body: bytes, etag: str) -> str:
-        self._check()
-        return self.inner.put_if_match(key, body, etag)
-
-    def delete(self, key: str) -> None:
-        self._check()
-        self.inner.delete(key)
-
-    def delete_if_match(self, key: str, etag: str) -> None:
-        self._check()
-        self.inner.delete_if_match(key, etag)
-
-    def list(self, prefix: str = "") -> list[str]:
-        self._check()
-        return self.inner.list(prefix)
 
 
 def contend(s3_kwargs: dict[str, Any], bucket: str, name: str, workdir: str) -> None:
@@ -85,7 +45,11 @@ def contend(s3_kwargs: dict[str, Any], bucket: str, name: str, workdir: str) -> 
         **s3_kwargs,
     )
     keeper = LeaseKeeper(
-        CutOffStore(store, cut_path), name, lease_ms=LEASE_MS, renew_ms=RENEW_MS, poll_ms=POLL_MS
+        CutStore(store, cut_path.exists),
+        name,
+        lease_ms=LEASE_MS,
+        renew_ms=RENEW_MS,
+        poll_ms=POLL_MS,
     )
     with open(log_path, "a", buffering=1) as log:
         epoch, last_until = None, None
