@@ -60,6 +60,7 @@ from raylog.storage.objectstore import (
     validate_key,
     validate_prefix,
 )
+from raylog.storage.segment import fsync_directory
 
 _MAGIC = b"raylog-object 1 "
 _ETAG_LENGTH_MAX = 64
@@ -82,7 +83,7 @@ class LocalObjectStore(ObjectStore):
         try:
             for directory in (self._root, self._objects, self._tmp):
                 directory.mkdir(parents=True, exist_ok=True)
-            _fsync_dir(self._root)
+            fsync_directory(self._root)
             with self._locked():
                 # Temp files are only written under the lock, so any present now were left by a
                 # process that died mid-write.
@@ -200,14 +201,14 @@ class LocalObjectStore(ObjectStore):
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
-        _fsync_dir(path.parent)
+        fsync_directory(path.parent)
 
     def _unlink(self, path: Path) -> None:
         try:
             path.unlink()
         except FileNotFoundError:
             return
-        _fsync_dir(path.parent)
+        fsync_directory(path.parent)
 
     @contextlib.contextmanager
     def _mutation(self, key: str) -> Iterator[None]:
@@ -249,12 +250,3 @@ def _decode(data: bytes, path: Path) -> StoredObject:
         raise ObjectStoreError(f"corrupt object file {path}: bad header")
     etag = data[len(_MAGIC) : newline].decode("ascii", errors="replace")
     return StoredObject(body=data[newline + 1 :], etag=etag)
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a rename or unlink in ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
