@@ -9,79 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
-import socket
 import subprocess
-import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
-
-RAYLOG = [sys.executable, "-m", "raylog.actors.cli"]
-START_DEADLINE_S = 120.0
-STOP_DEADLINE_S = 60.0
-
-
-class _Lines:
-    """Collects a process's stdout lines in a reader thread (select() on a buffered text pipe
-    misses lines already in Python's buffer)."""
-
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None
-        self.proc = proc
-        self.queue: queue.Queue[str | None] = queue.Queue()
-        self.seen: list[str] = []
-        stdout = proc.stdout
-
-        def pump() -> None:
-            for line in stdout:
-                self.queue.put(line)
-            self.queue.put(None)
-
-        self.thread = threading.Thread(target=pump, daemon=True)
-        self.thread.start()
-
-    def wait_for(self, needle: str, deadline_s: float) -> list[str]:
-        deadline = time.monotonic() + deadline_s
-        while time.monotonic() < deadline:
-            try:
-                line = self.queue.get(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
-            except queue.Empty:
-                continue
-            if line is None:
-                break
-            self.seen.append(line)
-            if needle in line:
-                return self.seen
-        self.proc.kill()
-        stderr = self.proc.stderr.read() if self.proc.stderr else ""
-        raise AssertionError(f"no line with {needle!r}; got {self.seen!r}, stderr {stderr!r}")
-
-
-def _free_port_block(count: int) -> int:
-    """A first port with ``count`` consecutive free loopback ports after it."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            first = probe.getsockname()[1]
-        if first + count > 65535:
-            continue
-        try:
-            socks = []
-            for port in range(first, first + count):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return first
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise AssertionError("no block of free ports")
+from cluster_support import RAYLOG, START_DEADLINE_S, STOP_DEADLINE_S
+from cluster_support import Lines as _Lines
+from cluster_support import free_port_block as _free_port_block
 
 
 def _start(data_dir: Path) -> subprocess.Popen[str]:

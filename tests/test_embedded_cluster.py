@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cluster_support import RAYLOG, START_DEADLINE_S, STOP_DEADLINE_S
+from cluster_support import Lines as _Lines
+from cluster_support import free_port_block as _free_port_block
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-from test_cli_up import RAYLOG, START_DEADLINE_S, STOP_DEADLINE_S, _free_port_block, _Lines
 from waiting import wait_until
 
 pytestmark = pytest.mark.slow

@@ -1,0 +1,169 @@
+"""`raylog up` run as a user runs it, for tests that need a whole embedded cluster.
+
+- ``Lines``: a process's stdout collected by a reader thread, waited on with a deadline.
+- ``free_port_block``: a first loopback port with ``count`` free ports after it.
+- ``UpProcess``: one ``raylog up`` subprocess (3 brokers by default) on its own data dir and
+  ports; ``start()`` waits for "raylog ready" and returns the bootstrap servers, ``stop()`` sends
+  SIGINT and waits for exit 0, ``raylog(*args)`` runs a CLI command against this cluster (its
+  ``--data-dir`` appended). Used as a context manager it always ends its own process, by PID.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from types import TracebackType
+
+RAYLOG = [sys.executable, "-m", "raylog.actors.cli"]
+START_DEADLINE_S = 120.0
+STOP_DEADLINE_S = 60.0
+CLI_TIMEOUT_S = 60.0
+
+
+class Lines:
+    """Collects a process's stdout lines in a reader thread (select() on a buffered text pipe
+    misses lines already in Python's buffer)."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        self.proc = proc
+        self.queue: queue.Queue[str | None] = queue.Queue()
+        self.seen: list[str] = []
+        stdout = proc.stdout
+
+        def pump() -> None:
+            for line in stdout:
+                self.queue.put(line)
+            self.queue.put(None)
+
+        self.thread = threading.Thread(target=pump, daemon=True)
+        self.thread.start()
+
+    def wait_for(self, needle: str, deadline_s: float) -> list[str]:
+        deadline = time.monotonic() + deadline_s
+        while time.monotonic() < deadline:
+            try:
+                line = self.queue.get(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+            except queue.Empty:
+                continue
+            if line is None:
+                break
+            self.seen.append(line)
+            if needle in line:
+                return self.seen
+        self.proc.kill()
+        stderr = self.proc.stderr.read() if self.proc.stderr else ""
+        raise AssertionError(f"no line with {needle!r}; got {self.seen!r}, stderr {stderr!r}")
+
+
+def free_port_block(count: int) -> int:
+    """A first port with ``count`` consecutive free loopback ports after it."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            first = probe.getsockname()[1]
+        if first + count > 65535:
+            continue
+        socks: list[socket.socket] = []
+        try:
+            for port in range(first, first + count):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise AssertionError("no block of free ports")
+
+
+def cli_env() -> dict[str, str]:
+    """The environment for `raylog` subprocesses: this session's, without a Ray address (the
+    CLI finds the cluster from its data dir)."""
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def bootstrap_of(lines: list[str]) -> str:
+    found = [line.split()[-1] for line in lines if line.strip().startswith("bootstrap:")]
+    assert found, lines
+    return found[-1]
+
+
+class UpProcess:
+    """One `raylog up` subprocess with ``brokers`` brokers on consecutive free ports."""
+
+    def __init__(
+        self, data_dir: Path, *extra: str, brokers: int = 3, port: int | None = None
+    ) -> None:
+        self.data_dir = data_dir
+        self.brokers = brokers
+        self.port = port if port is not None else free_port_block(brokers)
+        self.extra = extra
+        self.proc: subprocess.Popen[str] | None = None
+        self.lines: Lines | None = None
+        self.bootstrap = ""
+
+    def start(self) -> str:
+        """Start `raylog up` and wait until it is ready; returns the bootstrap servers."""
+        self.proc = subprocess.Popen(
+            [
+                *RAYLOG, "up", "--brokers", str(self.brokers), "--port", str(self.port),
+                "--data-dir", str(self.data_dir), *self.extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=cli_env(),
+        )  # fmt: skip
+        self.lines = Lines(self.proc)
+        self.bootstrap = bootstrap_of(self.lines.wait_for("raylog ready", START_DEADLINE_S))
+        return self.bootstrap
+
+    def raylog(
+        self, *args: str, timeout_s: float = CLI_TIMEOUT_S
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``raylog ARGS --data-dir D`` against this cluster."""
+        return subprocess.run(
+            [*RAYLOG, *args, "--data-dir", str(self.data_dir)],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=cli_env(),
+        )
+
+    def stop(self) -> int:
+        """SIGINT, wait for "raylog stopped" and the exit; returns the exit code."""
+        assert self.proc is not None and self.lines is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            self.lines.wait_for("raylog stopped", STOP_DEADLINE_S)
+        return self.proc.wait(timeout=STOP_DEADLINE_S)
+
+    def __enter__(self) -> UpProcess:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.stop()
+            finally:
+                if self.proc.poll() is None:
+                    self.proc.kill()
+                    self.proc.wait(timeout=STOP_DEADLINE_S)
