@@ -400,6 +400,7 @@ class BrokerActor:
                     dict(spec.configs),
                     replica_config,
                     session_lease=True,
+                    retention_check_interval_ms=self._config.log_retention_check_interval_ms,
                 )
                 break
             except ValueError:  # the name is still held by a dying incarnation

@@ -232,6 +232,13 @@ class LocalAppendDurable(msgspec.Struct, frozen=True):
     generation: int
 
 
+class LocalLogStartAdvanced(msgspec.Struct, frozen=True):
+    """The shell deleted whole segments (retention): the log now starts at ``log_start_offset``,
+    which is never above the high watermark the shell read before deleting."""
+
+    log_start_offset: int
+
+
 InboundMessage = (
     ProduceRequest
     | FetchRequest
@@ -244,4 +251,5 @@ InboundMessage = (
     | StopReplica
     | AlterPartitionResponse
     | LocalAppendDurable
+    | LocalLogStartAdvanced
 )

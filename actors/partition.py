@@ -91,6 +91,7 @@ from raylog.actors.messages import (
     FetchRequest,
     FetchResponse,
     LocalAppendDurable,
+    LocalLogStartAdvanced,
     ProduceRequest,
     RecordBatch,
     ReplicateAck,
@@ -981,6 +982,20 @@ class PartitionReplica:
         self.epoch_cache = [(e, s) for e, s in self.epoch_cache if s < offset]
         self._ready.log_ops.append(TruncateTo(offset, self.generation))
 
+    def _on_log_start_advanced(self, msg: LocalLogStartAdvanced, now_ms: int) -> None:
+        """Retention removed the log's head. Only committed data goes (the shell deletes below
+        the high watermark it read, and the HW never moves back), so nothing else changes; the
+        epoch cache keeps the epoch in force at the new start, as Kafka's truncateFromStart."""
+        start = min(msg.log_start_offset, self.high_watermark)
+        if start <= self.log_start_offset:
+            return
+        self.log_start_offset = start
+        kept = [(e, s) for e, s in self.epoch_cache if s > start]
+        covering = [e for e, s in self.epoch_cache if s <= start]
+        if covering:
+            kept.insert(0, (covering[-1], start))
+        self.epoch_cache = kept
+
     def _truncate_fully(self, new_start_offset: int) -> None:
         check_invariant(
             self.high_watermark <= new_start_offset or self.config.unclean_leader_election_enable,
@@ -1038,4 +1053,5 @@ class PartitionReplica:
         StopReplica: "_on_stop",
         AlterPartitionResponse: "_on_alter_partition_response",
         LocalAppendDurable: "_on_local_append_durable",
+        LocalLogStartAdvanced: "_on_log_start_advanced",
     }

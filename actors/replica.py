@@ -46,6 +46,7 @@ from raylog.actors.messages import (
     FetchRequest,
     FetchResponse,
     LocalAppendDurable,
+    LocalLogStartAdvanced,
     ProduceRequest,
     RecordBatch,
     StopReplica,
@@ -76,6 +77,7 @@ log = logging.getLogger(__name__)
 NAMESPACE = "raylog"
 TICK_MS = 10  # timer resolution of the state machine (ISR lag, timeouts, long polls)
 PEER_CALLS_IN_FLIGHT_MAX = 64  # one-way messages outstanding per peer before dropping
+RETENTION_CHECK_INTERVAL_MS_DEFAULT = 300_000  # log.retention.check.interval.ms (Kafka's)
 HW_CHECKPOINT_INTERVAL_MS = 1_000  # the HW checkpoint is lazy; recovery clamps it
 CONSUMER_WAIT_MS_MAX = 30_000  # bound on a consumer long poll
 REQUEST_TIMEOUT_MS_MAX = 300_000  # bound on a produce request's timeout
@@ -154,6 +156,7 @@ class ReplicaActor:
         topic_config: dict[str, str] | None = None,
         replica_config: ReplicaConfig | None = None,
         session_lease: bool = False,
+        retention_check_interval_ms: int = RETENTION_CHECK_INTERVAL_MS_DEFAULT,
     ) -> None:
         self.topic = topic
         # Leader lease (set by a BrokerActor): with ``session_lease`` the replica accepts produce
@@ -191,6 +194,8 @@ class ReplicaActor:
         self._hw_checkpoint_ms = 0
         self._controller: Any = None
         self._ticker: asyncio.Task[None] | None = None
+        self._retention_interval_ms = max(1, retention_check_interval_ms)
+        self._retention_checked_ms = now_ms()
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -209,9 +214,28 @@ class ReplicaActor:
                 self._sm.tick(now_ms())
                 self._drain()
                 await self._maybe_checkpoint_hw()
+                self._maybe_enforce_retention()
             except Exception as exc:
                 self._go_offline(f"tick failed: {exc!r}")
                 raise
+
+    def _maybe_enforce_retention(self) -> None:
+        """Every ``log.retention.check.interval.ms``: delete whole segments past retention.ms /
+        retention.bytes, only below the high watermark, and tell the state machine where the
+        log starts now. Each replica applies retention to its own log, as Kafka's do."""
+        now = now_ms()
+        if now - self._retention_checked_ms < self._retention_interval_ms:
+            return
+        self._retention_checked_ms = now
+        try:
+            deleted = self._log.enforce_retention(
+                time.time_ns() // 1_000_000, self._sm.high_watermark
+            )
+        except KafkaStorageError as exc:  # as Kafka on a failed log dir: this replica goes offline
+            self._go_offline(str(exc))
+            return
+        if deleted:
+            self._step(LocalLogStartAdvanced(self._log.log_start_offset))
 
     async def ping(self) -> int:
         """Liveness check; returns the replica id."""

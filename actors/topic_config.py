@@ -392,6 +392,7 @@ class BrokerConfig(msgspec.Struct, frozen=True, kw_only=True):
     broker_heartbeat_interval_ms: int
     broker_session_timeout_ms: int
     replica_lag_time_max_ms: int
+    log_retention_check_interval_ms: int
 
 
 BROKER_CONFIG_DEFS: tuple[ConfigDef, ...] = (
@@ -481,6 +482,13 @@ BROKER_CONFIG_DEFS: tuple[ConfigDef, ...] = (
         minimum=1,
         doc="A follower that has not caught up to the leader's log end for this long leaves "
         "the ISR.",
+    ),
+    ConfigDef(
+        name="log.retention.check.interval.ms",
+        type="long",
+        default="300000",
+        minimum=1,
+        doc="How often each replica deletes segments past retention.ms / retention.bytes.",
     ),
 )
 
