@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from raylog.actors import raycluster
+from raylog.actors import raycluster, topic_config
+from raylog.storage.errors import RaylogError
 from raylog.storage.objectstore import ObjectStore
 
 DEFAULT_DATA_DIR = "./raylog-data"
@@ -121,8 +122,10 @@ class EmbeddedCluster:
         brokers: int,
         port: int,
         s3_endpoint: str | None = None,
+        broker_configs: dict[str, str] | None = None,
     ) -> None:
         self.data_dir = data_dir
+        self.broker_configs = dict(broker_configs or {})
         self.store_url = store_url
         self.s3_endpoint = s3_endpoint
         self.cluster_id = cluster_id
@@ -148,6 +151,7 @@ class EmbeddedCluster:
                     name,
                     s3_endpoint=self.s3_endpoint,
                     cluster_id=self.cluster_id,
+                    broker_configs=self.broker_configs,
                     **CONTROLLER_LEASE,
                 )
             )
@@ -161,6 +165,7 @@ class EmbeddedCluster:
                 host=HOST,
                 port=self.ports[b],
                 controller_names=names,
+                broker_configs=self.broker_configs,
             )
         for b in self.broker_ids:
             self.gateways[b] = GatewayActor.options(  # type: ignore[attr-defined]
@@ -244,6 +249,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     running = raycluster.read_cluster_info(data_dir)
     if running is not None:
         raise CliError(f"a raylog cluster is already running from {data_dir} (pid {running.pid})")
+    broker_configs = _parse_configs(args.broker_config or [], flag="--broker-config")
+    try:
+        topic_config.broker_config(broker_configs)
+    except RaylogError as e:
+        raise CliError(str(e)) from e
     _check_ports_free(HOST, [args.port + i for i in range(args.brokers)])
     store_url, store = _open_object_store(args, data_dir)
     cluster_id = _cluster_id(store)
@@ -271,7 +281,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     cluster = EmbeddedCluster(
-        data_dir, store_url, cluster_id, args.brokers, args.port, s3_endpoint=args.s3_endpoint
+        data_dir,
+        store_url,
+        cluster_id,
+        args.brokers,
+        args.port,
+        s3_endpoint=args.s3_endpoint,
+        broker_configs=broker_configs,
     )
     try:
         gcs = ray.get_runtime_context().gcs_address
@@ -362,12 +378,12 @@ def _call(controller: Any, method: str, *args: Any) -> Any:
         raise CliError(f"{type(cause).__name__}: {text}") from e
 
 
-def _parse_configs(pairs: list[str]) -> dict[str, str]:
+def _parse_configs(pairs: list[str], flag: str = "--config") -> dict[str, str]:
     configs = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise CliError(f"--config wants key=value, got {pair!r}")
+            raise CliError(f"{flag} wants key=value, got {pair!r}")
         configs[key] = value
     return configs
 
@@ -425,6 +441,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--s3-endpoint", help="endpoint URL of an S3-compatible store")
     up.add_argument("--address", help="join this Ray cluster instead of starting one")
+    up.add_argument(
+        "--broker-config",
+        action="append",
+        metavar="KEY=VALUE",
+        help="a broker config, as in Kafka's server.properties (repeatable)",
+    )
     up.set_defaults(func=cmd_up)
 
     topics = sub.add_parser("topics", help="create and describe topics of a running cluster")

@@ -69,3 +69,23 @@ def test_up_refuses_unwritable_data_dir(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert proc.stderr.startswith("raylog: data dir ")
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("pair", "reason"),
+    [
+        ("no.such.key=1", "Unknown configuration no.such.key"),
+        ("broker.session.timeout.ms=abc", "Invalid value 'abc'"),
+        ("novalue", "--broker-config wants key=value"),
+    ],
+)
+def test_up_refuses_bad_broker_config(tmp_path: Path, pair: str, reason: str) -> None:
+    proc = subprocess.run(
+        [*RAYLOG, "up", "--data-dir", str(tmp_path / "data"), "--broker-config", pair],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert reason in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "data" / "cluster.json").exists()
