@@ -35,6 +35,7 @@ from typing import Any
 import msgspec
 import ray
 
+from raylog.actors.channel import ChannelServer, PeerLink, channel_secret, is_channel_message
 from raylog.actors.messages import (
     CONSUMER_REPLICA_ID,
     UNDEFINED_EPOCH,
@@ -77,6 +78,7 @@ log = logging.getLogger(__name__)
 NAMESPACE = "raylog"
 TICK_MS = 10  # timer resolution of the state machine (ISR lag, timeouts, long polls)
 PEER_CALLS_IN_FLIGHT_MAX = 64  # one-way messages outstanding per peer before dropping
+CHANNEL_START_S = 10.0  # bound on learning a peer's replication channel address
 RETENTION_CHECK_INTERVAL_MS_DEFAULT = 300_000  # log.retention.check.interval.ms (Kafka's)
 HW_CHECKPOINT_INTERVAL_MS = 1_000  # the HW checkpoint is lazy; recovery clamps it
 CONSUMER_WAIT_MS_MAX = 30_000  # bound on a consumer long poll
@@ -157,6 +159,7 @@ class ReplicaActor:
         replica_config: ReplicaConfig | None = None,
         session_lease: bool = False,
         retention_check_interval_ms: int = RETENTION_CHECK_INTERVAL_MS_DEFAULT,
+        replication_channel: bool = True,
     ) -> None:
         self.topic = topic
         # Leader lease (set by a BrokerActor): with ``session_lease`` the replica accepts produce
@@ -196,6 +199,13 @@ class ReplicaActor:
         self._ticker: asyncio.Task[None] | None = None
         self._retention_interval_ms = max(1, retention_check_interval_ms)
         self._retention_checked_ms = now_ms()
+        # Replication messages go over direct TCP links (see actors/channel.py) when enabled.
+        self._use_channel = replication_channel
+        self._channel: ChannelServer | None = None
+        self._channel_address: asyncio.Future[tuple[str, int] | None] | None = None
+        self._links: dict[int, PeerLink] = {}
+        self._ray_calls_out = 0
+        self._channel_secret = channel_secret() if replication_channel else b""
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -204,6 +214,44 @@ class ReplicaActor:
         if self._ticker is None:
             self._loop = asyncio.get_running_loop()
             self._ticker = self._loop.create_task(self._tick_loop())
+            self._channel_address = self._loop.create_future()
+            if self._use_channel:
+                self._loop.create_task(self._start_channel())
+            else:
+                self._channel_address.set_result(None)
+
+    async def _start_channel(self) -> None:
+        assert self._channel_address is not None
+        name = replica_actor_name(self.topic, self.partition, self.replica_id)
+        server = ChannelServer(name, self._channel_secret, self._on_channel_message)
+        try:
+            address = await server.start(ray.util.get_node_ip_address())
+        except OSError as exc:  # no port: replication still works over Ray calls
+            log.warning("replica %s: no replication channel: %s", name, exc)
+            self._channel_address.set_result(None)
+            return
+        self._channel = server
+        self._channel_address.set_result(address)
+
+    async def channel_address(self) -> tuple[str, int] | None:
+        """Where peers connect this replica's replication channel (None: use Ray calls)."""
+        self._ensure_started()
+        assert self._channel_address is not None
+        return await asyncio.wait_for(asyncio.shield(self._channel_address), CHANNEL_START_S)
+
+    async def channel_stats(self) -> dict[str, int]:
+        """Replication messages that went over channels (in, out, dropped) and Ray calls sent."""
+        return {
+            "messages_in": self._channel.messages_in if self._channel else 0,
+            "messages_out": sum(link.messages_out for link in self._links.values()),
+            "dropped": sum(link.dropped for link in self._links.values()),
+            "rejected": self._channel.rejected if self._channel else 0,
+            "ray_calls_out": self._ray_calls_out,
+        }
+
+    def _on_channel_message(self, message: Any) -> None:
+        if self._offline is None:
+            self._step(message)
 
     async def _tick_loop(self) -> None:
         while True:
@@ -638,14 +686,34 @@ class ReplicaActor:
         return handle
 
     def _send(self, to: int, message: Any) -> None:
-        """One-way message to a peer replica; dropped when the peer is unknown or saturated."""
+        """One-way message to a peer replica: over its replication channel when that link is
+        up, otherwise by a Ray call (while the link connects in the background); dropped when
+        the peer is unknown or saturated."""
+        if self._use_channel and is_channel_message(message):
+            link = self._links.get(to)
+            if link is None:
+                peer_name = replica_actor_name(self.topic, self.partition, to)
+                link = self._links[to] = PeerLink(peer_name, self._channel_secret)
+            if link.send(message):
+                return
+            link.ensure_connecting(lambda: self._channel_address_of(to))
         if self._peer_calls.get(to, 0) >= PEER_CALLS_IN_FLIGHT_MAX:
             return
         handle = self._peer(to)
         if handle is None:
             return
         self._peer_calls[to] = self._peer_calls.get(to, 0) + 1
+        self._ray_calls_out += 1
         self._loop.create_task(self._await_peer_call(to, handle.deliver.remote(message)))
+
+    async def _channel_address_of(self, to: int) -> tuple[str, int]:
+        handle = self._peer(to)
+        if handle is None:
+            raise LookupError(f"replica {to} not found")
+        address = await asyncio.wait_for(handle.channel_address.remote(), CHANNEL_START_S)
+        if address is None:
+            raise LookupError(f"replica {to} has no replication channel")
+        return address
 
     async def _await_peer_call(self, to: int, ref: Any) -> None:
         try:

@@ -1,0 +1,87 @@
+"""Replica actors replicate over their TCP channels, and still over Ray calls without them.
+
+Proves, on real Ray with an RF=3 partition in push and in pull mode: with channels (the default)
+the replication messages after the first few go over TCP (the followers receive them on their
+channel servers), every acks=all produce completes and the followers hold the same bytes; with
+``replication_channel=False`` the same traffic goes by Ray calls and also completes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+from waiting import wait_until
+
+from raylog.actors.messages import BecomeFollower, BecomeLeader
+from raylog.actors.replica import NAMESPACE, ReplicaActor, replica_actor_name
+from raylog.actors.replication_types import ReplicaConfig
+from raylog.storage import batch as rb
+
+pytestmark = pytest.mark.slow
+
+RF = 3
+BATCHES = 30
+CALL_TIMEOUT_S = 30.0
+
+
+def _start(tmp_path: Path, topic: str, mode: str, channel: bool) -> list[Any]:
+    config = ReplicaConfig(replication_mode=mode, min_insync_replicas=2, fetch_max_wait_ms=200)
+    replicas = [
+        ReplicaActor.options(  # type: ignore[attr-defined]
+            name=replica_actor_name(topic, 0, rid), namespace=NAMESPACE
+        ).remote(
+            topic,
+            0,
+            rid,
+            str(tmp_path / topic / str(rid)),
+            {},
+            config,
+            replication_channel=channel,
+        )
+        for rid in range(RF)
+    ]
+    everyone = tuple(range(RF))
+    calls = [replicas[0].become_leader.remote(BecomeLeader(1, 1, 1, everyone, everyone))]
+    calls += [replicas[r].become_follower.remote(BecomeFollower(1, 0, 1, 1)) for r in (1, 2)]
+    ray.get(calls, timeout=CALL_TIMEOUT_S)
+    return replicas
+
+
+def _end_offsets(replicas: list[Any]) -> list[int]:
+    states = ray.get([r.state.remote() for r in replicas], timeout=CALL_TIMEOUT_S)
+    return [s.log_end_offset for s in states]
+
+
+@pytest.mark.parametrize("mode", ["push", "pull"])
+@pytest.mark.parametrize("channel", [True, False])
+def test_replication_over_channels_and_over_ray(
+    ray_local: Path, tmp_path: Path, mode: str, channel: bool
+) -> None:
+    topic = f"chan-{mode}-{channel}"
+    replicas = _start(tmp_path, topic, mode, channel)
+    try:
+        refs = [
+            replicas[0].produce.remote(
+                rb.build_batch([rb.Record(b"k", b"v%d" % i, 1_700_000_000_000 + i)]), -1, 20_000
+            )
+            for i in range(BATCHES)
+        ]
+        outcomes = ray.get(refs, timeout=CALL_TIMEOUT_S)
+        assert [o.error_code for o in outcomes] == [0] * BATCHES
+        assert sorted(o.base_offset for o in outcomes) == list(range(BATCHES))
+        wait_until(lambda: _end_offsets(replicas) == [BATCHES] * RF, timeout_s=CALL_TIMEOUT_S)
+
+        stats = ray.get([r.channel_stats.remote() for r in replicas], timeout=CALL_TIMEOUT_S)
+        followers_in = stats[1]["messages_in"] + stats[2]["messages_in"]
+        if channel:
+            assert followers_in > 0, stats
+            assert stats[0]["messages_in"] > 0, stats  # acks or fetches back to the leader
+        else:
+            assert followers_in == 0 and stats[0]["ray_calls_out"] > 0, stats
+        assert all(s["rejected"] == 0 for s in stats), stats
+    finally:
+        for r in replicas:
+            ray.kill(r, no_restart=True)
