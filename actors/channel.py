@@ -31,7 +31,7 @@ import hmac
 import logging
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +39,32 @@ import msgspec
 
 from raylog.actors.messages import FetchRequest, FetchResponse, ReplicateAck, ReplicateRequest
 
+
+class CallRequest(msgspec.Struct, frozen=True):
+    """A request/response call on a channel (the gateway's produce/fetch/list_offsets).
+    ``args`` is the msgpack array of the arguments; the server decodes it for ``method``."""
+
+    call_id: int
+    method: str
+    args: msgspec.Raw
+
+
+class CallReply(msgspec.Struct, frozen=True):
+    """The answer to a :class:`CallRequest`: ``error`` empty and ``result`` the method's return
+    value (msgpack, decoded by the caller, who knows its type), or ``error`` set."""
+
+    call_id: int
+    error: str
+    result: msgspec.Raw = msgspec.Raw(b"\xc0")  # msgpack nil
+
+
 __all__ = [
     "CHANNEL_KINDS",
     "FRAME_BYTES_MAX",
+    "CallFailed",
+    "CallLink",
+    "CallReply",
+    "CallRequest",
     "ChannelServer",
     "FrameError",
     "FrameReader",
@@ -53,7 +76,14 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 # Kind byte on the wire -> message type. Append only: the numbers are the protocol.
-CHANNEL_KINDS: tuple[type, ...] = (FetchRequest, FetchResponse, ReplicateRequest, ReplicateAck)
+CHANNEL_KINDS: tuple[type, ...] = (
+    FetchRequest,
+    FetchResponse,
+    ReplicateRequest,
+    ReplicateAck,
+    CallRequest,
+    CallReply,
+)
 _KIND_OF: dict[type, int] = {t: i for i, t in enumerate(CHANNEL_KINDS)}
 _DECODERS = tuple(msgspec.msgpack.Decoder(t) for t in CHANNEL_KINDS)
 _ENCODER = msgspec.msgpack.Encoder()
@@ -74,7 +104,8 @@ class FrameError(Exception):
 
 
 def is_channel_message(message: object) -> bool:
-    return type(message) in _KIND_OF
+    """A one-way replication message the channel carries (not a call frame)."""
+    return type(message) in _KIND_OF and type(message) not in (CallRequest, CallReply)
 
 
 def encode_frame(message: Any) -> bytes:
@@ -130,10 +161,19 @@ class ChannelServer:
     """Accepts authenticated links addressed to replica ``name``; hands each message to
     ``deliver``. Bad frames or a failed handshake close that connection only."""
 
-    def __init__(self, name: str, secret: bytes, deliver: Callable[[Any], None]) -> None:
+    def __init__(
+        self,
+        name: str,
+        secret: bytes,
+        deliver: Callable[[Any], None],
+        call: Callable[[str, bytes], Awaitable[Any]] | None = None,
+    ) -> None:
         self.name = name
         self._secret = secret
         self._deliver = deliver
+        self._call = call
+        self._calls: set[asyncio.Task[None]] = set()
+        self.calls_in = 0
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.StreamWriter] = set()
         self.messages_in = 0
@@ -162,13 +202,40 @@ class ChannelServer:
                 if not data:
                     return
                 for message in frames.feed(data):
-                    self.messages_in += 1
-                    self._deliver(message)
+                    if isinstance(message, CallRequest):
+                        self._start_call(message, writer)
+                    elif isinstance(message, CallReply):
+                        raise FrameError("a call reply sent to a server")
+                    else:
+                        self.messages_in += 1
+                        self._deliver(message)
         except (FrameError, ConnectionError, asyncio.IncompleteReadError, TimeoutError) as exc:
             log.warning("replication channel to %s: closing a connection: %s", self.name, exc)
         finally:
             self._conns.discard(writer)
             writer.close()
+
+    def _start_call(self, request: CallRequest, writer: asyncio.StreamWriter) -> None:
+        # Started in arrival order: each call runs synchronously up to its first await, so
+        # calls on one connection reach the replica in the order they were sent.
+        self.calls_in += 1
+        task = asyncio.get_running_loop().create_task(self._answer(request, writer))
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
+
+    async def _answer(self, request: CallRequest, writer: asyncio.StreamWriter) -> None:
+        if self._call is None:
+            reply = CallReply(request.call_id, "this channel takes no calls")
+        else:
+            try:
+                result = await self._call(request.method, bytes(request.args))
+                reply = CallReply(request.call_id, "", msgspec.Raw(_ENCODER.encode(result)))
+            except Exception as exc:  # the caller gets the error; the channel stays up
+                reply = CallReply(request.call_id, f"{type(exc).__name__}: {exc}")
+        if not writer.is_closing():
+            writer.write(encode_frame(reply))
+            with contextlib.suppress(ConnectionError):
+                await writer.drain()
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         nonce = os.urandom(NONCE_BYTES)
@@ -187,6 +254,24 @@ class ChannelServer:
             log.warning("replication channel to %s: a peer failed authentication", self.name)
             return False
         return True
+
+
+async def _connect(
+    resolve: Callable[[], Any], peer_name: str, secret: bytes
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """Open and authenticate a connection to replica ``peer_name`` at ``await resolve()``."""
+    host, port = await resolve()
+    async with asyncio.timeout(CONNECT_TIMEOUT_S):
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            nonce = await reader.readexactly(NONCE_BYTES)
+            name = peer_name.encode()
+            writer.write(struct.pack(">H", len(name)) + name + _mac(secret, nonce, name))
+            await writer.drain()
+        except BaseException:
+            writer.close()
+            raise
+    return reader, writer
 
 
 class PeerLink:
@@ -239,16 +324,10 @@ class PeerLink:
             self._task.cancel()
 
     async def _run(self, resolve: Callable[[], Any]) -> None:
+        loop = asyncio.get_running_loop()  # (not callable in `finally` while a loop closes)
         writer = None
         try:
-            host, port = await resolve()
-            async with asyncio.timeout(CONNECT_TIMEOUT_S):
-                reader, writer = await asyncio.open_connection(host, port)
-                nonce = await reader.readexactly(NONCE_BYTES)
-                name = self.peer_name.encode()
-                mac = _mac(self._secret, nonce, name)
-                writer.write(struct.pack(">H", len(name)) + name + mac)
-                await writer.drain()
+            reader, writer = await _connect(resolve, self.peer_name, self._secret)
             self._writer = writer
             await self._pump(writer, reader)
         except asyncio.CancelledError:
@@ -260,10 +339,11 @@ class PeerLink:
             self.dropped += len(self._queue)
             self._queue.clear()
             self._queued_bytes = 0
-            self._not_before = asyncio.get_running_loop().time() + RECONNECT_BACKOFF_S
+            self._not_before = loop.time() + RECONNECT_BACKOFF_S
             self._task = None
             if writer is not None:
-                writer.close()
+                with contextlib.suppress(RuntimeError):  # the loop is closing
+                    writer.close()
 
     async def _pump(self, writer: asyncio.StreamWriter, reader: asyncio.StreamReader) -> None:
         closed = asyncio.ensure_future(reader.read(1))  # the server never writes after the nonce
@@ -283,3 +363,103 @@ class PeerLink:
                 await writer.drain()
         finally:
             closed.cancel()
+
+
+class CallFailed(Exception):
+    """A channel call without an outcome: the link broke (``lost``), or the remote method
+    raised (the message names the exception)."""
+
+    def __init__(self, message: str, *, lost: bool) -> None:
+        super().__init__(message)
+        self.lost = lost
+
+
+class CallLink:
+    """Request/response calls to one replica over its channel (the gateway's data path).
+
+    :meth:`call` returns None when the link is not connected (the caller uses a Ray call and
+    :meth:`ensure_connecting`), else a future of the reply's raw msgpack result. A broken link
+    fails every pending call with :class:`CallFailed`; its outcome is unknown to the caller, as
+    with a Ray call to an actor that died.
+    """
+
+    def __init__(self, peer_name: str, secret: bytes) -> None:
+        self.peer_name = peer_name
+        self._secret = secret
+        self._writer: asyncio.StreamWriter | None = None
+        self._pending: dict[int, asyncio.Future[bytes]] = {}
+        self._next_id = 1
+        self._task: asyncio.Task[None] | None = None
+        self._not_before = 0.0
+        self.calls_out = 0
+
+    @property
+    def connected(self) -> bool:
+        return self._writer is not None
+
+    def call(self, method: str, args: tuple[Any, ...]) -> asyncio.Future[bytes] | None:
+        writer = self._writer
+        if writer is None or writer.is_closing():
+            return None
+        call_id = self._next_id
+        self._next_id += 1
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._pending[call_id] = future
+        raw = msgspec.Raw(_ENCODER.encode(args))
+        writer.write(encode_frame(CallRequest(call_id, method, raw)))
+        self.calls_out += 1
+        return future
+
+    def forget(self, future: asyncio.Future[bytes]) -> None:
+        """Drop a call the caller stopped waiting for (its reply, if any, is ignored)."""
+        for call_id, pending in list(self._pending.items()):
+            if pending is future:
+                del self._pending[call_id]
+                return
+
+    def ensure_connecting(self, resolve: Callable[[], Any]) -> None:
+        loop = asyncio.get_running_loop()
+        if self._task is not None or loop.time() < self._not_before:
+            return
+        self._task = loop.create_task(self._run(resolve))
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _run(self, resolve: Callable[[], Any]) -> None:
+        loop = asyncio.get_running_loop()  # (not callable in `finally` while a loop closes)
+        writer = None
+        try:
+            reader, writer = await _connect(resolve, self.peer_name, self._secret)
+            self._writer = writer
+            frames = FrameReader()
+            while True:
+                data = await reader.read(1 << 20)
+                if not data:
+                    raise ConnectionError("peer closed the channel")
+                for reply in frames.feed(data):
+                    if not isinstance(reply, CallReply):
+                        raise FrameError(f"{type(reply).__name__} on a call link")
+                    future = self._pending.pop(reply.call_id, None)
+                    if future is None or future.done():
+                        continue
+                    if reply.error:
+                        future.set_exception(CallFailed(reply.error, lost=False))
+                    else:
+                        future.set_result(bytes(reply.result))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.debug("call link to %s down: %r", self.peer_name, exc)
+        finally:
+            self._writer = None
+            pending, self._pending = self._pending, {}
+            for future in pending.values():
+                if not future.done():
+                    future.set_exception(CallFailed(f"channel to {self.peer_name} lost", lost=True))
+            self._not_before = loop.time() + RECONNECT_BACKOFF_S
+            self._task = None
+            if writer is not None:
+                with contextlib.suppress(RuntimeError):  # the loop is closing
+                    writer.close()

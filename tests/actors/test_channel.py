@@ -14,6 +14,7 @@ import struct
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
 import pytest
 
 from raylog.actors import channel as ch
@@ -147,5 +148,53 @@ def test_link_reconnects_to_a_restarted_peer() -> None:
         await _until(lambda: got == [MESSAGES[1]])
         link.close()
         second.close()
+
+    _run(test)
+
+
+def test_calls_answer_in_any_order_and_fail_cleanly() -> None:
+    async def test() -> None:
+        release = asyncio.Event()
+
+        async def call(method: str, raw_args: bytes) -> Any:
+            args = msgspec.msgpack.decode(raw_args, type=tuple[int, bytes])
+            if method == "slow":
+                await release.wait()
+            if method == "boom":
+                raise ValueError("no such offset")
+            return [method, args[0] * 2, args[1]]
+
+        server = ch.ChannelServer("replica:t:0:1", b"s", lambda m: None, call)
+        address = await server.start(HOST)
+
+        async def resolve() -> tuple[str, int]:
+            return address
+
+        link = ch.CallLink("replica:t:0:1", b"s")
+        assert link.call("fast", (1, b"x")) is None  # not connected: the caller uses Ray
+        link.ensure_connecting(resolve)
+        await _until(lambda: link.connected)
+
+        slow = link.call("slow", (5, b"s"))
+        fast = link.call("fast", (7, b"f"))
+        assert slow is not None and fast is not None
+        assert msgspec.msgpack.decode(await fast) == ["fast", 14, b"f"]  # not held by "slow"
+        release.set()
+        assert msgspec.msgpack.decode(await slow) == ["slow", 10, b"s"]
+
+        boom = link.call("boom", (0, b""))
+        assert boom is not None
+        with pytest.raises(ch.CallFailed, match="ValueError: no such offset") as failed:
+            await boom
+        assert not failed.value.lost
+
+        release.clear()
+        pending = link.call("slow", (1, b""))
+        assert pending is not None
+        server.close()
+        with pytest.raises(ch.CallFailed) as lost:
+            await asyncio.wait_for(pending, DEADLINE_S)
+        assert lost.value.lost
+        link.close()
 
     _run(test)
