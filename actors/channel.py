@@ -18,7 +18,9 @@ authenticated before any message: the server sends a random nonce, the client an
 name of the replica it wants and HMAC-SHA256(cluster secret, nonce + name); the server closes
 the connection unless both match, so a stale address reused by another replica, or a process
 without the secret, never gets a message in. The secret is the cluster's Ray auth token (every
-process of the cluster has it). Mutual TLS with the cluster's CA is the next step.
+process of the cluster has it). Under that, when the ends have certificates from the cluster's
+CA (``storage/pki.py``; the controller issues them), the connection is mutual TLS 1.3 and a peer
+without such a certificate never completes the TLS handshake.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import hashlib
 import hmac
 import logging
 import os
+import ssl
 import struct
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -178,9 +181,15 @@ class ChannelServer:
         self._conns: set[asyncio.StreamWriter] = set()
         self.messages_in = 0
         self.rejected = 0
+        self.tls = False
 
-    async def start(self, host: str) -> tuple[str, int]:
-        self._server = await asyncio.start_server(self._serve, host, 0)
+    async def start(self, host: str, tls: ssl.SSLContext | None = None) -> tuple[str, int]:
+        """Listen on ``host`` (a free port); with ``tls``, mutual TLS before the handshake."""
+        self.tls = tls is not None
+        timeout = HANDSHAKE_TIMEOUT_S if tls is not None else None
+        self._server = await asyncio.start_server(
+            self._serve, host, 0, ssl=tls, ssl_handshake_timeout=timeout
+        )
         sock = self._server.sockets[0]
         return host, sock.getsockname()[1]
 
@@ -209,7 +218,13 @@ class ChannelServer:
                     else:
                         self.messages_in += 1
                         self._deliver(message)
-        except (FrameError, ConnectionError, asyncio.IncompleteReadError, TimeoutError) as exc:
+        except (
+            FrameError,
+            ConnectionError,
+            asyncio.IncompleteReadError,
+            TimeoutError,
+            ssl.SSLError,
+        ) as exc:
             log.warning("replication channel to %s: closing a connection: %s", self.name, exc)
         finally:
             self._conns.discard(writer)
@@ -257,12 +272,12 @@ class ChannelServer:
 
 
 async def _connect(
-    resolve: Callable[[], Any], peer_name: str, secret: bytes
+    resolve: Callable[[], Any], peer_name: str, secret: bytes, tls: ssl.SSLContext | None
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """Open and authenticate a connection to replica ``peer_name`` at ``await resolve()``."""
     host, port = await resolve()
     async with asyncio.timeout(CONNECT_TIMEOUT_S):
-        reader, writer = await asyncio.open_connection(host, port)
+        reader, writer = await asyncio.open_connection(host, port, ssl=tls)
         try:
             nonce = await reader.readexactly(NONCE_BYTES)
             name = peer_name.encode()
@@ -282,9 +297,10 @@ class PeerLink:
     background through :meth:`ensure_connecting` with the address ``resolve`` returns.
     """
 
-    def __init__(self, peer_name: str, secret: bytes) -> None:
+    def __init__(self, peer_name: str, secret: bytes, tls: ssl.SSLContext | None = None) -> None:
         self.peer_name = peer_name
         self._secret = secret
+        self._tls = tls
         self._writer: asyncio.StreamWriter | None = None
         self._queue: collections.deque[bytes] = collections.deque()
         self._queued_bytes = 0
@@ -327,7 +343,7 @@ class PeerLink:
         loop = asyncio.get_running_loop()  # (not callable in `finally` while a loop closes)
         writer = None
         try:
-            reader, writer = await _connect(resolve, self.peer_name, self._secret)
+            reader, writer = await _connect(resolve, self.peer_name, self._secret, self._tls)
             self._writer = writer
             await self._pump(writer, reader)
         except asyncio.CancelledError:
@@ -383,9 +399,10 @@ class CallLink:
     with a Ray call to an actor that died.
     """
 
-    def __init__(self, peer_name: str, secret: bytes) -> None:
+    def __init__(self, peer_name: str, secret: bytes, tls: ssl.SSLContext | None = None) -> None:
         self.peer_name = peer_name
         self._secret = secret
+        self._tls = tls
         self._writer: asyncio.StreamWriter | None = None
         self._pending: dict[int, asyncio.Future[bytes]] = {}
         self._next_id = 1
@@ -431,7 +448,7 @@ class CallLink:
         loop = asyncio.get_running_loop()  # (not callable in `finally` while a loop closes)
         writer = None
         try:
-            reader, writer = await _connect(resolve, self.peer_name, self._secret)
+            reader, writer = await _connect(resolve, self.peer_name, self._secret, self._tls)
             self._writer = writer
             frames = FrameReader()
             while True:
