@@ -6,7 +6,8 @@ them cheaply and validate what it receives). It holds no logic: the state machin
 effects defined in ``raylog.actors.partition``.
 
 Record batches stay opaque: a :class:`RecordBatch` is the batch's metadata (base offset, record
-count, size, the leader epoch that wrote it) next to its bytes. The state machine routes a
+count, size, the leader epoch that wrote it, the idempotent producer's id, epoch and first
+sequence) next to its bytes. The state machine routes a
 batch's bytes but never looks inside them.
 
 Vocabulary and invariants (Kafka's):
@@ -39,6 +40,11 @@ class BatchMeta(msgspec.Struct, frozen=True):
     record_count: int
     size_bytes: int
     leader_epoch: int
+    # The idempotent producer's header fields (-1: not idempotent); every replica rebuilds its
+    # producer state from them (raylog.actors.producer_state).
+    producer_id: int = -1
+    producer_epoch: int = -1
+    base_sequence: int = -1
 
     @property
     def next_offset(self) -> int:
@@ -76,6 +82,9 @@ class ProduceRequest(msgspec.Struct, frozen=True):
     record_count: int
     size_bytes: int
     data: bytes
+    producer_id: int = -1  # from the batch header; -1: not idempotent
+    producer_epoch: int = -1
+    base_sequence: int = -1
 
 
 # --- replica ↔ replica and consumer → replica -------------------------------------------------

@@ -56,6 +56,13 @@ Decisions:
   fetch below the leader's end, or a refusing ack, stops pushes to it until it fetches at the
   leader's end again. A follower accepts a push only if the batch starts at its log end and the
   epoch below matches its own; otherwise it refuses and pulls.
+- Idempotent producers (``raylog.actors.producer_state``, Kafka's rules): the leader checks a
+  client batch's producer id, epoch and sequence before appending it; a retry of one of the
+  producer's last five batches is answered with the ORIGINAL offsets once this request's acks
+  hold for the original batch (acks=all: the HW covers it), and nothing is appended. Every
+  replica updates the producer state from the header of every batch it appends, so a follower
+  elected leader deduplicates as its predecessor did; a truncation drops the state above the
+  cut; recovery rebuilds it from the log's batch headers (``producer_batches``).
 - Truncation is synchronous from the state machine's view: the shell applies ``TruncateTo``
   before anything that follows it in the Ready. A log ``generation`` counter, bumped on every
   truncation, lets fsync reports from before a truncation be recognised and dropped.
@@ -98,6 +105,7 @@ from raylog.actors.messages import (
     ReplicateRequest,
     StopReplica,
 )
+from raylog.actors.producer_state import DUPLICATE, ERROR, ProducerStateTable
 from raylog.actors.replication_types import (
     AppendBatch,
     InvariantViolation,
@@ -187,12 +195,15 @@ class PartitionReplica:
         log_end_offset: int = 0,
         epoch_cache: Iterable[tuple[int, int]] = (),
         high_watermark: int = 0,
+        producer_batches: Iterable[BatchMeta] = (),
     ) -> None:
         """Create a replica over a recovered log.
 
         ``log_end_offset`` is the end of the recovered log, which the shell has fsync'd during
         recovery (so it is also the durable end); ``epoch_cache`` lists (epoch, start_offset) of
-        the batches in it; ``high_watermark`` is the checkpoint, clamped into the log here.
+        the batches in it; ``high_watermark`` is the checkpoint, clamped into the log here;
+        ``producer_batches`` are the headers of the log's idempotent batches in log order (at
+        least the last five of each producer), from which the producer state is rebuilt.
         """
         self.config = config or ReplicaConfig()
         self.config.validate()
@@ -210,6 +221,13 @@ class PartitionReplica:
         self.epoch_cache: list[tuple[int, int]] = list(epoch_cache)
         self.high_watermark = max(log_start_offset, min(high_watermark, log_end_offset))
         self.generation = 0
+        # Idempotent producers: checked on the leader, updated on every replica's append.
+        self.producers = ProducerStateTable()
+        self.producers.rebuild(
+            (b.producer_id, b.producer_epoch, b.base_sequence, b.base_offset, b.record_count)
+            for b in producer_batches
+            if b.producer_id >= 0
+        )
         # Leader state.
         self.isr: tuple[int, ...] = ()
         self.replicas: tuple[int, ...] = ()
@@ -473,15 +491,34 @@ class PartitionReplica:
                 f"refused: max_pending_acks_local={self.config.max_pending_acks_local} reached",
             )
             return
-        # 1. Assign offsets: the batch goes at our log end in our epoch.
-        batch = BatchMeta(self.log_end_offset, msg.record_count, msg.size_bytes, self.leader_epoch)
+        # 1. Idempotent producers: a duplicate of a recent batch completes with that batch's
+        # offsets under this request's acks; a sequence or epoch error refuses the batch.
+        verdict = self.producers.check(
+            msg.producer_id, msg.producer_epoch, msg.base_sequence, msg.record_count
+        )
+        if verdict.kind == ERROR:
+            self._result(msg.request_id, verdict.error_code, verdict.message)
+            return
+        if verdict.kind == DUPLICATE:
+            self._complete_duplicate(msg, verdict.base_offset, verdict.next_offset, now_ms)
+            return
+        # 2. Assign offsets: the batch goes at our log end in our epoch.
+        batch = BatchMeta(
+            self.log_end_offset,
+            msg.record_count,
+            msg.size_bytes,
+            self.leader_epoch,
+            msg.producer_id,
+            msg.producer_epoch,
+            msg.base_sequence,
+        )
         self._append(batch, msg.data, replicated=False)
         self.pending[msg.request_id] = PendingProduce(
             msg.request_id, msg.acks, batch.base_offset, batch.next_offset, now_ms + msg.timeout_ms
         )
         if msg.acks == -1:
             self.pending_acks_all += 1
-        # 2. Push mode: send it to every caught-up follower in parallel with our own fsync.
+        # 3. Push mode: send it to every caught-up follower in parallel with our own fsync.
         if self.config.replication_mode == "push":
             prev_epoch = self._epoch_at(batch.base_offset - 1)
             for rid, state in self.followers.items():
@@ -496,8 +533,27 @@ class PartitionReplica:
                 self._ready.messages.append(
                     SendPushData(rid, request, batch.base_offset, batch.next_offset)
                 )
-        # 3. Parked fetches (pull mode, and observers in push mode) now have data.
+        # 4. Parked fetches (pull mode, and observers in push mode) now have data.
         self._answer_parked(now_ms, only_expired=False)
+
+    def _complete_duplicate(
+        self, msg: ProduceRequest, base_offset: int, next_offset: int, now_ms: int
+    ) -> None:
+        """Answer a retried batch with its original offsets once this request's acks hold for
+        the original (acks=all: the HW covers it; acks=1: it is durable here)."""
+        done = {
+            0: True,
+            1: next_offset <= self.durable_end_offset,
+            -1: next_offset <= self.high_watermark,
+        }[msg.acks]
+        if done:
+            self._result(msg.request_id, NONE, "duplicate of an appended batch", base_offset)
+            return
+        self.pending[msg.request_id] = PendingProduce(
+            msg.request_id, msg.acks, base_offset, next_offset, now_ms + msg.timeout_ms
+        )
+        if msg.acks == -1:
+            self.pending_acks_all += 1
 
     def _on_local_append_durable(self, msg: LocalAppendDurable, now_ms: int) -> None:
         if msg.generation != self.generation:
@@ -955,6 +1011,13 @@ class PartitionReplica:
             self.epoch_cache[-1][0] == batch.leader_epoch, "batch epochs never go backwards"
         )
         self.log_end_offset = batch.next_offset
+        self.producers.update(
+            batch.producer_id,
+            batch.producer_epoch,
+            batch.base_sequence,
+            batch.base_offset,
+            batch.record_count,
+        )
         self._ready.log_ops.append(AppendBatch(batch, data, self.generation, replicated))
 
     def _drop_empty_epochs(self) -> None:
@@ -980,6 +1043,7 @@ class PartitionReplica:
         self.log_end_offset = offset
         self.durable_end_offset = min(self.durable_end_offset, offset)
         self.epoch_cache = [(e, s) for e, s in self.epoch_cache if s < offset]
+        self.producers.truncate(offset)
         self._ready.log_ops.append(TruncateTo(offset, self.generation))
 
     def _on_log_start_advanced(self, msg: LocalLogStartAdvanced, now_ms: int) -> None:
@@ -990,6 +1054,7 @@ class PartitionReplica:
         if start <= self.log_start_offset:
             return
         self.log_start_offset = start
+        self.producers.remove_before(start)
         kept = [(e, s) for e, s in self.epoch_cache if s > start]
         covering = [e for e, s in self.epoch_cache if s <= start]
         if covering:
@@ -1007,6 +1072,7 @@ class PartitionReplica:
         self.durable_end_offset = new_start_offset
         self.high_watermark = new_start_offset
         self.epoch_cache = []
+        self.producers.clear()
         self._ready.log_ops.append(TruncateTo(new_start_offset, self.generation, full=True))
         self._ready.checkpoint_high_watermark = new_start_offset
 

@@ -53,7 +53,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -97,6 +97,8 @@ MAX_SEGMENT_BYTES = (1 << 31) - 1
 MAX_RELATIVE_OFFSET = (1 << 31) - 1
 # Inactive segments with open descriptors and loaded indexes at once (LRU).
 MAX_OPEN_INACTIVE_SEGMENTS = 8
+# batch_headers() reads this much at a time while walking headers.
+HEADER_SCAN_CHUNK_BYTES = 1 << 20
 
 _DAY_MS = 24 * 60 * 60 * 1000
 _LONG_MAX = (1 << 63) - 1
@@ -837,6 +839,41 @@ class Log:
                         return TimestampOffset(header.max_timestamp, header.base_offset)
                     pos += header.size
             return None
+
+    def batch_headers(self) -> Iterator[rb.BatchHeader]:
+        """Every stored batch's 61-byte header in log order, without reading record bodies.
+
+        For rebuilding state kept from batch headers (a replica's idempotent-producer state) when
+        a replica starts. Reads ``HEADER_SCAN_CHUNK_BYTES`` at a time and jumps over the bodies of
+        batches larger than that. The lock is held per chunk, not across yields: run it on a
+        log nobody appends to or truncates meanwhile (start-up). CRCs are not checked (recovery
+        did); a malformed header raises KafkaStorageError.
+        """
+        with self._lock:
+            self._check_usable()
+            segments = list(self._segments)
+        for seg in segments:
+            pos = 0
+            while True:
+                with self._lock:
+                    self._check_usable()
+                    size = seg.size
+                    if pos >= size:
+                        break
+                    if seg is not self._segments[-1]:
+                        self._cache_inactive(seg)  # bounded open descriptors, as reads do
+                    chunk = seg.read(pos, min(HEADER_SCAN_CHUNK_BYTES, size - pos))
+                headers: list[rb.BatchHeader] = []
+                at = 0
+                while len(chunk) - at >= rb.HEADER_SIZE:
+                    header = rb.parse_header(chunk, at)
+                    self._check_stored(seg, pos + at, header, -1)
+                    headers.append(header)
+                    at += header.size
+                if not headers:
+                    raise KafkaStorageError(f"{seg.log_path}: short batch header at byte {pos}")
+                pos += at
+                yield from headers
 
     def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
         """OffsetForLeaderEpoch (KIP-101/279): ``(epoch, end_offset)`` as Kafka answers it.

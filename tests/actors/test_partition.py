@@ -533,3 +533,129 @@ def test_late_answer_to_an_earlier_proposal_keeps_the_one_in_flight() -> None:
     make_durable(leader)
     follower_fetch(leader, 1, 1, 3)
     assert leader.high_watermark == 0  # replica 2 (at 0) may be in the ISR already
+
+
+# --- idempotent producers ----------------------------------------------------------------------
+
+PID = 42
+
+
+def produce_idempotent(
+    replica: PartitionReplica,
+    request_id: int,
+    seq: int,
+    count: int = 1,
+    acks: int = -1,
+    epoch: int = 0,
+    now_ms: int = 0,
+) -> Ready:
+    replica.step(ProduceRequest(request_id, acks, 30_000, count, 10, b"x", PID, epoch, seq), now_ms)
+    return replica.ready()
+
+
+def commit_everything(leader: PartitionReplica, now_ms: int = 0) -> Ready:
+    """Make the leader's log durable and let both followers fetch its end: the HW reaches it."""
+    ready = make_durable(leader, now_ms)
+    for follower in (1, 2):
+        more = follower_fetch(leader, follower, leader.log_end_offset, now_ms)
+        ready.produce_results.extend(more.produce_results)
+    return ready
+
+
+def test_leader_answers_a_retry_with_the_original_offsets_and_appends_nothing() -> None:
+    leader = make_leader()
+    first = produce_idempotent(leader, 1, seq=0, count=2)
+    assert [op.batch.base_offset for op in first.log_ops] == [0]
+    assert first.log_ops[0].batch.producer_id == PID  # the header fields travel with the batch
+    commit_everything(leader)
+    produce_idempotent(leader, 2, seq=2, count=1)
+    commit_everything(leader)
+    retry = produce_idempotent(leader, 3, seq=0, count=2)
+    assert retry.log_ops == []
+    assert results(retry)[3] == ProduceResult(3, 0, 0, retry.produce_results[0].message)
+    assert leader.log_end_offset == 3
+
+
+def test_acks_all_duplicate_waits_until_the_high_watermark_covers_the_original() -> None:
+    leader = make_leader()
+    produce_idempotent(leader, 1, seq=0)
+    make_durable(leader)
+    retry = produce_idempotent(leader, 2, seq=0)  # original appended, not yet replicated
+    assert retry.log_ops == [] and retry.produce_results == []
+    follower_fetch(leader, 1, 1, 1)
+    done = follower_fetch(leader, 2, 1, 2)
+    assert {r.request_id: (r.error_code, r.base_offset) for r in done.produce_results} == {
+        1: (0, 0),
+        2: (0, 0),
+    }
+
+
+def test_acks_1_duplicate_completes_once_the_original_is_durable_locally() -> None:
+    leader = make_leader()
+    produce_idempotent(leader, 1, seq=0, acks=1)
+    retry = produce_idempotent(leader, 2, seq=0, acks=1)
+    assert retry.produce_results == []
+    done = make_durable(leader)
+    assert sorted((r.request_id, r.base_offset) for r in done.produce_results) == [(1, 0), (2, 0)]
+
+
+def test_out_of_order_and_fenced_epoch_are_refused_before_append() -> None:
+    leader = make_leader()
+    produce_idempotent(leader, 1, seq=0, epoch=3)
+    gap = produce_idempotent(leader, 2, seq=5, epoch=3)
+    old = produce_idempotent(leader, 3, seq=1, epoch=2)
+    bumped = produce_idempotent(leader, 4, seq=1, epoch=4)
+    assert (gap.log_ops, old.log_ops, bumped.log_ops) == ([], [], [])
+    assert results(gap)[2].error_code == 45
+    assert results(old)[3].error_code == 47
+    assert results(bumped)[4].error_code == 45
+    assert produce_idempotent(leader, 5, seq=0, epoch=4).log_ops != []
+
+
+def test_follower_builds_producer_state_from_replicated_batches_and_dedupes_as_leader() -> None:
+    follower = PartitionReplica(1)
+    follower.step(BecomeFollower(1, 0, EPOCH, 0), 0)
+    fetch = follower.ready().messages[0].message
+    batch = BatchMeta(0, 2, 10, EPOCH, PID, 0, 0)
+    follower.step(
+        FetchResponse(0, fetch.request_id, EPOCH, 0, 0, 0, 2, None, (RecordBatch(batch, b"x"),)),
+        1,
+    )
+    follower.ready()
+    # The leader dies before the HW covers the batch; the follower is elected.
+    follower.step(BecomeLeader(1, EPOCH + 1, 1, (1,), (0, 1)), 2)
+    follower.ready()
+    retry = produce_idempotent(follower, 9, seq=0, count=2, acks=1)
+    assert retry.log_ops == []
+    done = make_durable(follower)
+    assert [(r.request_id, r.error_code, r.base_offset) for r in done.produce_results] == [
+        (9, 0, 0)
+    ]
+
+
+def test_truncation_removes_producer_state_above_the_cut() -> None:
+    follower = PartitionReplica(
+        0,
+        log_end_offset=8,
+        epoch_cache=[(0, 0), (1, 5)],
+        producer_batches=[BatchMeta(0, 5, 10, 0, PID, 0, 0), BatchMeta(5, 3, 10, 1, PID, 0, 5)],
+    )
+    assert follower.producers.check(PID, 0, 5, 3).kind == "duplicate"
+    follower.step(BecomeFollower(1, 1, 3, 0), 0)
+    request = follower.ready().messages[0].message
+    follower.step(FetchResponse(1, request.request_id, 3, 0, 0, 0, 20, EpochEndOffset(0, 10)), 1)
+    assert follower.ready().log_ops == [TruncateTo(5, 1)]
+    # Sequences 5..7 are gone with their batch: they are new again, 0..4 still a duplicate.
+    assert follower.producers.check(PID, 0, 5, 3).kind == "append"
+    assert follower.producers.check(PID, 0, 0, 5).kind == "duplicate"
+
+
+def test_recovery_rebuilds_producer_state_from_the_logs_batch_headers() -> None:
+    batches = [BatchMeta(i, 1, 10, 0, PID, 0, i) for i in range(7)]
+    leader = PartitionReplica(0, log_end_offset=7, epoch_cache=[(0, 0)], producer_batches=batches)
+    leader.step(BecomeLeader(1, EPOCH, 0, (0,), (0,)), 0)
+    leader.ready()
+    retry = produce_idempotent(leader, 1, seq=6, acks=1)
+    assert [(r.error_code, r.base_offset) for r in retry.produce_results] == [(0, 6)]
+    assert produce_idempotent(leader, 2, seq=1, acks=1).produce_results[0].error_code == 45
+    assert produce_idempotent(leader, 3, seq=7, acks=1).log_ops != []

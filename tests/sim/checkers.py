@@ -18,12 +18,19 @@ Definitions (what each checker proves, for runs with clean elections only):
    contiguously from 0, each batch read equals the committed batch at that offset (lost write:
    an acked batch replaced by another), its first batch starts exactly at its position (skip)
    and positions only grow (nonmonotonic).
+7. Idempotent producers: no batch is committed twice (the same data at two offsets: a retry
+   appended again instead of answered with the original offsets), and the committed batches of
+   each producer id and epoch, in offset order, carry consecutive sequences from 0 (no gap).
+   Producers write ``...p<id>e<epoch>q<first sequence>n<record count>`` as their batch data.
 """
 
 from __future__ import annotations
 
 import bisect
+import re
 from dataclasses import dataclass, field
+
+_IDEMPOTENT_DATA = re.compile(rb"p(\d+)e(\d+)q(\d+)n(\d+)$")
 
 
 class SimViolation(AssertionError):
@@ -38,6 +45,7 @@ class Checkers:
     committed_end: int = 0  # highest offset below which every batch is committed
     epoch_writers: dict[int, int] = field(default_factory=dict)  # leader epoch -> replica id
     last_hw: dict[tuple[int, int], int] = field(default_factory=dict)  # (node, incarnation)
+    committed_at: dict[bytes, int] = field(default_factory=dict)  # batch data -> base offset
 
     def commit(self, base_offset: int, next_offset: int, data: bytes, why: str) -> None:
         """Record that ``data`` is committed at ``base_offset`` (checkers 1, 2, 6)."""
@@ -64,6 +72,11 @@ class Checkers:
                 f"{why}: batch {data!r} at [{base_offset}, {next_offset}) overlaps committed "
                 f"{self.committed[after]!r} at [{after}, {self.committed_next[after]})"
             )
+        first = self.committed_at.setdefault(data, base_offset)
+        if first != base_offset:
+            raise SimViolation(
+                f"{why}: batch {data!r} committed twice, at {first} and at {base_offset}"
+            )
         self.committed[base_offset] = data
         self.committed_next[base_offset] = next_offset
         self.committed_bases.insert(index, base_offset)
@@ -82,3 +95,20 @@ class Checkers:
             raise SimViolation(
                 f"replicas {writer} and {node} both accepted writes in epoch {epoch}"
             )
+
+    def check_idempotent_sequences(self) -> None:
+        """Checker 7's gap check, over every batch committed so far (a prefix of the log)."""
+        expected: dict[tuple[int, int], int] = {}  # (producer id, epoch) -> next sequence
+        for base_offset in self.committed_bases:
+            data = self.committed[base_offset]
+            match = _IDEMPOTENT_DATA.search(data)
+            if match is None:
+                continue
+            producer_id, epoch, sequence, count = (int(g) for g in match.groups())
+            want = expected.get((producer_id, epoch), 0)
+            if sequence != want:
+                raise SimViolation(
+                    f"producer {producer_id} epoch {epoch}: committed batch at {base_offset} "
+                    f"starts at sequence {sequence}, expected {want} (a gap or a duplicate)"
+                )
+            expected[(producer_id, epoch)] = sequence + count

@@ -17,6 +17,13 @@ confirmed (raylog's lease rule: death confirmed by Ray) elects from the live ISR
 (clean), or from any live replica when the scenario enables unclean election. A restarted
 replica never inherits its previous incarnation's leadership (Kafka's broker epoch).
 
+Idempotent producers (Kafka's clients with ``enable.idempotence``): a few producers with
+producer ids send acks=all batches with sequences, one request in flight each (what a Kafka
+connection's ordering gives), resend the same batch after an error, after a lost answer, and
+sometimes early while the first try is still in flight (a client timeout), now and then bump
+their epoch and restart at sequence 0 (librdkafka's local epoch bump). Their batches go to
+whichever replica the controller stand-in last made leader, so retries cross leader changes.
+
 Faults: message drop, delay (hence reordering), duplication (not on client connections, which
 are TCP), network partitions between any two of replicas and controller, crashes that lose the
 unsynced tail or keep a prefix of it (torn write), restarts that recover from the durable disk.
@@ -64,6 +71,10 @@ CONTROLLER = -100
 CLIENT = -200
 TICK_MS = 20
 CONTROLLER_SYNC_MS = 150
+IDEMPOTENT_PRODUCERS = 3
+IDEMPOTENT_RETRY_MS = 1_500  # resend when no answer came for this long (answer lost)
+IDEMPOTENT_EARLY_RETRY = 0.1  # chance to resend while the first try is still in flight
+IDEMPOTENT_EPOCH_BUMP = 0.03  # chance to bump the epoch before a new batch
 MAX_EVENTS_QUEUED = 100_000  # bound: a run that floods itself is a bug in the sim
 
 
@@ -131,6 +142,17 @@ class SimNode:
 
 
 @dataclass
+class IdempotentProducer:
+    producer_id: int
+    producer_epoch: int = 0
+    next_sequence: int = 0
+    batch: tuple[bytes, int, int] | None = None  # (data, base sequence, record count) unacked
+    in_flight: int | None = None  # request id of the latest try
+    sent_ms: int = 0
+    tries: int = 0
+
+
+@dataclass
 class Consumer:
     position: int = 0
     in_flight: int | None = None  # request id
@@ -168,6 +190,8 @@ class Simulation:
         self.produce_requests: dict[int, tuple[int, bytes, int]] = {}
         self.acked_all: dict[bytes, int] = {}  # batch data -> base offset
         self.consumers = [Consumer(), Consumer()]
+        self.producers = [IdempotentProducer(1000 + i) for i in range(IDEMPOTENT_PRODUCERS)]
+        self.idempotent_requests: dict[int, int] = {}  # request id -> producer index
         self.consumer_requests: dict[int, int] = {}  # request id -> consumer index
         self.batch_counter = 0
         self.stats: dict[str, int] = {
@@ -177,6 +201,8 @@ class Simulation:
             "crashes": 0,
             "elections": 0,
             "consumed": 0,
+            "idempotent_acked": 0,
+            "idempotent_acked_after_retry": 0,
         }
         self.steps_done = 0
 
@@ -189,6 +215,7 @@ class Simulation:
             log_end_offset=disk.end_offset,
             epoch_cache=disk.epoch_cache(),
             high_watermark=disk.hw_checkpoint,
+            producer_batches=[batch.meta for batch in disk.batches],
         )
 
     def _schedule(self, delay_ms: int, kind: str, *args: Any) -> None:
@@ -257,6 +284,7 @@ class Simulation:
             self._schedule(self.rng.randint(0, TICK_MS), "tick", node_id, 0)
         self._schedule(0, "controller_sync")
         self._schedule(5, "produce")
+        self._schedule(9, "idempotent_produce")
         self._schedule(7, "consume")
         self._schedule(self.scenario.fault_interval_ms, "fault")
         for _ in range(self.scenario.steps):
@@ -461,6 +489,78 @@ class Simulation:
         request = ProduceRequest(request_id, acks, 1000, count, len(data), data)
         self._send(CLIENT, self.leader, request, client=True)
 
+    def _on_idempotent_produce(self) -> None:
+        self._schedule(
+            self.rng.randint(1, 2 * self.scenario.produce_interval_ms), "idempotent_produce"
+        )
+        index = self.rng.randrange(len(self.producers))
+        producer = self.producers[index]
+        if self.leader < 0:
+            return
+        if producer.in_flight is not None:
+            waited_ms = self.now_ms - producer.sent_ms
+            if waited_ms < IDEMPOTENT_RETRY_MS and self.rng.random() >= IDEMPOTENT_EARLY_RETRY:
+                return
+        if producer.batch is None:
+            if self.rng.random() < IDEMPOTENT_EPOCH_BUMP:
+                producer.producer_epoch += 1
+                producer.next_sequence = 0
+            seq, count = producer.next_sequence, self.rng.randint(1, 3)
+            data = f"s{self.seed}p{producer.producer_id}e{producer.producer_epoch}q{seq}n{count}"
+            producer.batch = (data.encode(), seq, count)
+            producer.tries = 0
+        data, seq, count = producer.batch
+        request_id = self.next_request_id
+        self.next_request_id += 1
+        producer.in_flight, producer.sent_ms = request_id, self.now_ms
+        producer.tries += 1
+        self.idempotent_requests[request_id] = index
+        request = ProduceRequest(
+            request_id,
+            -1,
+            1000,
+            count,
+            len(data),
+            data,
+            producer.producer_id,
+            producer.producer_epoch,
+            seq,
+        )
+        self._send(CLIENT, self.leader, request, client=True)
+
+    def _idempotent_result(self, index: int, message: ProduceResult) -> None:
+        producer = self.producers[index]
+        batch = producer.batch
+        current = producer.in_flight == message.request_id
+        if message.error_code == 0:
+            # Any try's success (also a stale one's) says where the batch is committed; a
+            # duplicate must be answered with the original batch's offsets.
+            if batch is None or not current:
+                return  # an answer to an earlier try of an already acknowledged batch
+            data, _seq, count = batch
+            self.checkers.commit(
+                message.base_offset, message.base_offset + count, data, "idempotent ack"
+            )
+            self.acked_all[data] = message.base_offset
+            self.stats["idempotent_acked"] += 1
+            if producer.tries > 1:
+                self.stats["idempotent_acked_after_retry"] += 1
+            producer.next_sequence += count
+            producer.batch, producer.in_flight = None, None
+            return
+        self.stats["errors"] += 1
+        key = f"error_{message.error_code}"
+        self.stats[key] = self.stats.get(key, 0) + 1
+        if message.error_code in (45, 47) and current:
+            # One request in flight, in order, and retried unchanged: a correct leader never
+            # finds it out of order or fenced.
+            raise SimViolation(
+                f"idempotent producer {producer.producer_id} got error {message.error_code} "
+                f"for its current batch {batch}: {message.message}"
+            )
+        if current:
+            producer.in_flight = None  # resend on its next turn
+
     def _on_consume(self) -> None:
         self._schedule(self.rng.randint(1, 2 * self.scenario.consume_interval_ms), "consume")
         index = self.rng.randrange(len(self.consumers))
@@ -480,6 +580,9 @@ class Simulation:
         self._send(CLIENT, target, request, client=True)
 
     def _client_receive(self, src: int, message: Any) -> None:
+        if isinstance(message, ProduceResult) and message.request_id in self.idempotent_requests:
+            self._idempotent_result(self.idempotent_requests.pop(message.request_id), message)
+            return
         if isinstance(message, ProduceResult):
             acks, data, count = self.produce_requests.pop(message.request_id, (None, b"", 0))
             if acks is None:
@@ -555,7 +658,9 @@ class Simulation:
             node.verified_batches = i
 
     def final_check(self) -> None:
-        """At the end: every acked acks=all write is on the live leader (clean runs)."""
+        """At the end: committed idempotent batches have no gaps and no duplicates (checker 7),
+        and every acked acks=all write is on the live leader (clean runs)."""
+        self.checkers.check_idempotent_sequences()
         if self.leader < 0:
             return
         node = self.nodes[self.leader]

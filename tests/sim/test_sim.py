@@ -3,8 +3,11 @@
 Proves, for many seeds (``--sim-seeds N`` or env ``RAYLOG_SIM_SEEDS``, default 500), that the
 production state machine keeps the safety properties listed in ``checkers.py`` while the network
 drops, delays, duplicates, reorders and partitions messages and replicas crash (losing unsynced
-writes, sometimes tearing them) and restart. Also proves the checkers can fail: a replica with a
-known bug (a high watermark that ignores followers) is caught within a bounded number of seeds.
+writes, sometimes tearing them) and restart, idempotent producers included (no committed batch
+twice, no sequence gap, retries across leader changes answered with the original offsets). Also
+proves the checkers can fail: replicas with known bugs (a high watermark that ignores followers,
+skipped truncation, no deduplication, followers that keep no producer state) are caught within a
+bounded number of seeds.
 
 Replay one seed deterministically: ``RAYLOG_SIM_SEED=1234 pytest tests/sim -k replay``; add
 ``RAYLOG_SIM_TRACE=1`` and ``-s`` to print every event of the run.
@@ -13,12 +16,14 @@ Replay one seed deterministically: ``RAYLOG_SIM_SEED=1234 pytest tests/sim -k re
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import msgspec
 import pytest
 
-from raylog.actors.messages import EpochEndOffset, FetchRequest
+from raylog.actors.messages import BatchMeta, EpochEndOffset, FetchRequest
 from raylog.actors.partition import InvariantViolation, PartitionReplica
+from raylog.actors.producer_state import APPEND, Verdict
 
 from .checkers import SimViolation
 from .cluster import Scenario, Simulation, run_seed
@@ -62,6 +67,9 @@ def test_many_seeds(seed_chunk: tuple[int, int]) -> None:
     assert totals["consumed"] > count, totals
     assert totals["crashes"] > count // 2, totals
     assert totals["elections"] > count // 4, totals
+    # Idempotent producers got acknowledgements, some only after retrying.
+    assert totals["idempotent_acked"] > count, totals
+    assert totals["idempotent_acked_after_retry"] > count // 10, totals
 
 
 def test_replay() -> None:
@@ -100,7 +108,33 @@ class SkipsTruncation(PartitionReplica):
         super()._on_fetch(msgspec.structs.replace(msg, last_fetched_epoch=-1), now_ms)
 
 
-@pytest.mark.parametrize("bug", [IgnoresFollowersHighWatermark, SkipsTruncation])
+class AppendsRetriesAgain(PartitionReplica):
+    """Known bug: the leader never deduplicates; a retried batch is appended a second time."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.producers.check = lambda *_: Verdict(APPEND)  # type: ignore[method-assign]
+
+
+class FollowersKeepNoProducerState(PartitionReplica):
+    """Known bug: followers do not record producers from replicated batch headers, so a new
+    leader appends a retry of a batch its predecessor had already appended."""
+
+    def _append(self, batch: BatchMeta, data: bytes, *, replicated: bool) -> None:
+        if replicated:
+            batch = msgspec.structs.replace(batch, producer_id=-1)
+        super()._append(batch, data, replicated=replicated)
+
+
+@pytest.mark.parametrize(
+    "bug",
+    [
+        IgnoresFollowersHighWatermark,
+        SkipsTruncation,
+        AppendsRetriesAgain,
+        FollowersKeepNoProducerState,
+    ],
+)
 def test_checkers_catch_known_bug(bug: type[PartitionReplica]) -> None:
     """The simulator's checkers (not the state machine's own invariants) catch each bug."""
     max_seeds = 100
