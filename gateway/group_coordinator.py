@@ -1,0 +1,677 @@
+"""The group coordinator of one gateway: consumer groups kept in ``__consumer_offsets``.
+
+This module owns the asyncio side of Kafka's classic group protocol: which groups this broker
+coordinates, loading them from the internal topic, writing their records, waking the JoinGroup
+and SyncGroup requests that wait for a rebalance, and the timer that expires sessions. Every
+decision about one group is :class:`~raylog.gateway.groups.Group`'s (pure, unit-tested); this
+class feeds it requests and time and carries out what it returns.
+
+Ownership, as Kafka's brokers do it:
+
+1. A group lives in partition ``abs(java_hash(group_id)) % partitions`` of ``__consumer_offsets``
+   (:func:`partition_for`); the broker leading that partition is its coordinator. Every gateway
+   answers FindCoordinator with that leader; the topic is created through the controller on the
+   first FindCoordinator (RF = min(``offsets.topic.replication.factor``, live brokers)).
+2. Every ``TICK_MS`` the coordinator compares the partitions this broker leads (the gateway's
+   metadata view) with those it has loaded. On gaining one (or a new leader epoch of one) it
+   loads it; until loaded, requests for its groups get COORDINATOR_LOAD_IN_PROGRESS (14). On
+   losing one its groups are dropped and their waiting requests get NOT_COORDINATOR (16).
+3. Loading: (a) append a barrier record with acks=all; once acknowledged, the high watermark is
+   past everything the previous leader acknowledged (a new leader's HW may lag its log until
+   the followers report in); (b) read the partition from its log start to the barrier through
+   the backend's fetch and replay it: the last record of a key wins and a null value (a
+   tombstone) deletes. The barrier is a tombstone of group "", which no group can have (Kafka's
+   own loader would read it as a no-op too).
+4. Writes (offset commits, a group's metadata after each completed rebalance) are appended with
+   acks=all through the backend's produce path, one at a time per partition, and applied to the
+   group only once acknowledged. Produce errors become Kafka's coordinator errors
+   (:data:`_STORE_ERRORS`).
+
+There is no log compaction in raylog yet, so loading reads the whole partition, and the topic is
+created with ``retention.ms=-1`` so that retention never deletes live offsets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from kafka.record import MemoryRecords
+
+from raylog.gateway import group_records as gr
+from raylog.gateway.backend import DataBackend, TopicState
+from raylog.gateway.errors import ErrorCode
+from raylog.gateway.groups import (
+    CommittedOffset,
+    Group,
+    GroupState,
+    JoinResult,
+    Member,
+    SyncResult,
+)
+from raylog.storage import batch as rb
+
+__all__ = [
+    "OFFSETS_TOPIC",
+    "CoordinatorNode",
+    "GroupCoordinator",
+    "OffsetFetchResult",
+    "java_string_hash",
+    "partition_for",
+]
+
+log = logging.getLogger(__name__)
+
+OFFSETS_TOPIC = "__consumer_offsets"
+TICK_MS = 100  # leadership checks and session expiry run this often
+APPEND_TIMEOUT_MS = 5_000  # acks=all wait for a coordinator write (offsets.commit.timeout.ms)
+LOAD_FETCH_BYTES = 1 << 20
+LOAD_RETRY_MS = 500
+WAIT_MARGIN_MS = 5_000  # beyond a rebalance timeout, the most a JoinGroup/SyncGroup waits
+CREATE_RETRY_MS = 2_000  # the least time between two attempts to create the topic
+BARRIER_GROUP = ""  # the group of the load barrier's tombstone: no group has an empty id
+
+CreateTopic = Callable[[str, int, int, dict[str, str]], Awaitable[None]]
+
+# Produce errors -> what a group client is told (Kafka's GroupMetadataManager mapping).
+_STORE_ERRORS: Mapping[int, int] = {
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NOT_ENOUGH_REPLICAS: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.REQUEST_TIMED_OUT: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.KAFKA_STORAGE_ERROR: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NOT_LEADER_OR_FOLLOWER: ErrorCode.NOT_COORDINATOR,
+    ErrorCode.FENCED_LEADER_EPOCH: ErrorCode.NOT_COORDINATOR,
+    ErrorCode.MESSAGE_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
+    ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
+}
+
+
+def java_string_hash(s: str) -> int:
+    """Java's ``String.hashCode``: 31-polynomial over UTF-16 code units, as a signed int32."""
+    h = 0
+    data = s.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def partition_for(group_id: str, partitions: int) -> int:
+    """The ``__consumer_offsets`` partition of a group (Kafka's ``Utils.abs(hash) % n``)."""
+    h = java_string_hash(group_id)
+    return (0 if h == -(1 << 31) else abs(h)) % partitions
+
+
+class CoordinatorNode(NamedTuple):
+    """FindCoordinator's answer."""
+
+    error_code: int
+    node_id: int = -1
+    host: str = ""
+    port: int = -1
+
+
+class OffsetFetchResult(NamedTuple):
+    error_code: int  # the group-level error
+    offsets: Mapping[tuple[str, int], CommittedOffset | None]
+
+
+@dataclass
+class _Partition:
+    """One ``__consumer_offsets`` partition this broker leads."""
+
+    leader_epoch: int
+    loaded: bool = False
+    groups: dict[str, Group] = field(default_factory=dict)
+    loader: asyncio.Task[None] | None = None
+    write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class GroupCoordinator:
+    """The groups of the ``__consumer_offsets`` partitions that broker ``broker_id`` leads."""
+
+    def __init__(
+        self,
+        backend: DataBackend,
+        broker_id: int,
+        *,
+        offsets_topic_num_partitions: int = 3,
+        offsets_topic_replication_factor: int = 3,
+        create_topic: CreateTopic | None = None,
+        monotonic_ms: Callable[[], int] = lambda: time.monotonic_ns() // 1_000_000,
+        wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        self._backend = backend
+        self.broker_id = broker_id
+        self._num_partitions = offsets_topic_num_partitions
+        self._replication_factor = offsets_topic_replication_factor
+        self._create_topic = create_topic
+        self._now = monotonic_ms
+        self._wall = wall_ms
+        self._owned: dict[int, _Partition] = {}
+        self._group_locks: dict[str, asyncio.Lock] = {}
+        # (group, member, "join" | "sync") -> the request waiting for that answer.
+        self._waiters: dict[tuple[str, str, str], asyncio.Future[Any]] = {}
+        self._creating: asyncio.Task[None] | None = None
+        self._last_create_ms = -CREATE_RETRY_MS
+        self._ticker: asyncio.Task[None] | None = None
+        self._topics_snapshot: Mapping[str, TopicState] = {}
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._ticker is None:
+            self._ticker = asyncio.get_running_loop().create_task(self._tick_loop())
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._ticker, self._creating) if t is not None]
+        tasks += [p.loader for p in self._owned.values() if p.loader is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for partition in list(self._owned):
+            self._unload(partition)
+        self._ticker = None
+
+    def loaded_partitions(self) -> list[int]:
+        return sorted(p for p, s in self._owned.items() if s.loaded)
+
+    # --- FindCoordinator ------------------------------------------------------------------------
+
+    async def find_coordinator(self, group_id: str) -> CoordinatorNode:
+        topics = await self._backend.topics([OFFSETS_TOPIC])
+        state = topics.get(OFFSETS_TOPIC)
+        if state is None or not state.partitions:
+            self._maybe_create_topic()
+            return CoordinatorNode(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        leader = state.partitions[partition_for(group_id, len(state.partitions))].leader
+        cluster = await self._backend.cluster()
+        broker = next((b for b in cluster.brokers if b.node_id == leader), None)
+        if leader < 0 or broker is None:
+            return CoordinatorNode(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        return CoordinatorNode(ErrorCode.NONE, broker.node_id, broker.host, broker.port)
+
+    def _maybe_create_topic(self) -> None:
+        now = self._now()
+        if self._create_topic is None or (self._creating and not self._creating.done()):
+            return
+        if now - self._last_create_ms < CREATE_RETRY_MS:
+            return
+        self._last_create_ms = now
+        self._creating = asyncio.get_running_loop().create_task(self._create())
+
+    async def _create(self) -> None:
+        assert self._create_topic is not None
+        cluster = await self._backend.cluster()
+        rf = max(1, min(self._replication_factor, len(cluster.brokers)))
+        try:
+            # retention.ms=-1: without compaction, retention would delete live offsets.
+            await self._create_topic(
+                OFFSETS_TOPIC, self._num_partitions, rf, {"retention.ms": "-1"}
+            )
+            log.info("created %s: %d partitions, RF %d", OFFSETS_TOPIC, self._num_partitions, rf)
+        except Exception as exc:  # already created by another gateway, or no controller yet
+            log.info("creating %s: %s", OFFSETS_TOPIC, exc)
+
+    # --- JoinGroup / SyncGroup / Heartbeat / LeaveGroup ----------------------------------------
+
+    async def join_group(
+        self,
+        *,
+        group_id: str,
+        member_id: str,
+        client_id: str,
+        client_host: str,
+        session_timeout_ms: int,
+        rebalance_timeout_ms: int,
+        protocol_type: str,
+        protocols: Sequence[tuple[str, bytes]],
+        require_known_member_id: bool,
+    ) -> JoinResult:
+        group, error = self._group(group_id, create=True)
+        if group is None:
+            return JoinResult(error, member_id=member_id)
+        new_member_id = f"{client_id}-{uuid.uuid4()}"
+        async with self._lock(group_id):
+            result = group.join(
+                member_id=member_id,
+                client_id=client_id,
+                client_host=client_host,
+                session_timeout_ms=session_timeout_ms,
+                rebalance_timeout_ms=rebalance_timeout_ms,
+                protocol_type=protocol_type,
+                protocols=protocols,
+                require_known_member_id=require_known_member_id,
+                new_member_id=new_member_id,
+                now_ms=self._now(),
+            )
+            waiter = None
+            if result is None:
+                waiter = self._wait_for(group_id, member_id or new_member_id, "join")
+            await self._settle(group)
+        if waiter is None:
+            assert result is not None
+            return result
+        try:
+            async with asyncio.timeout((rebalance_timeout_ms + WAIT_MARGIN_MS) / 1000):
+                return await waiter  # type: ignore[no-any-return]
+        except TimeoutError:
+            return JoinResult(ErrorCode.REBALANCE_IN_PROGRESS, member_id=member_id)
+
+    async def sync_group(
+        self,
+        *,
+        group_id: str,
+        member_id: str,
+        generation_id: int,
+        assignments: Mapping[str, bytes],
+    ) -> SyncResult:
+        group, error = self._group(group_id, create=False)
+        if group is None:
+            return SyncResult(error)
+        async with self._lock(group_id):
+            result = group.sync(
+                member_id=member_id,
+                generation_id=generation_id,
+                assignments=assignments,
+                now_ms=self._now(),
+            )
+            waiter = self._wait_for(group_id, member_id, "sync") if result is None else None
+            await self._settle(group)
+        if waiter is None:
+            assert result is not None
+            return result
+        member = group.members.get(member_id)
+        timeout_ms = (member.rebalance_timeout_ms if member else 0) + WAIT_MARGIN_MS
+        try:
+            async with asyncio.timeout(timeout_ms / 1000):
+                return await waiter  # type: ignore[no-any-return]
+        except TimeoutError:
+            return SyncResult(ErrorCode.REBALANCE_IN_PROGRESS)
+
+    async def heartbeat(self, group_id: str, member_id: str, generation_id: int) -> int:
+        group, error = self._group(group_id, create=False)
+        if group is None:
+            return error
+        async with self._lock(group_id):
+            return group.heartbeat(
+                member_id=member_id, generation_id=generation_id, now_ms=self._now()
+            )
+
+    async def leave_group(self, group_id: str, member_ids: Sequence[str]) -> tuple[int, list[int]]:
+        """(group error, one error per member)."""
+        group, error = self._group(group_id, create=False)
+        if group is None:
+            return error, [error] * len(member_ids)
+        async with self._lock(group_id):
+            codes = [group.leave(m, self._now()) for m in member_ids]
+            await self._settle(group)
+        return ErrorCode.NONE, codes
+
+    # --- OffsetCommit / OffsetFetch -------------------------------------------------------------
+
+    async def commit_offsets(
+        self,
+        group_id: str,
+        member_id: str,
+        generation_id: int,
+        offsets: Mapping[tuple[str, int], tuple[int, int, str | None]],
+    ) -> int:
+        """Write ``(topic, partition) -> (offset, leader_epoch, metadata)``; one error for all."""
+        group, error = self._group(group_id, create=generation_id < 0)
+        if group is None:
+            return error
+        async with self._lock(group_id):
+            error = group.validate_commit(member_id, generation_id)
+            if error:
+                return error
+            if not offsets:
+                return ErrorCode.NONE
+            wall = self._wall()
+            committed = {
+                tp: CommittedOffset(offset, epoch, metadata or "", wall)
+                for tp, (offset, epoch, metadata) in offsets.items()
+            }
+            records = [
+                (
+                    gr.encode_key(gr.OffsetCommitKey(group_id, topic, partition)),
+                    gr.encode_value(
+                        gr.OffsetCommitValue(c.offset, c.leader_epoch, c.metadata, wall)
+                    ),
+                )
+                for (topic, partition), c in committed.items()
+            ]
+            error = await self._append(group_id, records)
+            if error == ErrorCode.NONE:
+                group.commit(member_id, committed, self._now())
+            return error
+
+    async def fetch_offsets(
+        self, group_id: str, partitions: Sequence[tuple[str, int]] | None
+    ) -> OffsetFetchResult:
+        group, error = self._group(group_id, create=False)
+        if error == ErrorCode.GROUP_ID_NOT_FOUND:
+            # A group never seen has no offsets: -1 everywhere, no error (as Kafka).
+            return OffsetFetchResult(ErrorCode.NONE, dict.fromkeys(partitions or (), None))
+        if group is None:
+            return OffsetFetchResult(error, {})
+        return OffsetFetchResult(ErrorCode.NONE, group.fetch_offsets(partitions))
+
+    # --- the groups of this broker ---------------------------------------------------------------
+
+    def _group(self, group_id: str, *, create: bool) -> tuple[Group | None, int]:
+        """The group and 0, or None and the error the client must get."""
+        if not group_id:
+            return None, ErrorCode.INVALID_GROUP_ID
+        partition = self._partition_of(group_id)
+        owned = self._owned.get(partition) if partition is not None else None
+        if owned is None:
+            return None, ErrorCode.NOT_COORDINATOR
+        if not owned.loaded:
+            return None, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        group = owned.groups.get(group_id)
+        if group is None:
+            if not create:
+                return None, ErrorCode.GROUP_ID_NOT_FOUND
+            group = owned.groups[group_id] = Group(group_id)
+        return group, ErrorCode.NONE
+
+    def _partition_of(self, group_id: str) -> int | None:
+        # From the snapshot the tick loop read last, as ownership is decided from it too.
+        state = self._topics_snapshot.get(OFFSETS_TOPIC)
+        if state is None or not state.partitions:
+            return None
+        return partition_for(group_id, len(state.partitions))
+
+    def _lock(self, group_id: str) -> asyncio.Lock:
+        lock = self._group_locks.get(group_id)
+        if lock is None:
+            lock = self._group_locks[group_id] = asyncio.Lock()
+        return lock
+
+    def _wait_for(self, group_id: str, member_id: str, kind: str) -> asyncio.Future[Any]:
+        key = (group_id, member_id, kind)
+        old = self._waiters.pop(key, None)
+        if old is not None and not old.done():
+            # The member sent the request again (its first one timed out on its side).
+            old.set_result(
+                JoinResult(ErrorCode.REBALANCE_IN_PROGRESS, member_id=member_id)
+                if kind == "join"
+                else SyncResult(ErrorCode.REBALANCE_IN_PROGRESS)
+            )
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiters[key] = future
+        return future
+
+    async def _settle(self, group: Group) -> None:
+        """After a call into ``group``: write its metadata if asked, then send its replies."""
+        if group.needs_persist:
+            group.needs_persist = False
+            error = await self._append(
+                group.group_id,
+                [
+                    (
+                        gr.encode_key(gr.GroupMetadataKey(group.group_id)),
+                        gr.encode_value(self._group_value(group)),
+                    )
+                ],
+            )
+            if error:
+                log.warning("group %s: metadata not written: error %d", group.group_id, error)
+                self._deliver(group.group_id, group.persist_failed(error, self._now()))
+                return
+        self._deliver(group.group_id, group.take_replies())
+
+    def _deliver(self, group_id: str, replies: Sequence[Any]) -> None:
+        for reply in replies:
+            future = self._waiters.pop((group_id, reply.member_id, reply.kind), None)
+            if future is not None and not future.done():
+                future.set_result(reply.result)
+
+    def _group_value(self, group: Group) -> gr.GroupMetadataValue:
+        protocol = group.protocol_name
+        return gr.GroupMetadataValue(
+            protocol_type=group.protocol_type or "",
+            generation=group.generation_id,
+            protocol=protocol,
+            leader=group.leader_id,
+            current_state_timestamp_ms=self._wall(),
+            members=[
+                gr.MemberMetadata(
+                    m.member_id,
+                    None,
+                    m.client_id,
+                    m.client_host,
+                    m.rebalance_timeout_ms,
+                    m.session_timeout_ms,
+                    m.metadata_for(protocol) if protocol else b"",
+                    m.assignment,
+                )
+                for m in group.members.values()
+            ],
+        )
+
+    # --- writing to __consumer_offsets ----------------------------------------------------------
+
+    async def _append(self, group_id: str, records: Sequence[tuple[bytes, bytes | None]]) -> int:
+        partition = self._partition_of(group_id)
+        owned = self._owned.get(partition) if partition is not None else None
+        if partition is None or owned is None:
+            return ErrorCode.NOT_COORDINATOR
+        return await self._append_to(partition, owned, records)
+
+    async def _append_to(
+        self, partition: int, owned: _Partition, records: Sequence[tuple[bytes, bytes | None]]
+    ) -> int:
+        wall = self._wall()
+        batch = rb.build_batch([rb.Record(key, value, wall) for key, value in records])
+        async with owned.write_lock:
+            result = await self._backend.produce(
+                OFFSETS_TOPIC, partition, batch, -1, APPEND_TIMEOUT_MS
+            )
+        if result.error_code:
+            return _STORE_ERRORS.get(result.error_code, ErrorCode.UNKNOWN_SERVER_ERROR)
+        return ErrorCode.NONE
+
+    # --- leadership, loading, unloading ---------------------------------------------------------
+
+    async def _tick_loop(self) -> None:
+        while True:
+            try:
+                await self._tick()
+            except Exception:
+                log.exception("group coordinator of broker %d: tick failed", self.broker_id)
+            await asyncio.sleep(TICK_MS / 1000)
+
+    async def _tick(self) -> None:
+        self._topics_snapshot = await self._backend.topics([OFFSETS_TOPIC])
+        led: dict[int, int] = {}
+        state = self._topics_snapshot.get(OFFSETS_TOPIC)
+        if state is not None:
+            led = {
+                p.partition: p.leader_epoch for p in state.partitions if p.leader == self.broker_id
+            }
+        for partition in list(self._owned):
+            if self._owned[partition].leader_epoch != led.get(partition):
+                self._unload(partition)
+        for partition, epoch in led.items():
+            if partition not in self._owned:
+                owned = self._owned[partition] = _Partition(epoch)
+                owned.loader = asyncio.get_running_loop().create_task(self._load(partition, owned))
+        now = self._now()
+        for owned in list(self._owned.values()):
+            if not owned.loaded:
+                continue
+            for group in list(owned.groups.values()):
+                if group.generation_id == 0 and group.is_empty():
+                    # Never formed and holds nothing (e.g. a refused JoinGroup): forget it.
+                    if not self._lock(group.group_id).locked():
+                        del owned.groups[group.group_id]
+                        self._group_locks.pop(group.group_id, None)
+                    continue
+                deadline = group.next_deadline_ms()
+                if deadline is None or deadline > now:
+                    continue
+                lock = self._lock(group.group_id)
+                if lock.locked():
+                    continue  # a request is changing it; the next tick looks again
+                async with lock:
+                    group.tick(now)
+                    await self._settle(group)
+
+    def _unload(self, partition: int) -> None:
+        owned = self._owned.pop(partition)
+        if owned.loader is not None:
+            owned.loader.cancel()
+        for group in owned.groups.values():
+            group.unload(ErrorCode.NOT_COORDINATOR)
+            self._deliver(group.group_id, group.take_replies())
+        log.info("broker %d: unloaded %s-%d", self.broker_id, OFFSETS_TOPIC, partition)
+
+    async def _load(self, partition: int, owned: _Partition) -> None:
+        """Steps 3a and 3b of the module docstring; retried until done or unloaded."""
+        while True:
+            try:
+                groups = await self._read_partition(partition, owned)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                # _LoadFailed is expected (no ISR yet, a moving leader); anything else is a
+                # bug worth its traceback, but the partition must still load on a retry.
+                if not isinstance(exc, _LoadFailed):
+                    log.exception(
+                        "broker %d: loading %s-%d", self.broker_id, OFFSETS_TOPIC, partition
+                    )
+                log.info(
+                    "broker %d: loading %s-%d: %s", self.broker_id, OFFSETS_TOPIC, partition, exc
+                )
+                await asyncio.sleep(LOAD_RETRY_MS / 1000)
+                continue
+            owned.groups = groups
+            owned.loaded = True
+            log.info(
+                "broker %d: loaded %s-%d (%d groups)",
+                self.broker_id,
+                OFFSETS_TOPIC,
+                partition,
+                len(groups),
+            )
+            return
+
+    async def _read_partition(self, partition: int, owned: _Partition) -> dict[str, Group]:
+        barrier = [(gr.encode_key(gr.GroupMetadataKey(BARRIER_GROUP)), None)]
+        wall = self._wall()
+        batch = rb.build_batch([rb.Record(k, v, wall) for k, v in barrier])
+        async with owned.write_lock:
+            produced = await self._backend.produce(
+                OFFSETS_TOPIC, partition, batch, -1, APPEND_TIMEOUT_MS
+            )
+        if produced.error_code:
+            raise _LoadFailed(f"barrier not written: error {produced.error_code}")
+        end = produced.base_offset + 1
+        start = await self._backend.list_offsets(OFFSETS_TOPIC, partition, -2, 0, -1)
+        if start.error_code:
+            raise _LoadFailed(f"log start offset: error {start.error_code}")
+        replay = _Replay()
+        offset = start.offset
+        while offset < end:
+            fetched = await self._backend.fetch(
+                OFFSETS_TOPIC, partition, offset, LOAD_FETCH_BYTES, 0, 1, 0, -1
+            )
+            if fetched.error_code:
+                raise _LoadFailed(f"fetch at {offset}: error {fetched.error_code}")
+            if not fetched.records:
+                raise _LoadFailed(f"no records at {offset} below the barrier at {end - 1}")
+            next_offset = replay.apply(fetched.records, offset)
+            if next_offset <= offset:
+                raise _LoadFailed(f"fetch at {offset} returned nothing past it")
+            offset = next_offset
+        return replay.groups(self._now())
+
+
+class _LoadFailed(Exception):
+    pass
+
+
+class _Replay:
+    """Replays ``__consumer_offsets`` records: the last value of each key wins."""
+
+    def __init__(self) -> None:
+        self.metadata: dict[str, gr.GroupMetadataValue | None] = {}
+        self.offsets: dict[str, dict[tuple[str, int], CommittedOffset]] = {}
+
+    def apply(self, records: bytes, from_offset: int) -> int:
+        """Apply the records at or after ``from_offset``; returns the next offset to read."""
+        next_offset = from_offset
+        batches = MemoryRecords(records)
+        while batches.has_next():
+            batch = batches.next_batch()
+            if batch is None:
+                break
+            for record in batch:
+                if record.offset >= from_offset:
+                    self._apply_one(record.key, record.value)
+            next_offset = max(next_offset, batch.next_offset)
+        return next_offset
+
+    def _apply_one(self, key_bytes: bytes | None, value_bytes: bytes | None) -> None:
+        if key_bytes is None:
+            return
+        try:
+            key = gr.decode_key(key_bytes)
+            value = gr.decode_value(key, value_bytes) if value_bytes is not None else None
+        except gr.RecordFormatError as exc:
+            log.warning("skipping a record of %s: %s", OFFSETS_TOPIC, exc)
+            return
+        if isinstance(key, gr.OffsetCommitKey):
+            offsets = self.offsets.setdefault(key.group, {})
+            tp = (key.topic, key.partition)
+            if value is None:
+                offsets.pop(tp, None)
+            else:
+                assert isinstance(value, gr.OffsetCommitValue)
+                offsets[tp] = CommittedOffset(
+                    value.offset, value.leader_epoch, value.metadata, value.commit_timestamp_ms
+                )
+        elif key.group != BARRIER_GROUP:
+            assert value is None or isinstance(value, gr.GroupMetadataValue)
+            self.metadata[key.group] = value
+
+    def groups(self, now_ms: int) -> dict[str, Group]:
+        groups: dict[str, Group] = {}
+        for group_id in set(self.metadata) | set(self.offsets):
+            group = Group(group_id)
+            value = self.metadata.get(group_id)
+            if value is not None:
+                group.restore(
+                    protocol_type=value.protocol_type or None,
+                    generation_id=value.generation,
+                    protocol_name=value.protocol,
+                    leader_id=value.leader,
+                    members=[
+                        Member(
+                            m.member_id,
+                            m.client_id,
+                            m.client_host,
+                            m.session_timeout_ms,
+                            m.rebalance_timeout_ms,
+                            ((value.protocol, m.subscription),) if value.protocol else (),
+                            m.assignment,
+                        )
+                        for m in value.members
+                    ],
+                    now_ms=now_ms,
+                )
+            group.offsets.update(self.offsets.get(group_id, {}))
+            if group.state is GroupState.EMPTY and group.is_empty() and value is None:
+                continue
+            groups[group_id] = group
+        return groups

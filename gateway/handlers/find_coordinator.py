@@ -1,0 +1,47 @@
+"""FindCoordinator (key 10), versions 0-2: which broker coordinates a consumer group.
+
+Any broker answers, with the leader of the group's ``__consumer_offsets`` partition (see
+``group_coordinator``). The first request creates the topic through the controller, as Kafka
+does; until it exists and the partition has a leader the answer is COORDINATOR_NOT_AVAILABLE
+(15), which every client retries. Only groups are coordinated here: key_type 1 (transactions)
+gets COORDINATOR_NOT_AVAILABLE until raylog has a transaction coordinator.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kafka.protocol.metadata import FindCoordinatorResponse
+
+from raylog.gateway.errors import ErrorCode
+from raylog.gateway.handlers import RequestContext
+from raylog.gateway.protocol import Request
+
+API_KEY = 10
+KEY_TYPE_GROUP = 0
+
+
+async def handle(context: RequestContext, request: Request) -> Any:
+    body = request.body
+    key_type = body.key_type if request.api_version >= 1 else KEY_TYPE_GROUP
+    groups = context.groups
+    if key_type != KEY_TYPE_GROUP or groups is None:
+        return _answer(ErrorCode.COORDINATOR_NOT_AVAILABLE, "no coordinator for this key type")
+    if not body.key:
+        return _answer(ErrorCode.INVALID_GROUP_ID, "empty group id")
+    node = await groups.find_coordinator(body.key)
+    message = None if node.error_code == ErrorCode.NONE else "coordinator not available yet"
+    return _answer(node.error_code, message, node.node_id, node.host, node.port)
+
+
+def _answer(
+    error_code: int, message: str | None, node_id: int = -1, host: str = "", port: int = -1
+) -> Any:
+    return FindCoordinatorResponse(
+        throttle_time_ms=0,
+        error_code=error_code,
+        error_message=message,
+        node_id=node_id,
+        host=host,
+        port=port,
+    )

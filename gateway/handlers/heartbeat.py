@@ -1,0 +1,26 @@
+"""Heartbeat (key 12), versions 0-3: a member says it is alive; a rebalance is announced here.
+
+REBALANCE_IN_PROGRESS (27) tells the member to rejoin; see ``groups.Group.heartbeat``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kafka.protocol.consumer import HeartbeatResponse
+
+from raylog.gateway.errors import ErrorCode
+from raylog.gateway.handlers import RequestContext
+from raylog.gateway.protocol import Request
+
+API_KEY = 12
+
+
+async def handle(context: RequestContext, request: Request) -> Any:
+    body = request.body
+    groups = context.groups
+    if groups is None:
+        error = ErrorCode.COORDINATOR_NOT_AVAILABLE
+    else:
+        error = await groups.heartbeat(body.group_id, body.member_id, body.generation_id)
+    return HeartbeatResponse(throttle_time_ms=0, error_code=error)

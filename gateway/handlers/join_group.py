@@ -1,0 +1,59 @@
+"""JoinGroup (key 11), versions 0-5: join a consumer group and wait for its rebalance.
+
+The answer waits (bounded by the member's rebalance timeout) until every member has rejoined
+or that timeout passed; see ``groups.Group.join`` for the rules. v0 has no rebalance timeout:
+the session timeout stands in for it, as in Kafka. From v4 a member without an id is given one
+with MEMBER_ID_REQUIRED (79) and joins again with it (KIP-394). ``group_instance_id`` (v5,
+static membership, KIP-345) is not supported: clients send it only when configured to, and the
+member is then treated as a dynamic one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kafka.protocol.consumer import JoinGroupResponse
+
+from raylog.gateway.errors import ErrorCode
+from raylog.gateway.groups import JoinResult
+from raylog.gateway.handlers import RequestContext
+from raylog.gateway.protocol import Request
+
+API_KEY = 11
+
+_Member = JoinGroupResponse.JoinGroupResponseMember
+
+
+async def handle(context: RequestContext, request: Request) -> Any:
+    body = request.body
+    version = request.api_version
+    groups = context.groups
+    if groups is None:
+        return _answer(JoinResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id=body.member_id))
+    session_timeout_ms = body.session_timeout_ms
+    rebalance_timeout_ms = body.rebalance_timeout_ms if version >= 1 else session_timeout_ms
+    client_id = request.header.client_id or ""
+    result = await groups.join_group(
+        group_id=body.group_id,
+        member_id=body.member_id,
+        client_id=client_id,
+        client_host="/" + context.peer.rsplit(":", 1)[0],
+        session_timeout_ms=session_timeout_ms,
+        rebalance_timeout_ms=rebalance_timeout_ms,
+        protocol_type=body.protocol_type,
+        protocols=[(p.name, bytes(p.metadata)) for p in body.protocols],
+        require_known_member_id=version >= 4,
+    )
+    return _answer(result)
+
+
+def _answer(result: JoinResult) -> Any:
+    return JoinGroupResponse(
+        throttle_time_ms=0,
+        error_code=result.error_code,
+        generation_id=result.generation_id,
+        protocol_name=result.protocol_name or "",
+        leader=result.leader,
+        member_id=result.member_id,
+        members=[_Member(member_id=m, metadata=meta) for m, meta in result.members],
+    )

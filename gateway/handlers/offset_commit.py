@@ -1,0 +1,64 @@
+"""OffsetCommit (key 8), versions 2-3: store a group's consumed positions in ``__consumer_offsets``.
+
+The commit is checked against the group's generation and member (``groups.Group
+.validate_commit``; generation -1 with no member is a "simple" commit, allowed only while the
+group has no members), written with acks=all as OffsetCommit records, and applied once
+acknowledged. One error applies to every partition of the request, as in Kafka.
+``retention_time_ms`` is ignored: offsets do not expire in raylog yet. A partition's metadata
+string longer than ``offset.metadata.max.bytes`` (4096) gets OFFSET_METADATA_TOO_LARGE (12).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kafka.protocol.consumer import OffsetCommitResponse
+
+from raylog.gateway.errors import ErrorCode
+from raylog.gateway.handlers import RequestContext
+from raylog.gateway.protocol import Request
+
+API_KEY = 8
+OFFSET_METADATA_MAX_BYTES = 4096  # offset.metadata.max.bytes
+
+_Topic = OffsetCommitResponse.OffsetCommitResponseTopic
+_Partition = _Topic.OffsetCommitResponsePartition
+
+
+async def handle(context: RequestContext, request: Request) -> Any:
+    body = request.body
+    groups = context.groups
+    too_large: set[tuple[str, int]] = set()
+    offsets: dict[tuple[str, int], tuple[int, int, str | None]] = {}
+    for topic in body.topics:
+        for p in topic.partitions:
+            tp = (topic.name, p.partition_index)
+            metadata = p.committed_metadata
+            if metadata is not None and len(metadata.encode("utf-8")) > OFFSET_METADATA_MAX_BYTES:
+                too_large.add(tp)
+            else:
+                offsets[tp] = (p.committed_offset, -1, metadata)
+    if groups is None:
+        error = ErrorCode.COORDINATOR_NOT_AVAILABLE
+    else:
+        error = await groups.commit_offsets(
+            body.group_id, body.member_id, body.generation_id_or_member_epoch, offsets
+        )
+    return OffsetCommitResponse(
+        throttle_time_ms=0,
+        topics=[
+            _Topic(
+                name=topic.name,
+                partitions=[
+                    _Partition(
+                        partition_index=p.partition_index,
+                        error_code=ErrorCode.OFFSET_METADATA_TOO_LARGE
+                        if (topic.name, p.partition_index) in too_large
+                        else error,
+                    )
+                    for p in topic.partitions
+                ],
+            )
+            for topic in body.topics
+        ],
+    )

@@ -1,0 +1,54 @@
+"""OffsetFetch (key 9), versions 1-3: a group's committed offsets.
+
+``topics`` None (v2+) asks for every offset the group has. A partition without a committed
+offset gets offset -1 and no error, as does every partition of a group never seen. A coordinator
+error (14, 15, 16) is the top-level ``error_code`` from v2, and each partition's before.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kafka.protocol.consumer import OffsetFetchResponse
+
+from raylog.gateway.errors import ErrorCode
+from raylog.gateway.handlers import RequestContext
+from raylog.gateway.protocol import Request
+
+API_KEY = 9
+
+_Topic = OffsetFetchResponse.OffsetFetchResponseTopic
+_Partition = _Topic.OffsetFetchResponsePartition
+
+
+async def handle(context: RequestContext, request: Request) -> Any:
+    body = request.body
+    groups = context.groups
+    asked = (
+        None
+        if body.topics is None
+        else [(t.name, index) for t in body.topics for index in t.partition_indexes]
+    )
+    if groups is None:
+        error, offsets = ErrorCode.COORDINATOR_NOT_AVAILABLE, {}
+    else:
+        result = await groups.fetch_offsets(body.group_id, asked)
+        error, offsets = result.error_code, result.offsets
+    if error:
+        # The error goes on every partition asked for (v1 has no top-level error code).
+        offsets = dict.fromkeys(asked or (), None)
+    by_topic: dict[str, list[Any]] = {}
+    for (topic, partition), committed in offsets.items():
+        by_topic.setdefault(topic, []).append(
+            _Partition(
+                partition_index=partition,
+                committed_offset=committed.offset if committed else -1,
+                metadata=committed.metadata if committed else "",
+                error_code=error,
+            )
+        )
+    return OffsetFetchResponse(
+        throttle_time_ms=0,
+        topics=[_Topic(name=name, partitions=parts) for name, parts in by_topic.items()],
+        error_code=error,
+    )

@@ -1,0 +1,36 @@
+"""SyncGroup (key 14), versions 0-3: the leader hands out assignments; every member gets its own.
+
+A member's answer waits (bounded by its rebalance timeout) until the leader's SyncGroup
+arrives and the group's metadata, assignments included, is written to ``__consumer_offsets``
+with acks=all. See ``groups.Group.sync`` for the errors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kafka.protocol.consumer import SyncGroupResponse
+
+from raylog.gateway.errors import ErrorCode
+from raylog.gateway.handlers import RequestContext
+from raylog.gateway.protocol import Request
+
+API_KEY = 14
+
+
+async def handle(context: RequestContext, request: Request) -> Any:
+    body = request.body
+    groups = context.groups
+    if groups is None:
+        return SyncGroupResponse(
+            throttle_time_ms=0, error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE, assignment=b""
+        )
+    result = await groups.sync_group(
+        group_id=body.group_id,
+        member_id=body.member_id,
+        generation_id=body.generation_id,
+        assignments={a.member_id: bytes(a.assignment) for a in body.assignments},
+    )
+    return SyncGroupResponse(
+        throttle_time_ms=0, error_code=result.error_code, assignment=result.assignment
+    )
