@@ -42,6 +42,10 @@ TARGET_VERSIONS: Mapping[int, VersionRange] = MappingProxyType(
         22: (0, 1),  # InitProducerId: kafka-python's guessed version must stay < 2.5
         32: (0, 2),  # DescribeConfigs
         33: (0, 1),  # AlterConfigs
+        # CreatePartitions, ElectLeaders: v2+ are flexible; librdkafka sends CreatePartitions v0
+        # and ElectLeaders up to what the broker offers, kafka-python the highest both know.
+        37: (0, 1),  # CreatePartitions
+        43: (0, 1),  # ElectLeaders: v1 adds election_type (preferred / unclean)
         44: (0, 0),  # IncrementalAlterConfigs
     }
 )

@@ -23,7 +23,12 @@ epoch checks). Records are never decoded: the budget is kept by walking batch le
    Kafka answers when it has no such session; full fetches (epoch 0 or -1) are always served.
 4. No transactions yet: ``last_stable_offset`` is the high watermark, and
    ``aborted_transactions`` is empty for read_committed and null for read_uncommitted (Kafka's
-   choice). ``preferred_read_replica`` is -1 until KIP-392 follower fetching lands.
+   choice).
+5. Follower fetching (KIP-392). From v11 the request's ``rack_id`` goes to the backend as the
+   client metadata (None before v11): a follower's gateway then serves the read from its own
+   replica, and the leader's may answer a partition with ``preferred_read_replica`` and no
+   records (rules in ``replica_backend``). Such an answer completes the request at once, as
+   Kafka's ReplicaManager does, so the client moves to that replica without a long poll.
 """
 
 from __future__ import annotations
@@ -79,6 +84,8 @@ async def handle(context: RequestContext, request: Request) -> Any:
         for p in topic.partitions
     ]
     isolation = body.isolation_level
+    # KIP-392 client metadata exists from v11 on; an absent rack is the empty string.
+    rack_id = (body.rack_id or "") if request.api_version >= 11 else None
     min_bytes = max(0, body.min_bytes)  # 0: answer at once, as Kafka does
     max_wait_ms = max(0, min(body.max_wait_ms, MAX_WAIT_MS_MAX))
     loop = asyncio.get_running_loop()
@@ -94,6 +101,7 @@ async def handle(context: RequestContext, request: Request) -> Any:
             max(1, min_bytes),
             isolation,
             w.current_leader_epoch,
+            rack_id,
         )
 
     # 1. First pass: no waiting.
@@ -138,7 +146,7 @@ def _session_error(session_id: int, session_epoch: int) -> int:
 
 
 def _enough(results: list[FetchResult], min_bytes: int) -> bool:
-    if any(r.error_code for r in results):
+    if any(r.error_code or r.preferred_read_replica >= 0 for r in results):
         return True
     return sum(len(r.records) for r in results) >= min_bytes
 

@@ -3,8 +3,15 @@
 Kafka's rules kept here:
 
 - A null topic list asks for every topic; an empty list for none (v1+).
-- A topic that does not exist is UNKNOWN_TOPIC_OR_PARTITION (3) with no partitions. raylog never
-  creates topics from Metadata, whatever ``allow_auto_topic_creation`` says (v4+).
+- A topic that does not exist is UNKNOWN_TOPIC_OR_PARTITION (3) with no partitions, unless
+  auto-creation is allowed: by the broker config ``auto.create.topics.enable`` (raylog's
+  default false, see ``topic_config``) AND by the request (``allow_auto_topic_creation``, v4+;
+  before v4 Kafka always allows it). Then the topic is created with the broker defaults
+  ``num.partitions`` and ``default.replication.factor`` and answered as Kafka answers it:
+  LEADER_NOT_AVAILABLE (5) with no partitions, so the client asks again (the creation returns
+  once the controller committed it; it does not wait for replicas). A name Kafka could never
+  create is INVALID_TOPIC_EXCEPTION (17); another failure is its own code (e.g.
+  INVALID_REPLICATION_FACTOR when fewer brokers are up than the default needs).
 - A partition without a live leader is LEADER_NOT_AVAILABLE (5) with leader -1, never another
   code: kafkajs throws a whole Metadata refresh away for any other partition error. A leader that
   is not among the live brokers counts as none, since the client could not reach it anyway.
@@ -12,16 +19,22 @@ Kafka's rules kept here:
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Sequence
 from typing import Any
 
 from kafka.protocol.metadata import MetadataResponse
 
-from raylog.gateway.backend import TopicState
+from raylog.actors import topic_config
+from raylog.gateway.backend import AdminBackend, Backend, TopicState
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.handlers import RequestContext
 from raylog.gateway.protocol import Request
 
 API_KEY = 3
+
+log = logging.getLogger(__name__)
 
 _Broker = MetadataResponse.MetadataResponseBroker
 _Topic = MetadataResponse.MetadataResponseTopic
@@ -38,13 +51,16 @@ async def handle(context: RequestContext, request: Request) -> Any:
     found = await context.backend.topics(requested) if requested != [] else {}
     live = {broker.node_id for broker in cluster.brokers}
     names = requested if requested is not None else sorted(found)
+    missing = [name for name in names if name not in found]
+    allowed = getattr(body, "allow_auto_topic_creation", True)  # v4+; always true before
+    created = await _auto_create(context.backend, missing) if missing and allowed else {}
     topics = []
     for name in names:
         state = found.get(name)
         if state is None:
             topics.append(
                 _Topic(
-                    error_code=ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                    error_code=created.get(name, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
                     name=name,
                     is_internal=False,
                     partitions=[],
@@ -85,3 +101,31 @@ def _topic(state: TopicState, live: set[int]) -> Any:
         is_internal=state.internal,
         partitions=partitions,
     )
+
+
+async def _auto_create(backend: Backend, names: Sequence[str]) -> dict[str, int]:
+    """Create ``names`` if the broker allows it; the Metadata error code of each attempt."""
+    if not isinstance(backend, AdminBackend):
+        return {}
+    _, overrides = await backend.broker_configs()
+    defaults = topic_config.broker_config(overrides)
+    if not defaults.auto_create_topics_enable:
+        return {}
+
+    async def create(name: str) -> int:
+        result = await backend.create_topic(
+            name,
+            defaults.num_partitions,
+            defaults.default_replication_factor,
+            None,
+            {},
+            validate_only=False,
+            timeout_ms=0,  # answer once committed: the client asks again on 5
+        )
+        if result.error_code in (ErrorCode.NONE, ErrorCode.TOPIC_ALREADY_EXISTS):
+            return ErrorCode.LEADER_NOT_AVAILABLE
+        log.info("auto-creating topic %r failed: %d %s", name, result.error_code, result.message)
+        return result.error_code
+
+    codes = await asyncio.gather(*(create(name) for name in names))
+    return dict(zip(names, codes, strict=True))

@@ -1,0 +1,556 @@
+"""The admin handlers and Metadata auto-creation against an in-memory admin backend.
+
+``AdminMemory`` keeps a real ``ClusterMetadata`` (three brokers, racks a, b, c) and changes it
+with the same pure functions the controller runs (``metadata``, ``placement``,
+``topic_config``): it is the gateway's input, not a stand-in for the handlers under test.
+Requests are encoded by kafka-python, go through a real ``Connection`` and the registered
+handler, and the responses are decoded by kafka-python at the version asked.
+
+Proves:
+- CreateTopics: -1 counts take ``num.partitions`` / ``default.replication.factor``; manual
+  assignments are placed as given; configs are stored normalised; Kafka's codes with messages
+  naming the problem (36, 37, 38, 40, 17, 42 for a name given twice or counts plus an
+  assignment, 39 for a gap in the assignment); ``validate_only`` creates nothing;
+- DeleteTopics removes a topic; an unknown one is 3;
+- DescribeConfigs v0-2: every topic key with is_default / source as Kafka reports them, key
+  filters, synonyms; broker resources from the broker registry, read-only, answered only for
+  this broker; unknown topics 3; unsupported types 42;
+- AlterConfigs replaces the overrides (keys left out return to their defaults), bad values are
+  40, broker resources 42; IncrementalAlterConfigs SET / DELETE / APPEND / SUBTRACT, list
+  operations on a non-list key 40, duplicate keys 42;
+- CreatePartitions grows a topic (validate_only does not), fewer partitions is 37, manual
+  assignments 42; ElectLeaders v0/v1 returns the controller's per-partition codes (84 when the
+  preferred leader already leads), leaves out 84 when every partition was asked for;
+- Metadata creates an unknown topic only when both the broker config and the request allow it,
+  answering 5 (then the topic exists with the broker defaults), else 3.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import pytest
+from gateway_support import InMemoryBackend
+from kafka.protocol.admin import (
+    AlterConfigsRequest,
+    AlterConfigsResponse,
+    CreatePartitionsRequest,
+    CreatePartitionsResponse,
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    DeleteTopicsRequest,
+    DeleteTopicsResponse,
+    DescribeConfigsRequest,
+    DescribeConfigsResponse,
+    ElectLeadersRequest,
+    ElectLeadersResponse,
+    IncrementalAlterConfigsRequest,
+    IncrementalAlterConfigsResponse,
+)
+from kafka.protocol.metadata import MetadataRequest, MetadataResponse
+
+from raylog.actors import election, placement, topic_config
+from raylog.actors import metadata as md_
+from raylog.actors.gateway_actor import client_view
+from raylog.gateway.backend import AdminBackend, AdminResult, TopicConfigsResult, TopicState
+from raylog.gateway.handlers import HANDLERS, RequestContext, advertised_versions
+from raylog.gateway.handlers.incremental_alter_configs import (
+    APPEND,
+    DELETE,
+    SET,
+    SUBTRACT,
+    ConfigOp,
+    apply_ops,
+)
+from raylog.gateway.protocol import Connection, Request
+from raylog.storage.errors import (
+    InvalidConfigError,
+    InvalidPartitionsError,
+    InvalidRequestError,
+    RaylogError,
+)
+
+TOPIC, BROKER = 2, 4  # DescribeConfigs resource types
+
+
+@dataclass
+class AdminMemory(InMemoryBackend):
+    """An in-memory AdminBackend over a real ClusterMetadata with brokers 1-3 in racks a-c."""
+
+    broker_overrides: dict[str, str] = field(default_factory=dict)
+    md: md_.ClusterMetadata = field(default_factory=lambda: _three_brokers())
+
+    async def topics(self, names: Sequence[str] | None) -> Mapping[str, TopicState]:
+        _, states = client_view(self.md)
+        return states if names is None else {n: states[n] for n in names if n in states}
+
+    async def broker_configs(self) -> tuple[int, Mapping[str, str]]:
+        return 1, self.broker_overrides
+
+    async def create_topic(
+        self,
+        name: str,
+        num_partitions: int,
+        replication_factor: int,
+        assignment: Sequence[Sequence[int]] | None,
+        configs: Mapping[str, str],
+        validate_only: bool,
+        timeout_ms: int,
+    ) -> AdminResult:
+        def change(md: md_.ClusterMetadata) -> md_.ClusterMetadata:
+            md_.validate_topic_name(name)
+            chosen = assignment or placement.place_replicas(
+                md_.active_brokers(md), num_partitions, replication_factor
+            )
+            return md_.create_topic(md, name, f"id-{name}", chosen, configs)
+
+        return self._apply(change, validate_only)
+
+    async def delete_topic(self, name: str, timeout_ms: int) -> AdminResult:
+        return self._apply(lambda md: md_.delete_topic(md, name), False)
+
+    async def topic_configs(self, name: str) -> TopicConfigsResult:
+        try:
+            return TopicConfigsResult(0, md_.get_topic(self.md, name).configs)
+        except RaylogError as exc:
+            return TopicConfigsResult(exc.error_code, {}, str(exc))
+
+    async def alter_topic_configs(
+        self, name: str, overrides: Mapping[str, str], validate_only: bool
+    ) -> AdminResult:
+        return self._apply(lambda md: md_.alter_configs(md, name, overrides), validate_only)
+
+    async def create_partitions(
+        self, name: str, total_count: int, validate_only: bool, timeout_ms: int
+    ) -> AdminResult:
+        def change(md: md_.ClusterMetadata) -> md_.ClusterMetadata:
+            t = md_.get_topic(md, name)
+            if total_count <= len(t.partitions):
+                raise InvalidPartitionsError(f"{name} has {len(t.partitions)} partitions")
+            existing = [p.replicas for p in t.partitions]
+            count = total_count - len(existing)
+            new = placement.place_new_partitions(md_.active_brokers(md), existing, count)
+            return md_.add_partitions(md, name, new)
+
+        return self._apply(change, validate_only)
+
+    async def elect_leaders(
+        self, election_type: str, partitions: Sequence[tuple[str, int]] | None
+    ) -> Mapping[tuple[str, int], AdminResult]:
+        wanted = None if partitions is None else [md_.TopicPartition(t, p) for t, p in partitions]
+        out = election.elect_leaders(self.md, election_type, wanted)  # type: ignore[arg-type]
+        self.md = out.metadata
+        results = {(c.topic, c.partition): AdminResult(0) for c in out.changes}
+        for tp, error in out.errors.items():
+            results[(tp.topic, tp.partition)] = AdminResult(error.error_code, str(error))
+        return results
+
+    def _apply(self, change: Any, validate_only: bool) -> AdminResult:
+        try:
+            new = change(self.md)
+        except RaylogError as exc:
+            return AdminResult(exc.error_code, str(exc))
+        if not validate_only:
+            self.md = new
+        return AdminResult(0)
+
+
+def _three_brokers() -> md_.ClusterMetadata:
+    md = md_.ClusterMetadata(cluster_id="test")
+    for broker_id, rack in ((1, "a"), (2, "b"), (3, "c")):
+        md = md_.register_broker(md, broker_id, f"inc-{broker_id}", rack, "127.0.0.1", 9090)
+    return md
+
+
+def roundtrip(backend: InMemoryBackend, request: Any, version: int, response_class: Any) -> Any:
+    request.API_VERSION = version
+    request.with_header(correlation_id=7, client_id="t")
+    connection = Connection(advertised_versions())
+    connection.receive_data(bytes(request.encode(version=version, header=True, framed=True)))
+    event = connection.next_event()
+    assert isinstance(event, Request)
+    context = RequestContext(backend, advertised_versions(), "test")
+    response = asyncio.run(HANDLERS[event.api_key](context, event))
+    data = bytes(connection.send(event, response))
+    return response_class.decode(data[8:], version=version)
+
+
+def test_the_in_memory_backend_is_an_admin_backend() -> None:
+    assert isinstance(AdminMemory(), AdminBackend)
+
+
+# --- CreateTopics ---------------------------------------------------------------------------
+
+
+def _topic(name: str, partitions: int = 1, rf: int = 1, **kw: Any) -> Any:
+    configs = [
+        CreateTopicsRequest.CreatableTopic.CreatableTopicConfig(name=k, value=v)
+        for k, v in kw.pop("configs", {}).items()
+    ]
+    assignments = [
+        CreateTopicsRequest.CreatableTopic.CreatableReplicaAssignment(
+            partition_index=i, broker_ids=ids
+        )
+        for i, ids in kw.pop("assignments", {}).items()
+    ]
+    return CreateTopicsRequest.CreatableTopic(
+        name=name,
+        num_partitions=partitions,
+        replication_factor=rf,
+        assignments=assignments,
+        configs=configs,
+    )
+
+
+def create(backend: AdminMemory, *topics: Any, version: int = 4, validate_only: bool = False):
+    request = CreateTopicsRequest(topics=list(topics), timeout_ms=1000, validate_only=validate_only)
+    response = roundtrip(backend, request, version, CreateTopicsResponse)
+    return {t.name: (t.error_code, t.error_message) for t in response.topics}
+
+
+@pytest.mark.parametrize("version", [2, 3, 4])
+def test_create_with_configs_and_broker_defaults(version: int) -> None:
+    backend = AdminMemory(
+        broker_overrides={"num.partitions": "2", "default.replication.factor": "3"}
+    )
+    answer = create(
+        backend,
+        _topic("explicit", 3, 2, configs={"retention.ms": " 1000 ", "min.insync.replicas": "2"}),
+        _topic("defaults", -1, -1),
+        version=version,
+    )
+    assert answer == {"explicit": (0, None), "defaults": (0, None)}
+    explicit = backend.md.topics["explicit"]
+    assert [len(p.replicas) for p in explicit.partitions] == [2, 2, 2]
+    assert explicit.configs == {"min.insync.replicas": "2", "retention.ms": "1000"}
+    defaults = backend.md.topics["defaults"]
+    assert [p.replicas for p in defaults.partitions] == [(1, 2, 3), (2, 3, 1)]
+
+
+def test_create_with_a_manual_assignment() -> None:
+    backend = AdminMemory()
+    answer = create(backend, _topic("manual", -1, -1, assignments={1: [3, 1], 0: [2, 3]}))
+    assert answer == {"manual": (0, None)}
+    assert [p.replicas for p in backend.md.topics["manual"].partitions] == [(2, 3), (3, 1)]
+    code, message = create(backend, _topic("both", 2, -1, assignments={0: [1]}))["both"]
+    assert code == 42 and "Both cannot be used" in message
+    code, message = create(backend, _topic("gap", -1, -1, assignments={0: [1], 2: [2]}))["gap"]
+    assert code == 39 and "[0, 2]" in message
+    code, message = create(backend, _topic("twice", -1, -1, assignments={0: [1, 1]}))["twice"]
+    assert code == 39 and "twice" in message
+
+
+def test_create_errors_name_the_problem() -> None:
+    backend = AdminMemory()
+    assert create(backend, _topic("t"))["t"] == (0, None)
+    answer = create(
+        backend,
+        _topic("t"),
+        _topic("rf", 1, 5),
+        _topic("parts", 0, 1),
+        _topic("cfg", configs={"retention.ms": "soon"}),
+        _topic("unknown-cfg", configs={"no.such.key": "1"}),
+        _topic("null-cfg", configs={"retention.ms": None}),
+        _topic("bad/name"),
+        _topic("dup"),
+        _topic("dup"),
+    )
+    codes = {name: code for name, (code, _) in answer.items()}
+    assert codes == {
+        "t": 36,
+        "rf": 38,
+        "parts": 37,
+        "cfg": 40,
+        "unknown-cfg": 40,
+        "null-cfg": 40,
+        "bad/name": 17,
+        "dup": 42,
+    }
+    assert "already exists" in answer["t"][1]
+    assert "Replication factor 5" in answer["rf"][1]
+    assert "retention.ms" in answer["cfg"][1] and "soon" in answer["cfg"][1]
+    assert "no.such.key" in answer["unknown-cfg"][1]
+    assert set(backend.md.topics) == {"t"}
+
+
+def test_validate_only_creates_nothing() -> None:
+    backend = AdminMemory()
+    answer = create(backend, _topic("v", 2, 3), _topic("w", 1, 4), validate_only=True)
+    assert answer["v"] == (0, None) and answer["w"][0] == 38
+    assert backend.md.topics == {}
+
+
+# --- DeleteTopics ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", [1, 2, 3])
+def test_delete(version: int) -> None:
+    backend = AdminMemory()
+    create(backend, _topic("gone"))
+    request = DeleteTopicsRequest(topic_names=["gone", "never"], timeout_ms=1000)
+    response = roundtrip(backend, request, version, DeleteTopicsResponse)
+    assert {r.name: r.error_code for r in response.responses} == {"gone": 0, "never": 3}
+    assert backend.md.topics == {}
+
+
+# --- DescribeConfigs ------------------------------------------------------------------------
+
+
+def describe(
+    backend: AdminMemory,
+    resources: list[tuple[int, str, list[str] | None]],
+    version: int = 2,
+    synonyms: bool = False,
+) -> list[Any]:
+    request = DescribeConfigsRequest(
+        resources=[
+            DescribeConfigsRequest.DescribeConfigsResource(
+                resource_type=t, resource_name=n, configuration_keys=k
+            )
+            for t, n, k in resources
+        ],
+        include_synonyms=synonyms,
+    )
+    return roundtrip(backend, request, version, DescribeConfigsResponse).results
+
+
+@pytest.mark.parametrize("version", [0, 1, 2])
+def test_describe_topic_configs(version: int) -> None:
+    backend = AdminMemory()
+    create(backend, _topic("t", configs={"retention.ms": "1000"}))
+    (result,) = describe(backend, [(TOPIC, "t", None)], version, synonyms=version > 0)
+    assert result.error_code == 0
+    entries = {c.name: c for c in result.configs}
+    assert set(entries) == set(topic_config.TOPIC_CONFIGS.defs)
+    retention, mode = entries["retention.ms"], entries["replication.mode"]
+    assert (retention.value, retention.read_only) == ("1000", False)
+    assert (mode.value, mode.read_only) == ("pull", False)
+    if version == 0:
+        assert (retention.is_default, mode.is_default) == (False, True)
+    else:
+        assert (retention.config_source, mode.config_source) == (1, 5)
+        assert [(s.name, s.value, s.source) for s in retention.synonyms] == [
+            ("retention.ms", "1000", 1)
+        ]
+    (filtered,) = describe(backend, [(TOPIC, "t", ["segment.ms", "no.such.key"])], version)
+    assert [(c.name, c.value) for c in filtered.configs] == [("segment.ms", "604800000")]
+
+
+def test_describe_broker_configs_and_errors() -> None:
+    backend = AdminMemory(broker_overrides={"num.partitions": "4"})
+    mine, empty, other, unknown, group = describe(
+        backend,
+        [(BROKER, "1", None), (BROKER, "", None), (BROKER, "2", None), (TOPIC, "nope", None),
+         (3, "g", None)],
+    )  # fmt: skip
+    entries = {c.name: c for c in mine.configs}
+    assert set(entries) == set(topic_config.BROKER_CONFIGS.defs)
+    assert all(c.read_only for c in mine.configs)
+    assert (entries["num.partitions"].value, entries["num.partitions"].config_source) == ("4", 4)
+    auto = entries["auto.create.topics.enable"]
+    assert (auto.value, auto.config_source) == ("false", 5)
+    assert (empty.error_code, empty.configs) == (0, [])
+    assert other.error_code == 42 and "expected 1" in other.error_message
+    assert unknown.error_code == 3
+    assert group.error_code == 42
+
+
+# --- AlterConfigs and IncrementalAlterConfigs -----------------------------------------------
+
+
+def alter(backend: AdminMemory, resources: list[tuple[int, str, dict[str, str | None]]]):
+    request = AlterConfigsRequest(
+        resources=[
+            AlterConfigsRequest.AlterConfigsResource(
+                resource_type=t,
+                resource_name=n,
+                configs=[
+                    AlterConfigsRequest.AlterConfigsResource.AlterableConfig(name=k, value=v)
+                    for k, v in configs.items()
+                ],
+            )
+            for t, n, configs in resources
+        ],
+        validate_only=False,
+    )
+    response = roundtrip(backend, request, 1, AlterConfigsResponse)
+    return [(r.error_code, r.error_message) for r in response.responses]
+
+
+def test_alter_configs_replaces_the_overrides() -> None:
+    backend = AdminMemory()
+    create(backend, _topic("t", configs={"retention.ms": "1000"}))
+    assert alter(backend, [(TOPIC, "t", {"min.insync.replicas": "2"})]) == [(0, None)]
+    assert backend.md.topics["t"].configs == {"min.insync.replicas": "2"}
+    (bad, broker, missing) = alter(
+        backend,
+        [(TOPIC, "t", {"min.insync.replicas": "0"}), (BROKER, "1", {"num.partitions": "2"}),
+         (TOPIC, "nope", {})],
+    )  # fmt: skip
+    assert bad[0] == 40 and "min.insync.replicas" in bad[1]
+    assert broker[0] == 42 and "static" in broker[1]
+    assert missing[0] == 3
+    assert backend.md.topics["t"].configs == {"min.insync.replicas": "2"}
+
+
+def incremental(backend: AdminMemory, name: str, ops: list[tuple[str, int, str | None]]):
+    resource = IncrementalAlterConfigsRequest.AlterConfigsResource
+    request = IncrementalAlterConfigsRequest(
+        resources=[
+            resource(
+                resource_type=TOPIC,
+                resource_name=name,
+                configs=[
+                    resource.AlterableConfig(name=k, config_operation=op, value=v)
+                    for k, op, v in ops
+                ],
+            )
+        ],
+        validate_only=False,
+    )
+    (r,) = roundtrip(backend, request, 0, IncrementalAlterConfigsResponse).responses
+    return r.error_code, r.error_message
+
+
+def test_incremental_alter_configs() -> None:
+    backend = AdminMemory()
+    create(backend, _topic("t", configs={"retention.ms": "1000", "segment.ms": "5000"}))
+    answer = incremental(backend, "t", [("retention.ms", DELETE, None), ("flush.ms", SET, "10")])
+    assert answer == (0, None)
+    assert backend.md.topics["t"].configs == {"flush.ms": "10", "segment.ms": "5000"}
+    code, message = incremental(backend, "t", [("retention.ms", APPEND, "5")])
+    assert code == 40 and "append is not allowed for config key: retention.ms" in message
+    code, message = incremental(backend, "t", [("flush.ms", SET, "1"), ("flush.ms", DELETE, None)])
+    assert code == 42 and "duplicate" in message
+    code, message = incremental(backend, "t", [("cleanup.policy", APPEND, "compact")])
+    assert code == 40 and "compact" in message  # raylog refuses compaction
+    assert incremental(backend, "nope", [("flush.ms", SET, "1")])[0] == 3
+    assert backend.md.topics["t"].configs == {"flush.ms": "10", "segment.ms": "5000"}
+
+
+class _ListStruct(msgspec.Struct, frozen=True, kw_only=True):
+    a_list: str
+    n: int
+
+
+def test_apply_ops_on_lists() -> None:
+    registry = topic_config.ConfigRegistry(
+        [
+            topic_config.ConfigDef(name="a.list", type="list", default="x,y", doc=""),
+            topic_config.ConfigDef(name="n", type="int", default="1", doc=""),
+        ],
+        _ListStruct,
+    )
+    assert apply_ops(registry, {}, [ConfigOp("a.list", APPEND, "y,z")]) == {"a.list": "x,y,z"}
+    assert apply_ops(registry, {"a.list": "x,z"}, [ConfigOp("a.list", SUBTRACT, "x")]) == {
+        "a.list": "z"
+    }
+    with pytest.raises(InvalidConfigError, match=r"subtract is not allowed.*: n"):
+        apply_ops(registry, {}, [ConfigOp("n", SUBTRACT, "1")])
+    with pytest.raises(InvalidRequestError, match="Null value"):
+        apply_ops(registry, {}, [ConfigOp("n", SET, None)])
+    with pytest.raises(InvalidRequestError, match="Unknown config operation 9"):
+        apply_ops(registry, {}, [ConfigOp("n", 9, "1")])
+
+
+# --- Metadata auto-creation -----------------------------------------------------------------
+
+
+def metadata(backend: AdminMemory, version: int, names: list[str], allow: bool = True) -> Any:
+    request = MetadataRequest(
+        topics=[MetadataRequest.MetadataRequestTopic(name=n) for n in names],
+        allow_auto_topic_creation=allow,
+    )
+    response = roundtrip(backend, request, version, MetadataResponse)
+    return {t.name: t.error_code for t in response.topics}
+
+
+def test_auto_creation_is_off_by_default() -> None:
+    backend = AdminMemory()
+    assert metadata(backend, 5, ["auto"]) == {"auto": 3}
+    assert backend.md.topics == {}
+
+
+@pytest.mark.parametrize(("version", "allow", "created"), [(1, False, True), (4, True, True),
+                                                           (5, False, False)])  # fmt: skip
+def test_auto_creation_needs_the_broker_and_the_request(
+    version: int, allow: bool, created: bool
+) -> None:
+    backend = AdminMemory(
+        broker_overrides={
+            "auto.create.topics.enable": "true",
+            "num.partitions": "2",
+            "default.replication.factor": "2",
+        }
+    )
+    # Before v4 the request cannot refuse: Kafka treats it as allowed.
+    assert metadata(backend, version, ["auto"], allow) == {"auto": 5 if created else 3}
+    if created:
+        assert [len(p.replicas) for p in backend.md.topics["auto"].partitions] == [2, 2]
+        assert metadata(backend, version, ["auto"], allow) == {"auto": 0}
+    else:
+        assert backend.md.topics == {}
+    assert metadata(backend, 5, ["bad/name"]) == {"bad/name": 17}
+
+
+# --- CreatePartitions and ElectLeaders ------------------------------------------------------
+
+
+def grow(backend: AdminMemory, name: str, count: int, **kw: Any) -> tuple[int, str | None]:
+    topic = CreatePartitionsRequest.CreatePartitionsTopic(
+        name=name, count=count, assignments=kw.pop("assignments", None)
+    )
+    request = CreatePartitionsRequest(
+        topics=[topic], timeout_ms=1000, validate_only=kw.pop("validate_only", False)
+    )
+    (result,) = roundtrip(backend, request, 1, CreatePartitionsResponse).results
+    return result.error_code, result.error_message
+
+
+def test_create_partitions() -> None:
+    backend = AdminMemory()
+    create(backend, _topic("t", 1, 3))
+    assert grow(backend, "t", 3, validate_only=True) == (0, None)
+    assert len(backend.md.topics["t"].partitions) == 1
+    assert grow(backend, "t", 3) == (0, None)
+    assert [len(p.replicas) for p in backend.md.topics["t"].partitions] == [3, 3, 3]
+    code, message = grow(backend, "t", 2)
+    assert code == 37 and "3 partitions" in message
+    assigned = [CreatePartitionsRequest.CreatePartitionsTopic.CreatePartitionsAssignment(
+        broker_ids=[1, 2, 3])]  # fmt: skip
+    assert grow(backend, "t", 4, assignments=assigned)[0] == 42
+    assert grow(backend, "nope", 2)[0] == 3
+
+
+@pytest.mark.parametrize("version", [0, 1])
+def test_elect_leaders(version: int) -> None:
+    backend = AdminMemory()
+    create(backend, _topic("t", -1, -1, assignments={0: [1, 2], 1: [2, 3]}))
+    # Move partition 0's leadership away from its preferred replica (broker 1).
+    p0 = backend.md.topics["t"].partitions[0]
+    moved = msgspec.structs.replace(p0, leader=2, leader_epoch=p0.leader_epoch + 1)
+    topic = backend.md.topics["t"]
+    backend.md = msgspec.structs.replace(
+        backend.md,
+        topics={"t": msgspec.structs.replace(topic, partitions=(moved, topic.partitions[1]))},
+    )
+    request = ElectLeadersRequest(
+        election_type=0,
+        topic_partitions=[ElectLeadersRequest.TopicPartitions(topic="t", partitions=[0, 1, 7])],
+        timeout_ms=1000,
+    )
+    response = roundtrip(backend, request, version, ElectLeadersResponse)
+    codes = {
+        (t.topic, p.partition_id): p.error_code
+        for t in response.replica_election_results
+        for p in t.partition_result
+    }
+    assert codes == {("t", 0): 0, ("t", 1): 84, ("t", 7): 3}
+    assert backend.md.topics["t"].partitions[0].leader == 1
+    everything = ElectLeadersRequest(election_type=0, topic_partitions=None, timeout_ms=1000)
+    response = roundtrip(backend, everything, version, ElectLeadersResponse)
+    assert response.replica_election_results == []  # nothing needed an election
