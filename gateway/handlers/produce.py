@@ -17,11 +17,13 @@ Rules kept here, each Kafka's:
    append waits here until the previous append of the same connection has been answered.
 4. Transactions are not supported yet: a request with a ``transactional_id`` or a transactional
    batch gets INVALID_TXN_STATE (48), since no transaction was begun through a coordinator here.
-5. Idempotence is not supported yet (InitProducerId is not advertised, so no client is given a
-   producer id). A batch with producerId >= 0 gets UNKNOWN_PRODUCER_ID (59): raylog holds no
-   state for it and could not deduplicate its retries, so accepting it would promise what is not
-   kept. producerId -1 (aiokafka, librdkafka and kafkajs by default, kafka-python with
-   ``enable_idempotence=False``) is a plain producer.
+5. Idempotent producers (producerId >= 0, from InitProducerId) are checked by the leader
+   replica (``raylog.actors.producer_state``): a retry of one of the producer's last five batches
+   succeeds with the ORIGINAL batch's base offset (never DUPLICATE_SEQUENCE_NUMBER, which kafkajs
+   cannot handle), a sequence that does not follow is OUT_OF_ORDER_SEQUENCE_NUMBER (45), an epoch
+   older than the partition has seen INVALID_PRODUCER_EPOCH (47). A producer the partition holds
+   no state for is accepted at any sequence (KIP-360), so UNKNOWN_PRODUCER_ID (59) is never
+   answered. producerId -1 (aiokafka, librdkafka and kafkajs by default) is a plain producer.
 6. Missing records (null) are INVALID_RECORD (87); anything else wrong with a batch is the
    replica's verdict (CORRUPT_MESSAGE, MESSAGE_TOO_LARGE, INVALID_RECORD, ...).
 """
@@ -121,8 +123,6 @@ def _refusal(body: Any, records: Any) -> int:
         header = rb.parse_header(records, 0)
         if header.is_transactional:
             return ErrorCode.INVALID_TXN_STATE
-        if header.producer_id >= 0:
-            return ErrorCode.UNKNOWN_PRODUCER_ID
     return ErrorCode.NONE
 
 

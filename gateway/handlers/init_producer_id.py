@@ -1,0 +1,55 @@
+"""InitProducerId (key 22), versions 0-1: a producer id for an idempotent producer.
+
+This module owns the request's rules; the backend owns where ids come from (blocks the active
+controller allocates, see ``gateway/producer_ids.py``). Kafka's rules that apply without
+transactions:
+
+1. ``transactional_id`` null: a fresh producer id at epoch 0. Any broker answers (there is no
+   coordinator for an idempotent producer), which is how every client sends it.
+2. ``transactional_id`` set: raylog has no transaction coordinator yet, so the request is
+   refused with UNSUPPORTED_VERSION (35), "this broker does not support the request", the answer
+   Kafka-compatible brokers give when transactions are turned off; clients stop with that error
+   instead of retrying forever. (Not TRANSACTIONAL_ID_AUTHORIZATION_FAILED: nothing was
+   refused for want of rights.)
+3. When no id can be had now (no active controller reachable, a CAS lost to a failover): the
+   retriable COORDINATOR_LOAD_IN_PROGRESS (14), Kafka's answer while a broker waits for its next
+   producer-id block; clients retry InitProducerId.
+
+Versions 2+ (flexible; v3 adds KIP-360's epoch bump of an existing id) are not advertised:
+kafka-python infers a broker of 2.5 or newer from them and then requires v3.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kafka.protocol.producer import InitProducerIdResponse
+
+from raylog.gateway.errors import ErrorCode
+from raylog.gateway.handlers import RequestContext
+from raylog.gateway.producer_ids import IdempotenceBackend
+from raylog.gateway.protocol import Request
+
+API_KEY = 22
+
+
+async def handle(context: RequestContext, request: Request) -> Any:
+    body = request.body
+    if body.transactional_id is not None:
+        return _response(ErrorCode.UNSUPPORTED_VERSION)
+    backend = context.backend
+    if not isinstance(backend, IdempotenceBackend):
+        return _response(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+    result = await backend.init_producer_id()
+    if result.error_code:
+        return _response(result.error_code)
+    return _response(ErrorCode.NONE, result.producer_id, result.producer_epoch)
+
+
+def _response(error_code: int, producer_id: int = -1, producer_epoch: int = -1) -> Any:
+    return InitProducerIdResponse(
+        throttle_time_ms=0,
+        error_code=error_code,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+    )

@@ -1,0 +1,116 @@
+"""InitProducerId (22) without Ray: the handler's rules and the gateway's producer-id blocks.
+
+Proves: a null transactional_id gets a fresh producer id at epoch 0, ids come one by one from a
+block and a new block is asked for only when the block is used up (concurrent callers share one
+allocation, and no id is handed out twice); a transactional_id gets UNSUPPORTED_VERSION (35);
+when no id can be had the answer is the retriable COORDINATOR_LOAD_IN_PROGRESS (14); requests
+and responses go through the real sans-io connection in v0 and v1. The controller side (the
+CAS-persisted next id) is tested in test_metadata.py and, live, in
+tests/test_idempotent_producer_live.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import pytest
+from gateway_support import InMemoryBackend
+from kafka.protocol.producer import InitProducerIdRequest, InitProducerIdResponse
+
+from raylog.gateway.handlers import HANDLERS, RequestContext, advertised_versions
+from raylog.gateway.producer_ids import ProducerIdBlocks, ProducerIdResult
+from raylog.gateway.protocol import Connection, Request
+from raylog.storage.errors import NotControllerError
+
+
+@dataclass
+class BlockAllocator:
+    """Stands in for the controller's allocate_producer_ids: blocks of ``size`` from 1000."""
+
+    size: int = 3
+    next_free: int = 1000
+    calls: int = 0
+    fail: bool = False
+
+    async def __call__(self) -> tuple[int, int]:
+        self.calls += 1
+        await asyncio.sleep(0)  # let concurrent callers queue behind this allocation
+        if self.fail:
+            raise NotControllerError("no active controller")
+        first, self.next_free = self.next_free, self.next_free + self.size
+        return first, self.size
+
+
+@dataclass
+class IdBackend(InMemoryBackend):
+    allocator: BlockAllocator = field(default_factory=BlockAllocator)
+    blocks: ProducerIdBlocks | None = None
+
+    async def init_producer_id(self) -> ProducerIdResult:
+        if self.blocks is None:
+            self.blocks = ProducerIdBlocks(self.allocator)
+        try:
+            return ProducerIdResult(0, await self.blocks.next_id(), 0)
+        except NotControllerError as exc:
+            return ProducerIdResult(14, message=str(exc))
+
+
+def _ask(backend: object, version: int, transactional_id: str | None = None) -> object:
+    request = InitProducerIdRequest(
+        transactional_id=transactional_id, transaction_timeout_ms=60_000
+    )
+    request.API_VERSION = version
+    request.with_header(correlation_id=5, client_id="t")
+    connection = Connection(advertised_versions())
+    connection.receive_data(bytes(request.encode(version=version, header=True, framed=True)))
+    event = connection.next_event()
+    assert isinstance(event, Request) and event.api_key == 22
+    context = RequestContext(backend, advertised_versions(), "test")  # type: ignore[arg-type]
+    response = asyncio.run(HANDLERS[22](context, event))
+    frame = bytes(connection.send(event, response))
+    return InitProducerIdResponse.decode(frame[8:], version=version)  # size + correlation id
+
+
+@pytest.mark.parametrize("version", [0, 1])
+def test_idempotent_producer_gets_a_fresh_id_at_epoch_zero(version: int) -> None:
+    backend = IdBackend()
+    answers = [_ask(backend, version) for _ in range(4)]
+    assert [(a.error_code, a.producer_id, a.producer_epoch) for a in answers] == [
+        (0, 1000, 0),
+        (0, 1001, 0),
+        (0, 1002, 0),
+        (0, 1003, 0),
+    ]
+    assert backend.allocator.calls == 2  # a second block only once the first was used up
+
+
+def test_transactional_id_is_refused_as_unsupported() -> None:
+    answer = _ask(IdBackend(), 1, transactional_id="tx-1")
+    assert (answer.error_code, answer.producer_id) == (35, -1)
+
+
+def test_no_id_available_is_retriable_coordinator_load_in_progress() -> None:
+    backend = IdBackend(allocator=BlockAllocator(fail=True))
+    assert _ask(backend, 0).error_code == 14
+    assert _ask(InMemoryBackend(), 0).error_code == 14  # a backend that hands out no ids
+
+
+def test_concurrent_callers_share_one_allocation_and_never_get_the_same_id() -> None:
+    allocator = BlockAllocator(size=10)
+    blocks = ProducerIdBlocks(allocator)
+
+    async def main() -> list[int]:
+        return list(await asyncio.gather(*(blocks.next_id() for _ in range(25))))
+
+    ids = asyncio.run(main())
+    assert sorted(ids) == list(range(1000, 1025))
+    assert allocator.calls == 3
+
+
+def test_a_bad_block_is_refused() -> None:
+    async def empty() -> tuple[int, int]:
+        return 5, 0
+
+    with pytest.raises(ValueError, match="bad producer id block"):
+        asyncio.run(ProducerIdBlocks(empty).next_id())
