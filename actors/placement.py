@@ -173,6 +173,32 @@ def replicas_fit(n_new_replicas: int, per_replica_mib: float, free_mib: float) -
         )
 
 
+def check_memory_fit(
+    new_assignment: Sequence[Sequence[int]],
+    existing_assignment: Sequence[Sequence[int]],
+    node_of: Mapping[int, str],
+    node_memory_mib: Mapping[str, float],
+    per_replica_mib: float = REPLICA_MIB,
+) -> None:
+    """Refuse (POLICY_VIOLATION) new replicas that would not fit their brokers' nodes.
+
+    Brokers share their node's memory (the embedded cluster runs several on one node), so the
+    check is per node: the replicas already assigned to the node's brokers are taken off its
+    declared memory (Ray's ``memory`` resource), and the new ones must fit in the rest. Brokers
+    whose node is unknown are not checked (they are counted nowhere rather than guessed).
+    """
+    new_on: Counter[str] = Counter()
+    old_on: Counter[str] = Counter()
+    for counter, assignment in ((new_on, new_assignment), (old_on, existing_assignment)):
+        for replicas in assignment:
+            counter.update(node_of[b] for b in replicas if b in node_of)
+    for node in sorted(new_on):
+        if node not in node_memory_mib:
+            continue
+        free = node_memory_mib[node] - old_on[node] * per_replica_mib
+        replicas_fit(new_on[node], per_replica_mib, max(0.0, free))
+
+
 # --- rebalance --------------------------------------------------------------------------------
 
 
