@@ -1,0 +1,268 @@
+"""SupervisorActor: owns the embedded cluster's brokers and gateways, and starts, stops and kills
+them on request (`raylog brokers start|stop|kill`).
+
+Why an actor owned by `raylog up`, and not the CLI creating actors itself: a Ray actor lives as
+long as its owner (the process that created it) unless it is detached. `raylog brokers start`
+runs in a short-lived CLI process, so a broker it created would die when the command exits; a
+detached one would outlive `raylog up` and leak when that process ends. The supervisor is created
+by `raylog up` (not detached) and creates every broker and gateway itself, so all of them share
+the fate of the `raylog up` process: when it exits, Ray removes them all. It also keeps the one
+thing a restart needs that the metadata does not hold, the launch spec of each broker (id, rack,
+data dir, port), so `brokers start ID` brings a broker back exactly as it was.
+
+Lifecycle of one broker, as the supervisor sees it:
+
+- ``running``: its BrokerActor and GatewayActor exist (the controller decides alive / fenced);
+- ``stopped``: controlled shutdown done (`brokers stop`): leaderships moved, replicas stopped,
+  both actors ended;
+- ``killed``: `brokers kill` ended the broker actor, and with it (Ray fate-sharing: they are
+  owned by the broker) its replica actors and session sentinel, and its gateway, with no
+  clean-up; the controller learns it from the sentinel's death and fences it.
+
+Every call is bounded; a broker that cannot be started reports why in one line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any, Literal
+
+import msgspec
+import ray
+
+from raylog.actors.broker import broker_actor_name
+from raylog.actors.controller import ray_call
+from raylog.actors.gateway_actor import gateway_actor_name
+from raylog.actors.replica import NAMESPACE
+from raylog.storage.errors import RaylogError
+
+log = logging.getLogger(__name__)
+
+SUPERVISOR_ACTOR_NAME = "supervisor"
+GATEWAY_START_TIMEOUT_MS = 90_000  # actor creation included: slow on a loaded machine
+BROKER_SHUTDOWN_TIMEOUT_MS = 60_000
+GATEWAY_STOP_TIMEOUT_MS = 15_000
+REGISTER_TIMEOUT_S = 60.0  # a started broker registered with the controller
+NAME_FREE_TIMEOUT_S = 10.0  # a killed actor's name is released shortly after its death
+POLL_S = 0.05
+
+Lifecycle = Literal["running", "stopped", "killed"]
+
+
+class BrokerSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything needed to start broker ``broker_id`` again exactly as before."""
+
+    broker_id: int
+    rack: str
+    host: str
+    port: int
+    data_dir: str
+    cluster_id: str
+    controller_names: tuple[str, ...]
+    broker_configs: dict[str, str] = {}
+
+
+class SupervisorError(Exception):
+    """A supervisor request that cannot be done; the message is one line for the CLI."""
+
+
+class _Running:
+    def __init__(self, broker: Any, gateway: Any) -> None:
+        self.broker = broker
+        self.gateway = gateway
+
+
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=100)
+class SupervisorActor:
+    """Starts, stops and kills the brokers and gateways of the embedded cluster."""
+
+    def __init__(self, specs: list[BrokerSpec]) -> None:
+        self._specs = {s.broker_id: s for s in specs}
+        self._running: dict[int, _Running] = {}
+        self._lifecycle: dict[int, Lifecycle] = {}
+        self._locks: dict[int, asyncio.Lock] = {}
+
+    def _lock(self, broker_id: int) -> asyncio.Lock:
+        if broker_id not in self._specs:
+            known = ",".join(str(b) for b in sorted(self._specs))
+            raise SupervisorError(f"no broker {broker_id} in this cluster (brokers: {known})")
+        return self._locks.setdefault(broker_id, asyncio.Lock())
+
+    # --- what the CLI and the metrics endpoint read ----------------------------------------------
+
+    async def lifecycle(self) -> dict[int, Lifecycle]:
+        return {b: self._lifecycle.get(b, "stopped") for b in sorted(self._specs)}
+
+    async def specs(self) -> list[BrokerSpec]:
+        return [self._specs[b] for b in sorted(self._specs)]
+
+    async def handles(self) -> dict[int, tuple[Any, Any]]:
+        """broker id -> (broker, gateway) handles of the running brokers."""
+        return {b: (r.broker, r.gateway) for b, r in sorted(self._running.items())}
+
+    async def ready(self) -> bool:
+        """Every running broker registered, and every running gateway serving metadata that
+        lists all of them."""
+        want = sorted(self._running)
+        try:
+            brokers = await asyncio.gather(
+                *(ray_call(r.broker.status.remote(), 5_000) for r in self._running.values())
+            )
+            gateways = await asyncio.gather(
+                *(ray_call(r.gateway.status.remote(), 5_000) for r in self._running.values())
+            )
+        except RaylogError:
+            return False  # slow or restarting (brokers restart by themselves): ask again
+        registered = all(s["broker_epoch"] > 0 for s in brokers)
+        return registered and all(g["serving"] and g["brokers"] == want for g in gateways)
+
+    # --- start ----------------------------------------------------------------------------------
+
+    async def start_all(self) -> None:
+        """Start every broker, then every gateway (as `raylog up` does at start-up)."""
+        for b in sorted(self._specs):
+            self._create_broker(b)
+        await asyncio.gather(*(self._start_gateway(b) for b in sorted(self._specs)))
+
+    async def start_broker(self, broker_id: int) -> None:
+        """`raylog brokers start`: the same id, rack, data dir and port; returns once the broker
+        registered and its gateway listens."""
+        async with self._lock(broker_id):
+            if self._lifecycle.get(broker_id) == "running":
+                raise SupervisorError(f"broker {broker_id} is already running")
+            await self._wait_names_free(broker_id)
+            self._create_broker(broker_id)
+            await self._start_gateway(broker_id)
+            await self._wait_registered(broker_id)
+
+    def _create_broker(self, broker_id: int) -> None:
+        # Imported here: an actor class referenced as a module global would be pickled by value
+        # with this actor's class (and some of its modules' globals cannot be pickled).
+        from raylog.actors.broker import BrokerActor
+        from raylog.actors.gateway_actor import GatewayActor
+
+        spec = self._specs[broker_id]
+        broker = BrokerActor.options(  # type: ignore[attr-defined]
+            name=broker_actor_name(broker_id), namespace=NAMESPACE
+        ).remote(
+            broker_id,
+            spec.data_dir,
+            rack=spec.rack,
+            host=spec.host,
+            port=spec.port,
+            controller_names=spec.controller_names,
+            broker_configs=spec.broker_configs,
+        )
+        gateway = GatewayActor.options(  # type: ignore[attr-defined]
+            name=gateway_actor_name(broker_id), namespace=NAMESPACE
+        ).remote(
+            broker_id,
+            spec.cluster_id,
+            host=spec.host,
+            port=spec.port,
+            controller_names=spec.controller_names,
+            broker_configs=spec.broker_configs,
+        )
+        self._running[broker_id] = _Running(broker, gateway)
+        self._lifecycle[broker_id] = "running"
+
+    async def _start_gateway(self, broker_id: int) -> None:
+        gateway = self._running[broker_id].gateway
+        try:
+            await ray_call(gateway.start.remote(), GATEWAY_START_TIMEOUT_MS)
+        except Exception as exc:
+            why = str(exc).splitlines()[0] if str(exc) else repr(exc)
+            raise SupervisorError(f"gateway of broker {broker_id}: {why}") from None
+
+    async def _wait_registered(self, broker_id: int) -> None:
+        broker = self._running[broker_id].broker
+        deadline = time.monotonic() + REGISTER_TIMEOUT_S
+        while time.monotonic() < deadline:
+            with contextlib.suppress(RaylogError):
+                if (await ray_call(broker.status.remote(), 5_000))["broker_epoch"] > 0:
+                    return
+            await asyncio.sleep(POLL_S)
+        raise SupervisorError(f"broker {broker_id} did not register within {REGISTER_TIMEOUT_S} s")
+
+    async def _wait_names_free(self, broker_id: int) -> None:
+        """A dead actor keeps its name for a moment; a new one with that name fails until then."""
+        names = (broker_actor_name(broker_id), gateway_actor_name(broker_id))
+        deadline = time.monotonic() + NAME_FREE_TIMEOUT_S
+        for name in names:
+            while True:
+                try:
+                    await asyncio.to_thread(ray.get_actor, name, namespace=NAMESPACE)
+                except ValueError:
+                    break  # free
+                if time.monotonic() >= deadline:
+                    raise SupervisorError(f"actor name {name} still taken; try again")
+                await asyncio.sleep(POLL_S)
+
+    # --- stop and kill --------------------------------------------------------------------------
+
+    async def stop_broker(self, broker_id: int) -> bool:
+        """`raylog brokers stop`: controlled shutdown (leaderships move first), then the broker
+        and its gateway end. Returns True when the controller confirmed the broker led nothing."""
+        async with self._lock(broker_id):
+            running = self._running.get(broker_id)
+            if running is None:
+                raise SupervisorError(f"broker {broker_id} is not running")
+            try:
+                moved = bool(
+                    await ray_call(running.broker.shutdown.remote(), BROKER_SHUTDOWN_TIMEOUT_MS)
+                )
+            except RaylogError as exc:
+                raise SupervisorError(f"broker {broker_id} controlled shutdown: {exc}") from None
+            with contextlib.suppress(RaylogError):
+                await ray_call(running.gateway.stop.remote(), GATEWAY_STOP_TIMEOUT_MS)
+            self._end(broker_id, "stopped")
+            return moved
+
+    async def kill_broker(self, broker_id: int) -> None:
+        """`raylog brokers kill`: a crash. The broker actor is killed (its replicas and sentinel,
+        owned by it, die with it) and so is its gateway; nothing is shut down cleanly."""
+        async with self._lock(broker_id):
+            if broker_id not in self._running:
+                raise SupervisorError(f"broker {broker_id} is not running")
+            self._end(broker_id, "killed")
+
+    def _end(self, broker_id: int, how: Lifecycle) -> None:
+        running = self._running.pop(broker_id)
+        for handle in (running.broker, running.gateway):
+            with contextlib.suppress(Exception):
+                ray.kill(handle, no_restart=True)
+        self._lifecycle[broker_id] = how
+
+    # --- what `raylog up` calls when it stops ---------------------------------------------------
+
+    async def stop_gateways(self) -> None:
+        """Every running gateway stops listening; one that fails does not hold up the others
+        (the first failure is raised once all are done)."""
+        results = await asyncio.gather(
+            *(
+                ray_call(r.gateway.stop.remote(), GATEWAY_STOP_TIMEOUT_MS)
+                for r in self._running.values()
+            ),
+            return_exceptions=True,
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def shutdown_broker(self, broker_id: int) -> bool:
+        """Controlled shutdown of one broker while `raylog up` stops (gateways already stopped);
+        a broker not running is skipped."""
+        running = self._running.get(broker_id)
+        if running is None:
+            return True
+        return bool(await ray_call(running.broker.shutdown.remote(), BROKER_SHUTDOWN_TIMEOUT_MS))
+
+    async def kill_all(self) -> None:
+        for broker_id in list(self._running):
+            self._end(broker_id, "stopped")
+
+
+__all__ = ["SUPERVISOR_ACTOR_NAME", "BrokerSpec", "SupervisorActor", "SupervisorError"]
