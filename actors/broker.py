@@ -63,6 +63,7 @@ from raylog.storage.errors import (
     RaylogError,
     RequestTimedOutError,
 )
+from raylog.storage.pki import LeafCertificate
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,7 @@ class _Hosted:
     handle: Any
     topic_id: str
     configs: dict[str, str]
+    throttle_bytes_per_sec: int = 0  # last set on the replica (reassignment catch-up)
 
 
 @ray.remote(num_cpus=0, max_restarts=0, max_concurrency=4)
@@ -166,6 +168,7 @@ class BrokerActor:
         self._started = False
         self._stopping = False
         self._node_id = ray.get_runtime_context().get_node_id()
+        self._leaf: LeafCertificate | None = None  # replication channels' TLS certificate
         if auto_start:
             # Also after Ray restarts this actor: the new incarnation registers by itself.
             self._self().start.remote()
@@ -191,8 +194,19 @@ class BrokerActor:
         ).remote()
         await ray_call(self._sentinel.ping.remote(), REPLICA_START_TIMEOUT_MS)
         await self._register()
+        await self._fetch_certificate()
         self._heartbeater = asyncio.get_running_loop().create_task(self._heartbeat_loop())
         return self._broker_epoch
+
+    async def _fetch_certificate(self) -> None:
+        """This broker's leaf from the cluster CA, for its replicas' replication channels.
+        Without one (an older controller, a store error) they run without TLS, HMAC only."""
+        try:
+            self._leaf = await self._call_controller(
+                "issue_certificate", f"broker:{self.broker_id}", [ray.util.get_node_ip_address()]
+            )
+        except Exception as exc:
+            log.warning("broker %d: no TLS certificate for replication: %r", self.broker_id, exc)
 
     async def _register(self) -> None:
         backoff_ms = 50
@@ -234,6 +248,15 @@ class BrokerActor:
             "port": self.port,
             "node_id": self._node_id,
         }
+
+    async def replica_states(self, timeout_ms: int = REPLICA_CALL_TIMEOUT_MS) -> list[ReplicaState]:
+        """The state of every hosted replica that answers within ``timeout_ms`` (metrics)."""
+        hosted = list(self._hosted.values())
+        results = await asyncio.gather(
+            *(ray_call(h.handle.state.remote(), timeout_ms) for h in hosted),
+            return_exceptions=True,
+        )
+        return [r for r in results if isinstance(r, ReplicaState)]
 
     async def replica(self, topic: str, partition: int) -> Any:
         """The handle of a hosted replica (None if not hosted here)."""
@@ -337,6 +360,9 @@ class BrokerActor:
                     continue
                 hosted.handle.set_controller.remote(me)  # again: a restarted replica forgot it
                 if isinstance(s.command, BecomeLeader):
+                    if hosted.throttle_bytes_per_sec != s.throttle_bytes_per_sec:
+                        hosted.handle.set_replication_throttle.remote(s.throttle_bytes_per_sec)
+                        hosted.throttle_bytes_per_sec = s.throttle_bytes_per_sec
                     ref = hosted.handle.become_leader.remote(s.command)
                 elif s.command.__class__.__name__ == "BecomeObserver":
                     ref = hosted.handle.become_observer.remote(s.command)
@@ -401,6 +427,7 @@ class BrokerActor:
                     replica_config,
                     session_lease=True,
                     retention_check_interval_ms=self._config.log_retention_check_interval_ms,
+                    tls=self._leaf,
                 )
                 break
             except ValueError:  # the name is still held by a dying incarnation

@@ -64,14 +64,14 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 import msgspec
 import ray
 
-from raylog.actors import election, placement, topic_config
+from raylog.actors import election, health, placement, reassignment, topic_config
 from raylog.actors import metadata as md_
 from raylog.actors.messages import (
     AlterPartitionRequest,
@@ -87,6 +87,7 @@ from raylog.actors.metadata import (
 )
 from raylog.actors.metadata_store import MetadataStore, VersionedMetadata
 from raylog.actors.replica import NAMESPACE, replica_actor_name
+from raylog.storage import pki
 from raylog.storage.errors import (
     BrokerIdNotRegisteredError,
     BrokerNotAvailableError,
@@ -112,6 +113,20 @@ CAS_RETRIES_MAX = 5
 SLOW_PUSH_MS = 100  # a push round slower than this is logged
 WAIT_RECONCILED_MS_MAX = 30_000
 SESSION_GUARD_FRACTION = 0.1  # of broker.session.timeout.ms; see the module docstring
+
+
+THROTTLE_KEY = "leader.replication.throttled.rate"
+UNTHROTTLED_RATE_MIN = 1 << 53  # a rate this high (the default is Long.MAX_VALUE) is no limit
+
+
+def _codes(
+    wanted: Iterable[TopicPartition], out: election.Outcome
+) -> dict[tuple[str, int], tuple[int, str]]:
+    """Per partition (error code, message) of a reassignment request; (0, "") = done."""
+    codes = {(tp.topic, tp.partition): (0, "") for tp in wanted}
+    for tp, exc in out.errors.items():
+        codes[(tp.topic, tp.partition)] = (exc.error_code, str(exc))
+    return codes
 
 
 def controller_actor_name(index: int) -> str:
@@ -161,6 +176,8 @@ class ReplicaSpec(msgspec.Struct, frozen=True):
     partition: int
     configs: dict[str, str]
     command: RoleCommand
+    # Bytes/s the leader may send to the replicas a reassignment adds (0: unthrottled).
+    throttle_bytes_per_sec: int = 0
 
     @property
     def is_leader(self) -> bool:
@@ -231,6 +248,8 @@ class ControllerActor:
         self._mstore = MetadataStore(self._store)
         self._lease_args = {"lease_ms": lease_ms, "renew_ms": renew_ms, "poll_ms": poll_ms}
         self._broker_config = topic_config.broker_config(broker_configs)
+        self._broker_overrides = dict(broker_configs or {})
+        self._leader_rebalance_due: tuple[int, int] | None = None  # (controller epoch, due ms)
         self._session_ms = self._broker_config.broker_session_timeout_ms
         self._reconcile_interval_ms = min(reconcile_interval_ms, max(10, self._session_ms // 4))
         self._resync_interval_ms = resync_interval_ms
@@ -247,7 +266,12 @@ class ControllerActor:
         self._activation: asyncio.Task[None] | None = None
         self._stopped = False
         self._pending_sessions_from_ms = 0  # sessions without a heartbeat count from here
+        # Incarnations Ray confirmed dead: a late heartbeat from one (a process outliving its
+        # node for a moment) must not unfence it; only a new incarnation comes back.
+        self._dead_incarnations: set[str] = set()
         self.unclean_elections = 0  # metric
+        self._ca: pki.CertificateAuthority | None = None  # loaded on the first certificate
+        self._transitions = health.Transitions()  # metrics: ISR shrinks/expands, elections
         if auto_start:
             # Also after Ray restarts this actor: it rejoins the contest for the lease by itself.
             ray.get_runtime_context().current_actor.start.remote()
@@ -394,6 +418,7 @@ class ControllerActor:
                     f"{self.controller_id}: metadata changed under us; retry"
                 ) from None
             log.debug("metadata epoch %d written (%s)", new.metadata_epoch, change.__qualname__)
+            self._count_transitions(current.metadata, new)
             if self._is_active():
                 self._wake.set()
             return result
@@ -477,6 +502,10 @@ class ControllerActor:
         current = self._require_active()
         assert self._epoch is not None
         reg = current.metadata.brokers.get(broker_id)
+        if incarnation_id in self._dead_incarnations:
+            return HeartbeatReply(
+                False, True, "fenced", self._epoch, current.metadata.metadata_epoch
+            )
         if reg is None or reg.incarnation_id != incarnation_id:
             return HeartbeatReply(
                 False, False, "unknown", self._epoch, current.metadata.metadata_epoch
@@ -552,6 +581,14 @@ class ControllerActor:
         except Exception:
             log.exception("watch of broker %d ended unexpectedly", broker_id)
 
+    async def broker_node_died(self, broker_id: int) -> None:
+        """The node watcher saw the broker's Ray node die: the same fast path as the death
+        watch (``_on_broker_died``), for whichever incarnation is registered."""
+        self._ensure_started()
+        reg = self._require_active().metadata.brokers.get(broker_id)
+        if reg is not None:
+            await self._on_broker_died(broker_id, reg.incarnation_id)
+
     async def _on_broker_died(self, broker_id: int, incarnation_id: str) -> None:
         if not self._is_active():
             return
@@ -570,6 +607,7 @@ class ControllerActor:
             )
             return
         confirmed_ms = monotonic_ms()
+        self._dead_incarnations.add(incarnation_id)
         await self._fence(broker_id, incarnation_id)
         log.warning(
             "broker %d (%s) confirmed dead by Ray: %d leaders confirmed fenced in %d ms, "
@@ -643,6 +681,8 @@ class ControllerActor:
             try:
                 await self._expire_sessions()
                 await self._push_round()
+                await self._reassignment_round()
+                await self._auto_leader_rebalance()
             except NotControllerError:
                 continue
             except Exception:
@@ -665,6 +705,7 @@ class ControllerActor:
     def _desired(self, md: ClusterMetadata, broker_id: int) -> list[ReplicaSpec]:
         assert self._epoch is not None
         specs = []
+        throttle = self._throttle_bytes_per_sec(md)
         for name in sorted(md.topics):
             t = md.topics[name]
             for p in t.partitions:
@@ -688,7 +729,10 @@ class ControllerActor:
                     command = BecomeFollower(
                         self._epoch, p.leader, p.leader_epoch, p.partition_epoch
                     )
-                specs.append(ReplicaSpec(name, t.topic_id, p.partition, dict(t.configs), command))
+                rate = throttle if p.leader == broker_id and p.adding_replicas else 0
+                specs.append(
+                    ReplicaSpec(name, t.topic_id, p.partition, dict(t.configs), command, rate)
+                )
         return specs
 
     async def _push_round(self) -> None:
@@ -843,12 +887,15 @@ class ControllerActor:
         """CreateTopics: place replicas rack-aware (or take ``assignment``), validate, write."""
         self._ensure_started()
         topic_id = uuid.uuid4().hex
+        node_of, node_memory_mib = await self._broker_nodes()
 
         def change(md: ClusterMetadata) -> tuple[ClusterMetadata, None]:
             md_.validate_topic_name(name)
             chosen = assignment or placement.place_replicas(
                 md_.active_brokers(md), num_partitions, replication_factor
             )
+            existing = [p.replicas for _, p in md_.partitions(md)]
+            placement.check_memory_fit(chosen, existing, node_of, node_memory_mib)
             return md_.create_topic(md, name, topic_id, chosen, configs), None
 
         await self._mutate(change)
@@ -893,7 +940,7 @@ class ControllerActor:
                 )
             new = placement.place_new_partitions(
                 md_.active_brokers(md),
-                [p.replicas for p in t.partitions],
+                [p.target_replicas for p in t.partitions],
                 total_count - len(t.partitions),
             )
             return md_.add_partitions(md, name, new), None
@@ -920,6 +967,178 @@ class ControllerActor:
         codes.update({(tp.topic, tp.partition): e.error_code for tp, e in out.errors.items()})
         return codes
 
+    # --- reassignment (KIP-455) and rebalance -----------------------------------------------
+
+    async def reassign_partitions(
+        self,
+        targets: dict[tuple[str, int], list[int]],
+        throttle_bytes_per_sec: int | None = None,
+    ) -> dict[tuple[str, int], tuple[int, str]]:
+        """AlterPartitionReassignments: start (or replace) reassignments; per partition Kafka's
+        error code and message ((0, "") = started). ``throttle_bytes_per_sec`` sets
+        ``leader.replication.throttled.rate`` until no reassignment runs any more."""
+        self._ensure_started()
+        wanted = {TopicPartition(t, p): list(r) for (t, p), r in targets.items()}
+
+        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, election.Outcome]:
+            if throttle_bytes_per_sec is not None:
+                md = md_.set_dynamic_broker_configs(
+                    md, {**md.dynamic_broker_configs, THROTTLE_KEY: str(throttle_bytes_per_sec)}
+                )
+            out = reassignment.start(md, wanted)
+            return out.metadata, out
+
+        out = await self._mutate(change)
+        return _codes(wanted, out)
+
+    async def cancel_reassignments(
+        self, partitions: list[tuple[str, int]] | None = None
+    ) -> dict[tuple[str, int], tuple[int, str]]:
+        """Cancel reassignments (all running ones when ``partitions`` is None)."""
+        self._ensure_started()
+        wanted = None if partitions is None else [TopicPartition(t, p) for t, p in partitions]
+
+        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, election.Outcome]:
+            out = reassignment.cancel(md, wanted)
+            return out.metadata, out
+
+        out = await self._mutate(change)
+        return _codes(wanted or [c.topic_partition for c in out.changes], out)
+
+    async def list_reassignments(self) -> list[reassignment.ReassignmentProgress]:
+        """ListPartitionReassignments, with live log end offsets of the leader and the adding
+        replicas (asked of the replica actors; -1 where one did not answer)."""
+        self._ensure_started()
+        md = self._require_active().metadata
+        asks = [
+            (tp, b)
+            for tp, p in md_.partitions(md)
+            if p.reassigning
+            for b in (p.leader, *p.adding_replicas)
+            if b != md_.NO_LEADER
+        ]
+        leos = await asyncio.gather(*(self._log_end_offset(tp, b) for tp, b in asks))
+        known: dict[TopicPartition, dict[int, int]] = {}
+        for (tp, b), leo in zip(asks, leos, strict=True):
+            known.setdefault(tp, {})[b] = leo
+        return reassignment.progress(md, known)
+
+    async def rebalance(
+        self, topics: list[str] | None = None, throttle_bytes_per_sec: int | None = None
+    ) -> dict[tuple[str, int], tuple[int, ...]]:
+        """Plan replica moves onto under-loaded brokers (rack-aware, fewest moves) and start
+        them as reassignments; returns the targets started (empty: already balanced)."""
+        self._ensure_started()
+
+        def change(
+            md: ClusterMetadata,
+        ) -> tuple[ClusterMetadata, dict[TopicPartition, tuple[int, ...]]]:
+            targets, balanced = reassignment.rebalance_targets(md, topics)
+            if not balanced:
+                log.warning("rebalance: racks leave no legal move to full balance")
+            if not targets:
+                return md, {}
+            if throttle_bytes_per_sec is not None:
+                md = md_.set_dynamic_broker_configs(
+                    md, {**md.dynamic_broker_configs, THROTTLE_KEY: str(throttle_bytes_per_sec)}
+                )
+            out = reassignment.start(md, targets)
+            if out.errors:  # the plan only names registered brokers: this is a bug
+                raise AssertionError(f"rebalance plan refused: {out.errors}")
+            return out.metadata, targets
+
+        started = await self._mutate(change)
+        return {(tp.topic, tp.partition): target for tp, target in started.items()}
+
+    async def _log_end_offset(self, tp: TopicPartition, broker_id: int) -> int:
+        name = replica_actor_name(tp.topic, tp.partition, broker_id)
+        try:
+            handle = await asyncio.to_thread(ray.get_actor, name, namespace=NAMESPACE)
+            state = await ray_call(handle.state.remote(), self._call_timeout_ms)
+        except (ValueError, RaylogError):
+            return -1
+        return int(state.log_end_offset)
+
+    def _throttle_bytes_per_sec(self, md: ClusterMetadata) -> int:
+        """``leader.replication.throttled.rate`` (dynamic over static); 0 when unlimited."""
+        configs = {**self._broker_overrides, **md.dynamic_broker_configs}
+        rate = topic_config.broker_config(configs).leader_replication_throttled_rate
+        return 0 if rate >= UNTHROTTLED_RATE_MIN else rate
+
+    async def _reassignment_round(self) -> None:
+        """Complete reassignments whose adding replicas all joined the ISR; drop the throttle
+        once none runs. Resumes after a failover: the state is all in the metadata."""
+        md = self._require_active().metadata
+        running = any(p.reassigning for _, p in md_.partitions(md))
+        if not running and THROTTLE_KEY not in md.dynamic_broker_configs:
+            return
+
+        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, election.Outcome]:
+            out = reassignment.complete_ready(md)
+            new = out.metadata
+            if THROTTLE_KEY in new.dynamic_broker_configs and not any(
+                p.reassigning for _, p in md_.partitions(new)
+            ):
+                rest = {k: v for k, v in new.dynamic_broker_configs.items() if k != THROTTLE_KEY}
+                new = md_.set_dynamic_broker_configs(new, rest)
+            return new, out
+
+        out = await self._mutate(change)
+        for c in out.changes:
+            log.info(
+                "reassignment of %s-%d complete: replicas %s", c.topic, c.partition, c.replicas
+            )
+
+    async def _auto_leader_rebalance(self) -> None:
+        """``auto.leader.rebalance.enable``: every ``leader.imbalance.check.interval.seconds``
+        (the first check one interval after this controller became active, as in Kafka), a
+        preferred election for brokers above ``leader.imbalance.per.broker.percentage``."""
+        cfg = self._broker_config
+        if not cfg.auto_leader_rebalance_enable or self._epoch is None:
+            return
+        now = monotonic_ms()
+        interval_ms = cfg.leader_imbalance_check_interval_seconds * 1000
+        due = self._leader_rebalance_due
+        if due is None or due[0] != self._epoch:
+            self._leader_rebalance_due = (self._epoch, now + interval_ms)
+            return
+        if now < due[1]:
+            return
+        self._leader_rebalance_due = (self._epoch, now + interval_ms)
+
+        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, election.Outcome]:
+            out = election.auto_leader_rebalance(md, cfg.leader_imbalance_per_broker_percentage)
+            return out.metadata, out
+
+        out = await self._mutate(change)
+        if out.changes:
+            log.info(
+                "auto leader rebalance: %s back to their preferred leaders",
+                [f"{c.topic}-{c.partition}" for c in out.changes],
+            )
+
+    async def _broker_nodes(self) -> tuple[dict[int, str], dict[str, float]]:
+        """Each linked broker's Ray node and each node's declared memory (Ray's ``memory``
+        resource, MiB), for the memory check of new replicas. Best effort: a broker or node
+        that does not answer is left out."""
+        links = list(self._links.items())
+        answers = await asyncio.gather(
+            *(ray_call(link.handle.status.remote(), self._call_timeout_ms) for _, link in links),
+            return_exceptions=True,
+        )
+        node_of = {
+            b: str(a["node_id"])
+            for (b, _), a in zip(links, answers, strict=True)
+            if isinstance(a, dict) and a.get("node_id")
+        }
+        nodes = await asyncio.to_thread(ray.nodes)
+        memory = {
+            str(n["NodeID"]): float(n.get("Resources", {}).get("memory", 0)) / (1 << 20)
+            for n in nodes
+            if n.get("Alive") and n.get("Resources", {}).get("memory")
+        }
+        return node_of, memory
+
     async def metadata(self) -> ClusterMetadata:
         self._ensure_started()
         return self._require_active().metadata
@@ -932,10 +1151,48 @@ class ControllerActor:
         done = await self._wait_reconciled(epoch, min(timeout_ms, WAIT_RECONCILED_MS_MAX))
         return epoch if done else -1
 
+    def _count_transitions(self, old: ClusterMetadata, new: ClusterMetadata) -> None:
+        seen, total = health.transitions(old, new), self._transitions
+        self._transitions = health.Transitions(
+            isr_shrinks=total.isr_shrinks + seen.isr_shrinks,
+            isr_expands=total.isr_expands + seen.isr_expands,
+            leader_elections=total.leader_elections + seen.leader_elections,
+        )
+
+    async def metrics(self) -> dict[str, int]:
+        """Counters since this controller started (Kafka's controller metrics); 0 on a standby
+        that never was active."""
+        t = self._transitions
+        return {
+            "active": int(self._is_active()),
+            "isr_shrinks": t.isr_shrinks,
+            "isr_expands": t.isr_expands,
+            "leader_elections": t.leader_elections,
+            "unclean_leader_elections": self.unclean_elections,
+        }
+
+    async def issue_certificate(self, subject: str, ips: list[str]) -> pki.LeafCertificate:
+        """A leaf certificate from the cluster CA (created in the object store on first use)
+        for a broker's or gateway's replication channels. Any controller can answer."""
+        if self._ca is None:
+            self._ca = await asyncio.to_thread(pki.ensure_cluster_ca, self._store, self._cluster_id)
+        return self._ca.issue(subject, tuple(ips))
+
     async def leader_of(self, topic: str, partition: int) -> int:
         self._ensure_started()
         """The partition's leader broker id (-1: offline)."""
         return md_.get_partition(self._require_active().metadata, topic, partition).leader
+
+    async def allocate_producer_ids(self) -> tuple[int, int]:
+        """AllocateProducerIds: the next block of producer ids as ``(first, count)``.
+
+        The next free id is part of the metadata and the block is handed out only after the
+        CAS write that moves it past the block succeeded, so no id is handed out twice, across
+        controller failovers included (a block whose answer was lost is skipped, never reused).
+        """
+        self._ensure_started()
+        block = await self._mutate(md_.allocate_producer_ids)
+        return block.start, len(block)
 
 
 __all__ = [

@@ -5,7 +5,11 @@ Owns the listener's lifetime and keeping its routing metadata fresh. The actor r
 :class:`~raylog.gateway.replica_backend.ReplicaBackend` inside its own event loop, and polls the
 active controller's ``metadata()`` every ``poll_ms`` to refresh the backend's
 :class:`~raylog.gateway.replica_backend.MetadataView` (brokers and partitions as clients see
-them; a leaderless partition has leader -1).
+them; a leaderless partition has leader -1). The same controller handle serves the gateway's
+admin requests (``active_controller``), and ``broker_configs`` (``topic_config.BROKER_CONFIGS``
+keys, e.g. ``auto.create.topics.enable``, ``num.partitions``) decide what the gateway does on its
+own: topic auto-creation from Metadata and the defaults of CreateTopics' -1 counts. Whoever
+starts the gateways passes them the same broker configs it passes the controllers.
 
 Import direction: ``raylog.gateway`` imports ``raylog.actors``, so this module imports the
 gateway lazily, inside the actor's methods; importing it from ``raylog.actors`` creates no cycle.
@@ -26,6 +30,7 @@ from raylog.storage.errors import RaylogError
 
 if TYPE_CHECKING:
     from raylog.gateway.backend import Broker, TopicState
+    from raylog.gateway.group_coordinator import GroupCoordinator
     from raylog.gateway.replica_backend import MetadataView
     from raylog.gateway.server import GatewayServer
 
@@ -33,7 +38,12 @@ log = logging.getLogger(__name__)
 
 POLL_MS_DEFAULT = 200
 CALL_TIMEOUT_MS = 2_000  # bound on one status()/metadata() call to a controller
+CREATE_TIMEOUT_MS = 30_000  # bound on creating __consumer_offsets through the controller
 LOOKUP_TIMEOUT_S = 5.0  # bound on ray.get_actor (a GCS round trip, run in a thread)
+
+
+# Topics Metadata marks is_internal (the group coordinator's; see gateway/group_coordinator.py).
+INTERNAL_TOPICS = frozenset({"__consumer_offsets"})
 
 
 def gateway_actor_name(broker_id: int) -> str:
@@ -68,6 +78,7 @@ def client_view(md: md_.ClusterMetadata) -> tuple[list[Broker], dict[str, TopicS
                 )
                 for p in t.partitions
             ],
+            internal=name in INTERNAL_TOPICS,
         )
         for name, t in md.topics.items()
     }
@@ -87,6 +98,7 @@ class GatewayActor:
         port: int = 9092,
         controller_names: tuple[str, ...] = (),
         poll_ms: int = POLL_MS_DEFAULT,
+        broker_configs: dict[str, str] | None = None,
     ) -> None:
         self.broker_id = broker_id
         self.cluster_id = cluster_id
@@ -96,9 +108,12 @@ class GatewayActor:
         self._poll_ms = max(10, poll_ms)
         self._view: MetadataView | None = None
         self._server: GatewayServer | None = None
+        self._has_certificate = False
         self._poller: asyncio.Task[None] | None = None
         self._controller: Any = None  # handle of the controller last found active
         self._metadata_epoch = -1
+        self._groups: GroupCoordinator | None = None
+        self._broker_configs = dict(broker_configs or {})
 
     async def start(self) -> int:
         """Open the listener and start polling metadata; returns the bound port. Idempotent."""
@@ -108,7 +123,9 @@ class GatewayActor:
         if self._server is not None:
             return self.port
         view = MetadataView(self.broker_id, self.cluster_id)
-        server = GatewayServer(ReplicaBackend(view))
+        backend = ReplicaBackend(view, controller=self, broker_configs=self._broker_configs)
+        groups = self._group_coordinator(backend)
+        server = GatewayServer(backend, groups=groups)
         try:
             self.port = await server.start(self.host, self.port)
         except OSError as exc:
@@ -118,10 +135,41 @@ class GatewayActor:
             ) from None
         self._view, self._server = view, server
         self._poller = asyncio.get_running_loop().create_task(self._poll_loop())
+        self._groups = groups
+        groups.start()
         return self.port
+
+    def _group_coordinator(self, backend: Any) -> GroupCoordinator:
+        """This broker's group coordinator; it creates ``__consumer_offsets`` through the
+        active controller on the first FindCoordinator."""
+        from raylog.actors import topic_config
+        from raylog.gateway.group_coordinator import GroupCoordinator
+
+        config = topic_config.broker_config(self._broker_configs)
+        return GroupCoordinator(
+            backend,
+            self.broker_id,
+            offsets_topic_num_partitions=config.offsets_topic_num_partitions,
+            offsets_topic_replication_factor=config.offsets_topic_replication_factor,
+            create_topic=self._create_internal_topic,
+        )
+
+    async def _create_internal_topic(
+        self, name: str, partitions: int, replication_factor: int, configs: dict[str, str]
+    ) -> None:
+        controller = self._controller or await self._find_active()
+        if controller is None:
+            raise RaylogError("no active controller")
+        await ray_call(
+            controller.create_topic.remote(name, partitions, replication_factor, configs),
+            CREATE_TIMEOUT_MS,
+        )
 
     async def stop(self) -> None:
         """Stop polling and close the listener (in-flight requests drain, bounded)."""
+        if self._groups is not None:
+            await self._groups.stop()
+            self._groups = None
         if self._poller is not None:
             self._poller.cancel()
             self._poller = None
@@ -139,6 +187,13 @@ class GatewayActor:
             "brokers": sorted(b.node_id for b in view.cluster().brokers) if view else [],
             "topics": sorted(view.topics()) if view else [],
         }
+
+    async def metrics(self) -> dict[str, Any]:
+        """Request counts, latency histograms and bytes since start (see ``request_stats``)."""
+        from raylog.gateway.request_stats import RequestStats
+
+        stats = self._server.request_stats if self._server is not None else RequestStats()
+        return {"broker_id": self.broker_id, **stats.snapshot()}
 
     # --- metadata -------------------------------------------------------------------------------
 
@@ -158,6 +213,16 @@ class GatewayActor:
             self._controller = await self._find_active()
             if self._controller is None:
                 return
+        if not self._has_certificate and self._server is not None:
+            # The gateway's certificate for the TLS channels to its local replicas.
+            leaf = await ray_call(
+                self._controller.issue_certificate.remote(
+                    f"gateway:{self.broker_id}", [ray.util.get_node_ip_address()]
+                ),
+                CALL_TIMEOUT_MS,
+            )
+            self._server.backend.set_channel_tls(leaf)
+            self._has_certificate = True
         md: md_.ClusterMetadata = await ray_call(
             self._controller.metadata.remote(), CALL_TIMEOUT_MS
         )
@@ -168,6 +233,12 @@ class GatewayActor:
         assert self._view is not None
         self._view.update(controller_id=min(live) if live else -1, brokers=brokers, topics=topics)
         self._metadata_epoch = md.metadata_epoch
+
+    async def active_controller(self, refresh: bool = False) -> Any:
+        """The active controller's handle for admin requests (ReplicaBackend's locator)."""
+        if refresh or self._controller is None:
+            self._controller = await self._find_active()
+        return self._controller
 
     async def _find_active(self) -> Any:
         for name in self._controller_names:

@@ -96,10 +96,29 @@ class PartitionState(msgspec.Struct, frozen=True, kw_only=True):
     leader: int = NO_LEADER
     leader_epoch: int = 0
     partition_epoch: int = 0
+    # A reassignment in progress (KIP-455; see raylog.actors.reassignment): ``replicas`` is then
+    # target + original, ``adding_replicas`` = target - original and ``removing_replicas`` =
+    # original - target, both ⊆ replicas and disjoint.
+    adding_replicas: tuple[int, ...] = ()
+    removing_replicas: tuple[int, ...] = ()
 
     @property
     def preferred_leader(self) -> int:
         return self.replicas[0]
+
+    @property
+    def reassigning(self) -> bool:
+        return bool(self.adding_replicas or self.removing_replicas)
+
+    @property
+    def target_replicas(self) -> tuple[int, ...]:
+        """The replica list once the reassignment in progress (if any) completes."""
+        return tuple(b for b in self.replicas if b not in self.removing_replicas)
+
+    @property
+    def original_replicas(self) -> tuple[int, ...]:
+        """The replica list before the reassignment in progress (if any) started."""
+        return tuple(b for b in self.replicas if b not in self.adding_replicas)
 
 
 class TopicMetadata(msgspec.Struct, frozen=True, kw_only=True):
@@ -120,6 +139,9 @@ class ClusterMetadata(msgspec.Struct, frozen=True, kw_only=True):
     next_producer_id: int = 0  # first id of the next producer-id block to hand out
     brokers: dict[int, BrokerRegistration] = {}
     topics: dict[str, TopicMetadata] = {}
+    # Cluster-wide dynamic broker configs (validated by topic_config.BROKER_CONFIGS), over the
+    # static ones the controller was started with; e.g. the reassignment throttle.
+    dynamic_broker_configs: dict[str, str] = {}
 
 
 class PartitionChange(msgspec.Struct, frozen=True, kw_only=True):
@@ -134,6 +156,8 @@ class PartitionChange(msgspec.Struct, frozen=True, kw_only=True):
     isr: tuple[int, ...] | None = None
     replicas: tuple[int, ...] | None = None
     observers: tuple[int, ...] | None = None
+    adding_replicas: tuple[int, ...] | None = None
+    removing_replicas: tuple[int, ...] | None = None
     unclean: bool = False
 
     @property
@@ -229,6 +253,13 @@ def check_partition(p: PartitionState, where: str = "") -> None:
         fail("leader not in the ISR")
     if p.leader_epoch < 0 or p.partition_epoch < 0:
         fail("negative epoch")
+    adding, removing = set(p.adding_replicas), set(p.removing_replicas)
+    if not (adding | removing) <= set(p.replicas) or adding & removing:
+        fail("adding/removing replicas not disjoint subsets of the replicas")
+    if len(adding) != len(p.adding_replicas) or len(removing) != len(p.removing_replicas):
+        fail("adding/removing replicas not distinct")
+    if removing == set(p.replicas):
+        fail("a reassignment removes every replica")
 
 
 def check(md: ClusterMetadata) -> None:
@@ -241,12 +272,11 @@ def check(md: ClusterMetadata) -> None:
             raise AssertionError(f"topic {name!r} stored under another name {t.name!r}")
         if not t.partitions:
             raise AssertionError(f"topic {name!r} has no partitions")
-        rf = len(t.partitions[0].replicas)
+        # The replication factor may differ between partitions: a reassignment changes it for
+        # the partitions it moves, as in Kafka.
         for i, p in enumerate(t.partitions):
             if p.partition != i:
                 raise AssertionError(f"{name}-{i}: stored as partition {p.partition}")
-            if len(p.replicas) != rf:
-                raise AssertionError(f"{name}-{i}: replication factor differs within the topic")
             check_partition(p, f"{name}-{i}")
 
 
@@ -368,7 +398,7 @@ def add_partitions(
         raise InvalidPartitionsError(
             f"Topic {name!r} already has {len(t.partitions)} partitions; a new count must be higher"
         )
-    _check_assignment(md, name, new_assignment, len(t.partitions[0].replicas))
+    _check_assignment(md, name, new_assignment, len(t.partitions[0].target_replicas))
     start = len(t.partitions)
     added = tuple(_new_partition(md, name, start + i, r, ()) for i, r in enumerate(new_assignment))
     topic = msgspec.structs.replace(t, partitions=t.partitions + added)
@@ -476,16 +506,32 @@ def _changed_partition(old: PartitionState, c: PartitionChange) -> PartitionStat
     isr = old.isr if c.isr is None else tuple(c.isr)
     replicas = old.replicas if c.replicas is None else tuple(c.replicas)
     observers = old.observers if c.observers is None else tuple(c.observers)
-    if (leader, isr, replicas, observers) == (old.leader, old.isr, old.replicas, old.observers):
+    adding = old.adding_replicas if c.adding_replicas is None else tuple(c.adding_replicas)
+    removing = old.removing_replicas if c.removing_replicas is None else tuple(c.removing_replicas)
+    new = (leader, isr, replicas, observers, adding, removing)
+    if new == (
+        old.leader,
+        old.isr,
+        old.replicas,
+        old.observers,
+        old.adding_replicas,
+        old.removing_replicas,
+    ):
         return old
+    # The leader epoch also bumps when the replica set changes under the same leader: a leader
+    # learns its followers only from a BecomeLeader of a new epoch (Kafka KRaft bumps it when
+    # replicas are removed; raylog's replicas need it for additions too).
+    bump = leader != old.leader or replicas != old.replicas or observers != old.observers
     return PartitionState(
         partition=old.partition,
         replicas=replicas,
         isr=isr,
         observers=observers,
         leader=leader,
-        leader_epoch=old.leader_epoch + (1 if leader != old.leader else 0),
+        leader_epoch=old.leader_epoch + (1 if bump else 0),
         partition_epoch=old.partition_epoch + 1,
+        adding_replicas=adding,
+        removing_replicas=removing,
     )
 
 
@@ -508,6 +554,14 @@ def allocate_producer_ids(md: ClusterMetadata) -> tuple[ClusterMetadata, range]:
     start = md.next_producer_id
     block = range(start, start + PRODUCER_ID_BLOCK_SIZE)
     return _bump(md, next_producer_id=block.stop), block
+
+
+def set_dynamic_broker_configs(md: ClusterMetadata, configs: Mapping[str, str]) -> ClusterMetadata:
+    """Replace the cluster-wide dynamic broker configs (validated here)."""
+    normalised = topic_config.BROKER_CONFIGS.validate(configs)
+    if normalised == md.dynamic_broker_configs:
+        return md
+    return _bump(md, dynamic_broker_configs=normalised)
 
 
 def take_controllership(md: ClusterMetadata, controller_epoch: int) -> ClusterMetadata:

@@ -13,9 +13,11 @@ and a :class:`raylog.storage.Log`. It owns the I/O the state machine may not do:
 - the clock (``tick`` every ``TICK_MS``), Ray calls to peers, and long polls for consumers.
 
 Peers are found by name (:func:`replica_actor_name`) in the ``raylog`` namespace, so the
-controller only has to create actors and send commands. Messages to peers are one-way Ray calls
-(the state machine retries what gets lost, as on any network); at most
-``PEER_CALLS_IN_FLIGHT_MAX`` are outstanding per peer, beyond which messages are dropped.
+controller only has to create actors and send commands. Messages to peers are one-way (the state
+machine retries what gets lost, as on any network): over the peer's replication channel, an
+authenticated TCP link (:mod:`raylog.actors.channel`), once it is connected; by a Ray call until
+then, with at most ``PEER_CALLS_IN_FLIGHT_MAX`` outstanding per peer, beyond which messages are
+dropped. The same channel takes the local gateway's produce, fetch and list_offsets calls.
 
 A failed log (full disk, failed fsync) takes the replica offline, as Kafka does with an offline
 log directory: every call then answers KAFKA_STORAGE_ERROR until the actor is re-created, which
@@ -53,6 +55,7 @@ from raylog.actors.messages import (
     StopReplica,
 )
 from raylog.actors.partition import PartitionReplica
+from raylog.actors.reassignment import ByteRateThrottle
 from raylog.actors.replication_types import (
     AppendBatch,
     ReplicaConfig,
@@ -63,6 +66,7 @@ from raylog.actors.replication_types import (
     TruncateTo,
 )
 from raylog.storage import batch as rb
+from raylog.storage import pki
 from raylog.storage.errors import (
     FencedLeaderEpochError,
     KafkaStorageError,
@@ -72,6 +76,7 @@ from raylog.storage.errors import (
     UnknownLeaderEpochError,
 )
 from raylog.storage.log import Log, LogConfig
+from raylog.storage.pki import LeafCertificate
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +84,13 @@ NAMESPACE = "raylog"
 TICK_MS = 10  # timer resolution of the state machine (ISR lag, timeouts, long polls)
 PEER_CALLS_IN_FLIGHT_MAX = 64  # one-way messages outstanding per peer before dropping
 CHANNEL_START_S = 10.0  # bound on learning a peer's replication channel address
+# Methods the gateway may call over a replica's channel, with their argument types.
+# (Types, not msgspec Decoders: Ray pickles this module's globals with the actor class.)
+_CHANNEL_CALL_ARGS: dict[str, Any] = {
+    "produce": tuple[bytes, int, int],
+    "fetch": tuple[int, int, int, int, int],
+    "list_offsets": tuple[int, int],
+}
 RETENTION_CHECK_INTERVAL_MS_DEFAULT = 300_000  # log.retention.check.interval.ms (Kafka's)
 HW_CHECKPOINT_INTERVAL_MS = 1_000  # the HW checkpoint is lazy; recovery clamps it
 CONSUMER_WAIT_MS_MAX = 30_000  # bound on a consumer long poll
@@ -94,6 +106,19 @@ def replica_actor_name(topic: str, partition: int, replica_id: int) -> str:
 
 def now_ms() -> int:
     return time.monotonic_ns() // 1_000_000
+
+
+def _batch_meta(header: rb.BatchHeader) -> BatchMeta:
+    """What the state machine knows of a stored batch, from its header."""
+    return BatchMeta(
+        header.base_offset,
+        header.records_count,
+        header.size,
+        header.partition_leader_epoch,
+        header.producer_id,
+        header.producer_epoch,
+        header.base_sequence,
+    )
 
 
 class ProduceOutcome(msgspec.Struct, frozen=True):
@@ -160,6 +185,7 @@ class ReplicaActor:
         session_lease: bool = False,
         retention_check_interval_ms: int = RETENTION_CHECK_INTERVAL_MS_DEFAULT,
         replication_channel: bool = True,
+        tls: LeafCertificate | None = None,
     ) -> None:
         self.topic = topic
         # Leader lease (set by a BrokerActor): with ``session_lease`` the replica accepts produce
@@ -182,6 +208,10 @@ class ReplicaActor:
             log_end_offset=self._log.log_end_offset,
             epoch_cache=[(e.epoch, e.start_offset) for e in self._log.epoch_entries],
             high_watermark=self._log.high_watermark,
+            # Idempotent-producer state: rebuilt from the WAL's batch headers (no bodies read).
+            producer_batches=(
+                _batch_meta(h) for h in self._log.batch_headers() if h.producer_id >= 0
+            ),
         )
         self._offline: str | None = None
         self._next_request_id = 1
@@ -199,6 +229,7 @@ class ReplicaActor:
         self._ticker: asyncio.Task[None] | None = None
         self._retention_interval_ms = max(1, retention_check_interval_ms)
         self._retention_checked_ms = now_ms()
+        self._throttle: ByteRateThrottle | None = None  # see set_replication_throttle
         # Replication messages go over direct TCP links (see actors/channel.py) when enabled.
         self._use_channel = replication_channel
         self._channel: ChannelServer | None = None
@@ -206,6 +237,9 @@ class ReplicaActor:
         self._links: dict[int, PeerLink] = {}
         self._ray_calls_out = 0
         self._channel_secret = channel_secret() if replication_channel else b""
+        # Mutual TLS on the channels when the broker has a certificate from the cluster CA.
+        self._tls_server = pki.server_context(tls) if tls is not None else None
+        self._tls_client = pki.client_context(tls) if tls is not None else None
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -223,9 +257,11 @@ class ReplicaActor:
     async def _start_channel(self) -> None:
         assert self._channel_address is not None
         name = replica_actor_name(self.topic, self.partition, self.replica_id)
-        server = ChannelServer(name, self._channel_secret, self._on_channel_message)
+        server = ChannelServer(
+            name, self._channel_secret, self._on_channel_message, self._channel_call
+        )
         try:
-            address = await server.start(ray.util.get_node_ip_address())
+            address = await server.start(ray.util.get_node_ip_address(), tls=self._tls_server)
         except OSError as exc:  # no port: replication still works over Ray calls
             log.warning("replica %s: no replication channel: %s", name, exc)
             self._channel_address.set_result(None)
@@ -246,8 +282,18 @@ class ReplicaActor:
             "messages_out": sum(link.messages_out for link in self._links.values()),
             "dropped": sum(link.dropped for link in self._links.values()),
             "rejected": self._channel.rejected if self._channel else 0,
+            "tls": int(self._channel is not None and self._channel.tls),
+            "calls_in": self._channel.calls_in if self._channel else 0,
             "ray_calls_out": self._ray_calls_out,
         }
+
+    async def _channel_call(self, method: str, raw_args: bytes) -> Any:
+        """A data-path call that came over the channel (the local gateway's produce, fetch and
+        list_offsets): the same methods Ray calls reach, without a Ray call's cost."""
+        arg_types = _CHANNEL_CALL_ARGS.get(method)
+        if arg_types is None:
+            raise ValueError(f"{method!r} is not callable over the channel")
+        return await getattr(self, method)(*msgspec.msgpack.decode(raw_args, type=arg_types))
 
     def _on_channel_message(self, message: Any) -> None:
         if self._offline is None:
@@ -318,6 +364,14 @@ class ReplicaActor:
         self._lease_until_ms = 0
         return True
 
+    def set_replication_throttle(self, bytes_per_sec: int) -> None:
+        """``leader.replication.throttled.rate`` for fetches of followers outside the ISR (the
+        replicas a reassignment adds, catching up); 0 lifts it. ISR members are never held."""
+        if bytes_per_sec <= 0:
+            self._throttle = None
+        elif self._throttle is None or self._throttle.bytes_per_sec != bytes_per_sec:
+            self._throttle = ByteRateThrottle(bytes_per_sec, now_ms())
+
     def set_controller(self, controller: Any) -> None:
         """The actor that receives AlterPartition proposals (``alter_partition`` method)."""
         self._controller = controller
@@ -367,7 +421,17 @@ class ReplicaActor:
         self._produce_waiters[request_id] = waiter
         timeout_ms = max(0, min(timeout_ms, REQUEST_TIMEOUT_MS_MAX))
         self._step(
-            ProduceRequest(request_id, acks, timeout_ms, header.records_count, header.size, batch)
+            ProduceRequest(
+                request_id,
+                acks,
+                timeout_ms,
+                header.records_count,
+                header.size,
+                batch,
+                header.producer_id,
+                header.producer_epoch,
+                header.base_sequence,
+            )
         )
         if acks == 0:
             # Kafka answers nothing for acks=0; the caller still learns the assigned offset.
@@ -653,20 +717,26 @@ class ReplicaActor:
         view = memoryview(data)
         batches = []
         for pos, header in rb.iter_batches(view, verify=False):  # read() verified the CRCs
-            meta = BatchMeta(
-                header.base_offset,
-                header.records_count,
-                header.size,
-                header.partition_leader_epoch,
-            )
+            meta = _batch_meta(header)
             batches.append(RecordBatch(meta, bytes(view[pos : pos + header.size])))
         return tuple(batches)
 
     def _send_fetch_data(self, out: SendFetchData) -> None:
         response = out.response
+        throttle = self._throttle
+        if out.to == CONSUMER_REPLICA_ID or out.to in self._sm.isr:
+            throttle = None
         if response.error_code == 0 and out.fetch_offset < out.upper_offset:
-            batches = self._read_batches(out.fetch_offset, out.max_bytes, out.upper_offset)
+            max_bytes = (
+                out.max_bytes if throttle is None else min(out.max_bytes, throttle.read_limit())
+            )
+            batches = self._read_batches(out.fetch_offset, max_bytes, out.upper_offset)
             response = msgspec.structs.replace(response, batches=batches)
+            if throttle is not None:
+                delay_ms = throttle.delay_ms(sum(len(b.data) for b in batches), now_ms())
+                if delay_ms > 0:
+                    self._loop.call_later(delay_ms / 1000, self._send, out.to, response)
+                    return
         if out.to == CONSUMER_REPLICA_ID:
             waiter = self._fetch_waiters.pop(response.request_id, None)
             if waiter is not None and not waiter.done():
@@ -693,7 +763,7 @@ class ReplicaActor:
             link = self._links.get(to)
             if link is None:
                 peer_name = replica_actor_name(self.topic, self.partition, to)
-                link = self._links[to] = PeerLink(peer_name, self._channel_secret)
+                link = self._links[to] = PeerLink(peer_name, self._channel_secret, self._tls_client)
             if link.send(message):
                 return
             link.ensure_connecting(lambda: self._channel_address_of(to))

@@ -6,8 +6,10 @@ Kafka, the backend speaks raylog, and the values crossing it are plain immutable
 (calls to the controller and replica actors) lives with the actors; tests use an in-memory one.
 
 Methods grow with the handlers: :class:`Backend` is what Metadata needs, :class:`DataBackend`
-adds the data path (Produce, Fetch, ListOffsets). Record batches cross this boundary as opaque
-``bytes``: neither side decodes records on the produce or fetch path.
+adds the data path (Produce, Fetch, ListOffsets), :class:`AdminBackend` the admin APIs (topics
+and configs, carried out by the active controller whichever broker the request reached). Record
+batches cross this boundary as opaque ``bytes``: neither side decodes records on the produce or
+fetch path.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
 __all__ = [
+    "AdminBackend",
+    "AdminResult",
     "Backend",
     "Broker",
     "ClusterView",
@@ -24,6 +28,7 @@ __all__ = [
     "ListOffsetsResult",
     "PartitionState",
     "ProduceResult",
+    "TopicConfigsResult",
     "TopicState",
 ]
 
@@ -148,8 +153,14 @@ class DataBackend(Backend, Protocol):
         min_bytes: int,
         isolation_level: int,
         current_leader_epoch: int,
+        rack_id: str | None = None,
     ) -> FetchResult:
-        """Read from ``fetch_offset``, waiting up to ``max_wait_ms`` for ``min_bytes``."""
+        """Read from ``fetch_offset``, waiting up to ``max_wait_ms`` for ``min_bytes``.
+
+        ``rack_id`` is KIP-392's client metadata: None for requests before Fetch v11 (served by
+        the leader only); a string, possibly empty, from v11 on, when a follower of the
+        partition may serve the read and the leader may name a ``preferred_read_replica``.
+        """
         ...
 
     async def list_offsets(
@@ -162,4 +173,77 @@ class DataBackend(Backend, Protocol):
     ) -> ListOffsetsResult:
         """-2: the log start offset; -1: the last fetchable offset; else the first offset
         whose batch has a timestamp >= ``timestamp``."""
+        ...
+
+
+class AdminResult(NamedTuple):
+    """The outcome of one admin operation on one resource: 0 and "" on success."""
+
+    error_code: int
+    message: str = ""
+
+
+class TopicConfigsResult(NamedTuple):
+    """A topic's config overrides (``{}`` with ``error_code`` set when it cannot be read)."""
+
+    error_code: int
+    overrides: Mapping[str, str]
+    message: str = ""
+
+
+@runtime_checkable
+class AdminBackend(Backend, Protocol):
+    """A :class:`Backend` that also carries out admin requests through the active controller.
+
+    Every method reports expected failures as Kafka error codes with a message naming the
+    problem (never by raising) and returns within its ``timeout_ms`` plus the backend's own call
+    bound. ``validate_only`` runs the controller's own checks on the current metadata and
+    changes nothing.
+    """
+
+    async def broker_configs(self) -> tuple[int, Mapping[str, str]]:
+        """This broker's id and its broker config overrides (``topic_config.BROKER_CONFIGS``)."""
+        ...
+
+    async def create_topic(
+        self,
+        name: str,
+        num_partitions: int,
+        replication_factor: int,
+        assignment: Sequence[Sequence[int]] | None,
+        configs: Mapping[str, str],
+        validate_only: bool,
+        timeout_ms: int,
+    ) -> AdminResult:
+        """Create a topic (counts already resolved: no -1 here). With ``timeout_ms`` > 0 it
+        returns once the topic is in this broker's metadata, else REQUEST_TIMED_OUT (7); with
+        0 once the controller committed it (Kafka's rule)."""
+        ...
+
+    async def delete_topic(self, name: str, timeout_ms: int) -> AdminResult:
+        """Delete a topic; like ``create_topic`` it waits (bounded) until metadata drops it."""
+        ...
+
+    async def topic_configs(self, name: str) -> TopicConfigsResult:
+        """The topic's stored config overrides."""
+        ...
+
+    async def alter_topic_configs(
+        self, name: str, overrides: Mapping[str, str], validate_only: bool
+    ) -> AdminResult:
+        """Replace the topic's whole set of config overrides with ``overrides``."""
+        ...
+
+    async def create_partitions(
+        self, name: str, total_count: int, validate_only: bool, timeout_ms: int
+    ) -> AdminResult:
+        """Grow a topic to ``total_count`` partitions (placed by the controller); waits like
+        ``create_topic`` until this broker's metadata shows them."""
+        ...
+
+    async def elect_leaders(
+        self, election_type: str, partitions: Sequence[tuple[str, int]] | None
+    ) -> Mapping[tuple[str, int], AdminResult]:
+        """ElectLeaders ("preferred" or "unclean") on ``partitions`` (every one when None):
+        one result per partition the controller reports on."""
         ...

@@ -11,12 +11,34 @@ Routing, as Kafka's brokers do it:
 1. A partition the view does not hold is UNKNOWN_TOPIC_OR_PARTITION (3).
 2. A partition this broker does not lead (``leader != this_broker_id``, including leaderless
    ones) is NOT_LEADER_OR_FOLLOWER (6): every client refreshes Metadata on 6 and sends the
-   request to the leader's gateway, which Metadata advertises. Consumers fetch from leaders
-   only until KIP-392 follower fetching lands.
+   request to the leader's gateway, which Metadata advertises. Fetch v11+ is the exception
+   (rule 5).
 3. Otherwise the call goes to this broker's replica of the partition, the Ray actor named
    ``replica_actor_name(topic, partition, this_broker_id)`` (replica ids are broker ids). The
    replica checks leadership and leader epochs again, so a stale view cannot make a follower
    accept a write.
+
+Follower fetching (KIP-392), as Kafka's ReplicaManager does it, for Fetch v11+ (requests that
+carry client metadata, ``rack_id`` not None):
+
+4. On the leader, a consumer whose ``rack_id`` is set and differs from the leader's rack is
+   pointed at an in-sync replica on a live broker in its rack: the answer carries
+   ``preferred_read_replica`` and no records, and the client fetches from that broker. The ISR
+   is the leader replica's own (fresher than the metadata), and only fetch offsets at or below
+   the high watermark qualify: every ISR member holds them (HW = min log end over the ISR).
+   Kafka excludes out-of-sync followers for the same reason: a lagging one would leave the
+   consumer behind for as long as the client keeps its preferred replica.
+5. On a broker that holds a replica but does not lead, a v11+ fetch is served by the local
+   replica up to its own high watermark (the replica checks its role and the leader epoch). A
+   follower that falls out of the ISR keeps serving, as in Kafka, but stops being preferred;
+   clients return to the leader when their preferred replica expires or on any error. Before
+   v11 (no client metadata) only the leader serves, as rule 2 says.
+
+Admin requests (CreateTopics, DeleteTopics, AlterConfigs, ...) may arrive at any broker: they go
+to the active controller, found through a :class:`ControllerLocator` (the gateway actor), and
+retried once on a freshly found controller when the one asked is gone or no longer active.
+``validate_only`` runs the same pure checks the controller runs (``metadata``, ``placement``,
+``topic_config``) on the controller's current metadata, and writes nothing.
 
 Actor handles are cached by name and looked up again when a call fails with RayActorError (a
 dead or restarting actor). A produce that failed that way is not retried here: whether it was
@@ -30,25 +52,42 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+import ssl
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+import msgspec
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from raylog.actors.replica import NAMESPACE, replica_actor_name
+from raylog.actors import metadata as md_
+from raylog.actors import placement, topic_config
+from raylog.actors.channel import CallFailed, CallLink, channel_secret
+from raylog.actors.controller import ray_call
+from raylog.actors.replica import NAMESPACE, FetchOutcome, ProduceOutcome, replica_actor_name
 from raylog.gateway.backend import (
+    AdminResult,
     Broker,
     ClusterView,
     FetchResult,
     ListOffsetsResult,
     PartitionState,
     ProduceResult,
+    TopicConfigsResult,
     TopicState,
 )
 from raylog.gateway.errors import ErrorCode
+from raylog.gateway.producer_ids import ProducerIdBlocks, ProducerIdResult
+from raylog.storage import pki
+from raylog.storage.errors import (
+    BrokerNotAvailableError,
+    InvalidPartitionsError,
+    NotControllerError,
+    RaylogError,
+)
+from raylog.storage.pki import LeafCertificate
 
-__all__ = ["MetadataSource", "MetadataView", "ReplicaBackend"]
+__all__ = ["ControllerLocator", "MetadataSource", "MetadataView", "ReplicaBackend"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +96,23 @@ log = logging.getLogger(__name__)
 CALL_MARGIN_MS = 10_000
 LOOKUP_TIMEOUT_S = 10.0  # ray.get_actor, run in a thread: a GCS round trip
 ACKS_VALID = (0, 1, -1)
+# Replica methods called over the replica's channel once it is connected, and their results.
+_CHANNEL_RESULTS: dict[str, msgspec.msgpack.Decoder[Any]] = {
+    "produce": msgspec.msgpack.Decoder(ProduceOutcome),
+    "fetch": msgspec.msgpack.Decoder(FetchOutcome),
+    "list_offsets": msgspec.msgpack.Decoder(tuple[int, int, int, int]),
+}
+ADMIN_CALL_TIMEOUT_MS = 30_000  # bound on one admin call to the controller (a CAS write or two)
+VIEW_POLL_S = 0.02  # how often a create/delete looks for its result in the local metadata
+VALIDATE_ONLY_TOPIC_ID = "validate-only"  # never stored: validate_only writes nothing
+
+
+class ControllerLocator(Protocol):
+    """Finds the active controller's Ray handle (the gateway actor, which already polls it)."""
+
+    async def active_controller(self, refresh: bool = False) -> Any:
+        """The handle last found active (looked up again when ``refresh``); None if none is."""
+        ...
 
 
 class MetadataSource(Protocol):
@@ -151,11 +207,27 @@ class ReplicaBackend:
         *,
         namespace: str = NAMESPACE,
         call_margin_ms: int = CALL_MARGIN_MS,
+        controller: ControllerLocator | None = None,
+        broker_configs: Mapping[str, str] | None = None,
+        use_channels: bool = True,
     ) -> None:
         self.metadata = metadata
+        self._controller = controller
+        self._producer_ids = ProducerIdBlocks(self._allocate_producer_ids)
+        # Validated once here, so that a bad broker config fails the gateway's start.
+        self._broker_overrides = topic_config.BROKER_CONFIGS.validate(broker_configs or {})
         self._namespace = namespace
         self._call_margin_s = call_margin_ms / 1000
         self._handles: dict[str, Any] = {}
+        # Data calls go over each local replica's TCP channel (actors/channel.py) once it is
+        # connected; until then, and when it is down, by Ray calls. ``_ray_in_flight`` counts
+        # Ray calls per replica: the channel is used only when none is outstanding, so a
+        # partition's calls never overtake each other while switching paths.
+        self._use_channels = use_channels
+        self._channel_secret = channel_secret() if use_channels else b""
+        self._links: dict[str, CallLink] = {}
+        self._ray_in_flight: dict[str, int] = {}
+        self._channel_tls: ssl.SSLContext | None = None
         # One lookup at a time: callers queue FIFO on it, so calls for one partition are still
         # submitted in the order they arrived (see produce's ordering in handlers/produce.py).
         self._lookup_lock = asyncio.Lock()
@@ -211,10 +283,17 @@ class ReplicaBackend:
         min_bytes: int,
         isolation_level: int,
         current_leader_epoch: int,
+        rack_id: str | None = None,
     ) -> FetchResult:
         error = self._route(topic, partition)
+        if error == ErrorCode.NOT_LEADER_OR_FOLLOWER and rack_id is not None:
+            error = self._route_to_replica(topic, partition)  # rule 5
         if error:
             return FetchResult(error, -1, -1, -1, b"")
+        if rack_id:
+            preferred = await self._preferred_read_replica(topic, partition, fetch_offset, rack_id)
+            if preferred is not None:
+                return preferred
         max_wait_ms = max(0, max_wait_ms)
         try:
             outcome = await self._call(
@@ -267,6 +346,186 @@ class ReplicaBackend:
             return ListOffsetsResult(ErrorCode.REQUEST_TIMED_OUT, -1, -1)
         return ListOffsetsResult(code, found_timestamp, offset, leader_epoch)
 
+    async def _preferred_read_replica(
+        self, topic: str, partition: int, fetch_offset: int, rack_id: str
+    ) -> FetchResult | None:
+        """Rule 4: the answer naming a replica in the client's rack, or None to serve here."""
+        state = find_partition(self.metadata.topics(), topic, partition)
+        if state is None or state.leader != self.metadata.this_broker_id:
+            return None  # a follower serving (rule 5): only the leader prefers
+        racks = {b.node_id: b.rack for b in self.metadata.cluster().brokers}
+        if racks.get(self.metadata.this_broker_id) == rack_id:
+            return None  # the leader is in the client's rack
+        candidates = [r for r in state.replicas if r in racks and racks[r] == rack_id]
+        if not candidates:
+            return None
+        try:
+            replica = await self._call(
+                topic, partition, "state", (), timeout_s=self._call_margin_s, retry=True
+            )
+        except (_CallFailed, TimeoutError):
+            return None  # serve from the leader: the read reports what is wrong, if anything
+        if replica.role != "leader" or not 0 <= fetch_offset <= replica.high_watermark:
+            return None
+        chosen = next((r for r in candidates if r in replica.isr), None)
+        if chosen is None:
+            return None
+        # Kafka's answer: the leader's offsets, no records, and where to fetch from instead.
+        return FetchResult(
+            ErrorCode.NONE,
+            replica.high_watermark,
+            replica.high_watermark,  # no transactions yet: the LSO is the HW
+            replica.log_start_offset,
+            b"",
+            chosen,
+        )
+
+    # --- admin, through the active controller ----------------------------------------------------
+
+    async def broker_configs(self) -> tuple[int, Mapping[str, str]]:
+        return self.metadata.this_broker_id, dict(self._broker_overrides)
+
+    async def create_topic(
+        self,
+        name: str,
+        num_partitions: int,
+        replication_factor: int,
+        assignment: Sequence[Sequence[int]] | None,
+        configs: Mapping[str, str],
+        validate_only: bool,
+        timeout_ms: int,
+    ) -> AdminResult:
+        chosen = [list(r) for r in assignment] if assignment else None
+        try:
+            if validate_only:
+                md = await self._controller_call("metadata")
+                _check_create(md, name, num_partitions, replication_factor, chosen, configs)
+                return AdminResult(ErrorCode.NONE)
+            await self._controller_call(
+                "create_topic", name, num_partitions, replication_factor, dict(configs), chosen
+            )
+        except RaylogError as exc:
+            return AdminResult(exc.error_code, _message(exc))
+        return await self._wait_view(
+            lambda topics: name in topics, timeout_ms, f"Topic {name!r} was created but is"
+        )
+
+    async def delete_topic(self, name: str, timeout_ms: int) -> AdminResult:
+        try:
+            await self._controller_call("delete_topic", name)
+        except RaylogError as exc:
+            return AdminResult(exc.error_code, _message(exc))
+        return await self._wait_view(
+            lambda topics: name not in topics, timeout_ms, f"Topic {name!r} was deleted but is"
+        )
+
+    async def topic_configs(self, name: str) -> TopicConfigsResult:
+        try:
+            topic = await self._controller_call("describe_topic", name)
+        except RaylogError as exc:
+            return TopicConfigsResult(exc.error_code, {}, _message(exc))
+        return TopicConfigsResult(ErrorCode.NONE, dict(topic.configs))
+
+    async def alter_topic_configs(
+        self, name: str, overrides: Mapping[str, str], validate_only: bool
+    ) -> AdminResult:
+        try:
+            if validate_only:
+                md_.alter_configs(await self._controller_call("metadata"), name, overrides)
+            else:
+                await self._controller_call("alter_configs", name, dict(overrides))
+        except RaylogError as exc:
+            return AdminResult(exc.error_code, _message(exc))
+        return AdminResult(ErrorCode.NONE)
+
+    # --- idempotent producers ---------------------------------------------------------------------
+
+    async def init_producer_id(self) -> ProducerIdResult:
+        """A fresh producer id from this gateway's block (a new block from the controller when
+        it is used up); COORDINATOR_LOAD_IN_PROGRESS (14, retriable) when none can be had."""
+        try:
+            producer_id = await self._producer_ids.next_id()
+        except (RaylogError, TimeoutError, ray.exceptions.RayError) as exc:
+            return ProducerIdResult(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, message=str(exc))
+        return ProducerIdResult(ErrorCode.NONE, producer_id, 0)
+
+    async def _allocate_producer_ids(self) -> tuple[int, int]:
+        first, count = await self._controller_call("allocate_producer_ids")
+        return int(first), int(count)
+
+    async def create_partitions(
+        self, name: str, total_count: int, validate_only: bool, timeout_ms: int
+    ) -> AdminResult:
+        try:
+            if validate_only:
+                _check_partitions(await self._controller_call("metadata"), name, total_count)
+                return AdminResult(ErrorCode.NONE)
+            await self._controller_call("create_partitions", name, total_count)
+        except RaylogError as exc:
+            return AdminResult(exc.error_code, _message(exc))
+        return await self._wait_view(
+            lambda topics: name in topics and len(topics[name].partitions) >= total_count,
+            timeout_ms,
+            f"Topic {name!r} grew to {total_count} partitions but is",
+        )
+
+    async def elect_leaders(
+        self, election_type: str, partitions: Sequence[tuple[str, int]] | None
+    ) -> Mapping[tuple[str, int], AdminResult]:
+        wanted = None if partitions is None else [list(tp) for tp in partitions]
+        try:
+            codes = await self._controller_call("elect_leaders", election_type, wanted)
+        except RaylogError as exc:
+            every = partitions or []
+            return {tp: AdminResult(exc.error_code, _message(exc)) for tp in every}
+        return {tuple(tp): AdminResult(code) for tp, code in codes.items()}
+
+    async def _controller_call(self, method: str, *args: Any) -> Any:
+        """``method(*args)`` on the active controller; raises RaylogError with Kafka's code.
+
+        A controller that is gone or no longer active is looked up again once: the active one
+        may have moved since the gateway last polled.
+        """
+        if self._controller is None:
+            raise NotControllerError("this gateway was started without a controller to ask")
+        for attempt in (1, 2):
+            handle = await self._controller.active_controller(refresh=attempt > 1)
+            if handle is None:
+                raise NotControllerError("no active controller found; retry")
+            try:
+                return await ray_call(getattr(handle, method).remote(*args), ADMIN_CALL_TIMEOUT_MS)
+            except (NotControllerError, BrokerNotAvailableError):
+                if attempt == 2:
+                    raise
+            except RaylogError:
+                raise
+            except RayTaskError as exc:  # a bug in the controller: answer, do not drop the client
+                log.error("controller failed in %s: %s", method, exc)
+                raise RaylogError(f"controller failed in {method}: {_message(exc)}") from exc
+        raise AssertionError("unreachable")
+
+    async def _wait_view(
+        self,
+        done: Callable[[Mapping[str, TopicState]], bool],
+        timeout_ms: int,
+        what: str,
+    ) -> AdminResult:
+        """Kafka's rule for CreateTopics/DeleteTopics: with ``timeout_ms`` <= 0 answer once the
+        controller committed; else wait until this broker's metadata shows the change, and
+        answer REQUEST_TIMED_OUT (7) if it does not within ``timeout_ms``."""
+        if timeout_ms <= 0:
+            return AdminResult(ErrorCode.NONE)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        while not done(self.metadata.topics()):  # bounded by the deadline
+            if loop.time() >= deadline:
+                return AdminResult(
+                    ErrorCode.REQUEST_TIMED_OUT,
+                    f"{what} not in this broker's metadata after {timeout_ms} ms",
+                )
+            await asyncio.sleep(VIEW_POLL_S)
+        return AdminResult(ErrorCode.NONE)
+
     # --- plumbing ------------------------------------------------------------------------------
 
     def _route(self, topic: str, partition: int) -> int:
@@ -275,6 +534,15 @@ class ReplicaBackend:
         if state is None:
             return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         if state.leader != self.metadata.this_broker_id:
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER
+        return ErrorCode.NONE
+
+    def _route_to_replica(self, topic: str, partition: int) -> int:
+        """0 when this broker holds a replica of the partition (it may serve a v11+ fetch)."""
+        state = find_partition(self.metadata.topics(), topic, partition)
+        if state is None:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        if self.metadata.this_broker_id not in state.replicas:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
         return ErrorCode.NONE
 
@@ -295,12 +563,17 @@ class ReplicaBackend:
         name = replica_actor_name(topic, partition, self.metadata.this_broker_id)
         attempts = 2 if retry else 1
         async with asyncio.timeout(timeout_s):
+            if method in _CHANNEL_RESULTS and self._use_channels:
+                done, result = await self._channel_call(name, method, args, retry=retry)
+                if done:
+                    return result
             for attempt in range(1, attempts + 1):
                 # Invariant: with a cached handle nothing is awaited before .remote(), so calls
                 # are submitted in the order this coroutine was entered.
                 handle = self._handles.get(name)
                 if handle is None:
                     handle = await self._lookup(name)
+                self._ray_in_flight[name] = self._ray_in_flight.get(name, 0) + 1
                 try:
                     return await getattr(handle, method).remote(*args)
                 except RayActorError as exc:
@@ -316,7 +589,51 @@ class ReplicaBackend:
                     raise _CallFailed(
                         ErrorCode.UNKNOWN_SERVER_ERROR, f"{name}.{method} failed"
                     ) from exc
+                finally:
+                    self._ray_in_flight[name] -= 1
         raise AssertionError("unreachable")
+
+    def set_channel_tls(self, leaf: LeafCertificate) -> None:
+        """Use mutual TLS with ``leaf`` (from the cluster CA) on the channels to the replicas;
+        links made before are closed and remade."""
+        self._channel_tls = pki.client_context(leaf)
+        for link in self._links.values():
+            link.close()
+        self._links.clear()
+
+    async def _channel_call(
+        self, name: str, method: str, args: tuple[Any, ...], *, retry: bool
+    ) -> tuple[bool, Any]:
+        """``(True, result)`` when the call went over the replica's channel, ``(False, None)``
+        when it must go by Ray (no link yet, or Ray calls to that replica outstanding)."""
+        link = self._links.get(name)
+        if link is None:
+            link = self._links[name] = CallLink(name, self._channel_secret, self._channel_tls)
+        future = link.call(method, args) if not self._ray_in_flight.get(name) else None
+        if future is None:
+            link.ensure_connecting(lambda: self._channel_address(name))
+            return False, None
+        try:
+            raw = await future
+        except CallFailed as exc:
+            if not exc.lost:
+                log.error("replica %s failed in %s: %s", name, method, exc)
+                code = ErrorCode.UNKNOWN_SERVER_ERROR
+                raise _CallFailed(code, f"{name}.{method} failed") from exc
+            if retry:  # a read: ask again by Ray
+                return False, None
+            raise _CallFailed(ErrorCode.NOT_LEADER_OR_FOLLOWER, str(exc)) from exc
+        finally:
+            if future.cancelled():  # timed out here: its reply, if it comes, is dropped
+                link.forget(future)
+        return True, _CHANNEL_RESULTS[method].decode(raw)
+
+    async def _channel_address(self, name: str) -> tuple[str, int]:
+        handle = self._handles.get(name) or await self._lookup(name)
+        address = await asyncio.wait_for(handle.channel_address.remote(), LOOKUP_TIMEOUT_S)
+        if address is None:
+            raise LookupError(f"{name} has no channel")
+        return tuple(address)  # type: ignore[return-value]
 
     async def _lookup(self, name: str) -> Any:
         async with self._lookup_lock:
@@ -336,3 +653,40 @@ class ReplicaBackend:
                 ) from exc
             self._handles[name] = handle
             return handle
+
+
+def _message(exc: BaseException) -> str:
+    """The first line of what the remote method raised (Ray wraps it with a ``cause``)."""
+    text = str(getattr(exc, "cause", None) or exc)
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _check_create(
+    md: md_.ClusterMetadata,
+    name: str,
+    num_partitions: int,
+    replication_factor: int,
+    assignment: list[list[int]] | None,
+    configs: Mapping[str, str],
+) -> None:
+    """CreateTopics with validate_only: the controller's checks, nothing written (raises)."""
+    md_.validate_topic_name(name)
+    chosen = assignment or placement.place_replicas(
+        md_.active_brokers(md), num_partitions, replication_factor
+    )
+    md_.create_topic(md, name, VALIDATE_ONLY_TOPIC_ID, chosen, configs)
+
+
+def _check_partitions(md: md_.ClusterMetadata, name: str, total_count: int) -> None:
+    """CreatePartitions with validate_only: the controller's checks, nothing written (raises)."""
+    t = md_.get_topic(md, name)
+    if total_count <= len(t.partitions):
+        raise InvalidPartitionsError(
+            f"Topic {name!r} has {len(t.partitions)} partitions; {total_count} is not more"
+        )
+    new = placement.place_new_partitions(
+        md_.active_brokers(md),
+        [p.replicas for p in t.partitions],
+        total_count - len(t.partitions),
+    )
+    md_.add_partitions(md, name, new)

@@ -29,11 +29,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from raylog.gateway.backend import Backend
 from raylog.gateway.errors import RemoteProtocolError
+from raylog.gateway.group_coordinator import GroupCoordinator
 from raylog.gateway.handlers import (
     HANDLERS,
     CloseConnection,
@@ -48,6 +50,7 @@ from raylog.gateway.protocol import (
     Request,
     Signal,
 )
+from raylog.gateway.request_stats import RequestStats
 
 __all__ = ["GatewayServer", "Limits", "event_loop_factory"]
 
@@ -91,8 +94,10 @@ class GatewayServer:
         max_connections: int = 1024,
         connections_max_idle_ms: int = 600_000,
         close_timeout_s: float = 5.0,
+        groups: GroupCoordinator | None = None,
     ) -> None:
         self.backend = backend
+        self.groups = groups  # the group coordinator the group APIs use (None: unavailable)
         self._handlers = dict(handlers)
         self._api_versions = advertised_versions(self._handlers)
         self.limits = Limits(
@@ -107,6 +112,7 @@ class GatewayServer:
         self._clients: set[asyncio.Task[None]] = set()
         self.connections_accepted = 0
         self.connections_rejected = 0  # closed by us for garbage, handler bugs or over the limit
+        self.request_stats = RequestStats()  # for the metrics endpoint
 
     @property
     def api_versions(self) -> Mapping[int, tuple[int, int]]:
@@ -182,7 +188,9 @@ class _ClientConnection:
             max_in_flight=limits.max_in_flight,
             max_in_flight_bytes=limits.max_in_flight_bytes,
         )
-        self._context = RequestContext(server.backend, server.api_versions, self._peer)
+        self._context = RequestContext(
+            server.backend, server.api_versions, self._peer, server.groups
+        )
         self._requests: set[asyncio.Task[None]] = set()
         self._answered = asyncio.Event()  # set whenever a response is released
         self._closing = False
@@ -225,6 +233,7 @@ class _ClientConnection:
                     return
                 except (ConnectionError, OSError):
                     data = b""
+                self._server.request_stats.received(len(data))
                 connection.receive_data(data)
             elif event is Signal.PAUSED:
                 self._answered.clear()
@@ -235,6 +244,7 @@ class _ClientConnection:
 
     async def _answer(self, request: Request) -> None:
         handler = self._handlers[request.api_key]
+        started_s = time.monotonic()
         try:
             response = await handler(self._context, request)
             if self._closing:
@@ -265,6 +275,9 @@ class _ClientConnection:
             self._abort()
             return
         self._answered.set()
+        self._server.request_stats.answered(
+            request.api_key, time.monotonic() - started_s, len(data) if data else 0
+        )
         if data:
             self._writer.write(data)
             try:

@@ -45,6 +45,10 @@ rather than defining exceptions of their own.
 | InvalidRequiredAcksError          | INVALID_REQUIRED_ACKS          |   21 |
 | UnknownLeaderEpochError           | UNKNOWN_LEADER_EPOCH           |   75 |
 | BrokerNotAvailableError           | BROKER_NOT_AVAILABLE           |    8 |
+| NoReassignmentInProgressError     | NO_REASSIGNMENT_IN_PROGRESS    |   85 |
+| ReassignmentInProgressError       | REASSIGNMENT_IN_PROGRESS       |   60 |
+| OutOfOrderSequenceError           | OUT_OF_ORDER_SEQUENCE_NUMBER   |   45 |
+| InvalidProducerEpochError         | INVALID_PRODUCER_EPOCH         |   47 |
 """
 
 from __future__ import annotations
@@ -298,3 +302,28 @@ class BrokerNotAvailableError(RaylogError):
     Ray reported it (RayActorError); callers look the peer up again or treat it as gone."""
 
     error_code = 8
+
+
+class NoReassignmentInProgressError(RaylogError):
+    """A reassignment cancelled (or asked about) for a partition that is not being reassigned."""
+
+    error_code = 85
+
+
+class OutOfOrderSequenceError(RaylogError):
+    """An idempotent producer's batch does not continue its sequence (nor repeats a recent
+    batch), or a new producer epoch does not start at sequence 0."""
+
+    error_code = 45
+
+
+class InvalidProducerEpochError(RaylogError):
+    """An idempotent producer's batch carries an epoch older than the partition has seen."""
+
+    error_code = 47
+
+
+class ReassignmentInProgressError(RaylogError):
+    """A request that cannot run while partitions are being reassigned (e.g. a rebalance plan)."""
+
+    error_code = 60

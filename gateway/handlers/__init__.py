@@ -14,11 +14,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType, ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raylog.gateway import apis
 from raylog.gateway.backend import Backend
 from raylog.gateway.protocol import Request
+
+if TYPE_CHECKING:
+    from raylog.gateway.group_coordinator import GroupCoordinator
 
 __all__ = ["HANDLERS", "CloseConnection", "Handler", "RequestContext", "advertised_versions"]
 
@@ -40,6 +43,7 @@ class RequestContext:
     backend: Backend
     api_versions: Mapping[int, tuple[int, int]]
     peer: str  # "host:port" of the client, for log lines
+    groups: GroupCoordinator | None = None  # None: group APIs answer COORDINATOR_NOT_AVAILABLE
 
 
 Handler = Callable[[RequestContext, Request], Awaitable[Any | None]]
@@ -48,9 +52,45 @@ Handler = Callable[[RequestContext, Request], Awaitable[Any | None]]
 def _load() -> Mapping[int, Handler]:
     # Imported here, not at module top, so that each handler module can import this package's
     # RequestContext without a cycle.
-    from raylog.gateway.handlers import api_versions, fetch, list_offsets, metadata, produce
+    from raylog.gateway.handlers import (
+        alter_configs,
+        api_versions,
+        create_topics,
+        delete_topics,
+        describe_configs,
+        fetch,
+        incremental_alter_configs,
+        list_offsets,
+        metadata,
+        produce,
+    )
 
     modules: tuple[ModuleType, ...] = (api_versions, metadata, produce, fetch, list_offsets)
+    modules += (
+        create_topics,
+        delete_topics,
+        describe_configs,
+        alter_configs,
+        incremental_alter_configs,
+    )
+    from raylog.gateway.handlers import create_partitions, elect_leaders
+
+    modules += (create_partitions, elect_leaders)
+    from raylog.gateway.handlers import (
+        find_coordinator,
+        heartbeat,
+        join_group,
+        leave_group,
+        offset_commit,
+        offset_fetch,
+        sync_group,
+    )
+
+    modules += (find_coordinator, join_group, sync_group, heartbeat, leave_group)
+    modules += (offset_commit, offset_fetch)
+    from raylog.gateway.handlers import init_producer_id
+
+    modules += (init_producer_id,)
     table: dict[int, Handler] = {}
     for module in modules:
         if module.API_KEY in table:

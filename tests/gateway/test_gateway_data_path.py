@@ -18,14 +18,15 @@ Proves:
 - a producer whose metadata went stale (leadership moved to another broker) gets
   NOT_LEADER_OR_FOLLOWER from the old leader's gateway, refreshes Metadata and delivers to the
   new leader, with nothing lost or duplicated;
-- the raw protocol: errors 21, 3, 6, 48, 59 on Produce; a failed acks=0 Produce closes the
+- the raw protocol: errors 21, 3, 6, 48 on Produce, an idempotent retry answered with the
+  original offset; a failed acks=0 Produce closes the
   connection; OFFSET_OUT_OF_RANGE, fetch sessions declined (70, 71), the long poll honouring
   ``max_wait_ms`` and answering early when data arrives, ``max_bytes`` keeping whole batches
   (and, without Ray, the budget across partitions: whole batches, in request order, the first
   batch always).
 
-kafka-python runs with ``enable_idempotence=False``: its default producer is idempotent and,
-since InitProducerId is not advertised, fails every send with IncompatibleBrokerVersion.
+kafka-python runs with ``enable_idempotence=False`` here: these gateways have no controller to
+allocate producer ids (tests/test_idempotent_producer_live.py covers its idempotent default).
 """
 
 from __future__ import annotations
@@ -616,6 +617,7 @@ def fetch_raw(
     max_bytes: int = 1 << 20,
     session_id: int = 0,
     session_epoch: int = -1,
+    version: int = 11,
 ) -> Any:
     partition_request = FetchRequest.FetchTopic.FetchPartition(
         partition=partition,
@@ -636,7 +638,7 @@ def fetch_raw(
         forgotten_topics_data=[],
         rack_id="",
     )
-    return FetchResponse.decode(_roundtrip(port, request, 11), version=11)
+    return FetchResponse.decode(_roundtrip(port, request, version), version=version)
 
 
 def test_raw_produce_errors(cluster: Cluster) -> None:
@@ -647,8 +649,14 @@ def test_raw_produce_errors(cluster: Cluster) -> None:
     assert _produce_errors(produce_raw(port0, 1, _batch([b"x"]))) == [6]  # broker 1 leads p1
     txn = _batch([b"x"], producer_id=7, producer_epoch=0, base_sequence=0, transactional=True)
     assert _produce_errors(produce_raw(port0, 0, txn, transactional_id="tx")) == [48]
+    # An idempotent batch is accepted, and its retry answered with the original offset.
     idempotent = _batch([b"x"], producer_id=7, producer_epoch=0, base_sequence=0)
-    assert _produce_errors(produce_raw(port0, 0, idempotent)) == [59]
+    first, retry = produce_raw(port0, 0, idempotent), produce_raw(port0, 0, idempotent)
+    assert _produce_errors(first) == _produce_errors(retry) == [0]
+    assert (
+        first.responses[0].partition_responses[0].base_offset
+        == retry.responses[0].partition_responses[0].base_offset
+    )
     start = cluster.high_watermark(0)
     ok = produce_raw(port0, 0, _batch([b"a", b"b", b"c"]))
     assert _produce_errors(ok) == [0]
@@ -725,7 +733,9 @@ def test_raw_fetch_rules_and_long_poll(cluster: Cluster) -> None:
     response = fetch_raw(port0, 0, hw + 1000)
     assert response.error_code == 0 and response.session_id == 0
     assert response.responses[0].partitions[0].error_code == 1  # OFFSET_OUT_OF_RANGE
-    assert fetch_raw(port0, 1, 0).responses[0].partitions[0].error_code == 6
+    # Before v11 only leaders serve consumers; from v11 a follower does (KIP-392).
+    assert fetch_raw(port0, 1, 0, version=10).responses[0].partitions[0].error_code == 6
+    assert fetch_raw(port0, 1, 0).responses[0].partitions[0].error_code == 0
     assert fetch_raw(port0, 0, 0, session_id=42, session_epoch=5).error_code == 70
     assert fetch_raw(port0, 0, 0, session_epoch=3).error_code == 71
     closing = fetch_raw(port0, 0, 0, session_id=42, session_epoch=-1)  # a full fetch

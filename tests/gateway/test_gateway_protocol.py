@@ -51,8 +51,34 @@ def answer(connection: Connection, request: Request) -> bytes:
     return bytes(connection.send(request, response))
 
 
+# Every API with a handler, at the ranges measured against the clients (apis.TARGET_VERSIONS).
+EXPECTED_TABLE = {
+    0: (3, 7),  # Produce
+    1: (4, 11),  # Fetch
+    2: (1, 3),  # ListOffsets
+    3: (1, 5),  # Metadata
+    8: (2, 3),  # OffsetCommit
+    9: (1, 3),  # OffsetFetch
+    10: (0, 2),  # FindCoordinator
+    11: (0, 5),  # JoinGroup
+    12: (0, 3),  # Heartbeat
+    13: (0, 1),  # LeaveGroup
+    14: (0, 3),  # SyncGroup
+    18: (0, 2),  # ApiVersions
+    19: (2, 4),  # CreateTopics
+    20: (1, 3),  # DeleteTopics
+    22: (0, 1),  # InitProducerId
+    32: (0, 2),  # DescribeConfigs
+    33: (0, 1),  # AlterConfigs
+    37: (0, 1),  # CreatePartitions
+    43: (0, 1),  # ElectLeaders
+    44: (0, 0),  # IncrementalAlterConfigs
+}
+
+
 def test_advertised_table_is_the_registered_handlers() -> None:
-    assert dict(ADVERTISED) == {0: (3, 7), 1: (4, 11), 2: (1, 3), 3: (1, 5), 18: (0, 2)}
+    assert dict(ADVERTISED) == EXPECTED_TABLE
+    assert not {24, 25, 26, 28} & set(ADVERTISED), "transaction APIs are not built"
 
 
 def test_header_versions_follow_flexible_versions() -> None:
@@ -73,19 +99,30 @@ def test_api_versions_v0_golden_bytes() -> None:
     assert isinstance(request, Request)
     assert request.header == codec.RequestHeader(18, 0, 7, "raw", 1)
     assert answer(connection, request) == bytes.fromhex(
-        "00000028"  # size: 40 bytes
+        "00000082"  # size: 130 bytes
         "00000007"  # correlation id
         "0000"  # error_code NONE
-        "00000005"  # api_keys: 5 entries, by key
+        "00000014"  # api_keys: 20 entries, by key; each key, min, max
         "000000030007"  # Produce 3-7
         "00010004000b"  # Fetch 4-11
         "000200010003"  # ListOffsets 1-3
-        "0003"
-        "0001"
-        "0005"  # Metadata 1-5
-        "0012"
-        "0000"
-        "0002"  # ApiVersions 0-2
+        "000300010005"  # Metadata 1-5
+        "000800020003"  # OffsetCommit 2-3
+        "000900010003"  # OffsetFetch 1-3
+        "000a00000002"  # FindCoordinator 0-2
+        "000b00000005"  # JoinGroup 0-5
+        "000c00000003"  # Heartbeat 0-3
+        "000d00000001"  # LeaveGroup 0-1
+        "000e00000003"  # SyncGroup 0-3
+        "001200000002"  # ApiVersions 0-2
+        "001300020004"  # CreateTopics 2-4
+        "001400010003"  # DeleteTopics 1-3
+        "001600000001"  # InitProducerId 0-1
+        "002000000002"  # DescribeConfigs 0-2
+        "002100000001"  # AlterConfigs 0-1
+        "002500000001"  # CreatePartitions 0-1
+        "002b00000001"  # ElectLeaders 0-1
+        "002c00000000"  # IncrementalAlterConfigs 0-0
     )
 
 
