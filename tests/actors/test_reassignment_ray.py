@@ -1,0 +1,259 @@
+"""Reassignment, rebalance, auto leader rebalance and the memory check on real Ray.
+
+One node, three brokers (racks a, b, c), active + standby controller. Proves:
+- an RF=2 partition reassigned from brokers {1, 2} to {2, 3} while acks=all produce goes on
+  loses no acknowledged record, leadership leaves broker 1, and broker 1's replica stops and its
+  data directory is deleted;
+- a throttled reassignment reports its progress (the adding replica's log end against the
+  leader's), and when the active controller is killed in the middle the standby resumes it from
+  the metadata and completes it, then drops the throttle;
+- a cancel puts the original replicas back and stops the adding one;
+- ``rebalance`` moves replicas of a topic placed on two brokers onto the third;
+- after the brokers stop one by one (so the last one leads everything, as after restarting
+  ``raylog up``) and come back, the automatic preferred-leader rebalance hands every partition
+  back to its preferred leader without anyone asking;
+- a topic whose replicas would not fit the node's declared memory is refused with
+  POLICY_VIOLATION and nothing is created.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+from test_controller_ray import CALL_TIMEOUT_S, LEASE, Cluster, _get
+from waiting import wait_until
+
+from raylog.actors.broker import BrokerActor, broker_actor_name
+from raylog.actors.controller import ControllerActor, controller_actor_name
+from raylog.actors.replica import NAMESPACE
+from raylog.storage import batch as rb
+from raylog.storage.errors import NoReassignmentInProgressError, PolicyViolationError
+
+pytestmark = pytest.mark.slow
+
+BROKERS = (1, 2, 3)
+PREFIX = "reassign-test"
+BROKER_CONFIGS = {
+    "broker.heartbeat.interval.ms": "100",
+    "broker.session.timeout.ms": "1500",
+    "leader.imbalance.check.interval.seconds": "1",
+    # Followers leave the ISR fast once their broker stops, so leadership can come back.
+    "replica.lag.time.max.ms": "3000",
+}
+
+
+class ReassignCluster(Cluster):
+    """The controller tests' cluster with this module's names and configs."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.controller_names = (
+            f"{PREFIX}-{controller_actor_name(0)}",
+            f"{PREFIX}-{controller_actor_name(1)}",
+        )
+        self.controllers = [self._controller(name) for name in self.controller_names]
+        self.brokers = {b: self._broker(b) for b in BROKERS}
+
+    def _controller(self, name: str) -> Any:
+        return ControllerActor.options(name=name, namespace=NAMESPACE).remote(  # type: ignore[attr-defined]
+            str(self.root / "store"),
+            name,
+            broker_configs=BROKER_CONFIGS,
+            reconcile_interval_ms=100,
+            **LEASE,
+        )
+
+    def _broker(self, broker_id: int) -> Any:
+        return BrokerActor.options(  # type: ignore[attr-defined]
+            name=f"{PREFIX}-{broker_actor_name(broker_id)}", namespace=NAMESPACE
+        ).remote(
+            broker_id,
+            str(self.root / "data"),
+            rack="abc"[broker_id - 1],
+            port=9090 + broker_id,
+            controller_names=self.controller_names,
+            broker_configs=BROKER_CONFIGS,
+        )
+
+    def partition(self, topic: str, partition: int = 0) -> Any:
+        return self.call("metadata").topics[topic].partitions[partition]
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_local: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReassignCluster]:
+    c = ReassignCluster(tmp_path_factory.mktemp("reassign"))
+    try:
+        c.active()
+        wait_until(
+            lambda: all(_get(b.status.remote())["broker_epoch"] > 0 for b in c.brokers.values()),
+            timeout_s=CALL_TIMEOUT_S,
+            message="three brokers registered",
+        )
+        yield c
+    finally:
+        for handle in [*c.controllers, *c.brokers.values()]:
+            with contextlib.suppress(Exception):
+                ray.kill(handle, no_restart=True)
+
+
+def _produce_acked(cluster: ReassignCluster, topic: str, i: int, timeout_s: float = 20) -> int:
+    """Produce record ``i`` with acks=all, retrying retriable errors (leadership moves) like a
+    Kafka client; returns the acknowledged offset."""
+    acked: list[int] = []
+
+    def attempt() -> bool:
+        try:
+            outcome = cluster.produce(topic, i)
+        except (ray.exceptions.RayActorError, AttributeError, KeyError):
+            return False  # the leader's replica is being replaced; look it up again
+        if outcome.error_code == 0:
+            acked.append(outcome.base_offset)
+            return True
+        return False
+
+    wait_until(attempt, timeout_s=timeout_s, interval_s=0.01, message=f"acks=all produce {i}")
+    return acked[0]
+
+
+def _offsets(cluster: ReassignCluster, topic: str, broker: int) -> set[int]:
+    fetched = _get(cluster.replica(broker, topic).fetch.remote(0, 8 << 20))
+    return {h.base_offset for _, h in rb.iter_batches(fetched.records)}
+
+
+def _create_on(cluster: ReassignCluster, topic: str, assignment: list[list[int]]) -> None:
+    cluster.call("create_topic", topic, len(assignment), len(assignment[0]), {}, assignment)
+    cluster.reconciled()
+
+
+def test_auto_leader_rebalance_after_brokers_stopped_one_by_one(cluster: ReassignCluster) -> None:
+    cluster.call("create_topic", "skewed", 3, 3, {})
+    cluster.reconciled()
+    preferred = [p.replicas[0] for p in cluster.call("metadata").topics["skewed"].partitions]
+    assert sorted(preferred) == [1, 2, 3]
+    last = preferred[2]
+    for b in preferred[:2]:  # as `raylog up` stopping: the broker stopped last keeps every leader
+        assert _get(cluster.brokers[b].shutdown.remote()) is True
+    leaders = [p.leader for p in cluster.call("metadata").topics["skewed"].partitions]
+    assert leaders == [last, last, last]
+    for b in preferred[:2]:
+        ray.kill(cluster.brokers[b], no_restart=False)  # Ray restarts it: registers anew
+    wait_until(
+        lambda: (
+            [p.leader for p in cluster.call("metadata").topics["skewed"].partitions] == preferred
+        ),
+        timeout_s=4 * CALL_TIMEOUT_S,  # two broker restarts on a loaded machine
+        message="every partition led by its preferred replica again",
+    )
+
+
+def test_reassign_rf2_from_1_2_to_2_3_while_producing_loses_nothing(
+    cluster: ReassignCluster,
+) -> None:
+    _create_on(cluster, "moving", [[1, 2]])
+    acked = {i: _produce_acked(cluster, "moving", i) for i in range(50)}
+    codes = cluster.call("reassign_partitions", {("moving", 0): [2, 3]})
+    assert codes == {("moving", 0): (0, "")}
+    p = cluster.partition("moving")
+    assert p.replicas == (2, 3, 1) and p.adding_replicas == (3,) and p.removing_replicas == (1,)
+    i = 50
+    while cluster.partition("moving").reassigning:  # bounded by the produce timeouts below
+        acked[i] = _produce_acked(cluster, "moving", i)
+        i += 1
+        assert i < 5_000, "the reassignment never completed"
+    assert i > 50, "no record was produced while the reassignment ran"
+    for j in range(i, i + 10):
+        acked[j] = _produce_acked(cluster, "moving", j)
+    p = cluster.partition("moving")
+    assert p.replicas == (2, 3) and set(p.isr) == {2, 3} and p.leader == 2
+    assert not cluster.call("list_reassignments")
+    for b in (2, 3):
+        wait_until(
+            lambda b=b: set(acked.values()) <= _offsets(cluster, "moving", b),
+            timeout_s=CALL_TIMEOUT_S,
+            message=f"every acknowledged record on broker {b}",
+        )
+    cluster.reconciled()
+    assert cluster.replica(1, "moving") is None
+    assert not (cluster.root / "data" / "broker-1" / "moving-0").exists()
+
+
+def test_controller_failover_in_the_middle_resumes_a_throttled_reassignment(
+    cluster: ReassignCluster,
+) -> None:
+    _create_on(cluster, "slow-move", [[1, 2]])
+    for i in range(300):
+        _produce_acked(cluster, "slow-move", i)
+    # ~30 kB to copy at 4 kB/s: several seconds, long enough to kill the controller in between.
+    codes = cluster.call("reassign_partitions", {("slow-move", 0): [3, 2]}, 4_000)
+    assert codes[("slow-move", 0)][0] == 0
+    progress = wait_until(
+        lambda: [
+            r for r in cluster.call("list_reassignments") if r.adding_log_end_offsets.get(3, -1) > 0
+        ],
+        timeout_s=CALL_TIMEOUT_S,
+        message="the adding replica copying",
+    )
+    [row] = progress
+    assert row.target == (3, 2) and row.removing == (1,)
+    assert 0 < row.adding_log_end_offsets[3] < row.leader_log_end_offset == 300
+    assert cluster.call("metadata").dynamic_broker_configs == {
+        "leader.replication.throttled.rate": "4000"
+    }
+    old = cluster.active()
+    ray.kill(old, no_restart=False)  # comes back as the standby
+    wait_until(
+        lambda: not cluster.partition("slow-move").reassigning,
+        timeout_s=2 * CALL_TIMEOUT_S,
+        message="the new controller completes the reassignment",
+    )
+    p = cluster.partition("slow-move")
+    assert p.replicas == (3, 2) and set(p.isr) == {2, 3}
+    assert cluster.call("metadata").dynamic_broker_configs == {}, "throttle not lifted"
+    assert _produce_acked(cluster, "slow-move", 300) == 300
+    cluster.reconciled()
+    assert cluster.replica(1, "slow-move") is None
+
+
+def test_cancel_restores_the_original_replicas(cluster: ReassignCluster) -> None:
+    _create_on(cluster, "undo", [[1, 2]])
+    for i in range(100):
+        _produce_acked(cluster, "undo", i)
+    cluster.call("reassign_partitions", {("undo", 0): [3, 2]}, 500)  # crawls: cancel in time
+    codes = cluster.call("cancel_reassignments", [("undo", 0)])
+    assert codes == {("undo", 0): (0, "")}
+    p = cluster.partition("undo")
+    assert set(p.replicas) == {1, 2} and not p.reassigning and 3 not in p.isr
+    again = cluster.call("cancel_reassignments", [("undo", 0)])
+    assert again[("undo", 0)][0] == NoReassignmentInProgressError.error_code
+    cluster.reconciled()
+    assert cluster.replica(3, "undo") is None
+
+
+def test_rebalance_moves_replicas_onto_the_unused_broker(cluster: ReassignCluster) -> None:
+    _create_on(cluster, "lopsided", [[1, 2], [2, 1], [1, 2]])
+    started = cluster.call("rebalance", ["lopsided"])
+    assert sum(3 in target for target in started.values()) == 2
+    wait_until(
+        lambda: not cluster.call("list_reassignments"),
+        timeout_s=2 * CALL_TIMEOUT_S,  # replica starts and push rounds are slow under load
+        message="rebalance reassignments complete",
+    )
+    md = cluster.call("metadata")
+    counts = {b: 0 for b in BROKERS}
+    for p in md.topics["lopsided"].partitions:
+        for b in p.replicas:
+            counts[b] += 1
+    assert sorted(counts.values()) == [2, 2, 2]
+    assert cluster.call("rebalance", ["lopsided"]) == {}
+
+
+def test_topic_that_would_not_fit_in_memory_is_refused(cluster: ReassignCluster) -> None:
+    with pytest.raises(PolicyViolationError) as e:
+        cluster.call("create_topic", "enormous", 50_000, 3, {})
+    assert "MiB" in str(e.value)
+    assert "enormous" not in cluster.call("metadata").topics

@@ -1,0 +1,74 @@
+"""Hard-kill the broker leading a partition of a running `raylog up` cluster (live tests).
+
+``python kill_leader.py DATA_DIR TOPIC PARTITION`` joins the cluster's Ray with the data dir's
+token (a separate process: Ray reads its token when it is imported, and the test process has
+its own Ray session), asks the active controller for the partition's leader, kills that broker's
+replica actors (``ray.kill``: no graceful shutdown, nothing flushed or handed over) and its
+broker actor (Ray restarts the broker, which re-creates its replicas from their WALs), and
+prints one line: ``killed: {"leader": id, "replicas": [names]}``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+CALL_TIMEOUT_S = 30.0
+FIND_DEADLINE_S = 60.0
+
+
+def _active_controller(ray: Any) -> Any:
+    from raylog.actors.controller import controller_actor_name
+    from raylog.actors.replica import NAMESPACE
+
+    deadline = time.monotonic() + FIND_DEADLINE_S
+    while time.monotonic() < deadline:
+        for index in (0, 1):
+            try:
+                handle = ray.get_actor(controller_actor_name(index), namespace=NAMESPACE)
+                if ray.get(handle.status.remote(), timeout=5).active:
+                    return handle
+            except Exception:  # missing, dead or slow: try the other one
+                continue
+        time.sleep(0.2)
+    raise SystemExit("no active controller")
+
+
+def main(data_dir: str, topic: str, partition: str) -> int:
+    from raylog.actors import raycluster
+
+    root = Path(data_dir)
+    info = raycluster.read_cluster_info(root)
+    if info is None:
+        raise SystemExit(f"no cluster running from {root}")
+    raycluster.apply_ray_env(root)
+    import ray
+
+    from raylog.actors.broker import broker_actor_name
+    from raylog.actors.replica import NAMESPACE, replica_actor_name
+
+    ray.init(address=info.ray_address, namespace=NAMESPACE, logging_level="WARNING")
+    md = ray.get(_active_controller(ray).metadata.remote(), timeout=CALL_TIMEOUT_S)
+    leader = md.topics[topic].partitions[int(partition)].leader
+    if leader < 0:
+        raise SystemExit(f"{topic}-{partition} has no leader")
+    killed = []
+    for name, t in md.topics.items():
+        for p in t.partitions:
+            if leader in p.replicas:
+                actor_name = replica_actor_name(name, p.partition, leader)
+                try:
+                    ray.kill(ray.get_actor(actor_name, namespace=NAMESPACE), no_restart=True)
+                    killed.append(actor_name)
+                except ValueError:
+                    pass  # not started
+    ray.kill(ray.get_actor(broker_actor_name(leader), namespace=NAMESPACE), no_restart=False)
+    print("killed: " + json.dumps({"leader": leader, "replicas": killed}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))

@@ -1,0 +1,208 @@
+"""Every `raylog` command against a live embedded cluster, as an operator runs them.
+
+Proves: `topics list|describe` (kafka-topics.sh lines, `--under-replicated-partitions`, `--json`),
+`configs describe|alter`, `brokers list` (`--json`: id, rack, address, state, partitions led),
+`status` (`--json`); `brokers kill` is a crash: `topics describe` then shows a new leader and the
+shrunk ISR, and the broker reads fenced; `brokers start` brings it back with the same id and
+port and the ISR expands again; `leader-election --preferred` moves leadership back;
+`brokers stop` is a controlled shutdown (the broker reads shutdown, leads nothing) and `brokers
+start` undoes it; a failing command exits 1 with one line. One cluster for the whole module.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cluster_support import RAYLOG, UpProcess, cli_env, free_port_block
+from confluent_kafka import Producer
+from waiting import wait_until
+
+from raylog.actors import raycluster
+
+pytestmark = pytest.mark.slow
+
+TOPIC = "events"
+PARTITIONS = 2
+RECORDS = 30
+WAIT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
+    data_dir = tmp_path_factory.mktemp("cli") / "data"
+    metrics_port = free_port_block(1)
+    with UpProcess(data_dir, "--metrics-port", str(metrics_port)) as cluster:
+        ok(cluster.raylog(
+            "topics", "create", TOPIC, "--partitions", str(PARTITIONS),
+            "--replication-factor", "3", "--config", "min.insync.replicas=2",
+        ))  # fmt: skip
+        yield cluster
+
+
+def ok(proc: subprocess.CompletedProcess[str]) -> str:
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def js(up: UpProcess, *args: str) -> Any:
+    return json.loads(ok(up.raylog(*args, "--json")))
+
+
+def failure_line(proc: subprocess.CompletedProcess[str]) -> str:
+    """The one line a failed command printed (Ray's own raylet warnings, printed by every
+    driver that joins a busy cluster, are not the command's)."""
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    lines = [line for line in proc.stderr.splitlines() if "(raylet)" not in line]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("raylog: "), lines
+    return lines[0]
+
+
+def partitions(up: UpProcess) -> list[dict[str, Any]]:
+    [topic] = js(up, "topics", "describe", TOPIC)
+    return topic["partitions"]
+
+
+def brokers(up: UpProcess) -> dict[int, dict[str, Any]]:
+    return {b["id"]: b for b in js(up, "brokers", "list")}
+
+
+def produce(bootstrap: str) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+    failed: list[str] = []
+    for i in range(RECORDS):
+        producer.produce(
+            TOPIC, value=f"v{i}".encode(), partition=i % PARTITIONS,
+            on_delivery=lambda err, _msg: failed.append(str(err)) if err else None,
+        )  # fmt: skip
+    assert producer.flush(WAIT_S) == 0
+    assert failed == []
+
+
+def test_topics_configs_and_status_read_like_kafkas_tools(up: UpProcess) -> None:
+    assert ok(up.raylog("topics", "list")).split() == [TOPIC]
+    assert [t["name"] for t in js(up, "topics", "list")] == [TOPIC]
+
+    text = ok(up.raylog("topics", "describe", TOPIC))
+    assert text.startswith(f"Topic: {TOPIC}\tTopicId: ")
+    assert "PartitionCount: 2\tReplicationFactor: 3\tConfigs: min.insync.replicas=2" in text
+    rows = [line for line in text.splitlines() if "\tPartition: " in line]
+    assert len(rows) == PARTITIONS
+    for row, p in zip(rows, partitions(up), strict=True):
+        assert f"Leader: {p['leader']}\t" in row and f"LeaderEpoch: {p['leader_epoch']}" in row
+        assert sorted(p["isr"]) == [1, 2, 3] and not p["under_replicated"]
+    assert ok(up.raylog("topics", "describe", "--under-replicated-partitions")) == ""
+
+    described = js(up, "configs", "describe", "--topic", TOPIC)
+    assert described["min.insync.replicas"] == {"value": "2", "default": False}
+    assert described["retention.ms"]["default"] is True
+    ok(up.raylog("configs", "alter", "--topic", TOPIC, "--set", "retention.ms=3600000"))
+    text = ok(up.raylog("configs", "describe", "--topic", TOPIC))
+    assert "  retention.ms=3600000 (topic override)" in text.splitlines()
+    ok(up.raylog("configs", "alter", "--topic", TOPIC, "--delete", "retention.ms"))
+    described = js(up, "configs", "describe", "--topic", TOPIC)
+    assert described["retention.ms"]["default"] is True
+    assert described["min.insync.replicas"]["value"] == "2"  # the other override stays
+
+    status = js(up, "status")
+    assert status["brokers"] == {"alive": [1, 2, 3], "fenced": [], "shutdown": []}
+    assert status["controller"]["id"].startswith("controller:")
+    assert (status["partitions"], status["offline_partitions"]) == (PARTITIONS, 0)
+    assert status["under_replicated_partitions"] == status["under_min_isr_partitions"] == 0
+    assert "under-replicated partitions: 0" in ok(up.raylog("status"))
+
+    table = ok(up.raylog("brokers", "list")).splitlines()
+    assert table[0].split() == ["ID", "RACK", "ADDRESS", "STATE", "LEADERS"]
+    rows_by_id = {int(line.split()[0]): line.split() for line in table[1:]}
+    port = up.port
+    assert rows_by_id[2][1:4] == ["b", f"127.0.0.1:{port + 1}", "alive"]
+    listed = brokers(up)
+    assert [listed[b]["rack"] for b in (1, 2, 3)] == ["a", "b", "c"]
+    assert sum(b["leader_partitions"] for b in listed.values()) == PARTITIONS
+
+
+def test_failures_are_one_line_and_exit_1(up: UpProcess) -> None:
+    assert "no broker 9" in failure_line(up.raylog("brokers", "kill", "9"))
+    assert "does not exist" in failure_line(up.raylog("topics", "describe", "nope"))
+    assert "bogus" in failure_line(up.raylog("configs", "alter", "--topic", TOPIC,
+                                             "--set", "bogus=1"))  # fmt: skip
+    assert "--partition needs --topic" in failure_line(
+        up.raylog("leader-election", "--preferred", "--partition", "0")
+    )
+    assert "already running" in failure_line(up.raylog("brokers", "start", "2"))
+
+
+def test_kill_shrinks_the_isr_and_start_expands_it(up: UpProcess) -> None:
+    produce(up.bootstrap)
+    led_by_1 = [p["partition"] for p in partitions(up) if p["leader"] == 1]
+    assert led_by_1, "broker 1 is the preferred leader of partition 0"
+
+    ok(up.raylog("brokers", "kill", "1"))
+
+    def shrunk() -> list[dict[str, Any]] | None:
+        ps = partitions(up)
+        return ps if all(1 not in p["isr"] and p["leader"] not in (1, -1) for p in ps) else None
+
+    after_kill = wait_until(shrunk, timeout_s=WAIT_S, message="ISRs without broker 1")
+    text = ok(up.raylog("topics", "describe", TOPIC))
+    for p in after_kill:
+        assert f"Partition: {p['partition']}\tLeader: {p['leader']}\t" in text
+        assert p["under_replicated"] and sorted(p["isr"]) == [2, 3]
+    assert "Isr: 2,3" in text or "Isr: 3,2" in text
+    under = ok(up.raylog("topics", "describe", "--under-replicated-partitions"))
+    assert len(under.strip().splitlines()) == PARTITIONS
+    assert brokers(up)[1]["state"] == "fenced"
+    assert js(up, "status")["under_replicated_partitions"] == PARTITIONS
+
+    ok(up.raylog("brokers", "start", "1"))
+
+    def expanded() -> bool:
+        return all(sorted(p["isr"]) == [1, 2, 3] for p in partitions(up))
+
+    wait_until(expanded, timeout_s=WAIT_S, message="broker 1 back in every ISR")
+    listed = brokers(up)[1]
+    assert (listed["state"], listed["port"], listed["rack"]) == ("alive", up.port, "a")
+
+    out = ok(up.raylog("leader-election", "--preferred", "--topic", TOPIC))
+    # The controller's own imbalance check may have moved partition 0 back first.
+    assert (
+        f"Successfully completed leader election (PREFERRED) for partitions {TOPIC}-0" in out
+        or f"Valid replica already elected for partitions {TOPIC}-0" in out
+    ), out
+    assert all(p["leader"] == p["replicas"][0] for p in partitions(up))
+    out = ok(up.raylog("leader-election", "--preferred", "--topic", TOPIC, "--partition", "0"))
+    assert f"Valid replica already elected for partitions {TOPIC}-0" in out
+
+
+def test_stop_is_a_controlled_shutdown_and_start_undoes_it(up: UpProcess) -> None:
+    ok(up.raylog("brokers", "stop", "2"))
+    listed = brokers(up)[2]
+    assert (listed["state"], listed["leader_partitions"]) == ("shutdown", 0)
+    assert js(up, "status")["brokers"]["shutdown"] == [2]
+    assert all(p["leader"] != 2 for p in partitions(up))
+    assert "is not running" in failure_line(up.raylog("brokers", "stop", "2"))
+
+    ok(up.raylog("brokers", "start", "2"))
+    wait_until(
+        lambda: all(2 in p["isr"] for p in partitions(up)),
+        timeout_s=WAIT_S,
+        message="broker 2 back in every ISR",
+    )
+    assert brokers(up)[2]["state"] == "alive"
+
+
+def test_address_finds_the_cluster_too(up: UpProcess, tmp_path: Path) -> None:
+    info = json.loads((up.data_dir / "cluster.json").read_text())
+    env_dir = tmp_path / "elsewhere"  # no cluster.json here: --address alone must do
+    proc = subprocess.run(
+        [*RAYLOG, "topics", "list", "--address", info["ray_address"]],
+        capture_output=True, text=True, timeout=WAIT_S,
+        env={**cli_env(), **raycluster.ray_env(up.data_dir), "RAYLOG_DATA_DIR": str(env_dir)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [TOPIC]

@@ -1,0 +1,356 @@
+"""Consumer groups through the gateway, with real clients against a real embedded cluster.
+
+Proves, on one `raylog up` cluster (3 brokers) and one 4-partition RF=3 topic:
+
+(a) kafka-python: two KafkaConsumers of one group split the 4 partitions between them; when one
+    closes, the other is given all 4.
+(b) confluent-kafka: a consumer commits part-way and closes; a new consumer of the same group
+    resumes from the committed offsets: every record is seen exactly once across the two.
+(c) aiokafka: a group consumer reads every record and commits; OffsetFetch returns the ends.
+(d) coordinator failover (last: it kills a broker): the broker leading the group's
+    ``__consumer_offsets`` partition has its replica actors and broker actor hard-killed; once
+    another broker leads and has loaded the partition, OffsetFetch still returns (b)'s offsets.
+
+Also: ``__consumer_offsets`` is created by the first FindCoordinator and is internal in Metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+from cluster_support import UpProcess, cli_env
+from confluent_kafka import Consumer, Producer, TopicPartition
+from waiting import wait_until
+
+from raylog.gateway.group_coordinator import partition_for
+
+pytestmark = pytest.mark.slow
+
+TOPIC = "grouped"
+PARTITIONS = 4
+RECORDS = 40
+CLIENT_TIMEOUT_S = 90.0
+KILL_TIMEOUT_S = 120.0
+FAILOVER_GROUP = "resume-group"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
+    with UpProcess(tmp_path_factory.mktemp("groups")) as up:
+        done = up.raylog(
+            "topics", "create", TOPIC, "--partitions", str(PARTITIONS), "--replication-factor", "3"
+        )
+        assert done.returncode == 0, done.stderr
+        _produce(up.bootstrap)
+        yield up
+
+
+def _produce(bootstrap: str) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+    failed: list[str] = []
+    for i in range(RECORDS):
+        producer.produce(
+            TOPIC,
+            value=f"v{i}".encode(),
+            partition=i % PARTITIONS,
+            on_delivery=lambda err, _msg: failed.append(str(err)) if err else None,
+        )
+    assert producer.flush(CLIENT_TIMEOUT_S) == 0 and not failed, failed[:3]
+
+
+def _all_values() -> set[bytes]:
+    return {f"v{i}".encode() for i in range(RECORDS)}
+
+
+# --- (a) kafka-python: two members, then one --------------------------------------------------
+
+
+class _PollingConsumer:
+    """A kafka-python KafkaConsumer polled in its own thread (group joins block in poll)."""
+
+    def __init__(self, bootstrap: str, group: str) -> None:
+        from kafka import KafkaConsumer
+
+        self.consumer = KafkaConsumer(
+            TOPIC,
+            bootstrap_servers=bootstrap,
+            group_id=group,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            session_timeout_ms=10_000,
+            heartbeat_interval_ms=1_000,
+            max_poll_interval_ms=60_000,
+        )
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.assigned: set[int] = set()
+        self.errors: list[BaseException] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                self.consumer.poll(timeout_ms=200)
+                with self.lock:
+                    self.assigned = {tp.partition for tp in self.consumer.assignment()}
+        except BaseException as exc:  # reported by the test
+            self.errors.append(exc)
+
+    def partitions(self) -> set[int]:
+        with self.lock:
+            return set(self.assigned)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=CLIENT_TIMEOUT_S)
+        assert not self.thread.is_alive()
+        self.consumer.close()  # LeaveGroup
+        assert not self.errors, self.errors
+
+
+def test_kafka_python_group_splits_partitions_then_one_takes_all(cluster: UpProcess) -> None:
+    first = _PollingConsumer(cluster.bootstrap, "kp-group")
+    second = _PollingConsumer(cluster.bootstrap, "kp-group")
+    try:
+
+        def split() -> bool:
+            a, b = first.partitions(), second.partitions()
+            assert not first.errors and not second.errors, (first.errors, second.errors)
+            return bool(a) and bool(b) and not (a & b) and (a | b) == set(range(PARTITIONS))
+
+        wait_until(split, timeout_s=CLIENT_TIMEOUT_S, message="both members assigned")
+        second.close()
+        wait_until(
+            lambda: first.partitions() == set(range(PARTITIONS)),
+            timeout_s=CLIENT_TIMEOUT_S,
+            message="the remaining member assigned every partition",
+        )
+    finally:
+        for c in (first, second):
+            if c.thread.is_alive():
+                c.close()
+
+
+# --- (b) confluent-kafka: commit, close, resume -----------------------------------------------
+
+
+def _confluent_consumer(bootstrap: str, group: str) -> Consumer:
+    return Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "session.timeout.ms": 10_000,
+        }
+    )
+
+
+def _consume(consumer: Consumer, count: int) -> list[tuple[int, int, bytes]]:
+    got: list[tuple[int, int, bytes]] = []
+
+    def more() -> bool:
+        msg = consumer.poll(0.5)
+        if msg is not None:
+            assert msg.error() is None, msg.error()
+            got.append((msg.partition(), msg.offset(), msg.value()))
+        return len(got) >= count
+
+    wait_until(more, timeout_s=CLIENT_TIMEOUT_S, interval_s=0, message=f"{count} records")
+    return got
+
+
+def test_confluent_commit_close_and_resume(cluster: UpProcess) -> None:
+    first = _confluent_consumer(cluster.bootstrap, FAILOVER_GROUP)
+    first.subscribe([TOPIC])
+    before = _consume(first, RECORDS // 2)
+    first.commit(asynchronous=False)
+    committed = first.committed(
+        [TopicPartition(TOPIC, p) for p in range(PARTITIONS)], timeout=CLIENT_TIMEOUT_S
+    )
+    first.close()
+    expected = {p: -1001 for p in range(PARTITIONS)}  # librdkafka's "no offset"
+    for partition, offset, _ in before:
+        expected[partition] = max(expected[partition], offset + 1)
+    assert {tp.partition: tp.offset for tp in committed} == expected
+
+    second = _confluent_consumer(cluster.bootstrap, FAILOVER_GROUP)
+    second.subscribe([TOPIC])
+    try:
+        after = _consume(second, RECORDS - len(before))
+        extra = second.poll(2.0)  # nothing beyond: no record twice
+        assert extra is None, (extra.partition(), extra.offset())
+        second.commit(asynchronous=False)
+    finally:
+        second.close()
+    values = [v for _, _, v in before + after]
+    assert sorted(values) == sorted(_all_values())
+
+
+def test_offsets_topic_is_internal_and_created_once(cluster: UpProcess) -> None:
+    from kafka import KafkaAdminClient
+
+    # Any group request creates the topic (here FindCoordinator, from committed()).
+    wait_until(
+        lambda: _committed_or_none(cluster.bootstrap, "probe-group") is not None,
+        timeout_s=CLIENT_TIMEOUT_S,
+        interval_s=0.5,
+        message="a coordinator for a new group",
+    )
+    admin = KafkaAdminClient(bootstrap_servers=cluster.bootstrap)
+    try:
+        topics = {t["name"]: t for t in admin.describe_topics(["__consumer_offsets"])}
+    finally:
+        admin.close()
+    offsets = topics["__consumer_offsets"]
+    assert offsets["is_internal"] is True
+    assert len(offsets["partitions"]) == 3  # offsets.topic.num.partitions in raylog
+    assert all(len(p["replica_nodes"]) == 3 for p in offsets["partitions"])
+
+
+# --- (c) aiokafka -------------------------------------------------------------------------------
+
+
+def test_aiokafka_group_consume_and_commit(cluster: UpProcess) -> None:
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import TopicPartition as AioTP
+
+    async def run() -> tuple[set[bytes], dict[int, int]]:
+        consumer = AIOKafkaConsumer(
+            TOPIC,
+            bootstrap_servers=cluster.bootstrap,
+            group_id="aio-group",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+        )
+        await consumer.start()
+        try:
+            seen: set[bytes] = set()
+            async with asyncio.timeout(CLIENT_TIMEOUT_S):
+                while len(seen) < RECORDS:
+                    batches = await consumer.getmany(timeout_ms=500)
+                    for records in batches.values():
+                        seen.update(r.value for r in records)
+            await consumer.commit()
+            committed = {p: await consumer.committed(AioTP(TOPIC, p)) for p in range(PARTITIONS)}
+        finally:
+            await consumer.stop()
+        return seen, committed
+
+    seen, committed = asyncio.run(run())
+    assert seen == _all_values()
+    assert committed == dict.fromkeys(range(PARTITIONS), RECORDS // PARTITIONS)
+
+
+# --- (d) coordinator failover -------------------------------------------------------------------
+
+KILL_SCRIPT = r"""
+import sys
+from pathlib import Path
+
+from raylog.actors import raycluster
+
+data_dir, broker = Path(sys.argv[1]), int(sys.argv[2])
+info = raycluster.read_cluster_info(data_dir)
+raycluster.apply_ray_env(data_dir)
+import ray
+
+from raylog.actors.broker import broker_actor_name
+from raylog.actors.controller import controller_actor_name
+from raylog.actors.replica import NAMESPACE, replica_actor_name
+
+ray.init(address=info.ray_address, namespace=NAMESPACE, logging_level="WARNING",
+         log_to_driver=False)
+md = None
+for i in range(2):
+    handle = ray.get_actor(controller_actor_name(i), namespace=NAMESPACE)
+    if ray.get(handle.status.remote(), timeout=10).active:
+        md = ray.get(handle.metadata.remote(), timeout=10)
+assert md is not None, "no active controller"
+killed = []
+for name, topic in md.topics.items():
+    for p in topic.partitions:
+        if broker in p.replicas:
+            actor = replica_actor_name(name, p.partition, broker)
+            try:
+                ray.kill(ray.get_actor(actor, namespace=NAMESPACE), no_restart=True)
+                killed.append(actor)
+            except ValueError:
+                pass
+# The broker process "crashes": Ray restarts the broker actor, which rejoins as a follower.
+ray.kill(ray.get_actor(broker_actor_name(broker), namespace=NAMESPACE), no_restart=False)
+print("killed", len(killed))
+"""
+
+
+def _offsets_leader(up: UpProcess, partition: int) -> int:
+    """The leader of ``__consumer_offsets``-``partition`` from `raylog topics describe`."""
+    done = up.raylog("topics", "describe", "__consumer_offsets")
+    assert done.returncode == 0, done.stderr
+    for line in done.stdout.splitlines():
+        # "Topic: T<TAB>Partition: P<TAB>Leader: L ..." (Kafka's layout) or "T P L ..." columns.
+        found = re.search(r"Partition:\s*(\d+)\s+Leader:\s*(-?\d+)", line)
+        fields = line.split()
+        if found is None and len(fields) >= 3 and fields[0] == "__consumer_offsets":
+            found = re.match(r"(\d+) (-?\d+)$", f"{fields[1]} {fields[2]}")
+        if found is not None and int(found.group(1)) == partition:
+            return int(found.group(2))
+    raise AssertionError(done.stdout)
+
+
+def _committed(bootstrap: str, group: str) -> dict[int, int]:
+    consumer = _confluent_consumer(bootstrap, group)
+    try:
+        found = consumer.committed(
+            [TopicPartition(TOPIC, p) for p in range(PARTITIONS)], timeout=10
+        )
+    finally:
+        consumer.close()
+    return {tp.partition: tp.offset for tp in found}
+
+
+def _committed_or_none(bootstrap: str, group: str) -> dict[int, int] | None:
+    try:
+        return _committed(bootstrap, group)
+    except Exception:  # KafkaException while the coordinator is created, loads or moves
+        return None
+
+
+def test_coordinator_failover_keeps_committed_offsets(cluster: UpProcess) -> None:
+    everything = dict.fromkeys(range(PARTITIONS), RECORDS // PARTITIONS)
+    assert _committed(cluster.bootstrap, FAILOVER_GROUP) == everything  # from (b)
+    partition = partition_for(FAILOVER_GROUP, 3)
+    old = _offsets_leader(cluster, partition)
+    killed_at = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", KILL_SCRIPT, str(cluster.data_dir), str(old)],
+        capture_output=True,
+        text=True,
+        timeout=KILL_TIMEOUT_S,
+        env=cli_env(),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "killed" in done.stdout
+    wait_until(
+        lambda: _offsets_leader(cluster, partition) not in (old, -1),
+        timeout_s=KILL_TIMEOUT_S,
+        interval_s=0.5,
+        message="a new leader of the group's __consumer_offsets partition",
+    )
+
+    wait_until(
+        lambda: _committed_or_none(cluster.bootstrap, FAILOVER_GROUP) == everything,
+        timeout_s=CLIENT_TIMEOUT_S,
+        interval_s=0.5,
+        message="offsets back",
+    )
+    # A figure for the report (pytest -s): kill (a Ray call in a subprocess) to offsets back.
+    print(f"coordinator failover: offsets back {time.monotonic() - killed_at:.1f} s after kill")
