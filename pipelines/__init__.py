@@ -1,9 +1,11 @@
 """raylog.pipelines: reading raylog topics from Spark and Ray Data.
 
-- ``register(spark)``: adds the ``raylog`` format to a SparkSession
-  (:mod:`raylog.pipelines.spark_source`);
+- ``register(spark)``: adds the ``raylog`` format (batch and Structured Streaming) to a
+  SparkSession (:mod:`raylog.pipelines.spark_source`);
 - ``read_topic(topic, ...)``: a ``ray.data.Dataset`` of a topic's committed records
-  (:mod:`raylog.pipelines.ray_data`).
+  (:mod:`raylog.pipelines.ray_data`);
+- :mod:`raylog.pipelines.features`: the example feature pipeline and its event generator
+  (`raylog pipeline features|generate`, :mod:`raylog.pipelines.cli`).
 
 Both are imported on first use, so that a Spark worker does not import Ray Data and a Ray
 Data job does not import PySpark.
@@ -17,7 +19,8 @@ __all__ = ["read_topic", "register"]
 
 
 def register(spark: Any) -> None:
-    """Make ``spark.read.format("raylog")`` available in ``spark``."""
+    """Make ``spark.read.format("raylog")`` and ``spark.readStream.format("raylog")``
+    available in ``spark``."""
     from raylog.pipelines.spark_source import register as _register
 
     _register(spark)

@@ -7,12 +7,10 @@ partition's metadata is enough to reach any of its replicas.
 
 Implementations:
 
-- :class:`StaticCatalog`: explicit metadata (tests, and until the controller answers). It is
-  what the Spark source's temporary ``catalog`` option builds.
-- Next: a controller-backed catalog. The controller writes topic metadata (assignments,
-  leaders, epochs, ISR) to the object store and answers metadata requests over Ray; that
-  catalog will ask the active ControllerActor (or read its metadata object) and keep the
-  same Protocol, so the readers do not change.
+- :class:`StaticCatalog`: explicit metadata. :func:`catalog_from_metadata` builds one from the
+  active controller's ``ClusterMetadata`` (topics, assignments, leaders, ISR), which is what
+  the Spark source and ``read_topic`` use (:func:`raylog.pipelines.reading.controller_catalog`
+  asks the controller over Ray); tests of planning build one by hand.
 
 Read placement (:func:`read_order`): prefer an in-sync follower, so that bulk reads do not load
 the leader that serves producers; fall back to the leader, then to anything else. A replica
@@ -80,8 +78,7 @@ class StaticCatalog:
     @classmethod
     def from_json(cls, text: str | Mapping[str, Any]) -> StaticCatalog:
         """Parse ``{"topic": [{"partition": 0, "leader": 0, "isr": [0, 1], "replicas": [0, 1,
-        2]}, ...]}`` (the Spark source's ``catalog`` option). ``isr`` defaults to ``replicas``
-        and ``leader`` to the first replica."""
+        2]}, ...]}``. ``isr`` defaults to ``replicas`` and ``leader`` to the first replica."""
         data = json.loads(text) if isinstance(text, str) else text
         if not isinstance(data, Mapping):
             raise ValueError("catalog must be a JSON object of topic -> list of partitions")
@@ -121,6 +118,25 @@ class StaticCatalog:
                 for t, ps in self._by_topic.items()
             }
         )
+
+
+def catalog_from_metadata(metadata: Any) -> StaticCatalog:
+    """A catalog of the controller's ``ClusterMetadata`` (:mod:`raylog.actors.metadata`).
+
+    Replica ids are broker ids; a partition without a leader has ``leader`` -1 (NO_LEADER),
+    which :func:`read_order` then skips.
+    """
+    return StaticCatalog(
+        PartitionInfo(
+            topic=name,
+            partition=p.partition,
+            leader_id=p.leader,
+            isr=tuple(p.isr),
+            replica_ids=tuple(p.replicas),
+        )
+        for name, topic in metadata.topics.items()
+        for p in topic.partitions
+    )
 
 
 def read_order(info: PartitionInfo) -> list[int]:

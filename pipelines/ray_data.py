@@ -83,7 +83,7 @@ class RaylogDatasource(Datasource):
 def read_topic(
     topic: str | list[str],
     *,
-    catalog: Catalog,
+    catalog: Catalog | None = None,
     start: str | int | Mapping[int, int] = "earliest",
     end: str | int | Mapping[int, int] = "latest",
     cluster: str | None = None,
@@ -95,15 +95,17 @@ def read_topic(
 
     ``start`` / ``end``: "earliest", "latest", an offset for every partition, or
     ``{partition: offset}`` (-2 earliest, -1 latest). ``catalog`` says where partitions
-    live (a :class:`~raylog.pipelines.catalog.StaticCatalog` until the controller-backed
-    catalog exists). ``cluster`` (data dir or Ray address) is joined when this process is
-    not in Ray yet.
+    live; by default the active controller's metadata
+    (:func:`~raylog.pipelines.reading.controller_catalog`). ``cluster`` (data dir or Ray
+    address) is joined when this process is not in Ray yet.
     """
     topics = [topic] if isinstance(topic, str) else list(topic)
     if cluster is not None:
         reading.connect(reading.ClusterTarget.resolve(cluster))
     elif not ray.is_initialized():
         raise ValueError("read_topic: pass cluster=..., or join the cluster with ray.init first")
+    if catalog is None:
+        catalog = reading.controller_catalog()
     chosen = reading.select_partitions(catalog, subscribe=topics)
     ranges = reading.plan(
         chosen,

@@ -6,6 +6,7 @@ Owns three things:
    Python workers are processes the JVM starts; Ray reads ``RAY_AUTH_MODE`` and
    ``RAY_AUTH_TOKEN_PATH`` when it is imported, so they are set here before ``import ray``.
    The connection is cached at module level and reused by every partition the worker reads.
+   :func:`controller_catalog` asks the active controller for the cluster's metadata.
 2. Planning (:func:`plan`): topics and partitions from a :class:`~raylog.pipelines.catalog.
    Catalog`, start/end offsets resolved against the partitions' log start offset and high
    watermark (asked of the leader), ``failOnDataLoss`` applied, ranges split for
@@ -31,7 +32,13 @@ from typing import Any
 import pyarrow as pa
 
 from raylog.pipelines import records
-from raylog.pipelines.catalog import Catalog, PartitionInfo, read_order
+from raylog.pipelines.catalog import (
+    Catalog,
+    PartitionInfo,
+    StaticCatalog,
+    catalog_from_metadata,
+    read_order,
+)
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +53,8 @@ CALL_TIMEOUT_S = 30.0  # a replica that does not answer a call in this long is s
 CATCH_UP_WAIT_S = 10.0
 LONG_POLL_MS = 500
 FETCH_CALLS_MAX = 1_000_000  # bound on the fetch loop of one range (each call advances)
+READ_PASSES_MAX = 3  # passes over a range's replicas before a read fails
+READ_PASS_PAUSE_S = 2.0  # between passes: about the controller's failover time
 
 
 class DataLossError(RuntimeError):
@@ -136,6 +145,49 @@ def connect(target: ClusterTarget) -> Any:
     return ray
 
 
+CONTROLLER_WAIT_S = 20.0  # an active controller found (a standby takes over within its lease)
+_controller: Any = None  # the last active controller's handle (module-level cache)
+
+
+def controller_catalog(timeout_s: float = CONTROLLER_WAIT_S) -> StaticCatalog:
+    """Topics, partitions, leaders and ISR from the active controller's ``metadata()``.
+
+    Asked again on every call (a streaming query re-plans every trigger, and leaders move);
+    only the controller's handle is cached. A controller that is a standby, dead or slow is
+    skipped; the other one is asked, until ``timeout_s``.
+    """
+    global _controller
+    import ray
+
+    from raylog.actors.cli import CONTROLLERS
+    from raylog.actors.controller import controller_actor_name
+
+    deadline = time.monotonic() + timeout_s
+    errors: list[str] = []
+    while True:
+        candidates = [_controller] if _controller is not None else []
+        for i in range(CONTROLLERS):
+            try:
+                candidates.append(ray.get_actor(controller_actor_name(i), namespace=NAMESPACE))
+            except ValueError as exc:  # no actor of that name (yet)
+                errors.append(str(exc))
+        for handle in candidates:
+            try:
+                metadata = ray.get(handle.metadata.remote(), timeout=CALL_TIMEOUT_S)
+            except (ray.exceptions.RayError, TimeoutError) as exc:  # standby, dead or slow
+                errors.append(repr(exc).splitlines()[0])
+                continue
+            _controller = handle
+            return catalog_from_metadata(metadata)
+        _controller = None
+        if time.monotonic() >= deadline:
+            raise RuntimeError(
+                f"no active raylog controller answered within {timeout_s:.0f} s: "
+                + "; ".join(errors[-3:])
+            )
+        time.sleep(0.2)
+
+
 _handles: dict[str, Any] = {}
 
 
@@ -151,6 +203,13 @@ def replica_handle(topic: str, partition: int, replica_id: int) -> Any:
         handle = ray.get_actor(name, namespace=NAMESPACE)
         _handles[name] = handle
     return handle
+
+
+def forget_handle(topic: str, partition: int, replica_id: int) -> None:
+    """Drop a cached handle that failed: a restarted broker makes a new actor of that name."""
+    from raylog.actors.replica import replica_actor_name
+
+    _handles.pop(replica_actor_name(topic, partition, replica_id), None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,8 +273,13 @@ def select_partitions(
     subscribe: Sequence[str] = (),
     subscribe_pattern: str | None = None,
     assign: Mapping[str, Sequence[int]] | None = None,
+    missing_ok: bool = False,
 ) -> list[PartitionInfo]:
-    """The partitions one of Spark's three subscription options names (exactly one given)."""
+    """The partitions one of Spark's three subscription options names (exactly one given).
+
+    ``missing_ok``: a subscribed topic that does not exist (yet) is skipped instead of being
+    an error (a streaming query picks it up once it is created, as Spark's Kafka source does).
+    """
     if assign is not None:
         out = []
         for topic, parts in assign.items():
@@ -233,7 +297,7 @@ def select_partitions(
     out = []
     for topic in topics:
         parts = catalog.partitions(topic)
-        if not parts:
+        if not parts and not missing_ok:
             raise ValueError(f"topic {topic!r} is not in the catalog")
         out += parts
     return out
@@ -348,6 +412,7 @@ def fetch_bounds(partitions: Sequence[PartitionInfo]) -> dict[tuple[str, int], B
             try:
                 state = ray.get(ref, timeout=CALL_TIMEOUT_S)
             except (ray.exceptions.RayError, TimeoutError) as exc:
+                forget_handle(key[0], key[1], rid)
                 errors.append(f"{key[0]}-{key[1]} replica {rid}: {exc!r}")
                 continue
             if state.offline is None:
@@ -382,7 +447,7 @@ def read_range(
 
     offset = r.start
     errors: list[str] = []
-    for rid in r.replica_ids:
+    for rid in _replica_passes(r.replica_ids):
         if offset >= r.end:
             return
         try:
@@ -396,6 +461,7 @@ def read_range(
             try:
                 outcome = ray.get(ref, timeout=CALL_TIMEOUT_S)
             except (ray.exceptions.RayError, TimeoutError) as exc:
+                forget_handle(r.topic, r.partition, rid)
                 errors.append(f"replica {rid}: {exc!r}")
                 break
             if outcome.error_code == OFFSET_OUT_OF_RANGE and offset < outcome.log_start_offset:
@@ -434,5 +500,18 @@ def read_range(
             if offset >= r.end:
                 return
     raise RuntimeError(
-        f"{r.topic}-{r.partition}: could not read offsets {offset}..{r.end}: {'; '.join(errors)}"
+        f"{r.topic}-{r.partition}: could not read offsets {offset}..{r.end}: "
+        + "; ".join(errors[-2 * len(r.replica_ids) :])
     )
+
+
+def _replica_passes(replica_ids: Sequence[int]) -> Iterator[int]:
+    """Replica ids in read order, READ_PASSES_MAX times, with a pause between passes.
+
+    During a failover every replica can fail at once for a moment (the old leader is dead,
+    the others wait for the controller); a later pass finds the new leader.
+    """
+    for attempt in range(READ_PASSES_MAX):
+        if attempt:
+            time.sleep(READ_PASS_PAUSE_S)
+        yield from replica_ids

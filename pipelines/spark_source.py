@@ -1,59 +1,86 @@
-"""The ``raylog`` PySpark data source: batch reads of topics, shaped like Spark's Kafka source.
+"""The ``raylog`` PySpark data source: batch and streaming reads, shaped like Spark's Kafka source.
 
 Usage::
 
     from raylog.pipelines import register
     register(spark)
-    df = (spark.read.format("raylog")
-          .option("cluster", "/var/lib/raylog")      # data dir with cluster.json, or Ray address
+    df = (spark.read.format("raylog")            # or spark.readStream.format("raylog")
+          .option("cluster", "/var/lib/raylog")  # data dir with cluster.json, or Ray address
           .option("subscribe", "events")
           .option("startingOffsets", "earliest")
           .load())
 
-Options (names and meanings of Spark's Kafka source; case-insensitive):
+Columns: ``key`` and ``value`` (binary), ``topic``, ``partition``, ``offset``, ``timestamp``,
+``timestampType``, and ``headers`` (array of key/value structs) with ``includeHeaders``.
 
-| option            | values                                   | default                  |
-|-------------------|------------------------------------------|--------------------------|
-| cluster           | data dir holding cluster.json, or a Ray  | required                 |
-|                   | address (token from the driver's env)    |                          |
-| subscribe         | comma-separated topics                   | exactly one of these 3   |
-| subscribePattern  | a regex over topic names (full match)    |                          |
-| assign            | JSON ``{"t": [0, 1]}``                   |                          |
-| startingOffsets   | earliest, or JSON ``{"t": {"0": 23}}``   | earliest                 |
-|                   | (-2 earliest)                            |                          |
-| endingOffsets     | latest, or JSON (-1 latest)              | latest                   |
-| minPartitions     | split offset ranges up to this many      | one per partition        |
-|                   | Spark input partitions                   |                          |
-| failOnDataLoss    | true: offsets below the log start fail;  | true                     |
-|                   | false: warn and skip them                |                          |
-| includeHeaders    | true adds ``headers``                    | false                    |
-| catalog           | TEMPORARY, for tests until the           | required for now         |
-|                   | controller answers metadata: JSON        |                          |
-|                   | ``{"t": [{"partition": 0, "leader": 0,   |                          |
-|                   | "isr": [0,1,2], "replicas": [0,1,2]}]}`` |                          |
+Options (Spark's Kafka source names; case-insensitive):
 
-Options are checked when the DataFrame is defined (``schema()``, on the driver), so an
-unknown or conflicting option fails before any task runs. Offsets are resolved when Spark
-plans the read (``partitions()``), against each partition's log start offset and high
-watermark. Each input partition is one :class:`~raylog.pipelines.reading.OffsetRange`; the
-reader joins Ray once per Python worker process (:func:`~raylog.pipelines.reading.connect`)
-and yields ``pyarrow.RecordBatch``es in Spark's Arrow schema.
+| option               | values                                   | default                  |
+|----------------------|------------------------------------------|--------------------------|
+| cluster              | data dir holding cluster.json, or a Ray  | required                 |
+|                      | address (token from the driver's env)    |                          |
+| subscribe            | comma-separated topics                   | exactly one of these 3   |
+| subscribePattern     | a regex over topic names (full match)    |                          |
+| assign               | JSON ``{"t": [0, 1]}``                   |                          |
+| startingOffsets      | earliest, latest (streaming only), or    | earliest (batch),        |
+|                      | JSON ``{"t": {"0": 23}}`` (-2 earliest,  | latest (streaming)       |
+|                      | -1 latest)                               |                          |
+| endingOffsets        | batch only: latest, or JSON (-1 latest)  | latest                   |
+| maxOffsetsPerTrigger | streaming only: records per micro-batch, | no limit                 |
+|                      | spread over partitions by backlog        |                          |
+| minPartitions        | split offset ranges up to this many      | one per partition        |
+|                      | Spark input partitions                   |                          |
+| failOnDataLoss       | true: offsets below the log start fail;  | true                     |
+|                      | false: warn and skip them                |                          |
+| includeHeaders       | true adds ``headers``                    | false                    |
 
-Streaming (``DataSourceStreamReader``) is not built yet.
+Where partitions live comes from the active controller's metadata
+(:func:`~raylog.pipelines.reading.controller_catalog`), asked when Spark plans a read (and at
+every micro-batch of a streaming query, so new partitions and moved leaders are seen). Each
+range is read from an in-sync follower when there is one, else the leader, and from the next
+replica when one fails (:func:`~raylog.pipelines.catalog.read_order`).
+
+Options are checked when the DataFrame is defined (``schema()``), so an unknown or conflicting
+option fails before any task runs; a topic that does not exist fails a batch read when Spark
+plans it, also before any task. Each input partition is one
+:class:`~raylog.pipelines.reading.OffsetRange`; the reader joins Ray once per Python worker
+process (:func:`~raylog.pipelines.reading.connect`, with the cluster's token) and yields
+``pyarrow.RecordBatch``es in Spark's Arrow schema.
+
+Spark's Python workers are started by the JVM with its environment: ``PYSPARK_PYTHON`` must
+name a Python that has raylog installed (``register`` warns when it does not). The Ray token
+needs nothing: with a data dir, the workers take it from ``cluster.json``; with a Ray address,
+from the ``RAY_AUTH_*`` variables of the process that planned the read.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import StructType
 
-from raylog.pipelines import reading
-from raylog.pipelines.catalog import StaticCatalog
+from raylog.pipelines import reading, stream_offsets
+from raylog.pipelines.catalog import Catalog, PartitionInfo
+
+log = logging.getLogger(__name__)
 
 NAME = "raylog"
 
@@ -72,10 +99,10 @@ KNOWN_OPTIONS = frozenset(
         "assign",
         "startingoffsets",
         "endingoffsets",
+        "maxoffsetspertrigger",
         "minpartitions",
         "failondataloss",
         "includeheaders",
-        "catalog",
     }
 )
 SUBSCRIPTIONS = ("subscribe", "subscribepattern", "assign")
@@ -91,12 +118,26 @@ def _bool(options: Mapping[str, str], key: str, default: bool) -> bool:
     return lowered == "true"
 
 
+def _positive_int(options: Mapping[str, str], key: str, name: str) -> int | None:
+    if key not in options:
+        return None
+    try:
+        value = int(options[key])
+    except ValueError as exc:
+        raise ValueError(f"option {name}: not an integer: {options[key]!r}") from exc
+    if value < 1:
+        raise ValueError(f"option {name} must be positive, got {value}")
+    return value
+
+
 class ReadOptions:
     """The data source's options, validated (every check that needs no cluster)."""
 
-    def __init__(self, options: Mapping[str, str]) -> None:
+    def __init__(self, options: Mapping[str, str], *, streaming: bool | None = False) -> None:
+        """``streaming``: True for a stream, False for a batch read, None for the checks that
+        hold for both (``schema()`` does not know which one it is)."""
         opts = {k.lower(): v for k, v in options.items()}
-        unknown = sorted(set(opts) - KNOWN_OPTIONS)
+        unknown = sorted(set(opts) - KNOWN_OPTIONS - {"path"})
         if unknown:
             raise ValueError(
                 f"unknown option(s) {unknown} for format {NAME!r}; known: {sorted(KNOWN_OPTIONS)}"
@@ -109,13 +150,7 @@ class ReadOptions:
             )
         if not opts.get("cluster"):
             raise ValueError("option cluster is required: a raylog data dir or a Ray address")
-        if not opts.get("catalog"):
-            raise ValueError(
-                "option catalog is required until the controller serves metadata "
-                '(JSON {"topic": [{"partition": 0, "replicas": [0, 1, 2]}]})'
-            )
         self.cluster: str = opts["cluster"]
-        self.catalog = StaticCatalog.from_json(opts["catalog"])
         self.subscribe = [t.strip() for t in opts.get("subscribe", "").split(",") if t.strip()]
         self.subscribe_pattern: str | None = opts.get("subscribepattern")
         self.assign: dict[str, list[int]] | None = None
@@ -125,14 +160,21 @@ class ReadOptions:
                 self.assign = {str(t): [int(p) for p in ps] for t, ps in data.items()}
             except (json.JSONDecodeError, AttributeError, TypeError, ValueError) as exc:
                 raise ValueError(f'option assign: expected JSON {{"t": [0, 1]}}: {exc}') from exc
+        default_start = "latest" if streaming else "earliest"
         self.starting = reading.parse_offsets(
-            opts.get("startingoffsets", "earliest"), "startingOffsets"
+            opts.get("startingoffsets", default_start), "startingOffsets"
         )
         self.ending = reading.parse_offsets(opts.get("endingoffsets", "latest"), "endingOffsets")
-        if self.starting == reading.LATEST:
-            raise ValueError("startingOffsets=latest is for streaming queries, not batch reads")
-        if self.ending == reading.EARLIEST:
-            raise ValueError("endingOffsets=earliest is not allowed for batch reads")
+        if streaming is True and "endingoffsets" in opts:
+            raise ValueError("endingOffsets is for batch reads, not streaming queries")
+        if streaming is False:
+            if self.starting == reading.LATEST:
+                raise ValueError("startingOffsets=latest is for streaming queries, not batch reads")
+            if self.ending == reading.EARLIEST:
+                raise ValueError("endingOffsets=earliest is not allowed for batch reads")
+        self.max_offsets_per_trigger = _positive_int(
+            opts, "maxoffsetspertrigger", "maxOffsetsPerTrigger"
+        )
         try:
             self.min_partitions = int(opts.get("minpartitions", "0"))
         except ValueError as exc:
@@ -141,12 +183,21 @@ class ReadOptions:
             raise ValueError(f"option minPartitions must be positive, got {self.min_partitions}")
         self.fail_on_data_loss = _bool(opts, "failondataloss", True)
         self.include_headers = _bool(opts, "includeheaders", False)
-        # Subscription names must resolve in the catalog now, not in a task.
-        reading.select_partitions(
-            self.catalog,
+        if self.subscribe_pattern is not None:
+            import re
+
+            try:
+                re.compile(self.subscribe_pattern)
+            except re.error as exc:
+                raise ValueError(f"option subscribePattern: bad regex: {exc}") from exc
+
+    def select(self, catalog: Catalog, *, missing_ok: bool = False) -> list[PartitionInfo]:
+        return reading.select_partitions(
+            catalog,
             subscribe=self.subscribe,
             subscribe_pattern=self.subscribe_pattern,
             assign=self.assign,
+            missing_ok=missing_ok,
         )
 
 
@@ -160,18 +211,47 @@ class RangePartition(InputPartition):
 
 
 class RaylogDataSource(DataSource):
-    """``spark.read.format("raylog")``: see the module docstring for options."""
+    """``spark.read.format("raylog")`` and ``spark.readStream.format("raylog")``."""
 
     @classmethod
     def name(cls) -> str:
         return NAME
 
     def schema(self) -> str:
-        read = ReadOptions(self.options)  # fail on bad options when the DataFrame is defined
+        # Fail on bad options when the DataFrame is defined. The checks that depend on batch
+        # or stream wait for reader() / streamReader(), still before any task runs.
+        read = ReadOptions(self.options, streaming=None)
         return SCHEMA_DDL + (HEADERS_DDL if read.include_headers else "")
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return RaylogBatchReader(ReadOptions(self.options), schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return RaylogStreamReader(ReadOptions(self.options, streaming=True), schema)
+
+
+def _arrow_schema(schema: StructType) -> pa.Schema:
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    # Spark checks yielded batches against exactly this schema (timestamp[us, UTC]).
+    return to_arrow_schema(schema, timezone="UTC")
+
+
+def _read(
+    partition: InputPartition, options: ReadOptions, arrow_schema: pa.Schema
+) -> Iterator[pa.RecordBatch]:
+    if not isinstance(partition, RangePartition):
+        # Spark reads one partition of its own (None) when partitions() planned none:
+        # every range was empty, so there is nothing to read.
+        return
+    reading.connect(reading.ClusterTarget.from_json(partition.target_json))
+    for batch in reading.read_range(
+        partition.offset_range,
+        include_headers=options.include_headers,
+        fail_on_data_loss=options.fail_on_data_loss,
+    ):
+        if batch.num_rows:
+            yield batch.cast(arrow_schema)
 
 
 class RaylogBatchReader(DataSourceReader):
@@ -180,17 +260,12 @@ class RaylogBatchReader(DataSourceReader):
     def __init__(self, options: ReadOptions, schema: StructType) -> None:
         self.options = options
         self.target = reading.ClusterTarget.resolve(options.cluster)
-        from pyspark.sql.pandas.types import to_arrow_schema
-
-        # Spark checks yielded batches against exactly this schema (timestamp[us, UTC]).
-        self.arrow_schema: pa.Schema = to_arrow_schema(schema, timezone="UTC")
+        self.arrow_schema = _arrow_schema(schema)
 
     def partitions(self) -> list[InputPartition]:
         o = self.options
         reading.connect(self.target)
-        chosen = reading.select_partitions(
-            o.catalog, subscribe=o.subscribe, subscribe_pattern=o.subscribe_pattern, assign=o.assign
-        )
+        chosen = o.select(reading.controller_catalog())
         ranges = reading.plan(
             chosen,
             reading.fetch_bounds(chosen),
@@ -200,24 +275,98 @@ class RaylogBatchReader(DataSourceReader):
             fail_on_data_loss=o.fail_on_data_loss,
         )
         target_json = self.target.to_json()
-        parts: list[InputPartition] = [RangePartition(r, target_json) for r in ranges]
-        return parts
+        return [RangePartition(r, target_json) for r in ranges]
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        if not isinstance(partition, RangePartition):
-            # Spark reads one partition of its own (None) when partitions() planned none:
-            # every range was empty, so there is nothing to read.
-            return
-        reading.connect(reading.ClusterTarget.from_json(partition.target_json))
-        for batch in reading.read_range(
-            partition.offset_range,
-            include_headers=self.options.include_headers,
+        yield from _read(partition, self.options, self.arrow_schema)
+
+
+class RaylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches of committed records; offsets ``{topic: {partition: offset}}``.
+
+    Lives in one Python process for the whole query (Spark's streaming source runner), so it
+    joins Ray once; every call asks the controller for the current partitions and leaders.
+    The decisions are :mod:`raylog.pipelines.stream_offsets`'s.
+    """
+
+    def __init__(self, options: ReadOptions, schema: StructType) -> None:
+        self.options = options
+        self.target = reading.ClusterTarget.resolve(options.cluster)
+        self.arrow_schema = _arrow_schema(schema)
+        self.available_now_target: stream_offsets.Positions | None = None
+
+    def _current(
+        self, keep: stream_offsets.Positions | None = None
+    ) -> tuple[dict[stream_offsets.TopicPartition, PartitionInfo], dict[Any, reading.Bounds]]:
+        """The subscribed partitions now (plus ``keep``'s, when still there) and their bounds."""
+        reading.connect(self.target)
+        catalog = reading.controller_catalog()
+        chosen = {(p.topic, p.partition): p for p in self.options.select(catalog, missing_ok=True)}
+        for tp in keep or {}:
+            if tp not in chosen:
+                found = [p for p in catalog.partitions(tp[0]) if p.partition == tp[1]]
+                if found:
+                    chosen[tp] = found[0]
+        return chosen, reading.fetch_bounds(list(chosen.values()))
+
+    def initialOffset(self) -> dict:
+        chosen, bounds = self._current()
+        positions = stream_offsets.initial(list(chosen.values()), bounds, self.options.starting)
+        return stream_offsets.to_json(positions)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_offsets_per_trigger is None:
+            return ReadAllAvailable()
+        return ReadMaxRows(self.options.max_offsets_per_trigger)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        _, bounds = self._current()
+        self.available_now_target = {tp: b.high_watermark for tp, b in bounds.items()}
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        begin = stream_offsets.from_json(start)
+        _, bounds = self._current()
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        end = stream_offsets.latest(
+            begin, bounds, max_rows=max_rows, target=self.available_now_target
+        )
+        return stream_offsets.to_json(end)
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        begin, stop = stream_offsets.from_json(start), stream_offsets.from_json(end)
+        chosen, bounds = self._current(keep=stop)
+        ranges = stream_offsets.ranges(
+            begin,
+            stop,
+            chosen,
+            bounds,
+            min_partitions=self.options.min_partitions,
             fail_on_data_loss=self.options.fail_on_data_loss,
-        ):
-            if batch.num_rows:
-                yield batch.cast(self.arrow_schema)
+        )
+        target_json = self.target.to_json()
+        return [RangePartition(r, target_json) for r in ranges]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        yield from _read(partition, self.options, self.arrow_schema)
+
+    def commit(self, end: dict) -> None:
+        """Nothing to release: Spark's checkpoint holds the offsets; raylog keeps no reader
+        state (no consumer group)."""
 
 
 def register(spark: Any) -> None:
-    """Make ``spark.read.format("raylog")`` available in this session."""
+    """Make the ``raylog`` format available in this session (batch and streaming).
+
+    Warns when Spark's Python workers run a different Python than this one (set
+    ``PYSPARK_PYTHON`` before creating the session; raylog must be importable there).
+    """
+    worker_python = getattr(getattr(spark, "sparkContext", None), "pythonExec", None)
+    if worker_python and os.path.realpath(worker_python) != os.path.realpath(sys.executable):
+        log.warning(
+            "Spark's Python workers run %s, not %s: set PYSPARK_PYTHON=%s before creating the "
+            "session so that they can import raylog",
+            worker_python,
+            sys.executable,
+            sys.executable,
+        )
     spark.dataSource.register(RaylogDataSource)

@@ -46,7 +46,7 @@ class ProducedTopic:
     topic: str
     partitions: int
     rows: list[dict[str, Any]]  # what readers must return, sorted by (partition, offset)
-    catalog: dict[str, Any]  # the ``catalog`` option's JSON, as a dict
+    catalog: dict[str, Any]  # where the partitions live, as StaticCatalog.from_json takes it
 
 
 RF = 3
@@ -134,7 +134,7 @@ def expected_rows(recs: list[dict[str, Any]], topic: str, partition: int, base: 
 
 
 def catalog_json(topic: str, partitions: int, rf: int = RF) -> dict[str, Any]:
-    """The ``catalog`` option: partition p is led by replica p % rf, all replicas in sync."""
+    """A StaticCatalog JSON: partition p is led by replica p % rf, all replicas in sync."""
     return {
         topic: [
             {"partition": p, "leader": p % rf, "isr": list(range(rf)), "replicas": list(range(rf))}

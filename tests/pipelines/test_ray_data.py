@@ -7,7 +7,11 @@ Proves:
 - planning (pure): -2/-1 resolve to log start / high watermark; offsets below the log start
   fail naming topic, partition and offsets, or are skipped with failOnDataLoss off; ends
   beyond the high watermark and inverted ranges fail; splitting keeps ranges contiguous;
-- the catalog prefers in-sync followers, then the leader, then out-of-sync replicas.
+- the catalog prefers in-sync followers, then the leader, then out-of-sync replicas; the
+  controller's metadata becomes a catalog with broker ids as replica ids;
+- failOnDataLoss after retention deleted a partition's first segments (a one-replica
+  partition trimmed on disk before its actor opens it): fail naming topic, partition and
+  offsets, or skip them.
 """
 
 from __future__ import annotations
@@ -19,11 +23,23 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 import ray
-from pipeline_support import ProducedTopic, table_rows
+from pipeline_support import (
+    ProducedTopic,
+    kafka_batch,
+    kafka_codecs,
+    make_records,
+    start_trimmed_partition,
+    table_rows,
+)
 
 from raylog.actors.raycluster import ClusterInfo, write_cluster_info
 from raylog.pipelines import read_topic
-from raylog.pipelines.catalog import PartitionInfo, StaticCatalog, read_order
+from raylog.pipelines.catalog import (
+    PartitionInfo,
+    StaticCatalog,
+    catalog_from_metadata,
+    read_order,
+)
 from raylog.pipelines.ray_data import RaylogDatasource
 from raylog.pipelines.reading import (
     EARLIEST,
@@ -174,3 +190,53 @@ def test_catalog_json_round_trip_and_validation() -> None:
         StaticCatalog.from_json(
             '{"a": [{"partition": 0, "replicas": [0]}, {"partition": 0, "replicas": [1]}]}'
         )
+
+
+@pytest.mark.slow
+def test_fail_on_data_loss_both_ways_after_retention(
+    ray_local: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Offsets below a partition's log start (segments deleted by retention): fail naming
+    topic, partition and offsets, or skip them and read the rest. The Spark source plans and
+    reads with the same functions (reading.plan / read_range); its streaming decisions are in
+    test_stream_offsets.py."""
+    topic = "trimmed"
+    recs = [make_records(20, seed=s) for s in range(12)]
+    with kafka_codecs():
+        batches = [kafka_batch(r, 0) for r in recs]
+    actor, log_start = start_trimmed_partition(tmp_path_factory.mktemp("trimmed"), topic, batches)
+    try:
+        catalog = StaticCatalog.from_json({topic: [{"partition": 0, "leader": 0, "replicas": [0]}]})
+        with pytest.raises(DataLossError, match=rf"{topic}-0: offsets 0\.\.{log_start - 1}"):
+            read_topic(topic, catalog=catalog, start=0)
+        skipped = _collect(read_topic(topic, catalog=catalog, start=0, fail_on_data_loss=False))
+        assert [r["offset"] for r in skipped] == list(range(log_start, 12 * 20))
+        # Earliest is the log start, not a loss.
+        earliest = _collect(read_topic(topic, catalog=catalog))
+        assert [r["offset"] for r in earliest] == list(range(log_start, 12 * 20))
+    finally:
+        ray.kill(actor)
+
+
+def test_catalog_from_controller_metadata() -> None:
+    from raylog.actors.metadata import ClusterMetadata, PartitionState, TopicMetadata
+
+    md = ClusterMetadata(
+        cluster_id="c",
+        topics={
+            "a": TopicMetadata(
+                name="a",
+                topic_id="x",
+                partitions=(
+                    PartitionState(partition=0, replicas=(1, 2, 3), isr=(1, 3), leader=1),
+                    PartitionState(partition=1, replicas=(2, 3, 1), isr=(2,), leader=-1),
+                ),
+            )
+        },
+    )
+    catalog = catalog_from_metadata(md)
+    assert catalog.topics() == ["a"]
+    p0, p1 = catalog.partitions("a")
+    assert (p0.leader_id, p0.isr, p0.replica_ids) == (1, (1, 3), (1, 2, 3))
+    assert read_order(p0) == [3, 1, 2], "the in-sync follower, the leader, then the rest"
+    assert read_order(p1) == [2, 1, 3], "no leader: the ISR, then the rest"

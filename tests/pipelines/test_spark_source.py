@@ -1,94 +1,52 @@
-"""The ``raylog`` Spark data source on real Spark (local[2]) and real Ray replica actors.
+"""The ``raylog`` Spark data source (batch) on real Spark (local[2]) and a whole embedded cluster.
 
-Proves, against a 2-partition RF=3 topic produced through its leaders with every codec:
-- a batch read from earliest to latest returns exactly what was produced (keys, values,
-  headers, timestamps, offsets), reading from followers as well as leaders;
+Proves, against a 2-partition RF=3 topic created with `raylog topics create` and produced by
+confluent-kafka through the gateway with every codec (none, gzip, snappy, lz4, zstd):
+- a batch read through the controller's metadata (``cluster`` = the data dir) from earliest to
+  latest returns exactly what was produced (keys, values, headers, timestamps, offsets);
 - a JSON offset range returns exactly that range; minPartitions splits it into more input
-  partitions with the same rows;
-- bad or conflicting options fail when the DataFrame is defined, before any task runs;
-- failOnDataLoss: offsets below a partition's log start fail naming topic, partition and
-  offsets, or (false) are skipped with the rest read;
-- the Ray Data reader returns the same rows as the Spark reader.
+  partitions with the same rows; assign and subscribePattern select partitions;
+- bad or conflicting options, and unknown topics, fail before any task runs;
+- the Ray Data reader (``read_topic``, in a process that joined the cluster) returns the same
+  rows as the Spark reader.
 
-Spark's Python workers join Ray with the test session's environment (token, loopback) and the
-GCS address of the ``ray_local`` cluster.
+Spark's Python workers join the cluster's Ray from its ``cluster.json`` and token.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
-import ray
-from pipeline_support import (
-    EVENTS,
-    EVENTS_PARTITIONS,
-    ProducedTopic,
-    catalog_json,
-    kafka_batch,
-    kafka_codecs,
-    make_records,
-    start_trimmed_partition,
-    table_rows,
-)
+from embedded_support import CODECS, cluster_action, create_topic, produce, record
+from pipeline_support import table_rows
 
-from raylog.pipelines import read_topic, register
-from raylog.pipelines.catalog import StaticCatalog
+# Slow: a whole embedded cluster and Spark; the budget covers starting them on a loaded machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-pytestmark = pytest.mark.slow
-
-TOPIC = EVENTS
-TRIMMED = "spark-trimmed"
-PARTITIONS = EVENTS_PARTITIONS
+TOPIC = "codecs"
+PARTITIONS = 2
+PER_BATCH = 40
 
 
 @pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    from pyspark.sql import SparkSession
-
-    # Spark's Python workers are this venv's python, with this process's Ray environment
-    # (set by pytest_configure before Ray was imported) inherited through the JVM.
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # loopback only
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("raylog-pipelines-test")
-        .config("spark.ui.enabled", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.python.worker.reuse", "true")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    register(session)
-    try:
-        yield session
-    finally:
-        session.stop()
+def produced(embedded: Any) -> Iterator[list[dict[str, Any]]]:
+    create_topic(embedded, TOPIC, PARTITIONS)
+    rows: list[dict[str, Any]] = []
+    for i, codec in enumerate(CODECS):
+        by_partition = {
+            p: [record(n, seed=10 * p + i) for n in range(PER_BATCH)] for p in range(PARTITIONS)
+        }
+        rows += produce(embedded.bootstrap, TOPIC, by_partition, compression=codec)
+    yield sorted(rows, key=lambda r: (r["partition"], r["offset"]))
 
 
-@pytest.fixture(scope="module")
-def produced(events_topic: ProducedTopic) -> list[dict[str, Any]]:
-    return events_topic.rows
-
-
-@pytest.fixture(scope="module")
-def cluster(ray_local: Path) -> str:
-    return ray.get_runtime_context().gcs_address
-
-
-def _read(spark: Any, cluster: str, **options: str) -> Any:
-    reader = spark.read.format("raylog").option("cluster", cluster)
-    reader = reader.option("catalog", json.dumps(catalog_json(TOPIC, PARTITIONS)))
+def _read(spark: Any, up: Any, **options: str) -> Any:
+    reader = spark.read.format("raylog").option("cluster", str(up.data_dir))
     for k, v in options.items():
         reader = reader.option(k, v)
     return reader.load()
@@ -99,9 +57,9 @@ def _rows(df: Any) -> list[dict[str, Any]]:
 
 
 def test_earliest_to_latest_returns_exactly_what_was_produced(
-    spark: Any, cluster: str, produced: list[dict[str, Any]]
+    spark: Any, embedded: Any, produced: list[dict[str, Any]]
 ) -> None:
-    df = _read(spark, cluster, subscribe=TOPIC, includeHeaders="true")
+    df = _read(spark, embedded, subscribe=TOPIC, includeHeaders="true")
     assert [f.name for f in df.schema.fields] == [
         "key",
         "value",
@@ -114,12 +72,12 @@ def test_earliest_to_latest_returns_exactly_what_was_produced(
     ]
     assert str(df.schema["timestamp"].dataType) == "TimestampType()"
     rows = _rows(df)
-    assert len(rows) == len(produced) == 2 * 5 * 40
+    assert len(rows) == len(produced) == PARTITIONS * len(CODECS) * PER_BATCH
     assert rows == produced
 
 
 def test_json_offset_range_and_min_partitions(
-    spark: Any, cluster: str, produced: list[dict[str, Any]]
+    spark: Any, embedded: Any, produced: list[dict[str, Any]]
 ) -> None:
     starting = json.dumps({TOPIC: {"0": 7, "1": -2}})
     ending = json.dumps({TOPIC: {"0": 123, "1": -1}})
@@ -128,13 +86,13 @@ def test_json_offset_range_and_min_partitions(
         for r in produced
         if (r["partition"] == 0 and 7 <= r["offset"] < 123) or r["partition"] == 1
     ]
-    df = _read(spark, cluster, subscribe=TOPIC, startingOffsets=starting, endingOffsets=ending)
+    df = _read(spark, embedded, subscribe=TOPIC, startingOffsets=starting, endingOffsets=ending)
     assert "headers" not in df.columns
     assert df.rdd.getNumPartitions() == PARTITIONS
     assert _rows(df) == want
     split = _read(
         spark,
-        cluster,
+        embedded,
         subscribe=TOPIC,
         startingOffsets=starting,
         endingOffsets=ending,
@@ -145,19 +103,19 @@ def test_json_offset_range_and_min_partitions(
 
 
 def test_empty_range_reads_no_rows(
-    spark: Any, cluster: str, produced: list[dict[str, Any]]
+    spark: Any, embedded: Any, produced: list[dict[str, Any]]
 ) -> None:
     offsets = json.dumps({TOPIC: {"0": 20, "1": 0}})
-    df = _read(spark, cluster, subscribe=TOPIC, startingOffsets=offsets, endingOffsets=offsets)
+    df = _read(spark, embedded, subscribe=TOPIC, startingOffsets=offsets, endingOffsets=offsets)
     assert df.count() == 0
 
 
 def test_assign_and_pattern_select_partitions(
-    spark: Any, cluster: str, produced: list[dict[str, Any]]
+    spark: Any, embedded: Any, produced: list[dict[str, Any]]
 ) -> None:
-    assigned = _read(spark, cluster, assign=json.dumps({TOPIC: [1]}))
+    assigned = _read(spark, embedded, assign=json.dumps({TOPIC: [1]}))
     assert {r["partition"] for r in _rows(assigned)} == {1}
-    pattern = _read(spark, cluster, subscribePattern="ev.nts")
+    pattern = _read(spark, embedded, subscribePattern="co.ecs")
     assert len(_rows(pattern)) == len(produced)
 
 
@@ -165,6 +123,7 @@ def test_assign_and_pattern_select_partitions(
     ("options", "message"),
     [
         ({"subscribe": TOPIC, "bogus": "1"}, "unknown option"),
+        ({"subscribe": TOPIC, "catalog": "{}"}, "unknown option"),
         ({"subscribe": TOPIC, "assign": json.dumps({TOPIC: [0]})}, "exactly one of"),
         ({}, "exactly one of"),
         ({"subscribe": "no-such-topic"}, "not in the catalog"),
@@ -172,73 +131,34 @@ def test_assign_and_pattern_select_partitions(
         ({"subscribe": TOPIC, "endingOffsets": "{not json"}, "endingOffsets"),
         ({"subscribe": TOPIC, "failOnDataLoss": "maybe"}, "failondataloss"),
         ({"subscribe": TOPIC, "minPartitions": "x"}, "minPartitions"),
+        ({"subscribe": TOPIC, "maxOffsetsPerTrigger": "0"}, "maxOffsetsPerTrigger"),
         ({"assign": "[0]"}, "assign"),
     ],
 )
 def test_bad_options_fail_before_any_task_runs(
-    spark: Any, cluster: str, options: dict[str, str], message: str
+    spark: Any, embedded: Any, produced: list[dict[str, Any]], options: dict[str, str], message: str
 ) -> None:
     tracker = spark.sparkContext.statusTracker()
     jobs_before = len(tracker.getJobIdsForGroup())
     with pytest.raises(Exception, match=message):
-        _read(spark, cluster, **options)
+        _read(spark, embedded, **options).collect()
     assert len(tracker.getJobIdsForGroup()) == jobs_before, "no Spark job was started"
 
 
 def test_out_of_range_end_fails_at_planning(
-    spark: Any, cluster: str, produced: list[dict[str, Any]]
+    spark: Any, embedded: Any, produced: list[dict[str, Any]]
 ) -> None:
     ending = json.dumps({TOPIC: {"0": 10_000}})
     with pytest.raises(Exception, match="beyond the high watermark"):
-        _read(spark, cluster, subscribe=TOPIC, endingOffsets=ending).collect()
-
-
-def test_fail_on_data_loss_both_ways(
-    spark: Any, cluster: str, tmp_path_factory: pytest.TempPathFactory
-) -> None:
-    recs = [make_records(20, seed=s) for s in range(12)]
-    with kafka_codecs():
-        batches = [kafka_batch(r, 0) for r in recs]
-    actor, log_start = start_trimmed_partition(tmp_path_factory.mktemp("trimmed"), TRIMMED, batches)
-    catalog = json.dumps({TRIMMED: [{"partition": 0, "leader": 0, "replicas": [0]}]})
-    starting = json.dumps({TRIMMED: {"0": 0}})
-
-    def read(fail: str) -> Any:
-        return (
-            spark.read.format("raylog")
-            .option("cluster", cluster)
-            .option("catalog", catalog)
-            .option("subscribe", TRIMMED)
-            .option("startingOffsets", starting)
-            .option("failOnDataLoss", fail)
-            .load()
-        )
-
-    with pytest.raises(Exception, match=rf"{TRIMMED}-0: offsets 0\.\.{log_start - 1}"):
-        read("true").collect()
-    offsets = [r["offset"] for r in _rows(read("false"))]
-    assert offsets == list(range(log_start, 12 * 20))
-    # Earliest is the log start, not a loss.
-    earliest = _rows(
-        read("true")
-        .sparkSession.read.format("raylog")
-        .option("cluster", cluster)
-        .option("catalog", catalog)
-        .option("subscribe", TRIMMED)
-        .load()
-    )
-    assert [r["offset"] for r in earliest] == offsets
-    ray.kill(actor)
+        _read(spark, embedded, subscribe=TOPIC, endingOffsets=ending).collect()
 
 
 def test_ray_data_returns_the_same_rows_as_spark(
-    spark: Any, cluster: str, produced: list[dict[str, Any]]
+    spark: Any, embedded: Any, produced: list[dict[str, Any]], tmp_path: Path
 ) -> None:
-    spark_rows = _rows(_read(spark, cluster, subscribe=TOPIC, includeHeaders="true"))
-    ds = read_topic(
-        TOPIC,
-        catalog=StaticCatalog.from_json(catalog_json(TOPIC, PARTITIONS)),
-        include_headers=True,
-    )
-    ray_rows = table_rows(pa.concat_tables(ray.get(ds.to_arrow_refs())))
-    assert ray_rows == spark_rows
+    spark_rows = _rows(_read(spark, embedded, subscribe=TOPIC, includeHeaders="true"))
+    out = tmp_path / "ray-data.parquet"
+    assert cluster_action(embedded.data_dir, "read-topic", TOPIC, str(out)) == {
+        "rows": len(produced)
+    }
+    assert table_rows(pq.read_table(out)) == spark_rows == produced
