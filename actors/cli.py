@@ -1,15 +1,17 @@
-"""The `raylog` command line: `raylog up` runs the embedded cluster in the foreground, and
-`raylog topics create|describe` manage topics of a running one.
+"""The `raylog` command line: start the embedded cluster and operate it like Kafka's tools.
 
 `raylog up` starts a local Ray cluster configured for raylog (token authentication, loopback,
 fast death detection, its temp dir under the data dir), the object store holding the cluster's
-identity and metadata, two controllers (active + standby), ``--brokers`` brokers on racks a, b,
-c, ... and one Kafka gateway per broker on consecutive ports from ``--port``. Ctrl-C (SIGINT) or
-SIGTERM stops them in reverse order: gateways, brokers (controlled shutdown), controllers
-(releasing the lease), Ray.
+identity and metadata, two controllers (active + standby), a supervisor that owns ``--brokers``
+brokers on racks a, b, c, ... and one Kafka gateway per broker on consecutive ports from
+``--port``, and a Prometheus endpoint (``raylog.actors.metrics``) on ``--metrics-port``. Ctrl-C
+(SIGINT) or SIGTERM stops them in reverse order: gateways, brokers (controlled shutdown),
+controllers (releasing the lease), Ray.
 
-`raylog topics` finds the cluster from ``--data-dir`` (its ``cluster.json``), joins Ray with the
-cluster's token and calls the active controller.
+Every other command finds the cluster from ``--data-dir`` (its ``cluster.json``; or
+$RAYLOG_DATA_DIR) or ``--address``, joins Ray with the cluster's token and asks the active
+controller (topics, configs, leader-election, status) or the supervisor (brokers stop, kill,
+start). Tables for people, ``--json`` for scripts; a failure is one line on stderr and exit 1.
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ def _cluster_id(store: ObjectStore) -> str:
     return str(json.loads(found.body)["cluster_id"])
 
 
-def _check_ports_free(host: str, ports: list[int]) -> None:
+def _check_ports_free(host: str, ports: list[int], what: str = "port") -> None:
     """Fail before starting anything when a gateway port is taken (one line, exit 1)."""
     import socket
 
@@ -99,7 +101,7 @@ def _check_ports_free(host: str, ports: list[int]) -> None:
             try:
                 sock.bind((host, port))
             except OSError as e:
-                raise CliError(f"port {host}:{port} is not available: {e.strerror or e}") from e
+                raise CliError(f"{what} {host}:{port} is not available: {e.strerror or e}") from e
 
 
 def _remote_cause(exc: BaseException) -> BaseException:
@@ -107,11 +109,18 @@ def _remote_cause(exc: BaseException) -> BaseException:
     return getattr(exc, "cause", None) or exc
 
 
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class EmbeddedCluster:
     """The actors `raylog up` starts, held for the process's lifetime (they are not detached).
 
-    Start order: controllers, brokers (which register with the active controller), then one
-    gateway per broker. Stop order is the reverse (see :meth:`stop`).
+    Start order: controllers, the supervisor, which starts the brokers (they register with the
+    active controller) and one gateway per broker. The supervisor owns brokers and gateways so
+    that `raylog brokers stop|kill|start` can replace them from another process while they stay
+    tied to this one (see ``raylog.actors.supervisor``). Stop order is the reverse (:meth:`stop`).
     """
 
     def __init__(
@@ -132,16 +141,14 @@ class EmbeddedCluster:
         self.broker_ids = list(range(1, brokers + 1))
         self.ports = {b: port + i for i, b in enumerate(self.broker_ids)}
         self.controllers: list[Any] = []
-        self.brokers: dict[int, Any] = {}
-        self.gateways: dict[int, Any] = {}
+        self.supervisor: Any = None
 
     def start(self) -> None:
         import ray
 
-        from raylog.actors.broker import BrokerActor, broker_actor_name
         from raylog.actors.controller import ControllerActor, controller_actor_name
-        from raylog.actors.gateway_actor import GatewayActor, gateway_actor_name
         from raylog.actors.replica import NAMESPACE
+        from raylog.actors.supervisor import SUPERVISOR_ACTOR_NAME, BrokerSpec, SupervisorActor
 
         names = tuple(controller_actor_name(i) for i in range(CONTROLLERS))
         for name in names:
@@ -155,26 +162,27 @@ class EmbeddedCluster:
                     **CONTROLLER_LEASE,
                 )
             )
-        for i, b in enumerate(self.broker_ids):
-            self.brokers[b] = BrokerActor.options(  # type: ignore[attr-defined]
-                name=broker_actor_name(b), namespace=NAMESPACE
-            ).remote(
-                b,
-                str(self.data_dir),
+        specs = [
+            BrokerSpec(
+                broker_id=b,
                 rack=_rack(i),
                 host=HOST,
                 port=self.ports[b],
+                data_dir=str(self.data_dir),
+                cluster_id=self.cluster_id,
                 controller_names=names,
                 broker_configs=self.broker_configs,
             )
-        for b in self.broker_ids:
-            self.gateways[b] = GatewayActor.options(  # type: ignore[attr-defined]
-                name=gateway_actor_name(b), namespace=NAMESPACE
-            ).remote(b, self.cluster_id, host=HOST, port=self.ports[b], controller_names=names)
+            for i, b in enumerate(self.broker_ids)
+        ]
+        self.supervisor = SupervisorActor.options(  # type: ignore[attr-defined]
+            name=SUPERVISOR_ACTOR_NAME, namespace=NAMESPACE
+        ).remote(specs)
         try:
-            ray.get([g.start.remote() for g in self.gateways.values()], timeout=START_TIMEOUT_S)
+            # The supervisor bounds each gateway's start by START_TIMEOUT_S itself.
+            ray.get(self.supervisor.start_all.remote(), timeout=START_TIMEOUT_S + 30)
         except Exception as e:
-            raise CliError(str(_remote_cause(e)).splitlines()[0]) from e
+            raise CliError(_one_line(_remote_cause(e))) from e
         self._wait_ready()
 
     def _wait_ready(self) -> None:
@@ -182,16 +190,12 @@ class EmbeddedCluster:
         import ray
 
         deadline = time.monotonic() + START_TIMEOUT_S
-        want = self.broker_ids
         while True:
             try:
-                brokers = ray.get([b.status.remote() for b in self.brokers.values()], timeout=5)
-                gateways = ray.get([g.status.remote() for g in self.gateways.values()], timeout=5)
-                registered = all(s["broker_epoch"] > 0 for s in brokers)
-                if registered and all(g["serving"] and g["brokers"] == want for g in gateways):
+                if ray.get(self.supervisor.ready.remote(), timeout=15):
                     return
             except ray.exceptions.RayError:
-                pass  # slow or restarting (brokers restart by themselves): ask again
+                pass  # slow: ask again
             if time.monotonic() >= deadline:
                 raise CliError(
                     f"cluster not ready within {START_TIMEOUT_S:.0f} s "
@@ -208,17 +212,20 @@ class EmbeddedCluster:
         bounded; a step that fails is reported and the next one still runs."""
         import ray
 
-        self._await_step(
-            "gateways", [g.stop.remote() for g in self.gateways.values()], STOP_STEP_TIMEOUT_S
-        )
-        # One broker at a time, as Kafka's rolling shutdown: each moves its leaderships to the
-        # brokers still running.
-        for b, handle in self.brokers.items():
-            self._await_step(f"broker {b}", [handle.shutdown.remote()], BROKER_SHUTDOWN_TIMEOUT_S)
+        sup = self.supervisor
+        if sup is not None:
+            self._await_step("gateways", [sup.stop_gateways.remote()], STOP_STEP_TIMEOUT_S)
+            # One broker at a time, as Kafka's rolling shutdown: each moves its leaderships to
+            # the brokers still running.
+            for b in self.broker_ids:
+                self._await_step(
+                    f"broker {b}", [sup.shutdown_broker.remote(b)], BROKER_SHUTDOWN_TIMEOUT_S
+                )
+            self._await_step("brokers", [sup.kill_all.remote()], STOP_STEP_TIMEOUT_S)
         self._await_step(
             "controllers", [c.stop.remote() for c in self.controllers], STOP_STEP_TIMEOUT_S
         )
-        for handle in [*self.gateways.values(), *self.brokers.values(), *self.controllers]:
+        for handle in [*self.controllers, *([sup] if sup is not None else [])]:
             with contextlib.suppress(Exception):
                 ray.kill(handle, no_restart=True)
 
@@ -229,7 +236,7 @@ class EmbeddedCluster:
         try:
             ray.get(refs, timeout=timeout_s)
         except Exception as e:
-            first = str(_remote_cause(e)).splitlines()[0] if str(e) else type(e).__name__
+            first = _one_line(_remote_cause(e)) if str(e) else type(e).__name__
             print(f"raylog: stopping {what}: {first}", file=sys.stderr, flush=True)
 
 
@@ -244,6 +251,15 @@ def _rack(index: int) -> str:
     return name
 
 
+def _serve_metrics(cluster: EmbeddedCluster, port: int) -> Any:
+    from raylog.actors.metrics import ClusterCollector, MetricsPortError, serve
+
+    try:
+        return serve(HOST, port, ClusterCollector(cluster.controllers, cluster.supervisor))
+    except MetricsPortError as e:
+        raise CliError(str(e)) from e
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     data_dir = _data_dir(args)
     running = raycluster.read_cluster_info(data_dir)
@@ -255,6 +271,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     except RaylogError as e:
         raise CliError(str(e)) from e
     _check_ports_free(HOST, [args.port + i for i in range(args.brokers)])
+    metrics_port = args.metrics_port if args.metrics_port is not None else args.port + args.brokers
+    _check_ports_free(HOST, [metrics_port], what="metrics port")
     store_url, store = _open_object_store(args, data_dir)
     cluster_id = _cluster_id(store)
 
@@ -306,16 +324,19 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"  ray:           {gcs} (token {env['RAY_AUTH_TOKEN_PATH']})", flush=True)
         # A signal while starting is seen once start() returns (it is bounded).
         cluster.start()
+        metrics_server = _serve_metrics(cluster, metrics_port)
         if not stop.is_set():
             racks = ", ".join(_rack(i) for i in range(args.brokers))
             print(f"  controllers:   {CONTROLLERS} (active + standby)")
             print(f"  brokers:       {args.brokers} (racks {racks})")
             print(f"  bootstrap:     {cluster.bootstrap_servers()}")
+            print(f"  metrics:       http://{HOST}:{metrics_port}/metrics")
             print(f"raylog ready; stop with Ctrl-C or `kill -TERM {os.getpid()}`", flush=True)
             # Bounded waits so that signals are handled promptly on every platform.
             while not stop.wait(timeout=1.0):
                 pass
         print("raylog stopping", flush=True)
+        metrics_server.shutdown()
     finally:
         try:
             cluster.stop()
@@ -326,29 +347,43 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- raylog topics ------------------------------------------------------------------------------
+# --- joining a running cluster ------------------------------------------------------------------
 
 
-def _connect(args: argparse.Namespace) -> Any:
-    """Join the running cluster of ``--data-dir``; returns the active controller's handle."""
-    raw = args.data_dir or os.environ.get("RAYLOG_DATA_DIR") or DEFAULT_DATA_DIR
-    data_dir = Path(raw).expanduser().absolute()
-    info = raycluster.read_cluster_info(data_dir)
-    if info is None:
-        raise CliError(f"no raylog cluster is running from {data_dir} (start one: raylog up)")
-    # The Ray environment (token, loopback, temp dir) must be set before ray is imported.
-    raycluster.apply_ray_env(data_dir)
+def _join(args: argparse.Namespace) -> None:
+    """Join the running cluster's Ray: from ``--address`` (Ray's own environment gives the
+    token), else from the data dir's ``cluster.json`` (``--data-dir``, $RAYLOG_DATA_DIR, or the
+    default)."""
+    address = getattr(args, "address", None)
+    if address:
+        ray_address = address
+    else:
+        raw = args.data_dir or os.environ.get("RAYLOG_DATA_DIR") or DEFAULT_DATA_DIR
+        data_dir = Path(raw).expanduser().absolute()
+        info = raycluster.read_cluster_info(data_dir)
+        if info is None:
+            raise CliError(f"no raylog cluster is running from {data_dir} (start one: raylog up)")
+        # The Ray environment (token, loopback, temp dir) must be set before ray is imported.
+        raycluster.apply_ray_env(data_dir)
+        ray_address = info.ray_address
     import ray
 
     try:
         ray.init(
-            address=info.ray_address,
+            address=ray_address,
             namespace="raylog",
             logging_level="WARNING",
             log_to_driver=False,
         )
     except Exception as e:
-        raise CliError(f"cannot join Ray at {info.ray_address}: {e}") from e
+        raise CliError(f"cannot join Ray at {ray_address}: {_one_line(e)}") from e
+
+
+def _connect(args: argparse.Namespace) -> Any:
+    """Join the running cluster; returns the active controller's handle."""
+    _join(args)
+    import ray
+
     from raylog.actors.controller import controller_actor_name
     from raylog.actors.replica import NAMESPACE
 
@@ -365,17 +400,40 @@ def _connect(args: argparse.Namespace) -> Any:
     raise CliError(f"no active controller within {CONNECT_TIMEOUT_S:.0f} s")
 
 
-def _call(controller: Any, method: str, *args: Any) -> Any:
+def _supervisor() -> Any:
+    """The SupervisorActor of the `raylog up` process (after :func:`_connect`)."""
     import ray
 
+    from raylog.actors.replica import NAMESPACE
+    from raylog.actors.supervisor import SUPERVISOR_ACTOR_NAME
+
     try:
-        return ray.get(getattr(controller, method).remote(*args), timeout=CALL_TIMEOUT_S)
+        return ray.get_actor(SUPERVISOR_ACTOR_NAME, namespace=NAMESPACE)
+    except ValueError as e:
+        raise CliError("this cluster has no broker supervisor (not started by raylog up)") from e
+
+
+def _call(actor: Any, method: str, *args: Any, timeout_s: float = CALL_TIMEOUT_S) -> Any:
+    import ray
+
+    from raylog.actors.supervisor import SupervisorError
+
+    try:
+        return ray.get(getattr(actor, method).remote(*args), timeout=timeout_s)
     except ray.exceptions.GetTimeoutError as e:
-        raise CliError(f"{method}: no answer within {CALL_TIMEOUT_S:.0f} s") from e
+        raise CliError(f"{method}: no answer within {timeout_s:.0f} s") from e
     except Exception as e:
         cause = _remote_cause(e)
+        if isinstance(cause, SupervisorError):
+            raise CliError(_one_line(cause)) from e
         text = str(cause).splitlines()[0] if str(cause) else ""
         raise CliError(f"{type(cause).__name__}: {text}") from e
+
+
+def _print_json(value: Any) -> None:
+    import json
+
+    print(json.dumps(value, indent=2, sort_keys=True), flush=True)
 
 
 def _parse_configs(pairs: list[str], flag: str = "--config") -> dict[str, str]:
@@ -386,6 +444,9 @@ def _parse_configs(pairs: list[str], flag: str = "--config") -> dict[str, str]:
             raise CliError(f"{flag} wants key=value, got {pair!r}")
         configs[key] = value
     return configs
+
+
+# --- raylog topics ------------------------------------------------------------------------------
 
 
 def cmd_topics_create(args: argparse.Namespace) -> int:
@@ -399,40 +460,288 @@ def cmd_topics_create(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_topics_list(args: argparse.Namespace) -> int:
+    md = _call(_connect(args), "metadata")
+    if args.json:
+        _print_json(
+            [
+                {"name": name, "partitions": len(t.partitions), "topic_id": t.topic_id}
+                for name, t in sorted(md.topics.items())
+            ]
+        )
+    else:
+        for name in sorted(md.topics):
+            print(name)
+        sys.stdout.flush()
+    return 0
+
+
 def _ids(ids: Any) -> str:
     return ",".join(str(i) for i in ids)
 
 
 def cmd_topics_describe(args: argparse.Namespace) -> int:
-    controller = _connect(args)
-    md = _call(controller, "metadata")
-    names = [args.name] if args.name else sorted(md.topics)
+    from raylog.actors import health
+
+    md = _call(_connect(args), "metadata")
     if args.name and args.name not in md.topics:
         raise CliError(f"topic {args.name!r} does not exist")
+    names = [args.name] if args.name else sorted(md.topics)
+    rows = health.partition_health(md, names)
+    if args.under_replicated_partitions:
+        rows = [r for r in rows if r.under_replicated]
+    if args.json:
+        _print_json([_topic_json(md.topics[n], [r for r in rows if r.topic == n]) for n in names])
+        return 0
     for name in names:
         t = md.topics[name]
-        configs = ",".join(f"{k}={v}" for k, v in sorted(t.configs.items()))
-        rf = len(t.partitions[0].replicas) if t.partitions else 0
-        print(
-            f"Topic: {name}\tTopicId: {t.topic_id}\tPartitionCount: {len(t.partitions)}\t"
-            f"ReplicationFactor: {rf}\tConfigs: {configs}"
-        )
-        for p in t.partitions:
+        if not args.under_replicated_partitions:  # as kafka-topics.sh: only partition lines
+            configs = ",".join(f"{k}={v}" for k, v in sorted(t.configs.items()))
+            rf = len(t.partitions[0].replicas) if t.partitions else 0
             print(
-                f"\tTopic: {name}\tPartition: {p.partition}\tLeader: {p.leader}\t"
-                f"Replicas: {_ids(p.replicas)}\tIsr: {_ids(p.isr)}\t"
-                f"LeaderEpoch: {p.leader_epoch}"
+                f"Topic: {name}\tTopicId: {t.topic_id}\tPartitionCount: {len(t.partitions)}\t"
+                f"ReplicationFactor: {rf}\tConfigs: {configs}"
             )
+        for r in rows:
+            if r.topic == name:
+                print(
+                    f"\tTopic: {name}\tPartition: {r.partition}\tLeader: {r.leader}\t"
+                    f"Replicas: {_ids(r.replicas)}\tIsr: {_ids(r.isr)}\t"
+                    f"LeaderEpoch: {r.leader_epoch}"
+                )
     sys.stdout.flush()
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="raylog", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+def _topic_json(t: Any, rows: list[Any]) -> dict[str, Any]:
+    return {
+        "name": t.name,
+        "topic_id": t.topic_id,
+        "partition_count": len(t.partitions),
+        "replication_factor": len(t.partitions[0].replicas) if t.partitions else 0,
+        "configs": dict(t.configs),
+        "partitions": [
+            {
+                "partition": r.partition,
+                "leader": r.leader,
+                "leader_epoch": r.leader_epoch,
+                "replicas": list(r.replicas),
+                "isr": list(r.isr),
+                "offline": r.offline,
+                "under_replicated": r.under_replicated,
+                "under_min_isr": r.under_min_isr,
+            }
+            for r in rows
+        ],
+    }
+
+
+# --- raylog configs -----------------------------------------------------------------------------
+
+
+def cmd_configs_describe(args: argparse.Namespace) -> int:
+    entries = _call(_connect(args), "describe_configs", args.topic)
+    if args.json:
+        _print_json({e.name: {"value": e.value, "default": e.is_default} for e in entries})
+        return 0
+    print(f"All configs for topic {args.topic} are:")
+    for e in entries:
+        print(f"  {e.name}={e.value}{'' if e.is_default else ' (topic override)'}")
+    sys.stdout.flush()
+    return 0
+
+
+def cmd_configs_alter(args: argparse.Namespace) -> int:
+    sets = _parse_configs(args.set or [], flag="--set")
+    deletes = set(args.delete or [])
+    if not sets and not deletes:
+        raise CliError("configs alter needs --set k=v or --delete k")
+    if both := deletes & sets.keys():
+        raise CliError(f"both set and deleted: {', '.join(sorted(both))}")
+    controller = _connect(args)
+    # AlterConfigs replaces the whole override set: start from the current one.
+    current = dict(_call(controller, "describe_topic", args.topic).configs)
+    overrides = {k: v for k, v in {**current, **sets}.items() if k not in deletes}
+    _call(controller, "alter_configs", args.topic, overrides)
+    print(f"Completed updating config for topic {args.topic}.", flush=True)
+    return 0
+
+
+# --- raylog brokers -----------------------------------------------------------------------------
+
+
+def cmd_brokers_list(args: argparse.Namespace) -> int:
+    from raylog.actors import health
+
+    md = _call(_connect(args), "metadata")
+    stopped = {b for b, how in _call(_supervisor(), "lifecycle").items() if how == "stopped"}
+    rows = health.broker_rows(md, stopped)
+    if args.json:
+        _print_json(
+            [
+                {
+                    "id": r.broker_id,
+                    "rack": r.rack,
+                    "host": r.host,
+                    "port": r.port,
+                    "state": r.state,
+                    "leader_partitions": r.leader_partitions,
+                }
+                for r in rows
+            ]
+        )
+        return 0
+    print(f"{'ID':>4}  {'RACK':<6} {'ADDRESS':<22} {'STATE':<9} LEADERS")
+    for r in rows:
+        address = f"{r.host}:{r.port}"
+        print(
+            f"{r.broker_id:>4}  {r.rack or '-':<6} {address:<22} {r.state:<9} {r.leader_partitions}"
+        )
+    sys.stdout.flush()
+    return 0
+
+
+def cmd_brokers_stop(args: argparse.Namespace) -> int:
+    _connect(args)
+    moved = _call(_supervisor(), "stop_broker", args.id, timeout_s=BROKER_SHUTDOWN_TIMEOUT_S * 2)
+    if not moved:
+        print(f"raylog: broker {args.id} stopped; leadership move not confirmed", file=sys.stderr)
+    print(f"Broker {args.id} stopped (controlled shutdown).", flush=True)
+    return 0
+
+
+def cmd_brokers_kill(args: argparse.Namespace) -> int:
+    _connect(args)
+    _call(_supervisor(), "kill_broker", args.id)
+    print(f"Broker {args.id} killed.", flush=True)
+    return 0
+
+
+def cmd_brokers_start(args: argparse.Namespace) -> int:
+    _connect(args)
+    _call(_supervisor(), "start_broker", args.id, timeout_s=START_TIMEOUT_S)
+    print(f"Broker {args.id} started.", flush=True)
+    return 0
+
+
+# --- raylog leader-election ---------------------------------------------------------------------
+
+
+def _error_names() -> dict[int, str]:
+    from raylog.storage.errors import RaylogError
+
+    names = {}
+    pending = list(RaylogError.__subclasses__())
+    while pending:  # bounded by the (finite) class tree
+        cls = pending.pop()
+        names[cls.error_code] = cls.__name__
+        pending.extend(cls.__subclasses__())
+    return names
+
+
+def cmd_leader_election(args: argparse.Namespace) -> int:
+    from raylog.storage.errors import ElectionNotNeededError
+
+    if args.partition is not None and args.topic is None:
+        raise CliError("--partition needs --topic")
+    controller = _connect(args)
+    partitions = None
+    if args.topic is not None:
+        t = _call(controller, "describe_topic", args.topic)
+        wanted = range(len(t.partitions)) if args.partition is None else [args.partition]
+        partitions = [(args.topic, p) for p in wanted]
+    codes = _call(controller, "elect_leaders", "preferred", partitions)
+    elected = sorted(tp for tp, code in codes.items() if code == 0)
+    not_needed = sorted(
+        tp for tp, code in codes.items() if code == ElectionNotNeededError.error_code
+    )
+    failed = sorted((tp, code) for tp, code in codes.items() if tp not in {*elected, *not_needed})
+    names = _error_names()
+    if elected:
+        print("Successfully completed leader election (PREFERRED) for partitions "
+              + ", ".join(f"{t}-{p}" for t, p in elected))  # fmt: skip
+    if not_needed:
+        print("Valid replica already elected for partitions "
+              + ", ".join(f"{t}-{p}" for t, p in not_needed))  # fmt: skip
+    if not (elected or not_needed or failed):
+        print("No partition needs a preferred leader election.")
+    sys.stdout.flush()
+    if failed:
+        raise CliError(
+            "leader election failed for "
+            + ", ".join(f"{t}-{p} ({names.get(code, code)})" for (t, p), code in failed)
+        )
+    return 0
+
+
+# --- raylog status ------------------------------------------------------------------------------
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from raylog.actors import health
+
+    controller = _connect(args)
+    status = _call(controller, "status")
+    md = _call(controller, "metadata")
+    stopped = {b for b, how in _call(_supervisor(), "lifecycle").items() if how == "stopped"}
+    brokers = health.broker_rows(md, stopped)
+    h = health.cluster_health(health.partition_health(md))
+    by_state = {
+        s: [r.broker_id for r in brokers if r.state == s] for s in ("alive", "fenced", "shutdown")
+    }
+    if args.json:
+        _print_json(
+            {
+                "cluster_id": md.cluster_id,
+                "controller": {
+                    "id": status.controller_id,
+                    "epoch": status.controller_epoch,
+                    "metadata_epoch": status.metadata_epoch,
+                },
+                "brokers": by_state,
+                "topics": len(md.topics),
+                "partitions": h.partitions,
+                "offline_partitions": h.offline_partitions,
+                "under_replicated_partitions": h.under_replicated_partitions,
+                "under_min_isr_partitions": h.under_min_isr_partitions,
+            }
+        )
+        return 0
+    print(f"cluster:                     {md.cluster_id}")
+    print(f"active controller:           {status.controller_id} (epoch {status.controller_epoch}, "
+          f"metadata epoch {status.metadata_epoch})")  # fmt: skip
+    for state, ids in by_state.items():
+        print(f"brokers {state + ':':<20} {len(ids)} [{_ids(ids)}]")
+    print(f"topics:                      {len(md.topics)} ({h.partitions} partitions)")
+    print(f"offline partitions:          {h.offline_partitions}")
+    print(f"under-replicated partitions: {h.under_replicated_partitions}")
+    print(f"under-min-ISR partitions:    {h.under_min_isr_partitions}", flush=True)
+    return 0
+
+
+# --- the parser ---------------------------------------------------------------------------------
+
+
+def _add_cluster_args(p: argparse.ArgumentParser, json_flag: bool = False) -> None:
+    """How a command finds the running cluster (and --json where scripts read the output)."""
+    p.add_argument(
+        "--data-dir",
+        help=f"the cluster's data dir (default $RAYLOG_DATA_DIR or {DEFAULT_DATA_DIR})",
+    )
+    p.add_argument("--address", help="the Ray address of the cluster (instead of --data-dir)")
+    if json_flag:
+        p.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+
+def _add_up(sub: Any) -> None:
     up = sub.add_parser("up", help="start the embedded cluster in the foreground")
     up.add_argument("--brokers", type=int, default=3, help="brokers to start (default 3)")
     up.add_argument("--port", type=int, default=9092, help="first gateway port (default 9092)")
+    up.add_argument(
+        "--metrics-port",
+        type=int,
+        help="Prometheus endpoint port (default: the port after the last gateway, 9095)",
+    )
     up.add_argument(
         "--data-dir", help=f"data directory (default $RAYLOG_DATA_DIR or {DEFAULT_DATA_DIR})"
     )
@@ -449,7 +758,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.set_defaults(func=cmd_up)
 
-    topics = sub.add_parser("topics", help="create and describe topics of a running cluster")
+
+def _add_topics(sub: Any) -> None:
+    topics = sub.add_parser("topics", help="create, list and describe topics")
     topics_sub = topics.add_subparsers(dest="topics_command", required=True)
     create = topics_sub.add_parser("create", help="create a topic")
     create.add_argument("name")
@@ -459,14 +770,81 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", action="append", metavar="KEY=VALUE", help="a topic config (repeatable)"
     )
     create.set_defaults(func=cmd_topics_create)
+    _add_cluster_args(create)
+    listing = topics_sub.add_parser("list", help="list topic names")
+    listing.set_defaults(func=cmd_topics_list)
+    _add_cluster_args(listing, json_flag=True)
     describe = topics_sub.add_parser("describe", help="describe one topic or all")
     describe.add_argument("name", nargs="?")
+    describe.add_argument(
+        "--under-replicated-partitions",
+        action="store_true",
+        help="only partitions whose ISR is smaller than their replicas",
+    )
     describe.set_defaults(func=cmd_topics_describe)
-    for p in (create, describe):
-        p.add_argument(
-            "--data-dir",
-            help=f"the cluster's data dir (default $RAYLOG_DATA_DIR or {DEFAULT_DATA_DIR})",
-        )
+    _add_cluster_args(describe, json_flag=True)
+
+
+def _add_configs(sub: Any) -> None:
+    configs = sub.add_parser("configs", help="describe and alter topic configs")
+    configs_sub = configs.add_subparsers(dest="configs_command", required=True)
+    describe = configs_sub.add_parser("describe", help="every config of a topic")
+    describe.add_argument("--topic", required=True)
+    describe.set_defaults(func=cmd_configs_describe)
+    _add_cluster_args(describe, json_flag=True)
+    alter = configs_sub.add_parser("alter", help="set or delete topic config overrides")
+    alter.add_argument("--topic", required=True)
+    alter.add_argument("--set", action="append", metavar="KEY=VALUE", help="repeatable")
+    alter.add_argument("--delete", action="append", metavar="KEY", help="repeatable")
+    alter.set_defaults(func=cmd_configs_alter)
+    _add_cluster_args(alter)
+
+
+def _add_brokers(sub: Any) -> None:
+    brokers = sub.add_parser("brokers", help="list, stop, kill and start brokers")
+    brokers_sub = brokers.add_subparsers(dest="brokers_command", required=True)
+    listing = brokers_sub.add_parser("list", help="id, rack, address, state, partitions led")
+    listing.set_defaults(func=cmd_brokers_list)
+    _add_cluster_args(listing, json_flag=True)
+    for name, func, text in (
+        ("stop", cmd_brokers_stop, "controlled shutdown: leadership moves first"),
+        ("kill", cmd_brokers_kill, "hard crash: kill the broker's actors, no clean-up"),
+        ("start", cmd_brokers_start, "start a stopped or killed broker again, as it was"),
+    ):
+        p = brokers_sub.add_parser(name, help=text)
+        p.add_argument("id", type=int)
+        p.set_defaults(func=func)
+        _add_cluster_args(p)
+
+
+def _add_leader_election(sub: Any) -> None:
+    p = sub.add_parser("leader-election", help="move leadership to preferred replicas")
+    p.add_argument("--preferred", action="store_true", required=True)
+    p.add_argument("--topic")
+    p.add_argument("--partition", type=int)
+    p.set_defaults(func=cmd_leader_election)
+    _add_cluster_args(p)
+
+
+def _add_status(sub: Any) -> None:
+    p = sub.add_parser("status", help="controller, brokers and partition health")
+    p.set_defaults(func=cmd_status)
+    _add_cluster_args(p, json_flag=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """One line per command group; other modules add theirs here as ``_add_x(sub)`` hooks
+    (taking the subparsers object, calling ``_add_cluster_args`` for --data-dir/--address)."""
+    parser = argparse.ArgumentParser(prog="raylog", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_up(sub)
+    _add_topics(sub)
+    _add_configs(sub)
+    _add_brokers(sub)
+    _add_leader_election(sub)
+    _add_status(sub)
+    __import__("raylog.pipelines.cli", fromlist=["add_subcommands"]).add_subcommands(sub)
+    __import__("raylog.actors.cli_reassign", fromlist=["add_subcommands"]).add_subcommands(sub)
     return parser
 
 
