@@ -9,8 +9,11 @@ fences its broker and moves leadership to the other broker within seconds.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,16 +24,29 @@ SCENARIO = Path(__file__).with_name("node_watcher_scenario.py")
 SCENARIO_TIMEOUT_S = 240
 
 
+def _own_ray_tmpdir() -> dict[str, str]:
+    """The scenario's environment with a Ray temp dir of its own: cluster_utils writes into
+    (and on shutdown cleans) $RAY_TMPDIR/ray, which must not be this session's Ray's."""
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    env["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="raylog-nw-")  # short: socket paths are limited
+    return env
+
+
 def test_nodes_with_the_raylog_resource_get_brokers_and_a_dead_node_loses_leadership() -> None:
+    env = _own_ray_tmpdir()
     try:
         done = subprocess.run(
             [sys.executable, str(SCENARIO)],
             capture_output=True,
             text=True,
             timeout=SCENARIO_TIMEOUT_S,
+            env=env,
         )
     except subprocess.TimeoutExpired as e:  # run() has killed the scenario by then
         pytest.fail(f"scenario ran over {SCENARIO_TIMEOUT_S} s: {e.stdout!r} {e.stderr!r}")
+    finally:
+        shutil.rmtree(env["RAY_TMPDIR"], ignore_errors=True)
     assert done.returncode == 0, done.stderr[-3000:]
     [line] = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     result = json.loads(line.removeprefix("RESULT "))
