@@ -38,6 +38,7 @@ from confluent_kafka.admin import (
     NewTopic,
     ResourceType,
 )
+from waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -226,6 +227,7 @@ def test_kafka_python_admin_client(up: UpProcess) -> None:
         assert described["topic"]["kp"]["retention.ms"]["value"] == "1200"
         assert _cli_configs(up, "kp") == "retention.ms=1200"
         client.delete_topics(["kp"], timeout_ms=30000)
-        assert "kp" not in client.list_topics()
+        # Another broker's metadata may list it until its next refresh, as in Kafka.
+        wait_until(lambda: "kp" not in client.list_topics(), timeout_s=30, message="kp deleted")
     finally:
         client.close()

@@ -6,6 +6,7 @@ offset moves, as consumers see it through ListOffsets(earliest) and OFFSET_OUT_O
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import ray
@@ -52,14 +53,18 @@ def test_replica_deletes_segments_past_retention_bytes(ray_local: Path, tmp_path
 
         # ~10 segments of ~4 records; at most ~8 KiB beyond the active one may stay.
         wait_until(lambda: _earliest(replica) >= BATCHES - 16, timeout_s=CALL_TIMEOUT_S)
-        start = _earliest(replica)
-        assert 0 < start < BATCHES
-        assert len(list((tmp_path / "r0").glob("*.log"))) <= 4
-
         below = ray.get(replica.fetch.remote(0, 1 << 20), timeout=CALL_TIMEOUT_S)
         assert below.error_code == OffsetOutOfRangeError.error_code
-        kept = ray.get(replica.fetch.remote(start, 1 << 20), timeout=CALL_TIMEOUT_S)
-        assert kept.error_code == 0 and kept.records
+
+        def first_kept() -> tuple[int, Any] | None:
+            # Retention may still be deleting (every 50 ms): read where the log starts now.
+            start = _earliest(replica)
+            kept = ray.get(replica.fetch.remote(start, 1 << 20), timeout=CALL_TIMEOUT_S)
+            return (start, kept) if kept.error_code == 0 and kept.records else None
+
+        start, kept = wait_until(first_kept, timeout_s=CALL_TIMEOUT_S)
+        assert 0 < start < BATCHES
+        assert len(list((tmp_path / "r0").glob("*.log"))) <= 4
         first = next(iter(rb.iter_batches(kept.records)))[1]
         assert first.base_offset == start
     finally:
