@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import os
 import signal
 import string
@@ -25,7 +26,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from raylog.actors import raycluster, topic_config
 from raylog.storage.errors import RaylogError
@@ -848,8 +849,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _MainThreadStdout(io.TextIOBase):
+    """``sys.stdout`` for commands other than ``up``: what the main thread writes (tables,
+    JSON) goes to stdout, what other threads write goes to stderr. Ray's driver relays raylet
+    warnings ("N worker processes have been started ...") to ``sys.stdout`` from a background
+    thread, which would otherwise land in the middle of ``--json`` output."""
+
+    def __init__(self, out: TextIO, err: TextIO) -> None:
+        self._out, self._err = out, err
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        main = threading.current_thread() is threading.main_thread()
+        return (self._out if main else self._err).write(text)
+
+    def flush(self) -> None:
+        self._out.flush()
+        self._err.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "func", None) is not cmd_up and not isinstance(sys.stdout, _MainThreadStdout):
+        sys.stdout = _MainThreadStdout(sys.stdout, sys.stderr)
     if getattr(args, "brokers", 1) < 1:
         print("raylog: --brokers must be at least 1", file=sys.stderr)
         return 2
