@@ -178,3 +178,12 @@ def ray_local() -> Iterator[Path]:
         yield _RAY_DATA_DIR
     finally:
         ray.shutdown()
+
+
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    """Run tests/pipelines last. Its session-scoped `raylog up` cluster and Spark session stay up
+    until the session ends (pytest tears "package" fixtures of a plain directory down only
+    then), and would load the machine under every later module's own clusters."""
+    items.sort(key=lambda item: item.path.parent.name == "pipelines")  # stable: order kept
