@@ -289,7 +289,64 @@ async def _connect(
     return reader, writer
 
 
-class PeerLink:
+class _Link:
+    """What both outbound links share: one connection to replica ``peer_name``, made in the
+    background by :meth:`ensure_connecting`, remade after a backoff once it breaks.
+    Subclasses serve the open connection (:meth:`_serve`) and clean up after it (:meth:`_down`).
+    """
+
+    def __init__(self, peer_name: str, secret: bytes, tls: ssl.SSLContext | None = None) -> None:
+        self.peer_name = peer_name
+        self._secret = secret
+        self._tls = tls
+        self._writer: asyncio.StreamWriter | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._not_before = 0.0
+
+    @property
+    def connected(self) -> bool:
+        return self._writer is not None
+
+    def ensure_connecting(self, resolve: Callable[[], Any]) -> None:
+        """Start connecting unless connected, connecting, or backing off after a failure.
+        ``resolve`` is a coroutine function returning the peer's ``(host, port)``."""
+        loop = asyncio.get_running_loop()
+        if self._task is not None or loop.time() < self._not_before:
+            return
+        self._task = loop.create_task(self._run(resolve))
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+    def _down(self) -> None:
+        raise NotImplementedError
+
+    async def _run(self, resolve: Callable[[], Any]) -> None:
+        loop = asyncio.get_running_loop()  # (not callable in `finally` while a loop closes)
+        writer = None
+        try:
+            reader, writer = await _connect(resolve, self.peer_name, self._secret, self._tls)
+            self._writer = writer
+            await self._serve(reader, writer)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # refused, reset, timed out, peer gone: retry after a backoff
+            log.debug("channel to %s down: %r", self.peer_name, exc)
+        finally:
+            self._writer = None
+            self._down()
+            self._not_before = loop.time() + RECONNECT_BACKOFF_S
+            self._task = None
+            if writer is not None:
+                with contextlib.suppress(RuntimeError):  # the loop is closing
+                    writer.close()
+
+
+class PeerLink(_Link):
     """The outbound link to one peer replica: connect, authenticate, write queued frames.
 
     :meth:`send` returns False when the link cannot take the message now (not connected yet,
@@ -298,21 +355,12 @@ class PeerLink:
     """
 
     def __init__(self, peer_name: str, secret: bytes, tls: ssl.SSLContext | None = None) -> None:
-        self.peer_name = peer_name
-        self._secret = secret
-        self._tls = tls
-        self._writer: asyncio.StreamWriter | None = None
+        super().__init__(peer_name, secret, tls)
         self._queue: collections.deque[bytes] = collections.deque()
         self._queued_bytes = 0
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._not_before = 0.0
         self.messages_out = 0
         self.dropped = 0
-
-    @property
-    def connected(self) -> bool:
-        return self._writer is not None
 
     def send(self, message: Any) -> bool:
         if self._writer is None:
@@ -327,41 +375,12 @@ class PeerLink:
         self._wake.set()
         return True
 
-    def ensure_connecting(self, resolve: Callable[[], Any]) -> None:
-        """Start connecting unless connected, connecting, or backing off after a failure.
-        ``resolve`` is a coroutine function returning the peer's ``(host, port)``."""
-        loop = asyncio.get_running_loop()
-        if self._task is not None or loop.time() < self._not_before:
-            return
-        self._task = loop.create_task(self._run(resolve))
+    def _down(self) -> None:
+        self.dropped += len(self._queue)
+        self._queue.clear()
+        self._queued_bytes = 0
 
-    def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-
-    async def _run(self, resolve: Callable[[], Any]) -> None:
-        loop = asyncio.get_running_loop()  # (not callable in `finally` while a loop closes)
-        writer = None
-        try:
-            reader, writer = await _connect(resolve, self.peer_name, self._secret, self._tls)
-            self._writer = writer
-            await self._pump(writer, reader)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # refused, reset, timed out, peer gone: retry after a backoff
-            log.debug("replication channel to %s down: %r", self.peer_name, exc)
-        finally:
-            self._writer = None
-            self.dropped += len(self._queue)
-            self._queue.clear()
-            self._queued_bytes = 0
-            self._not_before = loop.time() + RECONNECT_BACKOFF_S
-            self._task = None
-            if writer is not None:
-                with contextlib.suppress(RuntimeError):  # the loop is closing
-                    writer.close()
-
-    async def _pump(self, writer: asyncio.StreamWriter, reader: asyncio.StreamReader) -> None:
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         closed = asyncio.ensure_future(reader.read(1))  # the server never writes after the nonce
         try:
             while True:
@@ -390,7 +409,7 @@ class CallFailed(Exception):
         self.lost = lost
 
 
-class CallLink:
+class CallLink(_Link):
     """Request/response calls to one replica over its channel (the gateway's data path).
 
     :meth:`call` returns None when the link is not connected (the caller uses a Ray call and
@@ -400,19 +419,10 @@ class CallLink:
     """
 
     def __init__(self, peer_name: str, secret: bytes, tls: ssl.SSLContext | None = None) -> None:
-        self.peer_name = peer_name
-        self._secret = secret
-        self._tls = tls
-        self._writer: asyncio.StreamWriter | None = None
+        super().__init__(peer_name, secret, tls)
         self._pending: dict[int, asyncio.Future[bytes]] = {}
         self._next_id = 1
-        self._task: asyncio.Task[None] | None = None
-        self._not_before = 0.0
         self.calls_out = 0
-
-    @property
-    def connected(self) -> bool:
-        return self._writer is not None
 
     def call(self, method: str, args: tuple[Any, ...]) -> asyncio.Future[bytes] | None:
         writer = self._writer
@@ -434,49 +444,25 @@ class CallLink:
                 del self._pending[call_id]
                 return
 
-    def ensure_connecting(self, resolve: Callable[[], Any]) -> None:
-        loop = asyncio.get_running_loop()
-        if self._task is not None or loop.time() < self._not_before:
-            return
-        self._task = loop.create_task(self._run(resolve))
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        frames = FrameReader()
+        while True:
+            data = await reader.read(1 << 20)
+            if not data:
+                raise ConnectionError("peer closed the channel")
+            for reply in frames.feed(data):
+                if not isinstance(reply, CallReply):
+                    raise FrameError(f"{type(reply).__name__} on a call link")
+                future = self._pending.pop(reply.call_id, None)
+                if future is None or future.done():
+                    continue
+                if reply.error:
+                    future.set_exception(CallFailed(reply.error, lost=False))
+                else:
+                    future.set_result(bytes(reply.result))
 
-    def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-
-    async def _run(self, resolve: Callable[[], Any]) -> None:
-        loop = asyncio.get_running_loop()  # (not callable in `finally` while a loop closes)
-        writer = None
-        try:
-            reader, writer = await _connect(resolve, self.peer_name, self._secret, self._tls)
-            self._writer = writer
-            frames = FrameReader()
-            while True:
-                data = await reader.read(1 << 20)
-                if not data:
-                    raise ConnectionError("peer closed the channel")
-                for reply in frames.feed(data):
-                    if not isinstance(reply, CallReply):
-                        raise FrameError(f"{type(reply).__name__} on a call link")
-                    future = self._pending.pop(reply.call_id, None)
-                    if future is None or future.done():
-                        continue
-                    if reply.error:
-                        future.set_exception(CallFailed(reply.error, lost=False))
-                    else:
-                        future.set_result(bytes(reply.result))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.debug("call link to %s down: %r", self.peer_name, exc)
-        finally:
-            self._writer = None
-            pending, self._pending = self._pending, {}
-            for future in pending.values():
-                if not future.done():
-                    future.set_exception(CallFailed(f"channel to {self.peer_name} lost", lost=True))
-            self._not_before = loop.time() + RECONNECT_BACKOFF_S
-            self._task = None
-            if writer is not None:
-                with contextlib.suppress(RuntimeError):  # the loop is closing
-                    writer.close()
+    def _down(self) -> None:
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(CallFailed(f"channel to {self.peer_name} lost", lost=True))
