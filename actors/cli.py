@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from raylog.actors import raycluster, topic_config
-from raylog.storage.errors import RaylogError
+from raylog.storage.errors import RaylogError, one_line, remote_cause
 from raylog.storage.objectstore import ObjectStore
 
 DEFAULT_DATA_DIR = "./raylog-data"
@@ -105,16 +105,6 @@ def _check_ports_free(host: str, ports: list[int], what: str = "port") -> None:
                 raise CliError(f"{what} {host}:{port} is not available: {e.strerror or e}") from e
 
 
-def _remote_cause(exc: BaseException) -> BaseException:
-    """The exception a remote method raised (Ray wraps it in RayTaskError with ``cause``)."""
-    return getattr(exc, "cause", None) or exc
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 class EmbeddedCluster:
     """The actors `raylog up` starts, held for the process's lifetime (they are not detached).
 
@@ -183,7 +173,7 @@ class EmbeddedCluster:
             # The supervisor bounds each gateway's start by START_TIMEOUT_S itself.
             ray.get(self.supervisor.start_all.remote(), timeout=START_TIMEOUT_S + 30)
         except Exception as e:
-            raise CliError(_one_line(_remote_cause(e))) from e
+            raise CliError(one_line(e)) from e
         self._wait_ready()
 
     def _wait_ready(self) -> None:
@@ -237,8 +227,7 @@ class EmbeddedCluster:
         try:
             ray.get(refs, timeout=timeout_s)
         except Exception as e:
-            first = _one_line(_remote_cause(e)) if str(e) else type(e).__name__
-            print(f"raylog: stopping {what}: {first}", file=sys.stderr, flush=True)
+            print(f"raylog: stopping {what}: {one_line(e)}", file=sys.stderr, flush=True)
 
 
 def _rack(index: int) -> str:
@@ -377,7 +366,7 @@ def _join(args: argparse.Namespace) -> None:
             log_to_driver=False,
         )
     except Exception as e:
-        raise CliError(f"cannot join Ray at {ray_address}: {_one_line(e)}") from e
+        raise CliError(f"cannot join Ray at {ray_address}: {one_line(e)}") from e
 
 
 def _connect(args: argparse.Namespace) -> Any:
@@ -424,11 +413,10 @@ def _call(actor: Any, method: str, *args: Any, timeout_s: float = CALL_TIMEOUT_S
     except ray.exceptions.GetTimeoutError as e:
         raise CliError(f"{method}: no answer within {timeout_s:.0f} s") from e
     except Exception as e:
-        cause = _remote_cause(e)
+        cause = remote_cause(e)
         if isinstance(cause, SupervisorError):
-            raise CliError(_one_line(cause)) from e
-        text = str(cause).splitlines()[0] if str(cause) else ""
-        raise CliError(f"{type(cause).__name__}: {text}") from e
+            raise CliError(one_line(cause)) from e
+        raise CliError(f"{type(cause).__name__}: {one_line(cause)}") from e
 
 
 def _print_json(value: Any) -> None:
@@ -872,7 +860,8 @@ class _MainThreadStdout(io.TextIOBase):
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "func", None) is not cmd_up and not isinstance(sys.stdout, _MainThreadStdout):
+    guarded = getattr(args, "func", None) is not cmd_up
+    if guarded and not isinstance(sys.stdout, _MainThreadStdout):
         sys.stdout = _MainThreadStdout(sys.stdout, sys.stderr)
     if getattr(args, "brokers", 1) < 1:
         print("raylog: --brokers must be at least 1", file=sys.stderr)
@@ -882,6 +871,13 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as e:
         print(f"raylog: {e}", file=sys.stderr)
         return 1
+    finally:
+        if guarded:
+            # The command's output is complete. Ray's exit hook (ray.shutdown, on the main
+            # thread) prints the raylet warnings it held back for de-duplication to
+            # sys.stdout: they belong on stderr, after the table or JSON document.
+            sys.stdout.flush()
+            sys.stdout = sys.stderr
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from raylog.actors.broker import broker_actor_name
 from raylog.actors.controller import ray_call
 from raylog.actors.gateway_actor import gateway_actor_name
 from raylog.actors.replica import NAMESPACE
-from raylog.storage.errors import RaylogError
+from raylog.storage.errors import RaylogError, one_line
 
 log = logging.getLogger(__name__)
 
@@ -174,8 +174,7 @@ class SupervisorActor:
         try:
             await ray_call(gateway.start.remote(), GATEWAY_START_TIMEOUT_MS)
         except Exception as exc:
-            why = str(exc).splitlines()[0] if str(exc) else repr(exc)
-            raise SupervisorError(f"gateway of broker {broker_id}: {why}") from None
+            raise SupervisorError(f"gateway of broker {broker_id}: {one_line(exc)}") from None
 
     async def _wait_registered(self, broker_id: int) -> None:
         broker = self._running[broker_id].broker

@@ -84,6 +84,7 @@ from raylog.storage.errors import (
     InvalidPartitionsError,
     NotControllerError,
     RaylogError,
+    one_line,
 )
 from raylog.storage.pki import LeafCertificate
 
@@ -405,7 +406,7 @@ class ReplicaBackend:
                 "create_topic", name, num_partitions, replication_factor, dict(configs), chosen
             )
         except RaylogError as exc:
-            return AdminResult(exc.error_code, _message(exc))
+            return AdminResult(exc.error_code, one_line(exc))
         return await self._wait_view(
             lambda topics: name in topics, timeout_ms, f"Topic {name!r} was created but is"
         )
@@ -414,7 +415,7 @@ class ReplicaBackend:
         try:
             await self._controller_call("delete_topic", name)
         except RaylogError as exc:
-            return AdminResult(exc.error_code, _message(exc))
+            return AdminResult(exc.error_code, one_line(exc))
         return await self._wait_view(
             lambda topics: name not in topics, timeout_ms, f"Topic {name!r} was deleted but is"
         )
@@ -423,7 +424,7 @@ class ReplicaBackend:
         try:
             topic = await self._controller_call("describe_topic", name)
         except RaylogError as exc:
-            return TopicConfigsResult(exc.error_code, {}, _message(exc))
+            return TopicConfigsResult(exc.error_code, {}, one_line(exc))
         return TopicConfigsResult(ErrorCode.NONE, dict(topic.configs))
 
     async def alter_topic_configs(
@@ -435,7 +436,7 @@ class ReplicaBackend:
             else:
                 await self._controller_call("alter_configs", name, dict(overrides))
         except RaylogError as exc:
-            return AdminResult(exc.error_code, _message(exc))
+            return AdminResult(exc.error_code, one_line(exc))
         return AdminResult(ErrorCode.NONE)
 
     # --- idempotent producers ---------------------------------------------------------------------
@@ -462,7 +463,7 @@ class ReplicaBackend:
                 return AdminResult(ErrorCode.NONE)
             await self._controller_call("create_partitions", name, total_count)
         except RaylogError as exc:
-            return AdminResult(exc.error_code, _message(exc))
+            return AdminResult(exc.error_code, one_line(exc))
         return await self._wait_view(
             lambda topics: name in topics and len(topics[name].partitions) >= total_count,
             timeout_ms,
@@ -477,7 +478,7 @@ class ReplicaBackend:
             codes = await self._controller_call("elect_leaders", election_type, wanted)
         except RaylogError as exc:
             every = partitions or []
-            return {tp: AdminResult(exc.error_code, _message(exc)) for tp in every}
+            return {tp: AdminResult(exc.error_code, one_line(exc)) for tp in every}
         return {tuple(tp): AdminResult(code) for tp, code in codes.items()}
 
     async def _controller_call(self, method: str, *args: Any) -> Any:
@@ -501,7 +502,7 @@ class ReplicaBackend:
                 raise
             except RayTaskError as exc:  # a bug in the controller: answer, do not drop the client
                 log.error("controller failed in %s: %s", method, exc)
-                raise RaylogError(f"controller failed in {method}: {_message(exc)}") from exc
+                raise RaylogError(f"controller failed in {method}: {one_line(exc)}") from exc
         raise AssertionError("unreachable")
 
     async def _wait_view(
@@ -653,12 +654,6 @@ class ReplicaBackend:
                 ) from exc
             self._handles[name] = handle
             return handle
-
-
-def _message(exc: BaseException) -> str:
-    """The first line of what the remote method raised (Ray wraps it with a ``cause``)."""
-    text = str(getattr(exc, "cause", None) or exc)
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _check_create(

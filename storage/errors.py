@@ -54,6 +54,19 @@ rather than defining exceptions of their own.
 from __future__ import annotations
 
 
+def remote_cause(exc: BaseException) -> BaseException:
+    """The exception a remote method raised: Ray wraps it in a RayTaskError whose ``cause``
+    it is (and whose own text is the remote traceback, starting ``ray::Actor.method()``)."""
+    return getattr(exc, "cause", None) or exc
+
+
+def one_line(exc: BaseException) -> str:
+    """A one-line reason for ``exc``: the remote cause's first line, else its class name."""
+    cause = remote_cause(exc)
+    text = str(cause).strip()
+    return text.splitlines()[0] if text else type(cause).__name__
+
+
 class RaylogError(Exception):
     """Base of every expected failure; ``error_code`` is Kafka's code for it."""
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import queue
+import random
 import signal
 import socket
 import subprocess
@@ -63,14 +64,18 @@ class Lines:
         raise AssertionError(f"no line with {needle!r}; got {self.seen!r}, stderr {stderr!r}")
 
 
+# Ports handed to `raylog up` lie below Linux's ephemeral range (32768-60999) and above Ray's
+# worker ports (10002-19999): Ray's own processes bind ephemeral ports while a cluster starts,
+# and a port that was free when the test chose it could be taken by the time a gateway binds.
+PORT_RANGE = (20000, 32000)
+
+
 def free_port_block(count: int) -> int:
-    """A first port with ``count`` consecutive free loopback ports after it."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            first = probe.getsockname()[1]
-        if first + count > 65535:
-            continue
+    """A first port with ``count`` consecutive free loopback ports after it, outside the
+    ephemeral range (a random block, so concurrent runs rarely pick the same one)."""
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(200):
+        first = rng.randrange(PORT_RANGE[0], PORT_RANGE[1] - count)
         socks: list[socket.socket] = []
         try:
             for port in range(first, first + count):
@@ -108,7 +113,8 @@ class UpProcess:
     ) -> None:
         self.data_dir = data_dir
         self.brokers = brokers
-        self.port = port if port is not None else free_port_block(brokers)
+        # brokers gateways, then the metrics endpoint (default: the port after the last gateway)
+        self.port = port if port is not None else free_port_block(brokers + 1)
         self.extra = extra
         self.proc: subprocess.Popen[str] | None = None
         self.lines: Lines | None = None
