@@ -14,7 +14,7 @@ fetch path.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 
 __all__ = [
@@ -138,9 +138,21 @@ class DataBackend(Backend, Protocol):
     """
 
     async def produce(
-        self, topic: str, partition: int, records: bytes, acks: int, timeout_ms: int
+        self,
+        topic: str,
+        partition: int,
+        records: bytes,
+        acks: int,
+        timeout_ms: int,
+        *,
+        on_sent: Callable[[], None] | None = None,
     ) -> ProduceResult:
-        """Append one client batch (validated and stamped by the leader replica)."""
+        """Append one client batch (validated and stamped by the leader replica).
+
+        ``on_sent``, if given, is called once the batch is on a path that keeps order: a later
+        produce to the same partition, started after it, is appended after this one. Then
+        the caller need not wait for this one's acks before sending the next.
+        """
         ...
 
     async def fetch(

@@ -247,7 +247,14 @@ class ReplicaBackend:
     # --- the data path ------------------------------------------------------------------------
 
     async def produce(
-        self, topic: str, partition: int, records: bytes, acks: int, timeout_ms: int
+        self,
+        topic: str,
+        partition: int,
+        records: bytes,
+        acks: int,
+        timeout_ms: int,
+        *,
+        on_sent: Callable[[], None] | None = None,
     ) -> ProduceResult:
         error = self._route(topic, partition)
         if error:
@@ -263,6 +270,7 @@ class ReplicaBackend:
                 (records, acks, timeout_ms),
                 timeout_s=timeout_ms / 1000 + self._call_margin_s,
                 retry=False,
+                on_sent=on_sent,
             )
         except _CallFailed as exc:
             return ProduceResult(exc.error_code, -1, -1, -1, str(exc))
@@ -556,16 +564,23 @@ class ReplicaBackend:
         *,
         timeout_s: float,
         retry: bool,
+        on_sent: Callable[[], None] | None = None,
     ) -> Any:
         """Call ``method`` on this broker's replica of the partition; bounded by ``timeout_s``.
 
+        ``on_sent`` is called when the call went onto the replica's channel: one TCP stream,
+        whose calls the replica starts in arrival order, so a later call cannot overtake it.
+        A Ray call gives no such promise (an argument in the object store may arrive later
+        than a later call's), so on that path the caller learns nothing before the outcome.
         Raises _CallFailed when there is no outcome, TimeoutError past the bound.
         """
         name = replica_actor_name(topic, partition, self.metadata.this_broker_id)
         attempts = 2 if retry else 1
         async with asyncio.timeout(timeout_s):
             if method in _CHANNEL_RESULTS and self._use_channels:
-                done, result = await self._channel_call(name, method, args, retry=retry)
+                done, result = await self._channel_call(
+                    name, method, args, retry=retry, on_sent=on_sent
+                )
                 if done:
                     return result
             for attempt in range(1, attempts + 1):
@@ -603,7 +618,13 @@ class ReplicaBackend:
         self._links.clear()
 
     async def _channel_call(
-        self, name: str, method: str, args: tuple[Any, ...], *, retry: bool
+        self,
+        name: str,
+        method: str,
+        args: tuple[Any, ...],
+        *,
+        retry: bool,
+        on_sent: Callable[[], None] | None = None,
     ) -> tuple[bool, Any]:
         """``(True, result)`` when the call went over the replica's channel, ``(False, None)``
         when it must go by Ray (no link yet, or Ray calls to that replica outstanding)."""
@@ -614,6 +635,8 @@ class ReplicaBackend:
         if future is None:
             link.ensure_connecting(lambda: self._channel_address(name))
             return False, None
+        if on_sent is not None:
+            on_sent()
         try:
             raw = await future
         except CallFailed as exc:

@@ -9,12 +9,15 @@ Rules kept here, each Kafka's:
 1. ``acks`` must be 0, 1 or -1, else every partition gets INVALID_REQUIRED_ACKS (21).
 2. acks=0 gets no response. If any partition failed, the connection is closed instead
    (:class:`CloseConnection`): the client has no other way to learn of it.
-3. A request's partitions are appended concurrently (one Ray call per partition, never one per
-   record). Requests of one connection are applied in order per partition, as Kafka (which
+3. A request's partitions are appended concurrently (one replica call per partition, never one
+   per record). Requests of one connection are applied in order per partition, as Kafka (which
    serves one request per connection at a time) applies them: a producer pipelining
    non-idempotent batches must not see them reordered. The server runs a connection's requests
-   as concurrent tasks and Ray may run a replica's calls out of order, so each partition's
-   append waits here until the previous append of the same connection has been answered.
+   as concurrent tasks, so each partition's append waits here until the previous append of
+   the same connection is on an ordered path: sent on the replica's channel (one TCP stream,
+   calls started in arrival order), or else answered (a Ray call may be overtaken). On the
+   channel, then, a connection keeps several acks=all batches in flight, as Kafka's purgatory
+   does, and one batch's replication round trip no longer holds back the next.
 4. Transactions are not supported yet: a request with a ``transactional_id`` or a transactional
    batch gets INVALID_TXN_STATE (48), since no transaction was begun through a coordinator here.
 5. Idempotent producers (producerId >= 0, from InitProducerId) are checked by the leader
@@ -106,7 +109,9 @@ async def _produce_one(
     batch = bytes(records)  # a view into the request frame; Ray needs an owned copy
     return await _in_order(
         (connection, topic, partition),
-        lambda: backend.produce(topic, partition, batch, body.acks, body.timeout_ms),
+        lambda sent: backend.produce(
+            topic, partition, batch, body.acks, body.timeout_ms, on_sent=sent
+        ),
     )
 
 
@@ -126,17 +131,25 @@ def _refusal(body: Any, records: Any) -> int:
     return ErrorCode.NONE
 
 
-async def _in_order(key: _OrderKey, call: Callable[[], Awaitable[ProduceResult]]) -> ProduceResult:
-    """Run ``call`` after the previous call with the same key has finished (FIFO per key)."""
+async def _in_order(
+    key: _OrderKey, call: Callable[[Callable[[], None]], Awaitable[ProduceResult]]
+) -> ProduceResult:
+    """Start ``call`` once the previous call with the same key is sent in order or finished
+    (FIFO per key). ``call`` gets the function that releases the next one early."""
     previous = _tails.get(key)
-    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    _tails[key] = done
+    released: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    _tails[key] = released
+
+    def release() -> None:
+        if not released.done():
+            released.set_result(None)
+
     try:
         if previous is not None:
             # shield: a cancelled waiter must not cancel the future the next one waits on.
             await asyncio.shield(previous)
-        return await call()
+        return await call(release)
     finally:
-        done.set_result(None)
-        if _tails.get(key) is done:
+        release()
+        if _tails.get(key) is released:
             del _tails[key]
