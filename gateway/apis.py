@@ -1,9 +1,10 @@
 """The API versions raylog's gateway implements, and what it advertises in ApiVersions.
 
 ``TARGET_VERSIONS`` is KAFKA_PROTOCOL.md §1: the versions every supported client was measured
-against. None of them is a flexible version except ApiVersions' own handshake, which is answered
-specially (see ``handlers/api_versions.py``). The transaction APIs (24, 25, 26, 28) and SASL are
-not in it yet.
+against. ApiVersions' own flexible versions are answered specially (see
+``handlers/api_versions.py``); the group admin APIs (15, 16, 42) are advertised up to flexible
+versions, which the codec decodes and encodes like any other. The transaction APIs (24, 25, 26,
+28) and SASL are not in it yet.
 
 What is *advertised* is the target range of each API that has a handler registered, and nothing
 else: a client never sees an API the gateway cannot answer. So the advertised table grows as
@@ -36,6 +37,11 @@ TARGET_VERSIONS: Mapping[int, VersionRange] = MappingProxyType(
         12: (0, 3),  # Heartbeat
         13: (0, 1),  # LeaveGroup
         14: (0, 3),  # SyncGroup: aiokafka knows {0, 1, 3}
+        # Group admin: the codec's highest versions, which kafka-python sends; librdkafka sends
+        # ListGroups <= 5, DescribeGroups <= 5 (after ConsumerGroupDescribe, not advertised),
+        # DeleteGroups <= 2. Flexible: ListGroups 3+, DescribeGroups 5+, DeleteGroups 2.
+        15: (0, 6),  # DescribeGroups: v6 answers an unknown group GROUP_ID_NOT_FOUND (KIP-1043)
+        16: (0, 5),  # ListGroups: v4 states filter (KIP-518), v5 types filter (KIP-848)
         18: (0, 2),  # ApiVersions
         19: (2, 4),  # CreateTopics: v4 = -1 defaults (KIP-464)
         20: (1, 3),  # DeleteTopics
@@ -45,8 +51,10 @@ TARGET_VERSIONS: Mapping[int, VersionRange] = MappingProxyType(
         # CreatePartitions, ElectLeaders: v2+ are flexible; librdkafka sends CreatePartitions v0
         # and ElectLeaders up to what the broker offers, kafka-python the highest both know.
         37: (0, 1),  # CreatePartitions
+        42: (0, 2),  # DeleteGroups
         43: (0, 1),  # ElectLeaders: v1 adds election_type (preferred / unclean)
         44: (0, 0),  # IncrementalAlterConfigs
+        47: (0, 0),  # OffsetDelete
     }
 )
 

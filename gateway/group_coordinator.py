@@ -27,6 +27,12 @@ Ownership, as Kafka's brokers do it:
    group only once acknowledged. Produce errors become Kafka's coordinator errors
    (:data:`_STORE_ERRORS`).
 
+5. Deleting a group (DeleteGroups) or offsets (OffsetDelete) writes tombstones (null values)
+   for the group's metadata key and each deleted offset's key with acks=all, and changes the
+   group only once they are acknowledged, so a new coordinator replaying the partition does
+   not bring them back. The group's lock is held across the write, so no request changes it
+   in between; a request that was waiting on it finds it Dead (COORDINATOR_NOT_AVAILABLE).
+
 There is no log compaction in raylog yet, so loading reads the whole partition, and the topic is
 created with ``retention.ms=-1`` so that retention never deletes live offsets.
 """
@@ -50,6 +56,8 @@ from raylog.gateway.errors import ErrorCode
 from raylog.gateway.groups import (
     CommittedOffset,
     Group,
+    GroupDescription,
+    GroupListing,
     GroupState,
     JoinResult,
     Member,
@@ -364,6 +372,95 @@ class GroupCoordinator:
         if group is None:
             return OffsetFetchResult(error, {})
         return OffsetFetchResult(ErrorCode.NONE, group.fetch_offsets(partitions))
+
+    # --- ListGroups / DescribeGroups / DeleteGroups / OffsetDelete -------------------------------
+
+    def list_groups(self) -> tuple[int, list[GroupListing]]:
+        """Every group of the partitions this broker leads; COORDINATOR_LOAD_IN_PROGRESS with
+        the groups loaded so far while one is still loading (as Kafka)."""
+        listings = [
+            group.listing()
+            for owned in self._owned.values()
+            if owned.loaded
+            for group in owned.groups.values()
+            if group.exists()
+        ]
+        loading = any(not owned.loaded for owned in self._owned.values())
+        error = ErrorCode.COORDINATOR_LOAD_IN_PROGRESS if loading else ErrorCode.NONE
+        return error, sorted(listings)
+
+    def describe_group(self, group_id: str) -> tuple[int, GroupDescription]:
+        """(error, description). A group that does not exist (or the empty id, which Kafka
+        accepts here) is Dead with GROUP_ID_NOT_FOUND, which DescribeGroups answers as no error
+        before v6; a group this broker cannot answer for has state "" and the error."""
+        group, error = self._group(group_id, create=False) if group_id else (None, 0)
+        if group is not None and group.exists():
+            return ErrorCode.NONE, group.describe()
+        if error in (ErrorCode.NONE, ErrorCode.GROUP_ID_NOT_FOUND):
+            return ErrorCode.GROUP_ID_NOT_FOUND, GroupDescription(GroupState.DEAD.value, "", "")
+        return error, GroupDescription("", "", "")
+
+    async def delete_group(self, group_id: str) -> int:
+        """DeleteGroups for one group: tombstones for its metadata and every offset."""
+        group, error = self._group(group_id, create=False)
+        if group is None:
+            return ErrorCode.GROUP_ID_NOT_FOUND if error == ErrorCode.INVALID_GROUP_ID else error
+        async with self._lock(group_id):
+            if group.state is GroupState.DEAD:  # unloaded or deleted while this request waited
+                return self._dead_error(group_id)
+            error = group.check_delete()
+            if error:
+                return error
+            keys = [gr.GroupMetadataKey(group_id)]
+            keys += [gr.OffsetCommitKey(group_id, t, p) for t, p in sorted(group.offsets)]
+            error = await self._append(group_id, [(gr.encode_key(k), None) for k in keys])
+            if error:
+                return error
+            self._drop(group)
+        return ErrorCode.NONE
+
+    async def delete_offsets(
+        self, group_id: str, partitions: Sequence[tuple[str, int]]
+    ) -> tuple[int, Mapping[tuple[str, int], int]]:
+        """OffsetDelete: (group error, each partition's error)."""
+        group, error = self._group(group_id, create=False)
+        if group is None:
+            return error, {}
+        async with self._lock(group_id):
+            if group.state is GroupState.DEAD:
+                return self._dead_error(group_id), {}
+            plan = group.plan_offset_delete(partitions)
+            if plan.error_code:
+                return plan.error_code, {}
+            keys: list[gr.Key] = [gr.OffsetCommitKey(group_id, t, p) for t, p in plan.remove]
+            if plan.delete_group:
+                keys.append(gr.GroupMetadataKey(group_id))
+            if keys:
+                error = await self._append(group_id, [(gr.encode_key(k), None) for k in keys])
+                if error:
+                    return error, {}
+            group.remove_offsets(plan.remove)
+            if plan.delete_group:
+                self._drop(group)
+        return ErrorCode.NONE, plan.partition_errors
+
+    def _dead_error(self, group_id: str) -> int:
+        """For a group found Dead: NOT_COORDINATOR if its partition left this broker, else it
+        was deleted (Kafka's ``groupNotExists`` check)."""
+        partition = self._partition_of(group_id)
+        owned = self._owned.get(partition) if partition is not None else None
+        return ErrorCode.GROUP_ID_NOT_FOUND if owned is not None else ErrorCode.NOT_COORDINATOR
+
+    def _drop(self, group: Group) -> None:
+        """Forget a group whose tombstones are written."""
+        group.delete()
+        self._deliver(group.group_id, group.take_replies())
+        partition = self._partition_of(group.group_id)
+        owned = self._owned.get(partition) if partition is not None else None
+        if owned is not None and owned.groups.get(group.group_id) is group:
+            del owned.groups[group.group_id]
+        # Requests waiting on the old lock find the old group Dead; new ones get a new group.
+        self._group_locks.pop(group.group_id, None)
 
     # --- the groups of this broker ---------------------------------------------------------------
 

@@ -33,33 +33,53 @@ Rules kept here, each Kafka's (``GroupCoordinator.scala`` / ``GroupMetadata.scal
    answer it is kept; while it awaits SyncGroup, it has its rebalance timeout).
 5. Offset commits need the current generation and a known member, except "simple" commits
    (generation < 0) to a group without members.
+6. Admin APIs (``GroupMetadata.summary`` / ``handleDeleteGroups`` / ``handleDeleteOffsets``):
+   a description carries the protocol and each member's metadata and assignment only while
+   Stable; only an Empty group may be deleted (else NON_EMPTY_GROUP, 68); committed offsets
+   may be deleted from an Empty group, or from a "consumer" group for topics no member is
+   subscribed to (else GROUP_SUBSCRIBED_TO_TOPIC, 86); an Empty group whose last offsets are
+   deleted is deleted with them.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from types import MappingProxyType
 from typing import NamedTuple
 
 from raylog.gateway.errors import ErrorCode
 
 __all__ = [
+    "CLASSIC_GROUP_TYPE",
+    "CONSUMER_PROTOCOL_TYPE",
     "GROUP_MAX_SESSION_TIMEOUT_MS",
     "GROUP_MIN_SESSION_TIMEOUT_MS",
     "CommittedOffset",
     "Group",
+    "GroupDescription",
+    "GroupListing",
     "GroupState",
     "JoinResult",
     "Member",
+    "MemberDescription",
+    "OffsetDeletePlan",
     "Reply",
     "SyncResult",
+    "filter_listings",
+    "subscription_topics",
 ]
 
 # group.min.session.timeout.ms / group.max.session.timeout.ms, Kafka's defaults. Client defaults
 # fit: kafka-python and aiokafka 10000, librdkafka 45000 (45000 since KIP-735), kafkajs 30000.
 GROUP_MIN_SESSION_TIMEOUT_MS = 6_000
 GROUP_MAX_SESSION_TIMEOUT_MS = 1_800_000
+
+
+CONSUMER_PROTOCOL_TYPE = "consumer"  # the protocol type of Kafka's consumers (ConsumerProtocol)
+CLASSIC_GROUP_TYPE = "classic"  # ListGroups v5's group type: every group here is a classic one
 
 
 class GroupState(Enum):
@@ -102,6 +122,82 @@ class CommittedOffset(NamedTuple):
     leader_epoch: int
     metadata: str
     commit_timestamp_ms: int
+
+
+class MemberDescription(NamedTuple):
+    """One member in DescribeGroups. Metadata and assignment are empty unless Stable."""
+
+    member_id: str
+    client_id: str
+    client_host: str
+    metadata: bytes
+    assignment: bytes
+
+
+class GroupDescription(NamedTuple):
+    """DescribeGroups' answer for one group (Kafka's ``GroupSummary``)."""
+
+    state: str  # a GroupState value; "" when the group could not be described (an error)
+    protocol_type: str
+    protocol: str  # "" unless Stable
+    members: tuple[MemberDescription, ...] = ()
+
+
+class GroupListing(NamedTuple):
+    """ListGroups' answer for one group."""
+
+    group_id: str
+    protocol_type: str
+    state: str
+    group_type: str = CLASSIC_GROUP_TYPE
+
+
+class OffsetDeletePlan(NamedTuple):
+    """What an OffsetDelete may do: the group-level error (nothing else when it is set), the
+    error of each partition asked for, the committed offsets to tombstone, and whether the group
+    goes too (it is Empty and holds no other offset)."""
+
+    error_code: int
+    partition_errors: Mapping[tuple[str, int], int] = MappingProxyType({})
+    remove: tuple[tuple[str, int], ...] = ()
+    delete_group: bool = False
+
+
+def subscription_topics(metadata: bytes) -> frozenset[str] | None:
+    """The topics of a "consumer" member's subscription (ConsumerProtocolSubscription, any
+    version: int16 version, then the topics as an int32 count of int16-length strings).
+
+    None when the bytes are not a subscription; the caller must then assume every topic.
+    """
+    try:
+        (count,) = struct.unpack_from(">i", metadata, 2)
+        if not 0 <= count <= len(metadata):
+            return None
+        pos, topics = 6, set()
+        for _ in range(count):
+            (length,) = struct.unpack_from(">h", metadata, pos)
+            if length < 0 or pos + 2 + length > len(metadata):
+                return None
+            topics.add(bytes(metadata[pos + 2 : pos + 2 + length]).decode("utf-8"))
+            pos += 2 + length
+    except (struct.error, UnicodeDecodeError):
+        return None
+    return frozenset(topics)
+
+
+def filter_listings(
+    listings: Iterable[GroupListing], states: Iterable[str] = (), types: Iterable[str] = ()
+) -> list[GroupListing]:
+    """ListGroups' StatesFilter (v4+) and TypesFilter (v5+): an empty filter keeps every group;
+    names match case-insensitively, as Kafka's group coordinator compares them."""
+    wanted_states = {s.lower() for s in states}
+    wanted_types = {t.lower() for t in types}
+    return [
+        g
+        for g in listings
+        if (not wanted_states or g.state.lower() in wanted_states)
+        and (not wanted_types or g.group_type.lower() in wanted_types)
+    ]
 
 
 @dataclass
@@ -538,6 +634,96 @@ class Group:
 
     def is_empty(self) -> bool:
         return not self.members and not self.pending_members and not self.offsets
+
+    def exists(self) -> bool:
+        """Whether the admin APIs see this group: not Dead, and not a group that never formed
+        a generation and holds nothing (e.g. after a refused JoinGroup)."""
+        if self.state is GroupState.DEAD:
+            return False
+        return self.generation_id > 0 or not self.is_empty()
+
+    # --- admin: ListGroups, DescribeGroups, DeleteGroups, OffsetDelete --------------------------
+
+    def listing(self) -> GroupListing:
+        return GroupListing(self.group_id, self.protocol_type or "", self.state.value)
+
+    def describe(self) -> GroupDescription:
+        """Kafka's ``GroupMetadata.summary``: protocol, metadata and assignment only if Stable."""
+        stable = self.state is GroupState.STABLE and self.protocol_name is not None
+        protocol = self.protocol_name if stable else None
+        members = tuple(
+            MemberDescription(
+                m.member_id,
+                m.client_id,
+                m.client_host,
+                m.metadata_for(protocol) if protocol else b"",
+                m.assignment if protocol else b"",
+            )
+            for m in self.members.values()
+        )
+        return GroupDescription(self.state.value, self.protocol_type or "", protocol or "", members)
+
+    def check_delete(self) -> int:
+        """0 when DeleteGroups may delete this group (it must be Empty)."""
+        if not self.exists():
+            return ErrorCode.GROUP_ID_NOT_FOUND
+        if self.state is not GroupState.EMPTY:
+            return ErrorCode.NON_EMPTY_GROUP
+        return ErrorCode.NONE
+
+    def delete(self) -> None:
+        """The group's tombstones are written: it is Dead, and requests still holding it get
+        COORDINATOR_NOT_AVAILABLE, so that clients look the coordinator up again and meet a new
+        group (Kafka's transition to Dead)."""
+        self.unload(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        self.offsets.clear()
+        self.pending_members.clear()
+
+    def plan_offset_delete(self, partitions: Iterable[tuple[str, int]]) -> OffsetDeletePlan:
+        """Which of ``partitions``' committed offsets an OffsetDelete removes."""
+        partitions = list(dict.fromkeys(partitions))
+        if not self.exists():
+            return OffsetDeletePlan(ErrorCode.GROUP_ID_NOT_FOUND)
+        if self.state is GroupState.EMPTY:
+            subscribed: frozenset[str] | None = frozenset()
+        elif self.protocol_type == CONSUMER_PROTOCOL_TYPE:
+            subscribed = self.subscribed_topics()
+        else:
+            return OffsetDeletePlan(ErrorCode.NON_EMPTY_GROUP)
+        errors = {
+            tp: ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC
+            if subscribed is None or tp[0] in subscribed
+            else ErrorCode.NONE
+            for tp in partitions
+        }
+        remove = tuple(tp for tp, e in errors.items() if e == ErrorCode.NONE and tp in self.offsets)
+        delete_group = (
+            self.state is GroupState.EMPTY
+            and bool(partitions)
+            and not self.pending_members
+            and set(self.offsets) <= set(remove)
+        )
+        return OffsetDeletePlan(ErrorCode.NONE, errors, remove, delete_group)
+
+    def subscribed_topics(self) -> frozenset[str] | None:
+        """The union of the members' subscribed topics; None when one cannot be read."""
+        topics: set[str] = set()
+        for member in self.members.values():
+            # The group's protocol, or every protocol of a member rejoining without it.
+            names = member.protocol_names()
+            if self.protocol_name in names:
+                names = (self.protocol_name,)
+            for name in names:
+                found = subscription_topics(member.metadata_for(name))
+                if found is None:
+                    return None
+                topics |= found
+        return frozenset(topics)
+
+    def remove_offsets(self, partitions: Iterable[tuple[str, int]]) -> None:
+        """Apply an OffsetDelete whose tombstones are written."""
+        for tp in partitions:
+            self.offsets.pop(tp, None)
 
     # --- replies --------------------------------------------------------------------------------
 

@@ -88,6 +88,9 @@ def _load() -> Mapping[int, Handler]:
 
     modules += (find_coordinator, join_group, sync_group, heartbeat, leave_group)
     modules += (offset_commit, offset_fetch)
+    from raylog.gateway.handlers import delete_groups, describe_groups, list_groups, offset_delete
+
+    modules += (list_groups, describe_groups, delete_groups, offset_delete)
     from raylog.gateway.handlers import init_producer_id
 
     modules += (init_producer_id,)

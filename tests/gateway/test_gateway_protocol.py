@@ -64,6 +64,8 @@ EXPECTED_TABLE = {
     12: (0, 3),  # Heartbeat
     13: (0, 1),  # LeaveGroup
     14: (0, 3),  # SyncGroup
+    15: (0, 6),  # DescribeGroups
+    16: (0, 5),  # ListGroups
     18: (0, 2),  # ApiVersions
     19: (2, 4),  # CreateTopics
     20: (1, 3),  # DeleteTopics
@@ -71,8 +73,10 @@ EXPECTED_TABLE = {
     32: (0, 2),  # DescribeConfigs
     33: (0, 1),  # AlterConfigs
     37: (0, 1),  # CreatePartitions
+    42: (0, 2),  # DeleteGroups
     43: (0, 1),  # ElectLeaders
     44: (0, 0),  # IncrementalAlterConfigs
+    47: (0, 0),  # OffsetDelete
 }
 
 
@@ -99,10 +103,10 @@ def test_api_versions_v0_golden_bytes() -> None:
     assert isinstance(request, Request)
     assert request.header == codec.RequestHeader(18, 0, 7, "raw", 1)
     assert answer(connection, request) == bytes.fromhex(
-        "00000082"  # size: 130 bytes
+        "0000009a"  # size: 154 bytes
         "00000007"  # correlation id
         "0000"  # error_code NONE
-        "00000014"  # api_keys: 20 entries, by key; each key, min, max
+        "00000018"  # api_keys: 24 entries, by key; each key, min, max
         "000000030007"  # Produce 3-7
         "00010004000b"  # Fetch 4-11
         "000200010003"  # ListOffsets 1-3
@@ -114,6 +118,8 @@ def test_api_versions_v0_golden_bytes() -> None:
         "000c00000003"  # Heartbeat 0-3
         "000d00000001"  # LeaveGroup 0-1
         "000e00000003"  # SyncGroup 0-3
+        "000f00000006"  # DescribeGroups 0-6
+        "001000000005"  # ListGroups 0-5
         "001200000002"  # ApiVersions 0-2
         "001300020004"  # CreateTopics 2-4
         "001400010003"  # DeleteTopics 1-3
@@ -121,8 +127,10 @@ def test_api_versions_v0_golden_bytes() -> None:
         "002000000002"  # DescribeConfigs 0-2
         "002100000001"  # AlterConfigs 0-1
         "002500000001"  # CreatePartitions 0-1
+        "002a00000002"  # DeleteGroups 0-2
         "002b00000001"  # ElectLeaders 0-1
         "002c00000000"  # IncrementalAlterConfigs 0-0
+        "002f00000000"  # OffsetDelete 0-0
     )
 
 
