@@ -8,6 +8,11 @@ brokers on racks a, b, c, ... and one Kafka gateway per broker on consecutive po
 (SIGINT) or SIGTERM stops them in reverse order: gateways, brokers (controlled shutdown),
 controllers (releasing the lease), Ray.
 
+`raylog up --address RAY_ADDRESS` runs raylog on an existing (e.g. autoscaled) Ray cluster
+instead: controllers, supervisor and metrics on this (the head) node, and a node watcher
+(``raylog.actors.node_watcher``) that starts one broker and one gateway on every Ray node with
+the ``raylog`` resource, now and as nodes join (``--port`` is their default gateway port).
+
 Every other command finds the cluster from ``--data-dir`` (its ``cluster.json``; or
 $RAYLOG_DATA_DIR) or ``--address``, joins Ray with the cluster's token and asks the active
 controller (topics, configs, leader-election, status) or the supervisor (brokers stop, kill,
@@ -35,9 +40,11 @@ from raylog.storage.objectstore import ObjectStore
 DEFAULT_DATA_DIR = "./raylog-data"
 HOST = "127.0.0.1"  # the embedded cluster listens on loopback only
 CONTROLLERS = 2  # active + standby
+DEFAULT_BROKERS = 3  # embedded cluster
 # Takeover by the standby within lease_ms of the active one dying; lease >= 2 x renew.
 CONTROLLER_LEASE = {"lease_ms": 6_000, "renew_ms": 2_000, "poll_ms": 200}
 START_TIMEOUT_S = 90.0  # controllers elected, brokers registered, gateways serving
+FIRST_NODE_TIMEOUT_S = 600.0  # cluster mode: an autoscaler may take minutes to add a node
 STOP_STEP_TIMEOUT_S = 15.0
 BROKER_SHUTDOWN_TIMEOUT_S = 40.0
 CONNECT_TIMEOUT_S = 20.0  # `raylog topics`: an active controller found
@@ -133,18 +140,16 @@ class EmbeddedCluster:
         self.ports = {b: port + i for i, b in enumerate(self.broker_ids)}
         self.controllers: list[Any] = []
         self.supervisor: Any = None
+        self.placement: dict[str, Any] = {}  # Ray options of the controllers and supervisor
 
-    def start(self) -> None:
-        import ray
-
+    def _start_controllers(self) -> tuple[str, ...]:
         from raylog.actors.controller import ControllerActor, controller_actor_name
         from raylog.actors.replica import NAMESPACE
-        from raylog.actors.supervisor import SUPERVISOR_ACTOR_NAME, BrokerSpec, SupervisorActor
 
         names = tuple(controller_actor_name(i) for i in range(CONTROLLERS))
         for name in names:
             self.controllers.append(
-                ControllerActor.options(name=name, namespace=NAMESPACE).remote(  # type: ignore[attr-defined]
+                ControllerActor.options(name=name, namespace=NAMESPACE, **self.placement).remote(  # type: ignore[attr-defined]
                     self.store_url,
                     name,
                     s3_endpoint=self.s3_endpoint,
@@ -153,6 +158,15 @@ class EmbeddedCluster:
                     **CONTROLLER_LEASE,
                 )
             )
+        return names
+
+    def start(self, stop: threading.Event | None = None) -> None:
+        import ray
+
+        from raylog.actors.replica import NAMESPACE
+        from raylog.actors.supervisor import SUPERVISOR_ACTOR_NAME, BrokerSpec, SupervisorActor
+
+        names = self._start_controllers()
         specs = [
             BrokerSpec(
                 broker_id=b,
@@ -197,6 +211,23 @@ class EmbeddedCluster:
     def bootstrap_servers(self) -> str:
         return ",".join(f"{HOST}:{self.ports[b]}" for b in self.broker_ids)
 
+    def summary(self) -> list[str]:
+        """The lines `raylog up` prints about the brokers once ready."""
+        racks = ", ".join(_rack(i) for i in range(len(self.broker_ids)))
+        return [
+            f"  controllers:   {CONTROLLERS} (active + standby)",
+            f"  brokers:       {len(self.broker_ids)} (racks {racks})",
+            f"  bootstrap:     {self.bootstrap_servers()}",
+        ]
+
+    def news(self) -> list[str]:
+        """Lines to print about brokers that appeared since the last call (none here: the
+        embedded cluster's brokers are fixed)."""
+        return []
+
+    def _shutdown_order(self) -> list[int]:
+        return self.broker_ids
+
     def stop(self) -> None:
         """1. gateways stop listening; 2. each broker shuts down controlled (leadership moves
         to the brokers still up); 3. controllers stop and release the lease. Every step is
@@ -208,7 +239,7 @@ class EmbeddedCluster:
             self._await_step("gateways", [sup.stop_gateways.remote()], STOP_STEP_TIMEOUT_S)
             # One broker at a time, as Kafka's rolling shutdown: each moves its leaderships to
             # the brokers still running.
-            for b in self.broker_ids:
+            for b in self._shutdown_order():
                 self._await_step(
                     f"broker {b}", [sup.shutdown_broker.remote(b)], BROKER_SHUTDOWN_TIMEOUT_S
                 )
@@ -228,6 +259,118 @@ class EmbeddedCluster:
             ray.get(refs, timeout=timeout_s)
         except Exception as e:
             print(f"raylog: stopping {what}: {one_line(e)}", file=sys.stderr, flush=True)
+
+
+class RayNodesCluster(EmbeddedCluster):
+    """`raylog up --address`: raylog on an existing Ray cluster, one broker per ``raylog`` node.
+
+    The controllers, the supervisor and the node watcher are pinned to this process's node (the
+    head, where the metadata store's directory is); the watcher has the supervisor start a
+    broker and a gateway on every Ray node with the ``raylog`` resource as it appears, so the
+    brokers belong to this process as in the embedded cluster and stop the same way.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        store_url: str,
+        cluster_id: str,
+        port: int,
+        s3_endpoint: str | None = None,
+        broker_configs: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(data_dir, store_url, cluster_id, 0, port, s3_endpoint, broker_configs)
+        self.port = port
+        self.watcher: Any = None
+        self._announced: set[tuple[int, str | None]] = set()  # (broker id, node id)
+
+    def start(self, stop: threading.Event | None = None) -> None:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from raylog.actors.node_watcher import NodeWatcherActor
+        from raylog.actors.replica import NAMESPACE
+        from raylog.actors.supervisor import SUPERVISOR_ACTOR_NAME, SupervisorActor
+
+        here = ray.get_runtime_context().get_node_id()
+        self.placement = {"scheduling_strategy": NodeAffinitySchedulingStrategy(here, soft=False)}
+        names = self._start_controllers()
+        self.supervisor = SupervisorActor.options(  # type: ignore[attr-defined]
+            name=SUPERVISOR_ACTOR_NAME, namespace=NAMESPACE, **self.placement
+        ).remote([])
+        self.watcher = NodeWatcherActor.options(namespace=NAMESPACE, **self.placement).remote(  # type: ignore[attr-defined]
+            str(self.data_dir),
+            supervisor_name=SUPERVISOR_ACTOR_NAME,
+            controller_names=names,
+            broker_configs=self.broker_configs,
+            broker_port=self.port,
+        )
+        try:
+            ray.get(self.watcher.start.remote(), timeout=START_TIMEOUT_S)
+        except Exception as e:
+            raise CliError(f"node watcher: {one_line(e)}") from e
+        self._wait_first_broker(stop or threading.Event())
+
+    def _wait_first_broker(self, stop: threading.Event) -> None:
+        """At least one broker registered with its gateway serving (or a stop signal)."""
+        deadline = time.monotonic() + FIRST_NODE_TIMEOUT_S
+        while not stop.is_set() and not self._serving():
+            if time.monotonic() >= deadline:
+                raise CliError(
+                    f"no broker within {FIRST_NODE_TIMEOUT_S:.0f} s: no Ray node with the "
+                    "raylog resource joined (ray start --resources '{\"raylog\": 1}')"
+                )
+            stop.wait(timeout=0.5)
+        self._announced = {(s.broker_id, s.node_id) for s in self._serving()}
+
+    def _serving(self) -> list[Any]:
+        import ray
+
+        try:
+            return list(ray.get(self.supervisor.serving.remote(), timeout=15))
+        except ray.exceptions.RayError:
+            return []  # slow: ask again
+
+    def bootstrap_servers(self) -> str:
+        return ",".join(f"{s.host}:{s.port}" for s in self._serving())
+
+    def summary(self) -> list[str]:
+        serving = self._serving()
+        racks = ", ".join(s.rack or "-" for s in serving)
+        return [
+            f"  controllers:   {CONTROLLERS} (active + standby)",
+            f"  brokers:       one per Ray node with the raylog resource "
+            f"({len(serving)} so far, racks {racks})",
+            f"  bootstrap:     {','.join(f'{s.host}:{s.port}' for s in serving)}",
+        ]
+
+    def news(self) -> list[str]:
+        lines = []
+        for s in self._serving():
+            if (s.broker_id, s.node_id) not in self._announced:
+                self._announced.add((s.broker_id, s.node_id))
+                lines.append(f"broker {s.broker_id} joined at {s.host}:{s.port} (rack {s.rack})")
+        return lines
+
+    def _shutdown_order(self) -> list[int]:
+        import ray
+
+        try:
+            return list(ray.get(self.supervisor.running.remote(), timeout=STOP_STEP_TIMEOUT_S))
+        except Exception as e:
+            print(f"raylog: stopping brokers: {one_line(e)}", file=sys.stderr, flush=True)
+            return []
+
+    def stop(self) -> None:
+        """The watcher first (no broker starts while they stop), then as the embedded cluster."""
+        import ray
+
+        if self.watcher is not None:
+            self._await_step("node watcher", [self.watcher.stop.remote()], STOP_STEP_TIMEOUT_S)
+        super().stop()
+        if self.watcher is not None:
+            with contextlib.suppress(Exception):
+                ray.kill(self.watcher, no_restart=True)
 
 
 def _rack(index: int) -> str:
@@ -260,13 +403,24 @@ def cmd_up(args: argparse.Namespace) -> int:
         topic_config.broker_config(broker_configs)
     except RaylogError as e:
         raise CliError(str(e)) from e
-    _check_ports_free(HOST, [args.port + i for i in range(args.brokers)])
-    metrics_port = args.metrics_port if args.metrics_port is not None else args.port + args.brokers
+    on_ray_nodes = bool(args.address)  # cluster mode: one broker per `raylog` Ray node
+    if on_ray_nodes and args.brokers is not None:
+        raise CliError(
+            "--brokers does not apply with --address: every Ray node with the raylog resource "
+            "runs one broker (ray start --resources '{\"raylog\": 1}')"
+        )
+    brokers = DEFAULT_BROKERS if args.brokers is None else args.brokers
+    if on_ray_nodes:  # the gateways listen on the other nodes' addresses
+        metrics_port = args.metrics_port if args.metrics_port is not None else args.port + 1
+    else:
+        _check_ports_free(HOST, [args.port + i for i in range(brokers)])
+        metrics_port = args.metrics_port if args.metrics_port is not None else args.port + brokers
     _check_ports_free(HOST, [metrics_port], what="metrics port")
     store_url, store = _open_object_store(args, data_dir)
     cluster_id = _cluster_id(store)
 
-    env = raycluster.apply_ray_env(data_dir)
+    # Joining a cluster: Ray's own environment (token, temp dir) as the user set it for it.
+    env = dict(os.environ) if on_ray_nodes else raycluster.apply_ray_env(data_dir)
     import ray
 
     init_kwargs: dict = {
@@ -287,43 +441,54 @@ def cmd_up(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    cluster = EmbeddedCluster(
-        data_dir,
-        store_url,
-        cluster_id,
-        args.brokers,
-        args.port,
-        s3_endpoint=args.s3_endpoint,
-        broker_configs=broker_configs,
+    cluster = (
+        RayNodesCluster(
+            data_dir,
+            store_url,
+            cluster_id,
+            args.port,
+            s3_endpoint=args.s3_endpoint,
+            broker_configs=broker_configs,
+        )
+        if on_ray_nodes
+        else EmbeddedCluster(
+            data_dir,
+            store_url,
+            cluster_id,
+            brokers,
+            args.port,
+            s3_endpoint=args.s3_endpoint,
+            broker_configs=broker_configs,
+        )
     )
     try:
         gcs = ray.get_runtime_context().gcs_address
+        token = env.get("RAY_AUTH_TOKEN_PATH", "")
         raycluster.write_cluster_info(
             data_dir,
             raycluster.ClusterInfo(
                 ray_address=gcs,
-                token_path=env["RAY_AUTH_TOKEN_PATH"],
-                ray_temp_dir=env["RAY_TMPDIR"],
+                token_path=token,
+                ray_temp_dir=env.get("RAY_TMPDIR", ""),
                 pid=os.getpid(),
             ),
         )
         print(f"raylog cluster {cluster_id}", flush=True)
         print(f"  data dir:      {data_dir}")
         print(f"  object store:  {store_url}")
-        print(f"  ray:           {gcs} (token {env['RAY_AUTH_TOKEN_PATH']})", flush=True)
+        print(f"  ray:           {gcs} (token {token or 'none'})", flush=True)
         # A signal while starting is seen once start() returns (it is bounded).
-        cluster.start()
+        cluster.start(stop)
         metrics_server = _serve_metrics(cluster, metrics_port)
         if not stop.is_set():
-            racks = ", ".join(_rack(i) for i in range(args.brokers))
-            print(f"  controllers:   {CONTROLLERS} (active + standby)")
-            print(f"  brokers:       {args.brokers} (racks {racks})")
-            print(f"  bootstrap:     {cluster.bootstrap_servers()}")
+            for line in cluster.summary():
+                print(line)
             print(f"  metrics:       http://{HOST}:{metrics_port}/metrics")
             print(f"raylog ready; stop with Ctrl-C or `kill -TERM {os.getpid()}`", flush=True)
             # Bounded waits so that signals are handled promptly on every platform.
             while not stop.wait(timeout=1.0):
-                pass
+                for line in cluster.news():
+                    print(line, flush=True)
         print("raylog stopping", flush=True)
         metrics_server.shutdown()
     finally:
@@ -354,6 +519,12 @@ def _join(args: argparse.Namespace) -> None:
             raise CliError(f"no raylog cluster is running from {data_dir} (start one: raylog up)")
         # The Ray environment (token, loopback, temp dir) must be set before ray is imported.
         raycluster.apply_ray_env(data_dir)
+        # `raylog up --address` records the Ray cluster's own token and temp dir, not the
+        # data dir's: use what the running cluster wrote down.
+        if info.token_path:
+            os.environ["RAY_AUTH_TOKEN_PATH"] = info.token_path
+        if info.ray_temp_dir:
+            os.environ["RAY_TMPDIR"] = info.ray_temp_dir
         ray_address = info.ray_address
     import ray
 
@@ -723,12 +894,23 @@ def _add_cluster_args(p: argparse.ArgumentParser, json_flag: bool = False) -> No
 
 def _add_up(sub: Any) -> None:
     up = sub.add_parser("up", help="start the embedded cluster in the foreground")
-    up.add_argument("--brokers", type=int, default=3, help="brokers to start (default 3)")
-    up.add_argument("--port", type=int, default=9092, help="first gateway port (default 9092)")
+    up.add_argument(
+        "--brokers",
+        type=int,
+        help=f"brokers to start (default {DEFAULT_BROKERS}; not with --address)",
+    )
+    up.add_argument(
+        "--port",
+        type=int,
+        default=9092,
+        help="first gateway port (default 9092); with --address: every node's gateway port "
+        "unless its raylog.port label says otherwise",
+    )
     up.add_argument(
         "--metrics-port",
         type=int,
-        help="Prometheus endpoint port (default: the port after the last gateway, 9095)",
+        help="Prometheus endpoint port (default: the port after the last gateway, 9095; "
+        "with --address: --port + 1)",
     )
     up.add_argument(
         "--data-dir", help=f"data directory (default $RAYLOG_DATA_DIR or {DEFAULT_DATA_DIR})"
@@ -737,7 +919,11 @@ def _add_up(sub: Any) -> None:
         "--object-store", help="s3://bucket/prefix (default: a directory in the data dir)"
     )
     up.add_argument("--s3-endpoint", help="endpoint URL of an S3-compatible store")
-    up.add_argument("--address", help="join this Ray cluster instead of starting one")
+    up.add_argument(
+        "--address",
+        help="run on this Ray cluster instead of starting one: one broker and gateway on every "
+        "Ray node with the raylog resource (rack from its raylog.rack label)",
+    )
     up.add_argument(
         "--broker-config",
         action="append",
@@ -862,7 +1048,7 @@ def main(argv: list[str] | None = None) -> int:
     guarded = getattr(args, "func", None) is not cmd_up
     if guarded and not isinstance(sys.stdout, _MainThreadStdout):
         sys.stdout = _MainThreadStdout(sys.stdout, sys.stderr)
-    if getattr(args, "brokers", 1) < 1:
+    if getattr(args, "brokers", None) is not None and args.brokers < 1:
         print("raylog: --brokers must be at least 1", file=sys.stderr)
         return 2
     try:

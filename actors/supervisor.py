@@ -19,6 +19,14 @@ Lifecycle of one broker, as the supervisor sees it:
   owned by the broker) its replica actors and session sentinel, and its gateway, with no
   clean-up; the controller learns it from the sentinel's death and fences it.
 
+- ``lost``: (cluster mode) the Ray node it was pinned to died, and both actors with it; the
+  node watcher adds it again (:meth:`SupervisorActor.add_broker`) when the node comes back.
+
+On a real Ray cluster (``raylog up --address``) the supervisor starts no broker by itself: the
+node watcher (``raylog.actors.node_watcher``) finds the Ray nodes that carry the ``raylog``
+resource and asks :meth:`SupervisorActor.add_broker` for a broker and a gateway pinned to each
+(``BrokerSpec.node_id``). The pair starts, and `raylog up` stops it, exactly as an embedded one.
+
 Every call is bounded; a broker that cannot be started reports why in one line.
 """
 
@@ -32,6 +40,7 @@ from typing import Any, Literal
 
 import msgspec
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raylog.actors.broker import broker_actor_name
 from raylog.actors.controller import ray_call
@@ -49,7 +58,7 @@ REGISTER_TIMEOUT_S = 60.0  # a started broker registered with the controller
 NAME_FREE_TIMEOUT_S = 10.0  # a killed actor's name is released shortly after its death
 POLL_S = 0.05
 
-Lifecycle = Literal["running", "stopped", "killed"]
+Lifecycle = Literal["running", "stopped", "killed", "lost"]
 
 
 class BrokerSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -63,6 +72,7 @@ class BrokerSpec(msgspec.Struct, frozen=True, kw_only=True):
     cluster_id: str
     controller_names: tuple[str, ...]
     broker_configs: dict[str, str] = {}
+    node_id: str | None = None  # cluster mode: both actors pinned to this Ray node
 
 
 class SupervisorError(Exception):
@@ -77,7 +87,7 @@ class _Running:
 
 @ray.remote(num_cpus=0, max_restarts=0, max_concurrency=100)
 class SupervisorActor:
-    """Starts, stops and kills the brokers and gateways of the embedded cluster."""
+    """Starts, stops and kills the brokers and gateways of the cluster `raylog up` runs."""
 
     def __init__(self, specs: list[BrokerSpec]) -> None:
         self._specs = {s.broker_id: s for s in specs}
@@ -119,6 +129,24 @@ class SupervisorActor:
         registered = all(s["broker_epoch"] > 0 for s in brokers)
         return registered and all(g["serving"] and g["brokers"] == want for g in gateways)
 
+    async def serving(self) -> list[BrokerSpec]:
+        """The running brokers that are registered and whose gateway serves metadata (cluster
+        mode: the brokers `raylog up` announces)."""
+
+        async def check(broker_id: int, running: _Running) -> BrokerSpec | None:
+            try:
+                broker, gateway = await asyncio.gather(
+                    ray_call(running.broker.status.remote(), 5_000),
+                    ray_call(running.gateway.status.remote(), 5_000),
+                )
+            except Exception:  # starting, slow, unschedulable or gone: not serving now
+                return None
+            ok = broker["broker_epoch"] > 0 and gateway["serving"]
+            return self._specs[broker_id] if ok else None
+
+        found = await asyncio.gather(*(check(b, r) for b, r in sorted(self._running.items())))
+        return [s for s in found if s is not None]
+
     # --- start ----------------------------------------------------------------------------------
 
     async def start_all(self) -> None:
@@ -131,12 +159,64 @@ class SupervisorActor:
         """`raylog brokers start`: the same id, rack, data dir and port; returns once the broker
         registered and its gateway listens."""
         async with self._lock(broker_id):
-            if self._lifecycle.get(broker_id) == "running":
+            how = self._lifecycle.get(broker_id)
+            if how == "running":
                 raise SupervisorError(f"broker {broker_id} is already running")
-            await self._wait_names_free(broker_id)
-            self._create_broker(broker_id)
-            await self._start_gateway(broker_id)
-            await self._wait_registered(broker_id)
+            if how == "lost":
+                raise SupervisorError(
+                    f"the Ray node of broker {broker_id} is gone; the broker starts again when "
+                    "a node with its data dir joins"
+                )
+            await self._start_pair(broker_id)
+
+    async def _start_pair(self, broker_id: int) -> None:
+        """Broker and gateway created, the gateway listening, the broker registered."""
+        await self._wait_names_free(broker_id)
+        self._create_broker(broker_id)
+        await self._start_gateway(broker_id)
+        await self._wait_registered(broker_id)
+
+    # --- cluster mode: brokers on the nodes the node watcher found ------------------------------
+
+    async def add_broker(self, spec: BrokerSpec) -> None:
+        """Start broker ``spec.broker_id`` and its gateway on node ``spec.node_id`` (the node
+        watcher's request); returns once the broker registered and its gateway listens.
+
+        Idempotent for a broker already running on that node. A broker id that ran on another
+        node (a machine that came back as a new Ray node) takes the new node. A start that fails
+        leaves the broker ``lost``, so the watcher asks again on its next round."""
+        lock = self._locks.setdefault(spec.broker_id, asyncio.Lock())
+        async with lock:
+            if self._lifecycle.get(spec.broker_id) == "running":
+                if self._specs[spec.broker_id].node_id == spec.node_id:
+                    return
+                self._end(spec.broker_id, "lost")
+            self._specs[spec.broker_id] = spec
+            try:
+                await self._start_pair(spec.broker_id)
+            except BaseException:
+                if spec.broker_id in self._running:
+                    self._end(spec.broker_id, "lost")
+                self._lifecycle[spec.broker_id] = "lost"
+                raise
+
+    async def node_lost(self, broker_id: int) -> None:
+        """The node of ``broker_id`` died (the node watcher saw it): its actors died with it."""
+        lock = self._locks.setdefault(broker_id, asyncio.Lock())
+        async with lock:
+            if broker_id in self._running:
+                self._end(broker_id, "lost")
+            elif broker_id in self._specs:
+                self._lifecycle[broker_id] = "lost"
+
+    async def brokers_by_node(self) -> dict[str, int]:
+        """Ray node id -> broker id of every pinned broker whose node has not been lost (running,
+        stopped or killed on purpose: the watcher leaves those alone)."""
+        return {
+            s.node_id: b
+            for b, s in sorted(self._specs.items())
+            if s.node_id is not None and self._lifecycle.get(b) != "lost"
+        }
 
     def _create_broker(self, broker_id: int) -> None:
         # Imported here: an actor class referenced as a module global would be pickled by value
@@ -145,8 +225,14 @@ class SupervisorActor:
         from raylog.actors.gateway_actor import GatewayActor
 
         spec = self._specs[broker_id]
+        placement: dict[str, Any] = {}
+        if spec.node_id is not None:
+            # Hard: a broker belongs to its node's disk; if the node dies, so does the pair.
+            placement["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                spec.node_id, soft=False
+            )
         broker = BrokerActor.options(  # type: ignore[attr-defined]
-            name=broker_actor_name(broker_id), namespace=NAMESPACE
+            name=broker_actor_name(broker_id), namespace=NAMESPACE, **placement
         ).remote(
             broker_id,
             spec.data_dir,
@@ -157,7 +243,7 @@ class SupervisorActor:
             broker_configs=spec.broker_configs,
         )
         gateway = GatewayActor.options(  # type: ignore[attr-defined]
-            name=gateway_actor_name(broker_id), namespace=NAMESPACE
+            name=gateway_actor_name(broker_id), namespace=NAMESPACE, **placement
         ).remote(
             broker_id,
             spec.cluster_id,
@@ -258,6 +344,10 @@ class SupervisorActor:
         if running is None:
             return True
         return bool(await ray_call(running.broker.shutdown.remote(), BROKER_SHUTDOWN_TIMEOUT_MS))
+
+    async def running(self) -> list[int]:
+        """Ids of the running brokers (what `raylog up` shuts down one by one)."""
+        return sorted(self._running)
 
     async def kill_all(self) -> None:
         for broker_id in list(self._running):

@@ -6,10 +6,15 @@
   ports; ``start()`` waits for "raylog ready" and returns the bootstrap servers, ``stop()`` sends
   SIGINT and waits for exit 0, ``raylog(*args)`` runs a CLI command against this cluster (its
   ``--data-dir`` appended). Used as a context manager it always ends its own process, by PID.
+- ``RayNode``: one ``ray start --block`` node (head or worker) in a process group of its own, so
+  that the test can crash the whole node (SIGKILL to the group) or stop it, by that group's id.
+- ``ClusterUp``: ``raylog up --address`` on such a cluster (cluster mode); collects the
+  gateways it announces.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import random
@@ -173,3 +178,133 @@ class UpProcess:
                 if self.proc.poll() is None:
                     self.proc.kill()
                     self.proc.wait(timeout=STOP_DEADLINE_S)
+
+
+# --- a Ray cluster of `ray start` nodes on this machine (cluster mode) --------------------------
+
+RAY = [sys.executable, "-m", "ray.scripts.scripts"]
+NODE_START_DEADLINE_S = 90.0
+NODE_STOP_DEADLINE_S = 30.0
+NODE_TERM_GRACE_S = 10.0  # then SIGKILL: a test node's state is thrown away anyway
+
+
+class RayNode:
+    """One ``ray start --block`` node. Its processes (raylet, agents, workers) stay in the
+    process group ``ray start`` leads (a new session), which :meth:`kill` and :meth:`stop` end:
+    only what this test started, never by name (``ray stop`` would)."""
+
+    def __init__(self, name: str, args: list[str], env: dict[str, str], log_dir: Path) -> None:
+        self.name = name
+        self.args = args
+        self.env = env
+        self.log_path = log_dir / f"ray-{name}.log"
+        self.proc: subprocess.Popen[str] | None = None
+        self.lines: Lines | None = None
+
+    def start(self) -> RayNode:
+        self.proc = subprocess.Popen(
+            [*RAY, "start", "--block", "--disable-usage-stats", *self.args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=self.env,
+            start_new_session=True,
+        )
+        self.lines = Lines(self.proc)
+        return self
+
+    def wait_started(self) -> None:
+        assert self.lines is not None
+        self.lines.wait_for("Ray runtime started", NODE_START_DEADLINE_S)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """A crash of the whole machine: SIGKILL to every process of the node."""
+        self._signal_group(signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait(timeout=NODE_STOP_DEADLINE_S)
+
+    def stop(self) -> None:
+        """SIGTERM to the node's processes (`ray start --block` ends its children), then
+        SIGKILL to what is left after a bounded wait."""
+        if self.proc is None:
+            return
+        self._signal_group(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=NODE_TERM_GRACE_S)
+        self._signal_group(signal.SIGKILL)
+        self.proc.wait(timeout=NODE_STOP_DEADLINE_S)
+
+    def _signal_group(self, sig: int) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):  # every process of it is gone already
+            os.killpg(self.proc.pid, sig)  # the group ``ray start`` leads: its pid
+
+    def log_tail(self) -> str:
+        return "".join(self.lines.seen[-30:]) if self.lines is not None else ""
+
+
+class ClusterUp:
+    """``raylog up --address`` against a running Ray cluster; CLI commands use ``--address``."""
+
+    def __init__(self, data_dir: Path, address: str, port: int, env: dict[str, str]) -> None:
+        self.data_dir = data_dir
+        self.address = address
+        self.port = port  # the default gateway port; the metrics endpoint is the next one
+        self.env = env
+        self.proc: subprocess.Popen[str] | None = None
+        self.lines: Lines | None = None
+        self.bootstrap = ""
+
+    def start(self) -> str:
+        """Start it and wait for "raylog ready"; returns the bootstrap servers it printed."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.data_dir / "raylog-up.err", "w") as err:  # never a pipe nobody reads
+            self.proc = subprocess.Popen(
+                [
+                    *RAYLOG, "up", "--address", self.address, "--data-dir", str(self.data_dir),
+                    "--port", str(self.port),
+                ],
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                env=self.env,
+            )  # fmt: skip
+        self.lines = Lines(self.proc)
+        self.bootstrap = bootstrap_of(self.lines.wait_for("raylog ready", START_DEADLINE_S))
+        return self.bootstrap
+
+    def wait_joined(self, broker_id: int, deadline_s: float) -> str:
+        """The "broker N joined at host:port (rack r)" line for ``broker_id``."""
+        assert self.lines is not None
+        needle = f"broker {broker_id} joined at "
+        found = [line for line in self.lines.seen if needle in line]
+        return found[-1] if found else self.lines.wait_for(needle, deadline_s)[-1]
+
+    def raylog(
+        self, *args: str, timeout_s: float = CLI_TIMEOUT_S
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``raylog ARGS --address A`` against this cluster."""
+        return subprocess.run(
+            [*RAYLOG, *args, "--address", self.address],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=self.env,
+        )
+
+    def stop(self) -> int:
+        """SIGINT, wait for "raylog stopped" and the exit; returns the exit code."""
+        assert self.proc is not None and self.lines is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            self.lines.wait_for("raylog stopped", STOP_DEADLINE_S)
+        return self.proc.wait(timeout=STOP_DEADLINE_S)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=STOP_DEADLINE_S)

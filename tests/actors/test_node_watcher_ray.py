@@ -2,8 +2,9 @@
 
 Proves, through ``node_watcher_scenario.py`` run in its own process (it needs its own Ray
 driver): adding two nodes with the ``raylog`` resource and rack labels a and b starts one broker
-on each, and they register with those racks; removing the node of a partition's leader hard
-fences its broker and moves leadership to the other broker within seconds.
+and one gateway on each (through the supervisor), and they register with those racks and the
+nodes' ``raylog.port`` ports, where the gateways listen; removing the node of a partition's
+leader hard fences its broker and moves leadership to the other broker within seconds.
 """
 
 from __future__ import annotations
