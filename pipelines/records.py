@@ -34,6 +34,12 @@ standard library, so no optional codec package is needed:
   a content size; streamed.
 
 Control batches (transaction markers) are skipped, as consumers skip them.
+
+Two decoders, one result. ``decode_into_reference`` (a Python loop over records, below) is the
+specification. ``decode_into`` runs the vectorised decoder of :mod:`raylog.pipelines.fast_records`
+on responses of at least ``FAST_MIN_RECORDS`` records, and the reference on smaller ones and on
+any input the fast decoder declines (corrupt or merely odd): errors are always the reference's.
+tests/pipelines/test_records_fast.py checks that the two return the same Arrow rows.
 """
 
 from __future__ import annotations
@@ -44,8 +50,9 @@ from collections.abc import Iterable
 
 import pyarrow as pa
 
+from raylog.pipelines import fast_records
 from raylog.storage import batch as rb
-from raylog.storage.errors import CorruptRecordError, UnsupportedCompressionTypeError
+from raylog.storage.errors import CorruptRecordError, RaylogError, UnsupportedCompressionTypeError
 
 Buffer = bytes | bytearray | memoryview
 
@@ -55,6 +62,10 @@ CODEC_SNAPPY = 2
 CODEC_LZ4 = 3
 CODEC_ZSTD = 4
 CODEC_NAMES = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+
+# Below this many records in a fetch response the reference decoder is faster: the fast one
+# costs a few hundred numpy and Arrow calls per response, whatever its size (benchmarks/decode.py).
+FAST_MIN_RECORDS = 256
 
 TIMESTAMP_TYPE_CREATE_TIME = 0
 TIMESTAMP_TYPE_LOG_APPEND_TIME = 1
@@ -67,7 +78,8 @@ _XERIAL_MAGIC = b"\x82SNAPPY\x00"
 _XERIAL_HEADER_SIZE = 16  # magic (8) + version int32 + compatible version int32
 _INT32 = struct.Struct(">i")
 
-HEADER_TYPE = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
+# list<struct<key: string, value: binary>>, defined beside the fast decoder that builds it.
+HEADER_TYPE = fast_records.HEADER_TYPE
 
 
 def schema(include_headers: bool = False) -> pa.Schema:
@@ -190,17 +202,60 @@ def decompress(codec: int, data: Buffer) -> bytes:
 
 
 class _Columns:
-    """Column builders for one decode call (Python lists; Arrow arrays are made once at the end)."""
+    """The rows of one decode call: column chunks from the fast decoder, in order, and the rows
+    of the reference decoder as Python lists (made into a chunk before the next fast chunk and
+    at the end, so rows keep their order)."""
 
-    __slots__ = ("headers", "keys", "offsets", "timestamp_types", "timestamps", "values")
+    __slots__ = (
+        "chunks",
+        "headers",
+        "keys",
+        "offsets",
+        "timestamp_types",
+        "timestamps",
+        "values",
+    )
 
     def __init__(self, include_headers: bool) -> None:
+        self.chunks: list[fast_records.Chunk] = []
         self.keys: list[bytes | None] = []
         self.values: list[bytes | None] = []
         self.offsets: list[int] = []
         self.timestamps: list[int] = []
         self.timestamp_types: list[int] = []
         self.headers: list[list[dict[str, object]]] | None = [] if include_headers else None
+
+    @property
+    def include_headers(self) -> bool:
+        return self.headers is not None
+
+    def add_chunk(self, chunk: fast_records.Chunk) -> None:
+        if self.offsets:
+            self._flush_rows()
+        self.chunks.append(chunk)
+
+    def take_chunks(self) -> list[fast_records.Chunk]:
+        """All rows as chunks (at least one, possibly empty); the lists are left empty."""
+        if self.offsets or not self.chunks:
+            self._flush_rows()
+        return self.chunks
+
+    def _flush_rows(self) -> None:
+        self.chunks.append(
+            fast_records.Chunk(
+                keys=pa.array(self.keys, pa.binary()),
+                values=pa.array(self.values, pa.binary()),
+                offsets=pa.array(self.offsets, pa.int64()),
+                timestamps=pa.array(self.timestamps, pa.int64()).cast(pa.timestamp("ms")),
+                timestamp_types=pa.array(self.timestamp_types, pa.int32()),
+                headers=None if self.headers is None else pa.array(self.headers, HEADER_TYPE),
+            )
+        )
+        for rows in (self.keys, self.values, self.offsets, self.timestamps):
+            rows.clear()
+        self.timestamp_types.clear()
+        if self.headers is not None:
+            self.headers.clear()
 
 
 def _decode_records(
@@ -406,7 +461,60 @@ def decode_batches(
 def decode_into(
     buf: Buffer, cols: _Columns, start_offset: int, end_offset: int, verify_crc: bool = True
 ) -> int:
-    """Append the wanted records of ``buf`` to ``cols``; returns the next offset after ``buf``."""
+    """Append the wanted records of ``buf`` to ``cols``; returns the next offset after ``buf``.
+
+    The fast decoder (:mod:`raylog.pipelines.fast_records`) first; for input it declines or
+    finds wrong, the reference decoder, so errors (which batch, which byte) are the reference's.
+    """
+    try:
+        return decode_into_fast(buf, cols, start_offset, end_offset, verify_crc, FAST_MIN_RECORDS)
+    except (fast_records.Unfit, RaylogError):
+        pass  # nothing was added to cols
+    return decode_into_reference(buf, cols, start_offset, end_offset, verify_crc)
+
+
+def decode_into_fast(
+    buf: Buffer,
+    cols: _Columns,
+    start_offset: int,
+    end_offset: int,
+    verify_crc: bool = True,
+    min_records: int = 0,
+) -> int:
+    """:func:`decode_into` by the vectorised decoder only; raises fast_records.Unfit for input
+    it does not decode exactly as the reference does, or for fewer than ``min_records`` records
+    in wanted batches. Adds to ``cols`` only on success."""
+    view = memoryview(buf)
+    next_offset = start_offset
+    wanted: list[tuple[rb.BatchHeader, memoryview]] = []
+    # The same batch walk as decode_into_reference, collecting the records sections.
+    for pos, header in rb.iter_batches(view, verify=verify_crc):
+        next_offset = max(next_offset, header.next_offset)
+        if header.is_control or header.next_offset <= start_offset:
+            continue
+        if header.base_offset >= end_offset:
+            break
+        if header.records_count <= 0 or header.records_count != header.last_offset_delta + 1:
+            raise fast_records.Unfit("recordsCount")
+        wanted.append((header, view[pos + rb.HEADER_SIZE : pos + header.size]))
+    if sum(header.records_count for header, _ in wanted) < min_records:
+        raise fast_records.Unfit(f"fewer than {min_records} records")
+    sections: list[tuple[rb.BatchHeader, Buffer]] = [
+        (header, body if header.compression == CODEC_NONE else decompress(header.compression, body))
+        for header, body in wanted
+    ]
+    if sections:
+        chunk = fast_records.decode(sections, start_offset, end_offset, cols.include_headers)
+        if chunk is not None:
+            cols.add_chunk(chunk)
+    return next_offset
+
+
+def decode_into_reference(
+    buf: Buffer, cols: _Columns, start_offset: int, end_offset: int, verify_crc: bool = True
+) -> int:
+    """:func:`decode_into` by the reference decoder (a Python loop over records): the
+    specification the fast decoder is tested against, and its fallback."""
     view = memoryview(buf)
     next_offset = start_offset
     for pos, header in rb.iter_batches(view, verify=verify_crc):
@@ -438,18 +546,25 @@ def new_columns(include_headers: bool = False) -> _Columns:
 
 
 def to_arrow(cols: _Columns, topic: str, partition: int, include_headers: bool) -> pa.RecordBatch:
-    n = len(cols.offsets)
+    chunks = cols.take_chunks()
+
+    def column(i: int) -> pa.Array:
+        parts = [chunk[i] for chunk in chunks]
+        return parts[0] if len(parts) == 1 else pa.concat_arrays(parts)
+
+    keys, values, offsets, timestamps, timestamp_types = (column(i) for i in range(5))
+    n = len(offsets)
     arrays = [
-        pa.array(cols.keys, pa.binary()),
-        pa.array(cols.values, pa.binary()),
+        keys,
+        values,
         pa.repeat(pa.scalar(topic, pa.string()), n),
         pa.repeat(pa.scalar(partition, pa.int32()), n),
-        pa.array(cols.offsets, pa.int64()),
-        pa.array(cols.timestamps, pa.int64()).cast(pa.timestamp("ms")),
-        pa.array(cols.timestamp_types, pa.int32()),
+        offsets,
+        timestamps,
+        timestamp_types,
     ]
     if include_headers:
-        arrays.append(pa.array(cols.headers, HEADER_TYPE))
+        arrays.append(column(5))
     return pa.RecordBatch.from_arrays(arrays, schema=schema(include_headers))
 
 

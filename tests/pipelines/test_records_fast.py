@@ -1,0 +1,405 @@
+"""The fast record decoder (pipelines/fast_records.py) against the reference decoder.
+
+``records.decode_into_reference`` (a Python loop over records) is the specification. Proves:
+
+- for random batches as kafka-python's producer builds them (null and empty keys and values,
+  negative and large timestamp deltas, headers with null values and non-ASCII keys, several
+  batches in every codec, control batches, LogAppendTime, offset windows cutting batches),
+  ``decode_into_fast`` runs without falling back and returns exactly the reference's Arrow rows
+  and next offset, with and without headers;
+- for hand-made oddities (null lengths other than -1, 10-byte varints, varints past 64 bits,
+  offset deltas out of order, timestamps past int64, header keys that are not UTF-8 or split
+  a character) ``decode_into`` gives the reference's outcome: the same rows, or the same error;
+- for corrupt input (random bytes flipped under a valid CRC) and truncated input (a cut every
+  7 bytes), ``decode_into`` raises the reference's error (type and message) or returns its rows;
+- the C record scan (``_record_scan.c``) was built by the install, and agrees with its Python
+  twin ``record_ends_python`` on valid and corrupt input; the decoder gives the same rows with
+  either.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pipeline_support import BASE_TS, CODECS, kafka_batch, kafka_codecs
+
+from raylog.pipelines import fast_records
+from raylog.pipelines import records as R
+from raylog.storage import batch as rb
+
+END = (1 << 63) - 1
+SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fast_path_for_every_size() -> Iterator[None]:
+    # decode_into leaves responses of fewer than FAST_MIN_RECORDS records to the reference
+    # decoder; here the fast decoder must see the small hand-made and corrupt inputs too.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(R, "FAST_MIN_RECORDS", 0)
+        yield
+
+
+# ---------------------------------------------------------------------------------------------
+# Outcomes of a decoder on a buffer.
+
+
+def decoded(decode: Any, buf: bytes, headers: bool, start: int = 0, end: int = END) -> Any:
+    cols = R.new_columns(headers)
+    next_offset = decode(buf, cols, start, end)
+    return next_offset, R.to_arrow(cols, "events", 2, headers)
+
+
+def outcome(decode: Any, buf: bytes, headers: bool, start: int = 0, end: int = END) -> Any:
+    """("rows", next offset, rows) or ("error", type, message): what a reader would see."""
+    try:
+        next_offset, batch = decoded(decode, buf, headers, start, end)
+    except Exception as exc:
+        return ("error", type(exc), str(exc))
+    assert batch.schema == R.schema(headers)
+    columns = {  # timestamps as epoch ms: datetime cannot hold every int64
+        name: (col.cast(pa.int64()) if name == "timestamp" else col).to_pylist()
+        for name, col in zip(batch.schema.names, batch.columns, strict=True)
+    }
+    return ("rows", next_offset, columns)
+
+
+def assert_fast_matches_reference(buf: bytes, headers: bool, start: int, end: int) -> None:
+    fast_next, fast = decoded(R.decode_into_fast, buf, headers, start, end)
+    ref_next, ref = decoded(R.decode_into_reference, buf, headers, start, end)
+    assert fast_next == ref_next
+    assert fast.schema == ref.schema
+    assert fast.equals(ref), (fast.to_pylist()[:3], ref.to_pylist()[:3])
+    public_next, public = decoded(R.decode_into, buf, headers, start, end)
+    assert public_next == ref_next and public.equals(ref)
+
+
+# ---------------------------------------------------------------------------------------------
+# Random producer batches.
+
+_timestamps = st.one_of(
+    st.integers(-1000, 1000), st.integers(-(1 << 50), 1 << 50), st.integers(-(1 << 61), 1 << 61)
+)
+_header_keys = st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=6)
+_record = st.fixed_dictionaries(
+    {
+        "key": st.none() | st.binary(max_size=20),
+        "value": st.none() | st.binary(max_size=300),
+        "timestamp": _timestamps.map(lambda d: BASE_TS + d),
+        "headers": st.lists(
+            st.tuples(_header_keys, st.none() | st.binary(max_size=12)), max_size=3
+        ),
+    }
+)
+_batch = st.tuples(
+    st.lists(_record, min_size=1, max_size=25),
+    st.sampled_from(sorted(CODECS)),
+    st.booleans(),  # LogAppendTime
+    st.booleans(),  # a control batch after it
+)
+
+
+def build(batches: list[Any]) -> tuple[bytes, int]:
+    """Concatenated batches as a producer (and the broker, for LogAppendTime) wrote them."""
+    out = bytearray()
+    offset = 0
+    for recs, codec, log_append, control in batches:
+        buf = bytearray(kafka_batch(recs, CODECS[codec], offset))
+        if log_append:
+            rb.stamp_log_append_time(buf, BASE_TS + 123_456)
+        out += buf
+        offset += len(recs)
+        if control:
+            out += rb.build_batch(
+                [rb.Record(None, b"\x00\x00\x00\x00", BASE_TS)],
+                base_offset=offset,
+                control=True,
+                transactional=True,
+                producer_id=1,
+                base_sequence=0,
+            )
+            offset += 1
+    return bytes(out), offset
+
+
+@SETTINGS
+@given(batches=st.lists(_batch, min_size=1, max_size=4), headers=st.booleans(), data=st.data())
+def test_fast_decoder_returns_the_reference_rows(
+    batches: list[Any], headers: bool, data: st.DataObject
+) -> None:
+    with kafka_codecs():
+        buf, total = build(batches)
+    start = data.draw(st.integers(0, total), label="start")
+    end = data.draw(st.one_of(st.just(END), st.integers(start, total + 1)), label="end")
+    assert_fast_matches_reference(buf, headers, start, end)
+
+
+@pytest.mark.parametrize("codec", sorted(CODECS))
+def test_every_codec_with_headers_and_log_append_time(codec: str) -> None:
+    recs = [
+        {
+            "key": None if i % 5 == 0 else f"k{i}".encode(),
+            "value": [None, b"", b"v" * i][i % 3],
+            "timestamp": BASE_TS - 10**12 + (-1) ** i * i * 10**9,
+            "headers": [("é", None), ("h", b"x" * i)] if i % 2 else [],
+        }
+        for i in range(200)
+    ]
+    with kafka_codecs():
+        buf, _ = build([(recs, codec, False, True), (recs[:50], codec, True, False)])
+    for headers in (False, True):
+        assert_fast_matches_reference(buf, headers, 0, END)
+        assert_fast_matches_reference(buf, headers, 150, 230)
+
+
+def test_rows_keep_their_order_across_fast_and_reference_calls() -> None:
+    bufs = [
+        rb.build_batch([rb.Record(b"k", bytes([i]), BASE_TS + i)], base_offset=i) for i in range(4)
+    ]
+    cols = R.new_columns(True)
+    for i, buf in enumerate(bufs):
+        decode = R.decode_into_fast if i % 2 else R.decode_into_reference
+        decode(buf, cols, 0, END)
+    batch = R.to_arrow(cols, "t", 0, True)
+    assert batch.column("offset").to_pylist() == [0, 1, 2, 3]
+    assert batch.column("value").to_pylist() == [b"\x00", b"\x01", b"\x02", b"\x03"]
+    assert len(R.to_arrow(R.new_columns(True), "t", 0, True)) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Hand-made records sections.
+
+
+def uvarint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def zz(n: int) -> bytes:
+    return uvarint((n << 1) ^ (n >> 63) if n < 0 else n << 1)
+
+
+def record(
+    *,
+    ts: bytes = zz(0),
+    offset_delta: bytes = zz(0),
+    key: bytes = zz(1) + b"k",
+    value: bytes = zz(1) + b"v",
+    headers: bytes = zz(0),
+    length: bytes | None = None,
+) -> bytes:
+    body = b"\x00" + ts + offset_delta + key + value + headers
+    return (zz(len(body)) if length is None else length) + body
+
+
+def raw_batch(section: bytes, count: int, base_offset: int = 0) -> bytes:
+    """A valid batch header (CRC included) around a hand-made records section."""
+    dummies = [rb.Record(None, None, BASE_TS)] * count
+    buf = bytearray(rb.build_batch(dummies, base_offset=base_offset)[: rb.HEADER_SIZE] + section)
+    struct.pack_into(">i", buf, rb.BATCH_LENGTH_POS, len(buf) - rb.LOG_OVERHEAD)
+    struct.pack_into(">I", buf, rb.CRC_POS, rb.compute_crc(buf, 0, len(buf)))
+    return bytes(buf)
+
+
+def header(key: bytes, value: bytes | None) -> bytes:
+    return zz(len(key)) + key + (zz(-1) if value is None else zz(len(value)) + value)
+
+
+HEADERLESS = 1  # the fast decoder takes it itself only when headers are not asked for
+# (name, records section, record count, whether the fast decoder takes it itself)
+ODDITIES: list[tuple[str, bytes, int, bool | int]] = [
+    ("null key of length -2", record(key=zz(-2)), 1, True),
+    ("empty key and value", record(key=zz(0), value=zz(0)), 1, True),
+    ("non-minimal varints", record(ts=b"\x80\x80\x00", offset_delta=b"\x80\x00"), 1, True),
+    ("offset deltas out of order", record(offset_delta=zz(1)) + record(), 2, True),
+    ("negative offset delta", record(offset_delta=zz(-1)) + record(offset_delta=zz(1)), 2, False),
+    ("10-byte timestamp delta", record(ts=b"\xff" * 9 + b"\x00"), 1, True),
+    ("timestamp past int64", record(ts=b"\xfe" + b"\xff" * 8 + b"\x01"), 1, False),
+    ("varint past 64 bits", record(ts=b"\xff" * 9 + b"\x02"), 1, False),
+    ("varint of 11 bytes", record(ts=b"\xff" * 10 + b"\x00"), 1, False),
+    ("record length of 11 bytes", b"\xff" * 10 + b"\x01", 1, False),
+    ("zero record length", zz(0) + record(), 2, False),
+    ("negative record length", zz(-3) + record(), 1, False),
+    ("key past its record", record(key=zz(100) + b"k"), 1, False),
+    ("record past its section", record()[:-1], 1, False),
+    ("bytes after the last record", record() + b"\x00", 1, False),
+    ("headers", record(headers=zz(2) + header(b"a", None) + header(b"\xc3\xa9", b"")), 1, True),
+    ("header key not UTF-8", record(headers=zz(1) + header(b"\xff", b"1")), 1, HEADERLESS),
+    ("header key a surrogate", record(headers=zz(1) + header(b"\xed\xa0\x80", b"")), 1, HEADERLESS),
+    ("header key overlong", record(headers=zz(1) + header(b"\xc0\x80", b"")), 1, HEADERLESS),
+    (
+        "character split across header keys",
+        record(headers=zz(2) + header(b"\xc3", None) + header(b"\xa9", None)),
+        1,
+        HEADERLESS,
+    ),
+    ("null header key", record(headers=zz(1) + zz(-1) + zz(0)), 1, HEADERLESS),
+    ("header count too large", record(headers=zz(1000)), 1, HEADERLESS),
+    ("bytes after the headers", record(headers=zz(0) + b"\x00"), 1, HEADERLESS),
+    ("header value past its record", record(headers=zz(1) + zz(1) + b"a" + zz(5)), 1, HEADERLESS),
+]
+
+
+@pytest.mark.parametrize("headers", [False, True])
+@pytest.mark.parametrize(
+    ("name", "section", "count", "fast"), ODDITIES, ids=[o[0] for o in ODDITIES]
+)
+def test_oddities_give_the_reference_outcome(
+    name: str, section: bytes, count: int, fast: bool | int, headers: bool
+) -> None:
+    buf = raw_batch(section, count, base_offset=40)
+    expected = outcome(R.decode_into_reference, buf, headers)
+    assert outcome(R.decode_into, buf, headers) == expected
+    try:
+        R.decode_into_fast(buf, R.new_columns(headers), 0, END)
+        took_it = True
+    except (fast_records.Unfit, R.CorruptRecordError):
+        took_it = False
+    should_take = fast is True or (fast is HEADERLESS and not headers)
+    assert took_it == should_take, f"fast decoder {'took' if took_it else 'declined'} {name!r}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Corrupt and truncated input.
+
+_plain_batch = st.tuples(
+    st.lists(_record, min_size=1, max_size=8),
+    st.just("none"),
+    st.just(False),
+    st.just(False),
+)
+
+
+@SETTINGS
+@given(
+    batches=st.lists(_plain_batch, min_size=1, max_size=2),
+    flips=st.lists(st.tuples(st.integers(0, 1 << 16), st.integers(0, 255)), min_size=1, max_size=4),
+    headers=st.booleans(),
+)
+def test_corrupt_records_give_the_reference_outcome(
+    batches: list[Any], flips: list[tuple[int, int]], headers: bool
+) -> None:
+    with kafka_codecs():
+        buf, _ = build(batches)
+    out = bytearray(buf)
+    first = rb.parse_header(buf)
+    section = first.size - rb.HEADER_SIZE
+    for where, byte in flips:  # inside the first batch's records section; the CRC still holds
+        out[rb.HEADER_SIZE + where % section] = byte
+    struct.pack_into(">I", out, rb.CRC_POS, rb.compute_crc(out, 0, first.size))
+    corrupt = bytes(out)
+    assert outcome(R.decode_into, corrupt, headers) == outcome(
+        R.decode_into_reference, corrupt, headers
+    )
+
+
+@pytest.mark.parametrize("codec", sorted(CODECS))
+def test_truncated_input_gives_the_reference_error(codec: str) -> None:
+    recs = [
+        {"key": b"k", "value": b"v" * i, "timestamp": BASE_TS + i, "headers": [("h", None)]}
+        for i in range(30)
+    ]
+    with kafka_codecs():
+        buf, _ = build([(recs, codec, False, True), (recs, codec, True, False)])
+    for cut in range(1, len(buf), 7):
+        expected = outcome(R.decode_into_reference, buf[:cut], True)
+        assert outcome(R.decode_into, buf[:cut], True) == expected, cut
+        if expected[0] == "rows":  # a cut on a batch boundary
+            assert rb.parse_header(buf[cut:]).base_offset == expected[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# The C record scan and its Python twin.
+
+
+def test_the_c_record_scan_was_built() -> None:
+    # The extension is optional at install time (no compiler: the Python scan is used), so a
+    # failed build would go unnoticed but for this test; CI and `make` have gcc.
+    assert fast_records._record_scan is not None, "pip install -e . did not build _record_scan"
+
+
+def scan(scanner: Any, buf: bytes) -> Any:
+    sections = [
+        (h, memoryview(buf)[p + rb.HEADER_SIZE : p + h.size])
+        for p, h in rb.iter_batches(buf, verify=False)
+    ]
+    blob = b"".join([*(d for _, d in sections), bytes(fast_records.PAD)])
+    try:
+        return list(scanner(blob, sections))
+    except fast_records.Unfit:
+        return "unfit"
+
+
+@SETTINGS
+@given(
+    batches=st.lists(_plain_batch, min_size=1, max_size=3),
+    flips=st.lists(st.tuples(st.integers(0, 1 << 16), st.integers(0, 255)), max_size=3),
+)
+def test_c_and_python_record_scans_agree(batches: list[Any], flips: list[tuple[int, int]]) -> None:
+    with kafka_codecs():
+        buf, _ = build(batches)
+    out = bytearray(buf)
+    section = rb.parse_header(buf).size - rb.HEADER_SIZE
+    for where, byte in flips:  # inside the first batch's records section
+        out[rb.HEADER_SIZE + where % section] = byte
+    python = scan(fast_records.record_ends_python, bytes(out))
+    assert scan(fast_records.record_ends, bytes(out)) == python
+    if not flips:
+        assert python != "unfit"
+
+
+@SETTINGS
+@given(
+    sections=st.lists(st.tuples(st.integers(0, 40), st.binary(max_size=80)), min_size=1, max_size=3)
+)
+def test_c_and_python_record_scans_agree_on_random_bytes(sections: list[tuple[int, bytes]]) -> None:
+    framed = [(rb.BatchHeader._make([0] * 12 + [count]), data) for count, data in sections]
+    blob = b"".join([*(data for _, data in framed), bytes(fast_records.PAD)])
+    results = []
+    for scanner in (fast_records.record_ends, fast_records.record_ends_python):
+        try:
+            results.append(list(scanner(blob, framed)))
+        except fast_records.Unfit:
+            results.append("unfit")
+    assert results[0] == results[1]
+
+
+@pytest.mark.parametrize(
+    ("name", "section", "count", "fast"), ODDITIES, ids=[o[0] for o in ODDITIES]
+)
+def test_c_and_python_record_scans_agree_on_oddities(
+    name: str, section: bytes, count: int, fast: bool | int
+) -> None:
+    buf = raw_batch(section, count)
+    assert scan(fast_records.record_ends, buf) == scan(fast_records.record_ends_python, buf)
+
+
+def test_decoding_with_the_python_scan_gives_the_reference_rows() -> None:
+    recs = [
+        {"key": b"k", "value": b"v" * i, "timestamp": BASE_TS + i, "headers": [("h", None)]}
+        for i in range(300)
+    ]
+    with kafka_codecs():
+        buf, _ = build([(recs, "none", False, True), (recs, "zstd", True, False)])
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fast_records, "_record_scan", None)
+        for headers in (False, True):
+            assert_fast_matches_reference(buf, headers, 0, END)
+            assert_fast_matches_reference(buf, headers, 100, 400)
+
+
+def test_no_rows_in_the_window_is_an_empty_batch() -> None:
+    buf = rb.build_batch([rb.Record(b"k", b"v", BASE_TS)] * 3, base_offset=10)
+    next_offset, batch = decoded(R.decode_into_fast, buf, True, start=20)
+    assert next_offset == 20 and batch.num_rows == 0 and batch.schema == R.schema(True)
+    assert pa.Table.from_batches([batch]).num_rows == 0
