@@ -433,6 +433,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         init_kwargs["address"] = args.address
     else:
         init_kwargs["_temp_dir"] = env["RAY_TMPDIR"]
+        init_kwargs["_system_config"] = raycluster.FAST_DEATH_SYSTEM_CONFIG
     try:
         ray.init(**init_kwargs)
     except Exception as e:

@@ -407,6 +407,7 @@ def main() -> None:
         log_to_driver=False,
         object_store_memory=512 * MIB,
         _temp_dir=env["RAY_TMPDIR"],
+        _system_config=raycluster.FAST_DEATH_SYSTEM_CONFIG,
     )
     try:
         results["raylog_rf1"] = raylog_case(root, 1, args, value)

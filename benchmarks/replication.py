@@ -53,6 +53,7 @@ def main() -> None:
         log_to_driver=False,
         object_store_memory=1 << 30,
         _temp_dir=env["RAY_TMPDIR"],
+        _system_config=raycluster.FAST_DEATH_SYSTEM_CONFIG,
     )
     try:
         results = {

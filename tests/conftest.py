@@ -156,11 +156,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def ray_local() -> Iterator[Path]:
     """A real local Ray (one node) configured as raylog configures its own clusters.
 
-    Token authentication, loopback listeners, a temp dir owned by this session, Ray's default
-    node health checks (one node: see raycluster.FAST_DEATH_SYSTEM_CONFIG). Yields the
-    directory that holds the token; shut down at the end of the session.
+    Token authentication, loopback listeners, a temp dir owned by this session, the node
+    health checks raylog uses (raycluster.FAST_DEATH_SYSTEM_CONFIG). Yields the directory that
+    holds the token; shut down at the end of the session.
     """
     import ray
+
+    from raylog.actors import raycluster
 
     assert _RAY_DATA_DIR is not None
     ray.init(
@@ -171,6 +173,7 @@ def ray_local() -> Iterator[Path]:
         log_to_driver=False,
         object_store_memory=512 * 1024 * 1024,
         _temp_dir=os.environ["RAY_TMPDIR"],
+        _system_config=raycluster.FAST_DEATH_SYSTEM_CONFIG,
     )
     try:
         yield _RAY_DATA_DIR
