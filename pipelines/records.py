@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
 
@@ -484,19 +484,8 @@ def decode_into_fast(
     """:func:`decode_into` by the vectorised decoder only; raises fast_records.Unfit for input
     it does not decode exactly as the reference does, or for fewer than ``min_records`` records
     in wanted batches. Adds to ``cols`` only on success."""
-    view = memoryview(buf)
-    next_offset = start_offset
-    wanted: list[tuple[rb.BatchHeader, memoryview]] = []
-    # The same batch walk as decode_into_reference, collecting the records sections.
-    for pos, header in rb.iter_batches(view, verify=verify_crc):
-        next_offset = max(next_offset, header.next_offset)
-        if header.is_control or header.next_offset <= start_offset:
-            continue
-        if header.base_offset >= end_offset:
-            break
-        if header.records_count <= 0 or header.records_count != header.last_offset_delta + 1:
-            raise fast_records.Unfit("recordsCount")
-        wanted.append((header, view[pos + rb.HEADER_SIZE : pos + header.size]))
+    walk = _Walk(buf, start_offset, end_offset, verify_crc)
+    wanted = list(walk)
     if sum(header.records_count for header, _ in wanted) < min_records:
         raise fast_records.Unfit(f"fewer than {min_records} records")
     sections: list[tuple[rb.BatchHeader, Buffer]] = [
@@ -507,7 +496,7 @@ def decode_into_fast(
         chunk = fast_records.decode(sections, start_offset, end_offset, cols.include_headers)
         if chunk is not None:
             cols.add_chunk(chunk)
-    return next_offset
+    return walk.next_offset
 
 
 def decode_into_reference(
@@ -515,20 +504,8 @@ def decode_into_reference(
 ) -> int:
     """:func:`decode_into` by the reference decoder (a Python loop over records): the
     specification the fast decoder is tested against, and its fallback."""
-    view = memoryview(buf)
-    next_offset = start_offset
-    for pos, header in rb.iter_batches(view, verify=verify_crc):
-        next_offset = max(next_offset, header.next_offset)
-        if header.is_control or header.next_offset <= start_offset:
-            continue
-        if header.base_offset >= end_offset:
-            break
-        if header.records_count <= 0 or header.records_count != header.last_offset_delta + 1:
-            raise CorruptRecordError(
-                f"batch at offset {header.base_offset}: recordsCount {header.records_count}, "
-                f"lastOffsetDelta {header.last_offset_delta}"
-            )
-        body = view[pos + rb.HEADER_SIZE : pos + header.size]
+    walk = _Walk(buf, start_offset, end_offset, verify_crc)
+    for header, body in walk:
         codec = header.compression
         data = bytes(body) if codec == CODEC_NONE else decompress(codec, body)
         try:
@@ -538,7 +515,35 @@ def decode_into_reference(
                 f"batch at offset {header.base_offset} ({CODEC_NAMES.get(codec)}): "
                 "records section truncated"
             ) from exc
-    return next_offset
+    return walk.next_offset
+
+
+class _Walk:
+    """The batches of a fetch response that a decode wants, for both decoders: iterating
+    yields ``(header, records section)`` of each non-control batch overlapping
+    [start_offset, end_offset), in order; ``next_offset`` is then the offset after the last
+    batch seen (control batches included), where the next read starts."""
+
+    def __init__(self, buf: Buffer, start_offset: int, end_offset: int, verify_crc: bool) -> None:
+        self.view = memoryview(buf)
+        self.start_offset, self.end_offset = start_offset, end_offset
+        self.verify_crc = verify_crc
+        self.next_offset = start_offset
+
+    def __iter__(self) -> Iterator[tuple[rb.BatchHeader, memoryview]]:
+        view = self.view
+        for pos, header in rb.iter_batches(view, verify=self.verify_crc):
+            self.next_offset = max(self.next_offset, header.next_offset)
+            if header.is_control or header.next_offset <= self.start_offset:
+                continue
+            if header.base_offset >= self.end_offset:
+                break
+            if header.records_count <= 0 or header.records_count != header.last_offset_delta + 1:
+                raise CorruptRecordError(
+                    f"batch at offset {header.base_offset}: recordsCount "
+                    f"{header.records_count}, lastOffsetDelta {header.last_offset_delta}"
+                )
+            yield header, view[pos + rb.HEADER_SIZE : pos + header.size]
 
 
 def new_columns(include_headers: bool = False) -> _Columns:

@@ -96,6 +96,16 @@ def free_port_block(count: int) -> int:
     raise AssertionError("no block of free ports")
 
 
+def stop_up(proc: subprocess.Popen[str] | None, lines: Lines | None) -> int:
+    """Stop a `raylog up` process: SIGINT, wait for "raylog stopped" and the exit; returns the
+    exit code."""
+    assert proc is not None and lines is not None
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        lines.wait_for("raylog stopped", STOP_DEADLINE_S)
+    return proc.wait(timeout=STOP_DEADLINE_S)
+
+
 def cli_env() -> dict[str, str]:
     """The environment for `raylog` subprocesses: this session's, without a Ray address (the
     CLI finds the cluster from its data dir)."""
@@ -155,11 +165,7 @@ class UpProcess:
 
     def stop(self) -> int:
         """SIGINT, wait for "raylog stopped" and the exit; returns the exit code."""
-        assert self.proc is not None and self.lines is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            self.lines.wait_for("raylog stopped", STOP_DEADLINE_S)
-        return self.proc.wait(timeout=STOP_DEADLINE_S)
+        return stop_up(self.proc, self.lines)
 
     def __enter__(self) -> UpProcess:
         self.start()
@@ -298,11 +304,7 @@ class ClusterUp:
 
     def stop(self) -> int:
         """SIGINT, wait for "raylog stopped" and the exit; returns the exit code."""
-        assert self.proc is not None and self.lines is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            self.lines.wait_for("raylog stopped", STOP_DEADLINE_S)
-        return self.proc.wait(timeout=STOP_DEADLINE_S)
+        return stop_up(self.proc, self.lines)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
