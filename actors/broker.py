@@ -69,12 +69,34 @@ log = logging.getLogger(__name__)
 
 META_FILE = "meta.properties"
 TOPIC_ID_SUFFIX = ".topic_id"
+# A replica's data is first renamed to "<topic>-<partition>.<hex>-delete" (atomic: the partition's
+# path is gone at once, even while a dying replica process still writes into its old directory),
+# then removed; leftovers of an interrupted removal are removed by the next apply.
+DELETED_SUFFIX = "-delete"
 REPLICA_START_TIMEOUT_MS = 60_000  # actors start one after another at ~0.5 s each
 REPLICA_CALL_TIMEOUT_MS = 5_000
 NAME_RETRY_MAX = 200  # a dying actor keeps its name for a moment; bound the wait for it
 NAME_RETRY_S = 0.05
 REGISTER_ATTEMPTS_MAX = 10_000  # with backoff, far longer than any controller outage in tests
 REGISTER_BACKOFF_MS_MAX = 1_000
+
+
+def delete_replica_data(log_dir: Path) -> None:
+    """Delete a replica's log directory and its topic id file.
+
+    The directory is renamed first, so its path is gone at once even while a dying replica
+    process still writes into it (a file created during a plain ``rmtree`` would keep the
+    directory alive); what the removal cannot delete, the next apply removes.
+    """
+    if log_dir.exists():
+        doomed = log_dir.with_name(f"{log_dir.name}.{uuid.uuid4().hex}{DELETED_SUFFIX}")
+        try:
+            log_dir.rename(doomed)
+        except OSError as exc:
+            log.warning("cannot rename %s for deletion: %s", log_dir, exc)
+            doomed = log_dir
+        shutil.rmtree(doomed, ignore_errors=True)
+    log_dir.with_name(log_dir.name + TOPIC_ID_SUFFIX).unlink(missing_ok=True)
 
 
 def broker_actor_name(broker_id: int) -> str:
@@ -398,7 +420,7 @@ class BrokerActor:
         log_dir = self._log_dir(spec.topic, spec.partition)
         id_file = log_dir.with_name(log_dir.name + TOPIC_ID_SUFFIX)
         if id_file.exists() and id_file.read_text() != spec.topic_id:
-            shutil.rmtree(log_dir, ignore_errors=True)  # data of an older topic of that name
+            delete_replica_data(log_dir)  # data of an older topic of that name
         id_file.write_text(spec.topic_id)
         cfg = topic_config.effective(spec.configs)
         replica_config = ReplicaConfig(
@@ -453,18 +475,18 @@ class BrokerActor:
                 continue
             await asyncio.sleep(NAME_RETRY_S)
         if delete_data:
-            log_dir = self._log_dir(*key)
-            shutil.rmtree(log_dir, ignore_errors=True)
-            log_dir.with_name(log_dir.name + TOPIC_ID_SUFFIX).unlink(missing_ok=True)
+            delete_replica_data(self._log_dir(*key))
 
     def _remove_stray_dirs(self, wanted: dict[tuple[str, int], ReplicaSpec]) -> None:
-        """Delete data of partitions no longer assigned here (a topic deleted while down)."""
+        """Delete data of partitions no longer assigned here (a topic deleted while down) and
+        what an interrupted deletion left behind."""
         keep = {self._log_dir(t, p).name for t, p in wanted}
         for id_file in self.dir.glob(f"*{TOPIC_ID_SUFFIX}"):
             name = id_file.name.removesuffix(TOPIC_ID_SUFFIX)
             if name not in keep:
-                shutil.rmtree(self.dir / name, ignore_errors=True)
-                id_file.unlink(missing_ok=True)
+                delete_replica_data(self.dir / name)
+        for doomed in self.dir.glob(f"*{DELETED_SUFFIX}"):
+            shutil.rmtree(doomed, ignore_errors=True)
 
     # --- AlterPartition relay ---------------------------------------------------------------------
 
@@ -510,4 +532,4 @@ class BrokerActor:
         return moved
 
 
-__all__ = ["BrokerActor", "broker_actor_name", "read_or_write_broker_id"]
+__all__ = ["BrokerActor", "broker_actor_name", "delete_replica_data", "read_or_write_broker_id"]
