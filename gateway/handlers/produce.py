@@ -29,6 +29,9 @@ Rules kept here, each Kafka's:
    answered. producerId -1 (aiokafka, librdkafka and kafkajs by default) is a plain producer.
 6. Missing records (null) are INVALID_RECORD (87); anything else wrong with a batch is the
    replica's verdict (CORRUPT_MESSAGE, MESSAGE_TOO_LARGE, INVALID_RECORD, ...).
+7. A client cannot append to ``__consumer_offsets``: INVALID_TOPIC_EXCEPTION (17), Kafka's
+   "Cannot append to internal topic". Only the group coordinator writes it (through the
+   backend, not through this handler), so a stray producer cannot corrupt group state.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from kafka.protocol.producer import ProduceResponse
 
 from raylog.gateway.backend import DataBackend, ProduceResult
 from raylog.gateway.errors import ErrorCode
+from raylog.gateway.group_coordinator import OFFSETS_TOPIC
 from raylog.gateway.handlers import CloseConnection, RequestContext
 from raylog.gateway.protocol import Request
 from raylog.storage import batch as rb
@@ -103,7 +107,7 @@ async def handle(context: RequestContext, request: Request) -> Any:
 async def _produce_one(
     connection: int, backend: DataBackend, body: Any, topic: str, partition: int, records: Any
 ) -> ProduceResult:
-    error = _refusal(body, records)
+    error = _refusal(body, topic, records)
     if error:
         return ProduceResult(error, -1, -1, -1)
     batch = bytes(records)  # a view into the request frame; Ray needs an owned copy
@@ -115,10 +119,12 @@ async def _produce_one(
     )
 
 
-def _refusal(body: Any, records: Any) -> int:
+def _refusal(body: Any, topic: str, records: Any) -> int:
     """The error for a request or batch refused before it reaches a replica, else 0."""
     if body.acks not in (0, 1, -1):
         return ErrorCode.INVALID_REQUIRED_ACKS
+    if topic == OFFSETS_TOPIC:
+        return ErrorCode.INVALID_TOPIC_EXCEPTION
     if body.transactional_id is not None:
         return ErrorCode.INVALID_TXN_STATE
     if records is None:

@@ -18,8 +18,8 @@ Proves:
 - a producer whose metadata went stale (leadership moved to another broker) gets
   NOT_LEADER_OR_FOLLOWER from the old leader's gateway, refreshes Metadata and delivers to the
   new leader, with nothing lost or duplicated;
-- the raw protocol: errors 21, 3, 6, 48 on Produce, an idempotent retry answered with the
-  original offset; a failed acks=0 Produce closes the
+- the raw protocol: errors 21, 3, 17 (``__consumer_offsets``), 6, 48 on Produce, an
+  idempotent retry answered with the original offset; a failed acks=0 Produce closes the
   connection; OFFSET_OUT_OF_RANGE, fetch sessions declined (70, 71), the long poll honouring
   ``max_wait_ms`` and answering early when data arrives, ``max_bytes`` keeping whole batches
   (and, without Ray, the budget across partitions: whole batches, in request order, the first
@@ -645,6 +645,8 @@ def test_raw_produce_errors(cluster: Cluster) -> None:
     port0 = cluster.ports[0]
     assert _produce_errors(produce_raw(port0, 0, _batch([b"x"]), acks=2)) == [21]
     assert _produce_errors(produce_raw(port0, 0, _batch([b"x"]), topic="missing")) == [3]
+    internal = produce_raw(port0, 0, _batch([b"x"]), topic="__consumer_offsets")
+    assert _produce_errors(internal) == [17], "clients cannot append to the internal topic"
     assert _produce_errors(produce_raw(port0, 9, _batch([b"x"]))) == [3]
     assert _produce_errors(produce_raw(port0, 1, _batch([b"x"]))) == [6]  # broker 1 leads p1
     txn = _batch([b"x"], producer_id=7, producer_epoch=0, base_sequence=0, transactional=True)
