@@ -18,7 +18,7 @@ from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
 from raylog.pipelines import reading, records
-from raylog.pipelines.catalog import Catalog
+from raylog.pipelines.catalog import Catalog, PartitionInfo
 
 # Arrow bytes per record beyond key and value (offset, timestamp, type, partition, topic).
 _ROW_OVERHEAD_BYTES = 32
@@ -90,12 +90,16 @@ def read_topic(
     min_partitions: int = 0,
     include_headers: bool = False,
     fail_on_data_loss: bool = True,
+    start_timestamp: int | None = None,
+    end_timestamp: int | None = None,
 ) -> ray.data.Dataset:
     """The committed records of ``topic`` from ``start`` to ``end`` as a Dataset.
 
     ``start`` / ``end``: "earliest", "latest", an offset for every partition, or
-    ``{partition: offset}`` (-2 earliest, -1 latest). ``catalog`` says where partitions
-    live; by default the active controller's metadata
+    ``{partition: offset}`` (-2 earliest, -1 latest). ``start_timestamp`` / ``end_timestamp``
+    (ms since the epoch) take precedence: each partition from / up to its first record at
+    least that late (Kafka's offsetsForTimes), its high watermark when none is that late.
+    ``catalog`` says where partitions live; by default the active controller's metadata
     (:func:`~raylog.pipelines.reading.controller_catalog`). ``cluster`` (data dir or Ray
     address) is joined when this process is not in Ray yet.
     """
@@ -107,11 +111,12 @@ def read_topic(
     if catalog is None:
         catalog = reading.controller_catalog()
     chosen = reading.select_partitions(catalog, subscribe=topics)
+    bounds = reading.fetch_bounds(chosen)
     ranges = reading.plan(
         chosen,
-        reading.fetch_bounds(chosen),
-        _spec(start, topics, "start"),
-        _spec(end, topics, "end"),
+        bounds,
+        _by_time(chosen, bounds, "start_timestamp", start_timestamp, _spec(start, topics, "start")),
+        _by_time(chosen, bounds, "end_timestamp", end_timestamp, _spec(end, topics, "end")),
         min_partitions=min_partitions,
         fail_on_data_loss=fail_on_data_loss,
     )
@@ -120,6 +125,20 @@ def read_topic(
     )
     # One block per range at most per task; tasks are as many as ranges.
     return ray.data.read_datasource(source, override_num_blocks=max(1, len(ranges)))
+
+
+def _by_time(
+    chosen: list[PartitionInfo],
+    bounds: Mapping[tuple[str, int], reading.Bounds],
+    name: str,
+    timestamp: int | None,
+    otherwise: Any,
+) -> Any:
+    if timestamp is None:
+        return otherwise
+    by = reading.ByTimestamp(name, every=reading.parse_timestamp(timestamp, name))
+    found = reading.offsets_for_times(chosen, by.wanted(chosen))
+    return reading.resolve_by_timestamp(chosen, by, found, otherwise, bounds, if_missing="latest")
 
 
 def _spec(value: str | int | Mapping[int, int], topics: list[str], name: str) -> Any:

@@ -24,7 +24,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -249,16 +249,110 @@ def parse_offsets(text: str, option: str) -> OffsetSpec:
         return EARLIEST
     if lowered == "latest":
         return LATEST
+    return _per_partition(text, option, "23", int, "expected earliest, latest or JSON")
+
+
+def _per_partition(
+    text: str, option: str, example: str, value: Callable[[Any], int], expected: str
+) -> dict[str, dict[int, int]]:
+    """Spark's per-partition JSON ``{"topic": {"0": value}}``, each value through ``value``."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{option}: expected earliest, latest or JSON, got {text!r}") from exc
+        raise ValueError(f"{option}: {expected}, got {text!r}") from exc
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
-        raise ValueError(f'{option}: JSON must look like {{"topic": {{"0": 23}}}}, got {text!r}')
+        raise ValueError(f'{option}: JSON must look like {{"t": {{"0": {example}}}}}, got {text!r}')
     try:
-        return {t: {int(p): int(o) for p, o in ps.items()} for t, ps in data.items()}
+        return {t: {int(p): value(v) for p, v in ps.items()} for t, ps in data.items()}
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"{option}: partitions and offsets must be integers: {text!r}") from exc
+        raise ValueError(f"{option}: {exc}: {text!r}") from exc
+
+
+TopicPartition = tuple[str, int]
+TIMESTAMP_STRATEGIES = ("error", "latest")  # startingOffsetsByTimestampStrategy
+
+
+def parse_timestamp(value: object, option: str) -> int:
+    try:
+        ts = int(str(value).strip())
+    except ValueError as exc:
+        raise ValueError(f"{option}: not a timestamp in milliseconds: {value!r}") from exc
+    if ts < 0:
+        raise ValueError(f"{option}: timestamps are milliseconds since the epoch, got {ts}")
+    return ts
+
+
+@dataclass(frozen=True)
+class ByTimestamp:
+    """Spark's ``startingTimestamp`` / ``startingOffsetsByTimestamp`` (or the ending pair):
+    one timestamp for every partition read, or one per partition named in JSON."""
+
+    option: str
+    every: int | None = None
+    per_partition: Mapping[str, Mapping[int, int]] | None = None
+
+    @classmethod
+    def parse(cls, every: str | None, per_partition: str | None, prefix: str) -> ByTimestamp | None:
+        """``prefix`` is "starting" or "ending". The single timestamp takes precedence."""
+        if every is not None:
+            return cls(f"{prefix}Timestamp", every=parse_timestamp(every, f"{prefix}Timestamp"))
+        if per_partition is None:
+            return None
+        option = f"{prefix}OffsetsByTimestamp"
+        parsed = _per_partition(
+            per_partition,
+            option,
+            "1700000000000",
+            lambda ts: parse_timestamp(ts, option),
+            "expected JSON",
+        )
+        return cls(option, per_partition=parsed)
+
+    def wanted(self, partitions: Sequence[PartitionInfo]) -> dict[TopicPartition, int]:
+        """The timestamp to look up per partition read; partitions it does not name are absent.
+        Naming a partition that is not read is an error."""
+        if self.every is not None:
+            return {(p.topic, p.partition): self.every for p in partitions}
+        assert self.per_partition is not None
+        chosen = {(p.topic, p.partition) for p in partitions}
+        named = {(t, p): ts for t, ps in self.per_partition.items() for p, ts in ps.items()}
+        extra = sorted(tp for tp in named if tp not in chosen)
+        if extra:
+            raise ValueError(f"{self.option} names partitions that are not read: {extra}")
+        return named
+
+
+def resolve_by_timestamp(
+    partitions: Sequence[PartitionInfo],
+    by: ByTimestamp,
+    found: Mapping[TopicPartition, int | None],
+    fallback: OffsetSpec,
+    bounds: Mapping[TopicPartition, Bounds],
+    *,
+    if_missing: str,
+) -> dict[str, dict[int, int]]:
+    """Offsets per partition: where ``found`` (see :func:`offsets_for_times`) has the first
+    offset at or after the partition's timestamp; ``fallback``'s value for a partition ``by``
+    does not name. No record that late: ``if_missing`` "latest" gives the high watermark,
+    "error" fails naming the partition and the timestamp (Spark's strategies)."""
+    wanted = by.wanted(partitions)
+    out: dict[str, dict[int, int]] = {}
+    for info in partitions:
+        tp = (info.topic, info.partition)
+        if tp not in wanted:
+            offset = _offset_for(fallback, info.topic, info.partition, EARLIEST)
+        elif found.get(tp) is not None:
+            offset = found[tp]  # type: ignore[assignment]
+        elif if_missing == "latest":
+            offset = bounds[tp].high_watermark
+        else:
+            raise ValueError(
+                f"{by.option}: {info.topic}-{info.partition} has no committed record at or after "
+                f"timestamp {wanted[tp]} (startingOffsetsByTimestampStrategy=latest starts such "
+                "a partition at its end instead)"
+            )
+        out.setdefault(info.topic, {})[info.partition] = offset
+    return out
 
 
 def _offset_for(spec: OffsetSpec, topic: str, partition: int, default: int) -> int:
@@ -424,6 +518,73 @@ def fetch_bounds(partitions: Sequence[PartitionInfo]) -> dict[tuple[str, int], B
     if missing:
         raise RuntimeError(f"no replica of {missing} answered: {'; '.join(errors)}")
     return out
+
+
+TIMESTAMP_REFINE_FETCHES_MAX = 16  # fetches past the batch ListOffsets found (one suffices)
+TIMESTAMP_REFINE_BYTES = 1  # a fetch returns at least its first whole batch
+
+
+def offsets_for_times(
+    partitions: Sequence[PartitionInfo], wanted: Mapping[TopicPartition, int]
+) -> dict[TopicPartition, int | None]:
+    """Per partition in ``wanted``: the first committed offset whose record timestamp is at or
+    after the timestamp (Kafka's offsetsForTimes), or None when no record is that late.
+
+    The leader's ListOffsets finds the first batch whose max timestamp is that late; its
+    records are then decoded here, so the offset is a record's, not the batch's start.
+    """
+    import ray
+
+    infos = {(p.topic, p.partition): p for p in partitions}
+    handles: dict[TopicPartition, tuple[int, Any]] = {}
+    refs = {}
+    for tp, ts in wanted.items():
+        leader = infos[tp].leader_id
+        if leader < 0:
+            raise RuntimeError(f"{tp[0]}-{tp[1]} has no leader to look up timestamp {ts}")
+        handle = replica_handle(tp[0], tp[1], leader)
+        handles[tp] = (leader, handle)
+        refs[tp] = handle.list_offsets.remote(ts)
+    out: dict[TopicPartition, int | None] = {}
+    for tp, ref in refs.items():
+        try:
+            error_code, _, offset, _ = ray.get(ref, timeout=CALL_TIMEOUT_S)
+        except (ray.exceptions.RayError, TimeoutError) as exc:
+            forget_handle(tp[0], tp[1], handles[tp][0])
+            raise RuntimeError(f"{tp[0]}-{tp[1]}: timestamp lookup failed: {exc!r}") from exc
+        if error_code:
+            raise RuntimeError(f"{tp[0]}-{tp[1]}: timestamp lookup failed with error {error_code}")
+        out[tp] = None if offset < 0 else _first_at_or_after(handles[tp][1], offset, wanted[tp])
+    return out
+
+
+def _first_at_or_after(handle: Any, offset: int, timestamp: int) -> int | None:
+    """The first record at or after ``offset`` (the start of a batch whose max timestamp is
+    >= ``timestamp``) whose own timestamp is >= ``timestamp``."""
+    import ray
+
+    batch_start = offset
+    for _ in range(TIMESTAMP_REFINE_FETCHES_MAX):
+        outcome = ray.get(
+            handle.fetch.remote(offset, TIMESTAMP_REFINE_BYTES), timeout=CALL_TIMEOUT_S
+        )
+        if outcome.error_code:
+            raise RuntimeError(
+                f"fetch at {offset} for a timestamp lookup: error {outcome.error_code}"
+            )
+        if not outcome.records:
+            return None
+        cols = records.new_columns()
+        next_offset = records.decode_into(outcome.records, cols, offset, outcome.high_watermark)
+        batch = records.to_arrow(cols, "", 0, False)
+        stamps = batch.column("timestamp").cast(pa.int64()).to_pylist()
+        for o, ts in zip(batch.column("offset").to_pylist(), stamps, strict=True):
+            if ts >= timestamp:
+                return int(o)
+        if next_offset <= offset:
+            break
+        offset = next_offset
+    return batch_start  # not reached for a batch ListOffsets found: batch precision then
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,6 +26,15 @@ Options (Spark's Kafka source names; case-insensitive):
 |                      | JSON ``{"t": {"0": 23}}`` (-2 earliest,  | latest (streaming)       |
 |                      | -1 latest)                               |                          |
 | endingOffsets        | batch only: latest, or JSON (-1 latest)  | latest                   |
+| startingTimestamp    | ms since the epoch, for every partition: | (startingOffsets)        |
+|                      | start at its first record that late      |                          |
+| startingOffsetsBy-   | JSON ``{"t": {"0": 1700000000000}}``;    | (startingOffsets)        |
+| Timestamp            | unnamed partitions use startingOffsets   |                          |
+| startingOffsetsBy-   | no record that late: error (fail naming  | error                    |
+| TimestampStrategy    | the partition) or latest (start at end)  |                          |
+| endingTimestamp,     | batch only, as the starting pair; no     | (endingOffsets)          |
+| endingOffsetsBy-     | record that late: the high watermark     |                          |
+| Timestamp            |                                          |                          |
 | maxOffsetsPerTrigger | streaming only: records per micro-batch, | no limit                 |
 |                      | spread over partitions by backlog        |                          |
 | minPartitions        | split offset ranges up to this many      | one per partition        |
@@ -99,6 +108,11 @@ KNOWN_OPTIONS = frozenset(
         "assign",
         "startingoffsets",
         "endingoffsets",
+        "startingtimestamp",
+        "startingoffsetsbytimestamp",
+        "startingoffsetsbytimestampstrategy",
+        "endingtimestamp",
+        "endingoffsetsbytimestamp",
         "maxoffsetspertrigger",
         "minpartitions",
         "failondataloss",
@@ -172,6 +186,23 @@ class ReadOptions:
                 raise ValueError("startingOffsets=latest is for streaming queries, not batch reads")
             if self.ending == reading.EARLIEST:
                 raise ValueError("endingOffsets=earliest is not allowed for batch reads")
+        self.starting_by_time = reading.ByTimestamp.parse(
+            opts.get("startingtimestamp"), opts.get("startingoffsetsbytimestamp"), "starting"
+        )
+        self.ending_by_time = reading.ByTimestamp.parse(
+            opts.get("endingtimestamp"), opts.get("endingoffsetsbytimestamp"), "ending"
+        )
+        if streaming is True and self.ending_by_time is not None:
+            raise ValueError(
+                f"{self.ending_by_time.option} is for batch reads, not streaming queries"
+            )
+        strategy = str(opts.get("startingoffsetsbytimestampstrategy", "error")).strip().lower()
+        if strategy not in reading.TIMESTAMP_STRATEGIES:
+            raise ValueError(
+                "option startingOffsetsByTimestampStrategy: expected error or latest, "
+                f"got {strategy!r}"
+            )
+        self.timestamp_strategy = strategy
         self.max_offsets_per_trigger = _positive_int(
             opts, "maxoffsetspertrigger", "maxOffsetsPerTrigger"
         )
@@ -190,6 +221,32 @@ class ReadOptions:
                 re.compile(self.subscribe_pattern)
             except re.error as exc:
                 raise ValueError(f"option subscribePattern: bad regex: {exc}") from exc
+
+    def starting_offsets(
+        self, chosen: list[PartitionInfo], bounds: Mapping[Any, reading.Bounds]
+    ) -> reading.OffsetSpec:
+        """startingOffsets, or the offsets startingTimestamp / startingOffsetsByTimestamp
+        find (they take precedence, as in Spark)."""
+        by = self.starting_by_time
+        if by is None:
+            return self.starting
+        found = reading.offsets_for_times(chosen, by.wanted(chosen))
+        return reading.resolve_by_timestamp(
+            chosen, by, found, self.starting, bounds, if_missing=self.timestamp_strategy
+        )
+
+    def ending_offsets(
+        self, chosen: list[PartitionInfo], bounds: Mapping[Any, reading.Bounds]
+    ) -> reading.OffsetSpec:
+        """endingOffsets, or what endingTimestamp / endingOffsetsByTimestamp find (a partition
+        without a record that late ends at its high watermark, as in Spark)."""
+        by = self.ending_by_time
+        if by is None:
+            return self.ending
+        found = reading.offsets_for_times(chosen, by.wanted(chosen))
+        return reading.resolve_by_timestamp(
+            chosen, by, found, self.ending, bounds, if_missing="latest"
+        )
 
     def select(self, catalog: Catalog, *, missing_ok: bool = False) -> list[PartitionInfo]:
         return reading.select_partitions(
@@ -266,11 +323,12 @@ class RaylogBatchReader(DataSourceReader):
         o = self.options
         reading.connect(self.target)
         chosen = o.select(reading.controller_catalog())
+        bounds = reading.fetch_bounds(chosen)
         ranges = reading.plan(
             chosen,
-            reading.fetch_bounds(chosen),
-            o.starting,
-            o.ending,
+            bounds,
+            o.starting_offsets(chosen, bounds),
+            o.ending_offsets(chosen, bounds),
             min_partitions=o.min_partitions,
             fail_on_data_loss=o.fail_on_data_loss,
         )
@@ -311,7 +369,9 @@ class RaylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict:
         chosen, bounds = self._current()
-        positions = stream_offsets.initial(list(chosen.values()), bounds, self.options.starting)
+        infos = list(chosen.values())
+        starting = self.options.starting_offsets(infos, bounds)
+        positions = stream_offsets.initial(infos, bounds, starting)
         return stream_offsets.to_json(positions)
 
     def getDefaultReadLimit(self) -> ReadLimit:

@@ -2,14 +2,24 @@
 
 Proves: batch and stream defaults (earliest / latest), the checks that differ between batch and
 streaming (startingOffsets=latest, endingOffsets), maxOffsetsPerTrigger validation, and that
-the removed temporary ``catalog`` option is now an unknown option.
+the removed temporary ``catalog`` option is now an unknown option. The timestamp options:
+startingTimestamp takes precedence over startingOffsetsByTimestamp; bad timestamps, JSON and
+strategies are refused; resolving applies the found offsets, startingOffsets to partitions the
+JSON does not name, and Spark's two strategies to a partition with no record that late.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from raylog.pipelines.reading import EARLIEST, LATEST
+from raylog.pipelines.catalog import PartitionInfo
+from raylog.pipelines.reading import (
+    EARLIEST,
+    LATEST,
+    Bounds,
+    ByTimestamp,
+    resolve_by_timestamp,
+)
 from raylog.pipelines.spark_source import ReadOptions
 
 BASE = {"cluster": "/data", "subscribe": "t"}
@@ -41,6 +51,12 @@ def test_mode_specific_checks() -> None:
         ({"catalog": "{}"}, "unknown option"),
         ({"subscribePattern": "(", "subscribe": ""}, "bad regex"),
         ({"cluster": ""}, "cluster is required"),
+        ({"startingTimestamp": "soon"}, "startingTimestamp: not a timestamp"),
+        ({"startingTimestamp": "-1"}, "milliseconds since the epoch"),
+        ({"startingOffsetsByTimestamp": "[1]"}, "JSON must look like"),
+        ({"startingOffsetsByTimestamp": '{"t": {"0": "x"}}'}, "not a timestamp"),
+        ({"startingOffsetsByTimestampStrategy": "maybe"}, "expected error or latest"),
+        ({"endingTimestamp": "5"}, "endingTimestamp is for batch reads"),
     ],
 )
 def test_bad_options(extra: dict[str, str], message: str) -> None:
@@ -51,3 +67,41 @@ def test_bad_options(extra: dict[str, str], message: str) -> None:
 def test_max_offsets_per_trigger_is_parsed() -> None:
     options = ReadOptions({**BASE, "MaxOffsetsPerTrigger": "500"}, streaming=True)
     assert options.max_offsets_per_trigger == 500
+
+
+def _info(topic: str, partition: int) -> PartitionInfo:
+    return PartitionInfo(topic, partition, leader_id=1, isr=(1,), replica_ids=(1,))
+
+
+def test_timestamp_options_and_precedence() -> None:
+    both = ReadOptions(
+        {**BASE, "startingTimestamp": "1000", "startingOffsetsByTimestamp": '{"t": {"0": 5}}'}
+    )
+    assert both.starting_by_time == ByTimestamp("startingTimestamp", every=1000)
+    by_json = ReadOptions({**BASE, "endingOffsetsByTimestamp": '{"t": {"1": 7}}'})
+    assert by_json.ending_by_time == ByTimestamp(
+        "endingOffsetsByTimestamp", per_partition={"t": {1: 7}}
+    )
+    assert by_json.starting_by_time is None and by_json.timestamp_strategy == "error"
+    latest = ReadOptions({**BASE, "startingOffsetsByTimestampStrategy": "LATEST"}, streaming=True)
+    assert latest.timestamp_strategy == "latest"
+
+
+def test_resolving_timestamps_per_partition() -> None:
+    parts = [_info("t", 0), _info("t", 1), _info("t", 2)]
+    bounds = {("t", p): Bounds(0, 100 + p) for p in range(3)}
+    by = ByTimestamp("startingOffsetsByTimestamp", per_partition={"t": {0: 50, 1: 60}})
+    assert by.wanted(parts) == {("t", 0): 50, ("t", 1): 60}
+    found = {("t", 0): 42, ("t", 1): None}
+    resolved = resolve_by_timestamp(parts, by, found, EARLIEST, bounds, if_missing="latest")
+    assert resolved == {"t": {0: 42, 1: 101, 2: EARLIEST}}
+    fallback = {"t": {2: 9}}  # startingOffsets JSON for the partition the timestamps skip
+    assert (
+        resolve_by_timestamp(parts, by, found, fallback, bounds, if_missing="latest")["t"][2] == 9
+    )
+    with pytest.raises(ValueError, match=r"t-1 has no committed record at or after timestamp 60"):
+        resolve_by_timestamp(parts, by, found, EARLIEST, bounds, if_missing="error")
+    every = ByTimestamp("startingTimestamp", every=70)
+    assert every.wanted(parts[:2]) == {("t", 0): 70, ("t", 1): 70}
+    with pytest.raises(ValueError, match=r"names partitions that are not read: \[\('t', 1\)\]"):
+        by.wanted(parts[:1])

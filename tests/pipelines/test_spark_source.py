@@ -6,6 +6,11 @@ confluent-kafka through the gateway with every codec (none, gzip, snappy, lz4, z
   latest returns exactly what was produced (keys, values, headers, timestamps, offsets);
 - a JSON offset range returns exactly that range; minPartitions splits it into more input
   partitions with the same rows; assign and subscribePattern select partitions;
+- startingTimestamp / startingOffsetsByTimestamp / endingOffsetsByTimestamp start and end each
+  partition at its first record at least that late (a record inside a batch, not the batch's
+  start); with no record that late the default strategy fails naming the partition, "latest"
+  reads nothing, and an ending timestamp ends at the high watermark; Ray Data's
+  ``read_topic(start_timestamp=...)`` starts at the same records;
 - bad or conflicting options, and unknown topics, fail before any task runs;
 - the Ray Data reader (``read_topic``, in a process that joined the cluster) returns the same
   rows as the Spark reader.
@@ -22,7 +27,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from embedded_support import CODECS, cluster_action, create_topic, produce, record
+from embedded_support import BASE_TS, CODECS, cluster_action, create_topic, produce, record
 from pipeline_support import table_rows
 
 # Slow: a whole embedded cluster and Spark; the budget covers starting them on a loaded machine.
@@ -117,6 +122,71 @@ def test_assign_and_pattern_select_partitions(
     assert {r["partition"] for r in _rows(assigned)} == {1}
     pattern = _read(spark, embedded, subscribePattern="co.ecs")
     assert len(_rows(pattern)) == len(produced)
+
+
+def _first_at_or_after(rows: list[dict[str, Any]], partition: int, timestamp: int) -> int:
+    """Kafka's offsetsForTimes over the produced rows: the first offset that late."""
+    return min(
+        r["offset"] for r in rows if r["partition"] == partition and r["timestamp"] >= timestamp
+    )
+
+
+# Inside partition 0's third batch (codec seed 2: timestamps BASE_TS + 2000 + 17 i, a few
+# 5 ms early), so that a batch-precision answer would also return earlier records.
+MID_BATCH_TS = BASE_TS + 2000 + 17 * 20 - 2
+LATE_TS = BASE_TS + 1_000_000  # after every record
+
+
+def test_starting_and_ending_timestamps(
+    spark: Any, embedded: Any, produced: list[dict[str, Any]]
+) -> None:
+    start0 = _first_at_or_after(produced, 0, MID_BATCH_TS)
+    batch_start = min(
+        r["offset"]
+        for r in produced
+        if r["partition"] == 0 and r["timestamp"] >= BASE_TS + 2000 - 5
+    )
+    assert start0 > batch_start, "the timestamp falls after the first record of a produce call"
+    no_headers = [{k: v for k, v in r.items() if k != "headers"} for r in produced]
+    every = _read(spark, embedded, subscribe=TOPIC, startingTimestamp=str(MID_BATCH_TS))
+    # Partition 1's records are all later (seeds 10..14): it is read from its start.
+    assert _rows(every) == [r for r in no_headers if r["partition"] == 1 or r["offset"] >= start0]
+
+    end_ts = MID_BATCH_TS + 1500
+    end0 = _first_at_or_after(produced, 0, end_ts)
+    by_json = _read(
+        spark,
+        embedded,
+        subscribe=TOPIC,
+        startingOffsetsByTimestamp=json.dumps({TOPIC: {"0": MID_BATCH_TS}}),
+        endingOffsetsByTimestamp=json.dumps({TOPIC: {"0": end_ts, "1": LATE_TS}}),
+    )
+    want = [
+        r for r in no_headers if r["partition"] == 1 or start0 <= r["offset"] < end0
+    ]  # partition 1: startingOffsets' earliest, and no record as late as LATE_TS: to the end
+    assert _rows(by_json) == want
+
+    with pytest.raises(Exception, match=f"{TOPIC}-0 has no committed record at or after"):
+        _read(spark, embedded, subscribe=TOPIC, startingTimestamp=str(LATE_TS)).collect()
+    skipped = _read(
+        spark,
+        embedded,
+        subscribe=TOPIC,
+        startingTimestamp=str(LATE_TS),
+        startingOffsetsByTimestampStrategy="latest",
+    )
+    assert skipped.count() == 0
+
+
+def test_ray_data_start_timestamp(
+    spark: Any, embedded: Any, produced: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    start0 = _first_at_or_after(produced, 0, MID_BATCH_TS)
+    want = [r for r in produced if r["partition"] == 1 or r["offset"] >= start0]
+    out = tmp_path / "ray-data-from-ts.parquet"
+    result = cluster_action(embedded.data_dir, "read-topic", TOPIC, str(out), str(MID_BATCH_TS))
+    assert result == {"rows": len(want)}
+    assert table_rows(pq.read_table(out)) == want
 
 
 @pytest.mark.parametrize(
