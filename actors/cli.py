@@ -620,6 +620,23 @@ def cmd_topics_create(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_topics_delete(args: argparse.Namespace) -> int:
+    from raylog.actors.gateway_actor import INTERNAL_TOPICS
+
+    internal = [n for n in args.names if n in INTERNAL_TOPICS]
+    if internal:
+        raise CliError(f"topic {internal[0]} is internal and cannot be deleted")
+    controller = _connect(args)
+    for name in args.names:
+        _call(controller, "delete_topic", name)
+    # Every broker stopped the replicas and removed their data.
+    if _call(controller, "wait_reconciled", int(CALL_TIMEOUT_S * 1000)) < 0:
+        print("raylog: topics deleted; replicas not all stopped yet", file=sys.stderr)
+    for name in args.names:
+        print(f"Deleted topic {name}.", flush=True)
+    return 0
+
+
 def cmd_topics_list(args: argparse.Namespace) -> int:
     md = _call(_connect(args), "metadata")
     if args.json:
@@ -935,7 +952,7 @@ def _add_up(sub: Any) -> None:
 
 
 def _add_topics(sub: Any) -> None:
-    topics = sub.add_parser("topics", help="create, list and describe topics")
+    topics = sub.add_parser("topics", help="create, delete, list and describe topics")
     topics_sub = topics.add_subparsers(dest="topics_command", required=True)
     create = topics_sub.add_parser("create", help="create a topic")
     create.add_argument("name")
@@ -946,6 +963,10 @@ def _add_topics(sub: Any) -> None:
     )
     create.set_defaults(func=cmd_topics_create)
     _add_cluster_args(create)
+    delete = topics_sub.add_parser("delete", help="delete topics (replicas stop, data removed)")
+    delete.add_argument("names", nargs="+", metavar="name")
+    delete.set_defaults(func=cmd_topics_delete)
+    _add_cluster_args(delete)
     listing = topics_sub.add_parser("list", help="list topic names")
     listing.set_defaults(func=cmd_topics_list)
     _add_cluster_args(listing, json_flag=True)

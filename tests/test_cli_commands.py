@@ -2,7 +2,8 @@
 
 Proves: `topics list|describe` (kafka-topics.sh lines, `--under-replicated-partitions`, `--json`),
 `configs describe|alter`, `brokers list` (`--json`: id, rack, address, state, partitions led),
-`status` (`--json`); `brokers kill` is a crash: `topics describe` then shows a new leader and the
+`status` (`--json`); `topics delete` removes a topic and its replicas' data and refuses the
+internal topic; `brokers kill` is a crash: `topics describe` then shows a new leader and the
 shrunk ISR, and the broker reads fenced; `brokers start` brings it back with the same id and
 port and the ISR expands again; `leader-election --preferred` moves leadership back;
 `brokers stop` is a controlled shutdown (the broker reads shutdown, leads nothing) and `brokers
@@ -124,6 +125,18 @@ def test_topics_configs_and_status_read_like_kafkas_tools(up: UpProcess) -> None
     listed = brokers(up)
     assert [listed[b]["rack"] for b in (1, 2, 3)] == ["a", "b", "c"]
     assert sum(b["leader_partitions"] for b in listed.values()) == PARTITIONS
+
+
+def test_topics_delete(up: UpProcess) -> None:
+    ok(up.raylog("topics", "create", "scratch", "--partitions", "2", "--replication-factor", "2"))
+    assert "scratch" in ok(up.raylog("topics", "list")).split()
+    assert ok(up.raylog("topics", "delete", "scratch")).strip() == "Deleted topic scratch."
+    assert ok(up.raylog("topics", "list")).split() == [TOPIC]
+    replicas = [p for p in up.data_dir.glob("broker-*/scratch-*") if p.is_dir()]
+    assert replicas == [], "the replicas' data is removed"
+    assert "Unknown topic 'scratch'" in failure_line(up.raylog("topics", "delete", "scratch"))
+    internal = failure_line(up.raylog("topics", "delete", "__consumer_offsets"))
+    assert "internal" in internal
 
 
 def test_failures_are_one_line_and_exit_1(up: UpProcess) -> None:
