@@ -6,6 +6,8 @@
   ports; ``start()`` waits for "raylog ready" and returns the bootstrap servers, ``stop()`` sends
   SIGINT and waits for exit 0, ``raylog(*args)`` runs a CLI command against this cluster (its
   ``--data-dir`` appended). Used as a context manager it always ends its own process, by PID.
+  ``heal()`` starts the brokers a test stopped or killed and waits until every partition is
+  fully replicated again: what a module sharing the session's cluster does before it starts.
 - ``RayNode``: one ``ray start --block`` node (head or worker) in a process group of its own, so
   that the test can crash the whole node (SIGKILL to the group) or stop it, by that group's id.
 - ``ClusterUp``: ``raylog up --address`` on such a cluster (cluster mode); collects the
@@ -15,6 +17,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import queue
 import random
@@ -26,11 +29,15 @@ import threading
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 RAYLOG = [sys.executable, "-m", "raylog.actors.cli"]
 START_DEADLINE_S = 120.0
 STOP_DEADLINE_S = 60.0
 CLI_TIMEOUT_S = 60.0
+HEAL_DEADLINE_S = 180.0
+HEAL_POLL_S = 0.5
+HEAL_REPLACE_AFTER_S = 60.0
 
 
 class Lines:
@@ -166,6 +173,57 @@ class UpProcess:
     def stop(self) -> int:
         """SIGINT, wait for "raylog stopped" and the exit; returns the exit code."""
         return stop_up(self.proc, self.lines)
+
+    def document(self, *args: str) -> Any:
+        """``raylog ARGS --json``'s document. Ray's raylet may print a warning line to a
+        driver's stdout under load ("(raylet) WARNING: ..."), so it starts at the line that
+        opens it."""
+        done = self.raylog(*args, "--json")
+        assert done.returncode == 0, done.stderr[-2000:]
+        lines = done.stdout.splitlines()
+        start = next((i for i, line in enumerate(lines) if line[:1] in "{["), None)
+        assert start is not None, done.stdout[-2000:]
+        return json.loads("\n".join(lines[start:]))
+
+    def status(self) -> dict[str, Any]:
+        return self.document("status")  # type: ignore[no-any-return]
+
+    def topics(self) -> set[str]:
+        return {t["name"] for t in self.document("topics", "list")}
+
+    def heal(self, timeout_s: float = HEAL_DEADLINE_S) -> None:
+        """Start every broker that is not alive (a previous module stopped or killed it) and
+        wait until all ``brokers`` are alive and no partition is offline or under-replicated.
+
+        A broker Ray restarted after a kill rejoins by itself (``brokers start`` refuses it as
+        running); one still not alive after HEAL_REPLACE_AFTER_S is replaced: killed and
+        started again by the supervisor."""
+        assert self.proc is not None and self.proc.poll() is None, "raylog up is not running"
+        began = time.monotonic()
+        deadline = began + timeout_s
+        started: set[int] = set()
+        replaced: set[int] = set()
+        last: dict[str, Any] = {}
+        while time.monotonic() < deadline:  # bounded by the deadline
+            last = self.status()
+            down = {b for state in ("fenced", "shutdown") for b in last["brokers"][state]}
+            budget = max(1.0, deadline - time.monotonic())
+            for broker in sorted(down - started):
+                self.raylog("brokers", "start", str(broker), timeout_s=budget)
+                started.add(broker)
+            if time.monotonic() - began > HEAL_REPLACE_AFTER_S:
+                for broker in sorted(down - replaced):
+                    self.raylog("brokers", "kill", str(broker), timeout_s=budget)
+                    self.raylog("brokers", "start", str(broker), timeout_s=budget)
+                    replaced.add(broker)
+            if (
+                len(last["brokers"]["alive"]) == self.brokers
+                and last["offline_partitions"] == 0
+                and last["under_replicated_partitions"] == 0
+            ):
+                return
+            time.sleep(HEAL_POLL_S)
+        raise AssertionError(f"the shared cluster did not heal within {timeout_s:.0f} s: {last}")
 
     def __enter__(self) -> UpProcess:
         self.start()

@@ -181,10 +181,63 @@ def ray_local() -> Iterator[Path]:
         ray.shutdown()
 
 
+UP_ATTEMPTS_MAX = 3
+
+
+@pytest.fixture(scope="session")
+def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One `raylog up` (3 brokers, default settings) for every module that can share it.
+
+    Starting a cluster costs 20-40 s on a loaded 2-core machine, so the modules that need
+    nothing special share this one, each through a module fixture that calls ``heal()`` first
+    (a module that kills or stops a broker does so last; the next module starts it again).
+    Modules that need their own flags, count global state or restart the cluster start their
+    own ``UpProcess``. Topic and group names differ between the sharing modules.
+    """
+    from cluster_support import UpProcess
+
+    for attempt in range(UP_ATTEMPTS_MAX):
+        up = UpProcess(tmp_path_factory.mktemp("shared-up"))
+        try:
+            up.start()
+            break
+        except AssertionError as exc:
+            up.__exit__(None, None, None)
+            # Ray gives its raylet a fixed 30 s to register; a loaded 2-core machine can
+            # exceed that. That is the machine, not raylog: try again on a fresh data dir.
+            if "Ray did not start" not in str(exc) or attempt == UP_ATTEMPTS_MAX - 1:
+                raise
+    try:
+        yield up
+    finally:
+        up.__exit__(None, None, None)  # stops it (SIGINT, then kill), by its PID
+
+
+@pytest.fixture(scope="module")
+def shared_up(shared_cluster: Any) -> Iterator[Any]:
+    """The shared cluster, healed for this module (every broker alive, all partitions in sync).
+
+    The topics the module created are deleted when it ends: every replica is an actor (a
+    process), and a 2-core machine cannot hold every module's replicas at once.
+    """
+    shared_cluster.heal()
+    before = shared_cluster.topics()
+    yield shared_cluster
+    created = sorted(shared_cluster.topics() - before - {"__consumer_offsets"})
+    if created:
+        done = shared_cluster.raylog("topics", "delete", *created)
+        assert done.returncode == 0, done.stderr[-2000:]
+
+
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
-    """Run tests/pipelines last. Its session-scoped `raylog up` cluster and Spark session stay up
-    until the session ends (pytest tears "package" fixtures of a plain directory down only
-    then), and would load the machine under every later module's own clusters."""
-    items.sort(key=lambda item: item.path.parent.name == "pipelines")  # stable: order kept
+    """Run the modules of the shared cluster last, and tests/pipelines (its Spark session too)
+    after them. Session fixtures stay up until the session ends, and would load the machine
+    under every later module's own clusters."""
+    items.sort(  # stable: the order within each group is kept
+        key=lambda item: (
+            "shared_cluster" in getattr(item, "fixturenames", ()),
+            item.path.parent.name == "pipelines",
+        )
+    )

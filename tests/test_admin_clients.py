@@ -1,6 +1,7 @@
 """Admin APIs through the gateway, driven by the clients' own admin classes on `raylog up`.
 
-One embedded cluster (``raylog up``, three brokers in racks a, b, c) for the module. Proves:
+On the session's shared embedded cluster (``raylog up``, three brokers in racks a, b, c).
+Proves:
 
 - confluent-kafka's AdminClient creates an RF=3 topic with configs through any broker's gateway
   (the request reaches the active controller); Metadata then lists three replicas per partition,
@@ -21,8 +22,6 @@ One embedded cluster (``raylog up``, three brokers in racks a, b, c) for the mod
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -47,9 +46,8 @@ PRODUCE_TIMEOUT_S = 120.0
 
 
 @pytest.fixture(scope="module")
-def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
-    with UpProcess(Path(tmp_path_factory.mktemp("admin"))) as cluster:
-        yield cluster
+def up(shared_up: UpProcess) -> UpProcess:
+    return shared_up
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""`raylog reassign` against a live `raylog up` (three brokers), as a user runs it.
+"""`raylog reassign` against the shared live `raylog up` (three brokers), as a user runs it.
 
 Proves: reassigning an RF=2 partition onto the broker that did not hold it, with a throttle,
 prints progress and "Completed", and then `topics describe` shows the new replicas and ISR while
@@ -10,7 +10,6 @@ nothing running, an unknown broker and a missing --partition each exit 1 with a 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -78,54 +77,52 @@ def _consume_all(bootstrap: str, topic: str) -> set[str]:
     return keys
 
 
-def test_reassign_command_moves_a_partition_and_reports(tmp_path: Path) -> None:
-    with UpProcess(tmp_path / "data") as up:
-        created = up.raylog("topics", "create", "moves", "--partitions", "1",
-                            "--replication-factor", "2")  # fmt: skip
-        assert created.returncode == 0, created.stderr
-        _produce(up.bootstrap, "moves")
-        before = _describe(up, "moves")
-        spare = ({1, 2, 3} - set(before["replicas"])).pop()
-        target = [spare, before["replicas"][0]]
-        moved = up.raylog(
-            "reassign", "--topic", "moves", "--partition", "0",
-            "--replicas", ",".join(map(str, target)), "--throttle", "200000", "--timeout", "60",
-            timeout_s=120,
-        )  # fmt: skip
-        assert moved.returncode == 0, moved.stderr
-        assert "Completed reassignment of partitions moves-0" in moved.stdout, moved.stdout
-        after = _describe(up, "moves")
-        assert after["replicas"] == target
-        assert sorted(after["isr"]) == sorted(target)
-        assert after["leader"] in target
-        assert _consume_all(up.bootstrap, "moves") == {str(i) for i in range(RECORDS)}
+def test_reassign_command_moves_a_partition_and_reports(shared_up: UpProcess) -> None:
+    up = shared_up
+    created = up.raylog("topics", "create", "moves", "--partitions", "1",
+                        "--replication-factor", "2")  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    _produce(up.bootstrap, "moves")
+    before = _describe(up, "moves")
+    spare = ({1, 2, 3} - set(before["replicas"])).pop()
+    target = [spare, before["replicas"][0]]
+    moved = up.raylog(
+        "reassign", "--topic", "moves", "--partition", "0",
+        "--replicas", ",".join(map(str, target)), "--throttle", "200000", "--timeout", "60",
+        timeout_s=120,
+    )  # fmt: skip
+    assert moved.returncode == 0, moved.stderr
+    assert "Completed reassignment of partitions moves-0" in moved.stdout, moved.stdout
+    after = _describe(up, "moves")
+    assert after["replicas"] == target
+    assert sorted(after["isr"]) == sorted(target)
+    assert after["leader"] in target
+    assert _consume_all(up.bootstrap, "moves") == {str(i) for i in range(RECORDS)}
 
-        listed = up.raylog("reassign", "--list", "--json")
-        assert listed.returncode == 0 and _json(listed.stdout) == {"reassignments": []}
+    listed = up.raylog("reassign", "--list", "--json")
+    assert listed.returncode == 0 and _json(listed.stdout) == {"reassignments": []}
 
-        back = up.raylog(
-            "reassign", "--topic", "moves", "--partition", "0",
-            "--replicas", ",".join(map(str, before["replicas"])), "--no-wait", "--json",
-        )  # fmt: skip
-        assert back.returncode == 0, back.stderr
-        doc = _json(back.stdout)
-        assert doc["partitions"] == [{"topic": "moves", "partition": 0}] and doc["errors"] == []
-        wait_until(
-            lambda: (
-                _json(up.raylog("reassign", "--list", "--json").stdout) == {"reassignments": []}
-            ),
-            timeout_s=TIMEOUT_S,
-            interval_s=0.5,
-            message="the move back completes",
-        )
-        cancel = up.raylog("reassign", "--cancel", "--topic", "moves", "--partition", "0")
-        assert cancel.returncode == 1 and "NoReassignmentInProgressError" in cancel.stderr
+    back = up.raylog(
+        "reassign", "--topic", "moves", "--partition", "0",
+        "--replicas", ",".join(map(str, before["replicas"])), "--no-wait", "--json",
+    )  # fmt: skip
+    assert back.returncode == 0, back.stderr
+    doc = _json(back.stdout)
+    assert doc["partitions"] == [{"topic": "moves", "partition": 0}] and doc["errors"] == []
+    wait_until(
+        lambda: _json(up.raylog("reassign", "--list", "--json").stdout) == {"reassignments": []},
+        timeout_s=TIMEOUT_S,
+        interval_s=0.5,
+        message="the move back completes",
+    )
+    cancel = up.raylog("reassign", "--cancel", "--topic", "moves", "--partition", "0")
+    assert cancel.returncode == 1 and "NoReassignmentInProgressError" in cancel.stderr
 
-        unknown = up.raylog("reassign", "--topic", "moves", "--partition", "0",
-                            "--replicas", "1,9")  # fmt: skip
-        assert unknown.returncode == 1
-        assert "InvalidReplicaAssignmentError" in unknown.stderr
-        assert len(unknown.stderr.strip().splitlines()) == 1
+    unknown = up.raylog("reassign", "--topic", "moves", "--partition", "0",
+                        "--replicas", "1,9")  # fmt: skip
+    assert unknown.returncode == 1
+    assert "InvalidReplicaAssignmentError" in unknown.stderr
+    assert len(unknown.stderr.strip().splitlines()) == 1
 
-        missing = up.raylog("reassign", "--topic", "moves", "--replicas", "1,2")
-        assert missing.returncode == 1 and "--partition" in missing.stderr
+    missing = up.raylog("reassign", "--topic", "moves", "--replicas", "1,2")
+    assert missing.returncode == 1 and "--partition" in missing.stderr

@@ -1,6 +1,6 @@
 """Consumer groups through the gateway, with real clients against a real embedded cluster.
 
-Proves, on one `raylog up` cluster (3 brokers) and one 4-partition RF=3 topic:
+Proves, on the session's shared `raylog up` cluster (3 brokers) and one 4-partition RF=3 topic:
 
 (a) kafka-python: two KafkaConsumers of one group split the 4 partitions between them; when one
     closes, the other is given all 4.
@@ -11,7 +11,8 @@ Proves, on one `raylog up` cluster (3 brokers) and one 4-partition RF=3 topic:
     ``__consumer_offsets`` partition has its replica actors and broker actor hard-killed; once
     another broker leads and has loaded the partition, OffsetFetch still returns (b)'s offsets.
 
-Also: ``__consumer_offsets`` is created by the first FindCoordinator and is internal in Metadata.
+Also: ``__consumer_offsets`` exists once a group request was made (the first FindCoordinator
+creates it) and is internal in Metadata.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 
 import pytest
 from cluster_support import UpProcess, cli_env
@@ -42,14 +42,14 @@ FAILOVER_GROUP = "resume-group"
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
-    with UpProcess(tmp_path_factory.mktemp("groups")) as up:
-        done = up.raylog(
-            "topics", "create", TOPIC, "--partitions", str(PARTITIONS), "--replication-factor", "3"
-        )
-        assert done.returncode == 0, done.stderr
-        _produce(up.bootstrap)
-        yield up
+def cluster(shared_up: UpProcess) -> UpProcess:
+    """The session's shared cluster (tests/conftest.py) with this module's topic."""
+    done = shared_up.raylog(
+        "topics", "create", TOPIC, "--partitions", str(PARTITIONS), "--replication-factor", "3"
+    )
+    assert done.returncode == 0, done.stderr
+    _produce(shared_up.bootstrap)
+    return shared_up
 
 
 def _produce(bootstrap: str) -> None:

@@ -1,6 +1,6 @@
 """Group admin APIs with real admin clients against a real embedded cluster (`raylog up`).
 
-Proves, on one 3-broker cluster and one 3-partition RF=3 topic:
+Proves, on the session's shared 3-broker cluster and one 3-partition RF=3 topic:
 
 (a) kafka-python ``KafkaAdminClient`` (3.0 names: ``list_groups``, ``describe_groups``,
     ``delete_groups``, ``delete_group_offsets``): a Stable group (a live confluent-kafka
@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -48,17 +47,18 @@ NO_OFFSET = -1001  # librdkafka's "no committed offset"
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
-    with UpProcess(tmp_path_factory.mktemp("group-admin")) as up:
-        ok(up.raylog(
-            "topics", "create", TOPIC, "--partitions", str(PARTITIONS),
-            "--replication-factor", "3",
-        ))  # fmt: skip
-        producer = Producer({"bootstrap.servers": up.bootstrap, "acks": "all"})
-        for i in range(RECORDS):
-            producer.produce(TOPIC, value=f"v{i}".encode(), partition=i % PARTITIONS)
-        assert producer.flush(CLIENT_TIMEOUT_S) == 0
-        yield up
+def cluster(shared_up: UpProcess) -> UpProcess:
+    """The session's shared cluster (tests/conftest.py) with this module's topic."""
+    up = shared_up
+    ok(up.raylog(
+        "topics", "create", TOPIC, "--partitions", str(PARTITIONS),
+        "--replication-factor", "3",
+    ))  # fmt: skip
+    producer = Producer({"bootstrap.servers": up.bootstrap, "acks": "all"})
+    for i in range(RECORDS):
+        producer.produce(TOPIC, value=f"v{i}".encode(), partition=i % PARTITIONS)
+    assert producer.flush(CLIENT_TIMEOUT_S) == 0
+    return up
 
 
 def ok(proc: subprocess.CompletedProcess[str]) -> str:

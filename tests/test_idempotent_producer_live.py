@@ -77,70 +77,70 @@ def _read_partition(bootstrap: str, end_offset: int) -> list[tuple[int, bytes]]:
 
 
 def test_idempotent_producers_lose_and_duplicate_nothing_across_a_killed_leader(
-    tmp_path: Path,
+    shared_up: UpProcess,
 ) -> None:
-    data_dir = tmp_path / "data"
-    with UpProcess(data_dir) as up:
-        created = up.raylog(
-            "topics", "create", TOPIC, "--partitions", "1", "--replication-factor", "3",
-            "--config", "min.insync.replicas=2",
-        )  # fmt: skip
-        assert created.returncode == 0, created.stderr
-        kp = KafkaProducer(bootstrap_servers=up.bootstrap, linger_ms=5, request_timeout_ms=10_000)
-        assert kp.config["enable_idempotence"], "kafka-python's default must be idempotent"
-        ck = Producer(
-            {
-                "bootstrap.servers": up.bootstrap,
-                "enable.idempotence": True,
-                "linger.ms": 5,
-                "message.timeout.ms": int(CLIENT_TIMEOUT_S * 1000),
-            }
-        )
-        kp_futures: list[Any] = []
-        ck_acked: dict[bytes, int] = {}
-        ck_errors: list[str] = []
-
-        def ck_delivered(err: Any, msg: Any) -> None:
-            if err is not None:
-                ck_errors.append(str(err))
-            else:
-                ck_acked[msg.value()] = msg.offset()
-
-        def send(i: int) -> None:
-            kp_futures.append(kp.send(TOPIC, value=b"kp-%05d" % i, partition=0))
-            ck.produce(TOPIC, value=b"ck-%05d" % i, partition=0, on_delivery=ck_delivered)
-            ck.poll(0)
-
-        i = 0
-        while i < RECORDS // 3:
-            send(i)
-            i += 1
-        assert kp_futures[0].get(timeout=CLIENT_TIMEOUT_S).offset >= 0  # the producers work
-        killer = _kill_leader(data_dir)
-        # Keep producing while the kill lands: batches are in flight when the leader dies. The
-        # poll is the pacing (bounded waits for delivery events); a third is kept for after.
-        while i < 2 * RECORDS // 3 and killer.poll() is None:
-            send(i)
-            i += 1
-            ck.poll(0.02)
-        out, err = killer.communicate(timeout=KILL_TIMEOUT_S)
-        assert killer.returncode == 0 and "killed:" in out, (out, err[-2000:])
-        assert i < RECORDS, "records are still produced after the leader died"
-        while i < RECORDS:
-            send(i)
-            i += 1
-        kp.flush(timeout=CLIENT_TIMEOUT_S)
-        assert ck.flush(CLIENT_TIMEOUT_S) == 0 and not ck_errors, ck_errors[:3]
-        kp_acked = {
-            b"kp-%05d" % n: f.get(timeout=CLIENT_TIMEOUT_S).offset for n, f in enumerate(kp_futures)
+    up = shared_up
+    data_dir = up.data_dir
+    created = up.raylog(
+        "topics", "create", TOPIC, "--partitions", "1", "--replication-factor", "3",
+        "--config", "min.insync.replicas=2",
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    kp = KafkaProducer(bootstrap_servers=up.bootstrap, linger_ms=5, request_timeout_ms=10_000)
+    assert kp.config["enable_idempotence"], "kafka-python's default must be idempotent"
+    ck = Producer(
+        {
+            "bootstrap.servers": up.bootstrap,
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "message.timeout.ms": int(CLIENT_TIMEOUT_S * 1000),
         }
-        kp.close(timeout=30)
+    )
+    kp_futures: list[Any] = []
+    ck_acked: dict[bytes, int] = {}
+    ck_errors: list[str] = []
 
-        log = _read_partition(up.bootstrap, 2 * RECORDS)
-        assert [offset for offset, _ in log] == list(range(2 * RECORDS)), "offsets are dense"
-        for prefix, acked in ((b"kp-", kp_acked), (b"ck-", ck_acked)):
-            values = [(offset, v) for offset, v in log if v.startswith(prefix)]
-            assert [v for _, v in values] == [prefix + b"%05d" % n for n in range(RECORDS)], (
-                f"{prefix!r}: duplicates, gaps or reordering"
-            )
-            assert {v: offset for offset, v in values} == acked, "acked offsets are the real ones"
+    def ck_delivered(err: Any, msg: Any) -> None:
+        if err is not None:
+            ck_errors.append(str(err))
+        else:
+            ck_acked[msg.value()] = msg.offset()
+
+    def send(i: int) -> None:
+        kp_futures.append(kp.send(TOPIC, value=b"kp-%05d" % i, partition=0))
+        ck.produce(TOPIC, value=b"ck-%05d" % i, partition=0, on_delivery=ck_delivered)
+        ck.poll(0)
+
+    i = 0
+    while i < RECORDS // 3:
+        send(i)
+        i += 1
+    assert kp_futures[0].get(timeout=CLIENT_TIMEOUT_S).offset >= 0  # the producers work
+    killer = _kill_leader(data_dir)
+    # Keep producing while the kill lands: batches are in flight when the leader dies. The
+    # poll is the pacing (bounded waits for delivery events); a third is kept for after.
+    while i < 2 * RECORDS // 3 and killer.poll() is None:
+        send(i)
+        i += 1
+        ck.poll(0.02)
+    out, err = killer.communicate(timeout=KILL_TIMEOUT_S)
+    assert killer.returncode == 0 and "killed:" in out, (out, err[-2000:])
+    assert i < RECORDS, "records are still produced after the leader died"
+    while i < RECORDS:
+        send(i)
+        i += 1
+    kp.flush(timeout=CLIENT_TIMEOUT_S)
+    assert ck.flush(CLIENT_TIMEOUT_S) == 0 and not ck_errors, ck_errors[:3]
+    kp_acked = {
+        b"kp-%05d" % n: f.get(timeout=CLIENT_TIMEOUT_S).offset for n, f in enumerate(kp_futures)
+    }
+    kp.close(timeout=30)
+
+    log = _read_partition(up.bootstrap, 2 * RECORDS)
+    assert [offset for offset, _ in log] == list(range(2 * RECORDS)), "offsets are dense"
+    for prefix, acked in ((b"kp-", kp_acked), (b"ck-", ck_acked)):
+        values = [(offset, v) for offset, v in log if v.startswith(prefix)]
+        assert [v for _, v in values] == [prefix + b"%05d" % n for n in range(RECORDS)], (
+            f"{prefix!r}: duplicates, gaps or reordering"
+        )
+        assert {v: offset for offset, v in values} == acked, "acked offsets are the real ones"

@@ -1,10 +1,10 @@
 """Replication channels of a real embedded cluster run mutual TLS with the cluster's own CA.
 
-Proves, on `raylog up` with three brokers: the CA is created in the object store on first use;
-records produced with acks=all by confluent-kafka to an RF=3 topic come back; every replica's
-channel server is TLS; followers received replication messages over their channels and each
-leader served the gateway's produce calls over its channel, so the data path after start-up did
-not go through Ray calls.
+Proves, on the session's shared `raylog up` with three brokers: the CA is created in the object
+store on first use; records produced with acks=all by confluent-kafka to an RF=3 topic come
+back; every replica's channel server is TLS; followers received replication messages over their
+channels and each leader served the gateway's produce calls over its channel, so the data path
+after start-up did not go through Ray calls.
 """
 
 from __future__ import annotations
@@ -45,28 +45,28 @@ def _read_all(bootstrap: str) -> set[bytes]:
     return got
 
 
-def test_replication_channels_use_mutual_tls(tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    with UpProcess(data) as up:
-        created = up.raylog(
-            "topics", "create", TOPIC, "--partitions", "2", "--replication-factor", "3",
-            "--config", "min.insync.replicas=2",
-        )  # fmt: skip
-        assert created.returncode == 0, created.stderr
-        producer = Producer({"bootstrap.servers": up.bootstrap, "acks": "all", "linger.ms": 2})
-        for i in range(RECORDS):
-            producer.produce(TOPIC, value=b"v%d" % i, partition=i % 2)
-        assert producer.flush(TIMEOUT_S) == 0
-        assert _read_all(up.bootstrap) == {b"v%d" % i for i in range(RECORDS)}
+def test_replication_channels_use_mutual_tls(shared_up: UpProcess) -> None:
+    up = shared_up
+    data = up.data_dir
+    created = up.raylog(
+        "topics", "create", TOPIC, "--partitions", "2", "--replication-factor", "3",
+        "--config", "min.insync.replicas=2",
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    producer = Producer({"bootstrap.servers": up.bootstrap, "acks": "all", "linger.ms": 2})
+    for i in range(RECORDS):
+        producer.produce(TOPIC, value=b"v%d" % i, partition=i % 2)
+    assert producer.flush(TIMEOUT_S) == 0
+    assert _read_all(up.bootstrap) == {b"v%d" % i for i in range(RECORDS)}
 
-        probe = subprocess.run(
-            [sys.executable, str(PROBE), str(data), TOPIC],
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT_S,
-            env=cli_env(),
-        )
-        assert probe.returncode == 0, probe.stderr[-2000:]
+    probe = subprocess.run(
+        [sys.executable, str(PROBE), str(data), TOPIC],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env=cli_env(),
+    )
+    assert probe.returncode == 0, probe.stderr[-2000:]
     line = next(x for x in probe.stdout.splitlines() if x.startswith("channels: "))
     stats = json.loads(line.removeprefix("channels: "))
 

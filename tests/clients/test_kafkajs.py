@@ -44,19 +44,19 @@ def kafkajs() -> Path:
     return Path(node)
 
 
-def test_kafkajs_admin_produce_group_offsets_configs(kafkajs: Path, tmp_path: Path) -> None:
+def test_kafkajs_admin_produce_group_offsets_configs(kafkajs: Path, shared_up: UpProcess) -> None:
     topic = "kafkajs-events"
-    with UpProcess(tmp_path / "data") as up:
-        run = subprocess.run(
-            [str(kafkajs), "compat.mjs", up.bootstrap, topic],
-            cwd=HERE,
-            capture_output=True,
-            text=True,
-            timeout=RUN_TIMEOUT_S,
-        )
-        assert run.returncode == 0, run.stderr[-3000:]
-        out = json.loads(run.stdout.strip().splitlines()[-1])
-        described = up.raylog("topics", "describe", topic)
+    up = shared_up
+    run = subprocess.run(
+        [str(kafkajs), "compat.mjs", up.bootstrap, topic],
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    described = up.raylog("topics", "describe", topic)
 
     assert out["created"] is True
     assert sorted(out["received"]) == sorted(out["sent"])

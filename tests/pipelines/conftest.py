@@ -1,5 +1,5 @@
 """Fixtures of the pipelines tests: a produced topic on real replica actors (Ray Data tests),
-and a whole embedded cluster plus one Spark session (Spark and streaming tests), all shared.
+and the session's shared embedded cluster plus one Spark session (Spark and streaming tests).
 
 ``events_topic`` (session): a 2-partition RF=3 topic (leaders 0 and 1, every replica in sync)
 with one kafka-python-built batch per codec in each partition, produced with acks=all. Starting
@@ -18,8 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-
-UP_ATTEMPTS_MAX = 3
 
 if TYPE_CHECKING:
     from pipeline_support import ProducedTopic
@@ -48,28 +46,13 @@ def events_topic(
             ray.kill(handle)
 
 
-@pytest.fixture(scope="session")
-def embedded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """One `raylog up` (3 brokers) shared by the modules that test against a whole cluster.
+@pytest.fixture(scope="module")
+def embedded(shared_up: Any) -> Any:
+    """The session's shared `raylog up` (3 brokers), healed for this module (tests/conftest.py).
 
-    A module that kills a broker does so last: Ray restarts the broker, so the cluster heals.
+    A module that kills a broker does so last; the next module's ``heal()`` starts it again.
     """
-    from cluster_support import UpProcess
-
-    for attempt in range(UP_ATTEMPTS_MAX):
-        up = UpProcess(tmp_path_factory.mktemp("raylog-up"))
-        try:
-            up.start()
-            break
-        except AssertionError as exc:
-            # Ray gives its raylet a fixed 30 s to register; a loaded 2-core machine can
-            # exceed that. That is the machine, not raylog: try again on a fresh data dir.
-            if "Ray did not start" not in str(exc) or attempt == UP_ATTEMPTS_MAX - 1:
-                raise
-    try:
-        yield up
-    finally:
-        up.__exit__(None, None, None)  # stops it (SIGINT, then kill), by its PID
+    return shared_up
 
 
 @pytest.fixture(scope="session")
