@@ -77,6 +77,7 @@ REPLICA_START_TIMEOUT_MS = 60_000  # actors start one after another at ~0.5 s ea
 REPLICA_CALL_TIMEOUT_MS = 5_000
 NAME_RETRY_MAX = 200  # a dying actor keeps its name for a moment; bound the wait for it
 NAME_RETRY_S = 0.05
+REGISTER_QUIET_ATTEMPTS = 20  # refusals logged at INFO, later ones at WARNING
 REGISTER_ATTEMPTS_MAX = 10_000  # with backoff, far longer than any controller outage in tests
 REGISTER_BACKOFF_MS_MAX = 1_000
 
@@ -232,7 +233,7 @@ class BrokerActor:
 
     async def _register(self) -> None:
         backoff_ms = 50
-        for _ in range(REGISTER_ATTEMPTS_MAX):
+        for attempt in range(REGISTER_ATTEMPTS_MAX):
             if self._stopping:
                 return
             try:
@@ -251,7 +252,15 @@ class BrokerActor:
                 log.info("broker %d registered, epoch %d", self.broker_id, reply.broker_epoch)
                 return
             except (NotControllerError, DuplicateBrokerRegistrationError) as exc:
-                log.info("broker %d registration refused: %s", self.broker_id, exc)
+                # Quiet while a controller fails over; loud once it lasts (a broker that stays
+                # unregistered is fenced while its supervisor counts it as running).
+                noisy = attempt >= REGISTER_QUIET_ATTEMPTS
+                (log.warning if noisy else log.info)(
+                    "broker %d registration refused (attempt %d): %s",
+                    self.broker_id,
+                    attempt + 1,
+                    exc,
+                )
             await asyncio.sleep(backoff_ms / 1000)
             backoff_ms = min(backoff_ms * 2, REGISTER_BACKOFF_MS_MAX)
         raise NotControllerError(f"broker {self.broker_id} could not register")
