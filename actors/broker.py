@@ -77,6 +77,7 @@ REPLICA_START_TIMEOUT_MS = 60_000  # actors start one after another at ~0.5 s ea
 REPLICA_CALL_TIMEOUT_MS = 5_000
 NAME_RETRY_MAX = 200  # a dying actor keeps its name for a moment; bound the wait for it
 NAME_RETRY_S = 0.05
+REMOVE_CONFIRM_MS = 30_000  # how long a removal waits for Ray to confirm the replica dead
 REGISTER_QUIET_ATTEMPTS = 20  # refusals logged at INFO, later ones at WARNING
 REGISTER_ATTEMPTS_MAX = 10_000  # with backoff, far longer than any controller outage in tests
 REGISTER_BACKOFF_MS_MAX = 1_000
@@ -475,9 +476,18 @@ class BrokerActor:
         """Stop a replica actor, wait (bounded) until Ray confirms it dead, maybe drop its data."""
         hosted = self._hosted.pop(key)
         ray.kill(hosted.handle, no_restart=True)
+        # Bounded in time too: this runs under the apply lock, and a replica that neither dies
+        # nor answers must not hold up every later apply (the data goes by rename regardless).
+        deadline = monotonic_ms() + REMOVE_CONFIRM_MS
         for _ in range(NAME_RETRY_MAX):
+            remaining_ms = deadline - monotonic_ms()
+            if remaining_ms <= 0:
+                log.warning("broker %d: replica %s-%d not confirmed dead", self.broker_id, *key)
+                break
             try:
-                await ray_call(hosted.handle.ping.remote(), REPLICA_CALL_TIMEOUT_MS)
+                await ray_call(
+                    hosted.handle.ping.remote(), min(REPLICA_CALL_TIMEOUT_MS, remaining_ms)
+                )
             except BrokerNotAvailableError:
                 break
             except RequestTimedOutError:
