@@ -57,6 +57,7 @@ GATEWAY_STOP_TIMEOUT_MS = 15_000
 REGISTER_TIMEOUT_S = 60.0  # a started broker registered with the controller
 NAME_FREE_TIMEOUT_S = 10.0  # a killed actor's name is released shortly after its death
 POLL_S = 0.05
+STATUS_TIMEOUT_MS = 5_000  # a running broker answers status() in this long unless restarting
 
 Lifecycle = Literal["running", "stopped", "killed", "lost"]
 
@@ -73,6 +74,15 @@ class BrokerSpec(msgspec.Struct, frozen=True, kw_only=True):
     controller_names: tuple[str, ...]
     broker_configs: dict[str, str] = {}
     node_id: str | None = None  # cluster mode: both actors pinned to this Ray node
+
+
+async def ray_status(broker: Any, timeout_ms: int) -> Any:
+    """``broker.status()`` with Ray's own exceptions (``ray_call`` folds them into one)."""
+
+    async def call() -> Any:
+        return await broker.status.remote()
+
+    return await asyncio.wait_for(call(), timeout_ms / 1000)
 
 
 class SupervisorError(Exception):
@@ -160,14 +170,32 @@ class SupervisorActor:
         registered and its gateway listens."""
         async with self._lock(broker_id):
             how = self._lifecycle.get(broker_id)
-            if how == "running":
-                raise SupervisorError(f"broker {broker_id} is already running")
+            if how == "running" and not await self._gone_for_good(broker_id):
+                raise SupervisorError(
+                    f"broker {broker_id} is already running (if it stays unregistered, "
+                    f"`raylog brokers kill {broker_id}` first)"
+                )
+            if how == "running":  # its actor died (Ray gave up, or was told not to restart it)
+                log.warning("broker %d: its actor died; starting a new one", broker_id)
+                self._end(broker_id, "killed")
             if how == "lost":
                 raise SupervisorError(
                     f"the Ray node of broker {broker_id} is gone; the broker starts again when "
                     "a node with its data dir joins"
                 )
             await self._start_pair(broker_id)
+
+    async def _gone_for_good(self, broker_id: int) -> bool:
+        """Whether a running broker's actor is dead for good (Ray gave up restarting it, or it
+        was killed without restart): it answers nothing, ever."""
+        running = self._running[broker_id]
+        try:
+            await ray_status(running.broker, STATUS_TIMEOUT_MS)
+        except ray.exceptions.ActorDiedError:
+            return True
+        except (ray.exceptions.RayError, TimeoutError):
+            return False  # slow, or Ray is restarting it (ActorUnavailableError): not gone
+        return False
 
     async def _start_pair(self, broker_id: int) -> None:
         """Broker and gateway created, the gateway listening, the broker registered."""

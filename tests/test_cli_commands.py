@@ -7,13 +7,16 @@ internal topic; `brokers kill` is a crash: `topics describe` then shows a new le
 shrunk ISR, and the broker reads fenced; `brokers start` brings it back with the same id and
 port and the ISR expands again; `leader-election --preferred` moves leadership back;
 `brokers stop` is a controlled shutdown (the broker reads shutdown, leads nothing) and `brokers
-start` undoes it; a failing command exits 1 with one line. One cluster for the whole module.
+start` undoes it; `brokers start` replaces a broker whose actor died for good (Ray will not
+restart it) and refuses one that runs; a failing command exits 1 with one line. One cluster for
+the whole module.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -207,6 +210,53 @@ def test_stop_is_a_controlled_shutdown_and_start_undoes_it(up: UpProcess) -> Non
         message="broker 2 back in every ISR",
     )
     assert brokers(up)[2]["state"] == "alive"
+
+
+# Kills a broker actor the way Ray does when it gives up restarting it: dead for good.
+KILL_FOR_GOOD = r"""
+import sys
+from pathlib import Path
+
+from raylog.actors import raycluster
+
+data_dir, broker = Path(sys.argv[1]), int(sys.argv[2])
+info = raycluster.read_cluster_info(data_dir)
+raycluster.apply_ray_env(data_dir)
+import ray
+
+from raylog.actors.broker import broker_actor_name
+from raylog.actors.replica import NAMESPACE
+
+ray.init(address=info.ray_address, namespace=NAMESPACE, logging_level="WARNING",
+         log_to_driver=False)
+ray.kill(ray.get_actor(broker_actor_name(broker), namespace=NAMESPACE), no_restart=True)
+print("killed for good")
+"""
+
+
+def test_start_replaces_a_broker_whose_actor_died_for_good(up: UpProcess) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", KILL_FOR_GOOD, str(up.data_dir), "3"],
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+        env=cli_env(),
+    )
+    assert done.returncode == 0 and "killed for good" in done.stdout, done.stderr[-2000:]
+    wait_until(
+        lambda: 3 in js(up, "status")["brokers"]["fenced"],
+        timeout_s=WAIT_S,
+        message="broker 3 fenced",
+    )
+    # The supervisor still counts it as running; start sees its actor is dead and replaces it.
+    ok(up.raylog("brokers", "start", "3"))
+    wait_until(
+        lambda: all(3 in p["isr"] for p in partitions(up)),
+        timeout_s=WAIT_S,
+        message="broker 3 back in every ISR",
+    )
+    assert brokers(up)[3]["state"] == "alive"
+    assert "already running" in failure_line(up.raylog("brokers", "start", "3"))
 
 
 def test_address_finds_the_cluster_too(up: UpProcess, tmp_path: Path) -> None:
