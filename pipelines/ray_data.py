@@ -134,11 +134,10 @@ def _by_time(
     timestamp: int | None,
     otherwise: Any,
 ) -> Any:
-    if timestamp is None:
-        return otherwise
-    by = reading.ByTimestamp(name, every=reading.parse_timestamp(timestamp, name))
-    found = reading.offsets_for_times(chosen, by.wanted(chosen))
-    return reading.resolve_by_timestamp(chosen, by, found, otherwise, bounds, if_missing="latest")
+    by = None
+    if timestamp is not None:
+        by = reading.ByTimestamp(name, every=reading.parse_timestamp(timestamp, name))
+    return reading.offsets_by_time(chosen, bounds, by, otherwise, if_missing="latest")
 
 
 def _spec(value: str | int | Mapping[int, int], topics: list[str], name: str) -> Any:

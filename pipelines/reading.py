@@ -558,6 +558,22 @@ def offsets_for_times(
     return out
 
 
+def offsets_by_time(
+    chosen: Sequence[PartitionInfo],
+    bounds: Mapping[TopicPartition, Bounds],
+    by: ByTimestamp | None,
+    fallback: OffsetSpec,
+    *,
+    if_missing: str,
+) -> OffsetSpec:
+    """``fallback``, or, when ``by`` is given, the offsets its timestamps find in ``chosen``
+    (:func:`offsets_for_times`, then :func:`resolve_by_timestamp`)."""
+    if by is None:
+        return fallback
+    found = offsets_for_times(chosen, by.wanted(chosen))
+    return resolve_by_timestamp(chosen, by, found, fallback, bounds, if_missing=if_missing)
+
+
 def _first_at_or_after(handle: Any, offset: int, timestamp: int) -> int | None:
     """The first record at or after ``offset`` (the start of a batch whose max timestamp is
     >= ``timestamp``) whose own timestamp is >= ``timestamp``."""

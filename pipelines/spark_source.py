@@ -227,12 +227,8 @@ class ReadOptions:
     ) -> reading.OffsetSpec:
         """startingOffsets, or the offsets startingTimestamp / startingOffsetsByTimestamp
         find (they take precedence, as in Spark)."""
-        by = self.starting_by_time
-        if by is None:
-            return self.starting
-        found = reading.offsets_for_times(chosen, by.wanted(chosen))
-        return reading.resolve_by_timestamp(
-            chosen, by, found, self.starting, bounds, if_missing=self.timestamp_strategy
+        return reading.offsets_by_time(
+            chosen, bounds, self.starting_by_time, self.starting, if_missing=self.timestamp_strategy
         )
 
     def ending_offsets(
@@ -240,12 +236,8 @@ class ReadOptions:
     ) -> reading.OffsetSpec:
         """endingOffsets, or what endingTimestamp / endingOffsetsByTimestamp find (a partition
         without a record that late ends at its high watermark, as in Spark)."""
-        by = self.ending_by_time
-        if by is None:
-            return self.ending
-        found = reading.offsets_for_times(chosen, by.wanted(chosen))
-        return reading.resolve_by_timestamp(
-            chosen, by, found, self.ending, bounds, if_missing="latest"
+        return reading.offsets_by_time(
+            chosen, bounds, self.ending_by_time, self.ending, if_missing="latest"
         )
 
     def select(self, catalog: Catalog, *, missing_ok: bool = False) -> list[PartitionInfo]:
