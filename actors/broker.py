@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
 import uuid
 from dataclasses import dataclass
@@ -48,6 +49,7 @@ from raylog.actors.controller import (
     HeartbeatReply,
     RegisterReply,
     ReplicaSpec,
+    call_self_after_init,
     controller_actor_name,
     monotonic_ms,
     ray_call,
@@ -187,15 +189,15 @@ class BrokerActor:
         self._lease_until_ms = 0
         self._hosted: dict[tuple[str, int], _Hosted] = {}
         self._apply_lock: asyncio.Lock | None = None
+        self._start_lock: asyncio.Lock | None = None
         self._sentinel: Any = None
         self._heartbeater: asyncio.Task[None] | None = None
-        self._started = False
         self._stopping = False
         self._node_id = ray.get_runtime_context().get_node_id()
         self._leaf: LeafCertificate | None = None  # replication channels' TLS certificate
         if auto_start:
             # Also after Ray restarts this actor: the new incarnation registers by itself.
-            self._self().start.remote()
+            call_self_after_init("start")
 
     def _self(self) -> Any:
         return ray.get_runtime_context().current_actor
@@ -205,22 +207,31 @@ class BrokerActor:
     def _ensure_loop_state(self) -> None:
         if self._apply_lock is None:
             self._apply_lock = asyncio.Lock()
+            self._start_lock = asyncio.Lock()
 
     async def start(self) -> int:
         """Register with the active controller and start heartbeating; returns the broker
-        epoch. Idempotent."""
+        epoch. Idempotent: a second call waits for the first; a call after one that failed
+        (its error is logged) tries again, so whoever finds this broker unregistered can start
+        it (the supervisor does, on `raylog brokers start`)."""
         self._ensure_loop_state()
-        if self._started:
+        assert self._start_lock is not None
+        async with self._start_lock:
+            if self._heartbeater is not None or self._stopping:
+                return self._broker_epoch
+            try:
+                self._sentinel = SessionSentinel.options(  # type: ignore[attr-defined]
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(self._node_id, soft=False)
+                ).remote()
+                await ray_call(self._sentinel.ping.remote(), REPLICA_START_TIMEOUT_MS)
+                await self._register()
+                await self._fetch_certificate()
+            except BaseException:
+                log.exception("broker %d did not start", self.broker_id)
+                self._sentinel = None  # its only reference: Ray ends it
+                raise
+            self._heartbeater = asyncio.get_running_loop().create_task(self._heartbeat_loop())
             return self._broker_epoch
-        self._started = True
-        self._sentinel = SessionSentinel.options(  # type: ignore[attr-defined]
-            scheduling_strategy=NodeAffinitySchedulingStrategy(self._node_id, soft=False)
-        ).remote()
-        await ray_call(self._sentinel.ping.remote(), REPLICA_START_TIMEOUT_MS)
-        await self._register()
-        await self._fetch_certificate()
-        self._heartbeater = asyncio.get_running_loop().create_task(self._heartbeat_loop())
-        return self._broker_epoch
 
     async def _fetch_certificate(self) -> None:
         """This broker's leaf from the cluster CA, for its replicas' replication channels.
@@ -279,6 +290,7 @@ class BrokerActor:
             "rack": self.rack,
             "port": self.port,
             "node_id": self._node_id,
+            "pid": os.getpid(),
         }
 
     async def replica_states(self, timeout_ms: int = REPLICA_CALL_TIMEOUT_MS) -> list[ReplicaState]:

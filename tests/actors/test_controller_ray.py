@@ -20,6 +20,8 @@ Proves, with short sessions and leases so each scenario takes about a second:
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -267,6 +269,31 @@ def test_hard_kill_of_leader_broker_elects_from_isr_and_loses_nothing(cluster: C
         timeout_s=CALL_TIMEOUT_S,
         message="restarted broker back in the ISR",
     )
+
+
+def test_a_broker_ray_restarts_registers_again_every_time(cluster: Cluster) -> None:
+    """A restarted broker starts itself from its constructor; Ray refuses that call while it
+    still sees the actor as restarting, and a lost call left the broker alive but never
+    registered (fenced for good). Several crashes in a row: every incarnation registers."""
+    broker = cluster.brokers[3]
+    for crash in range(6):
+        before = _get(broker.status.remote())
+        assert before["broker_epoch"] > 0, f"crash {crash}: broker 3 not registered"
+        os.kill(before["pid"], signal.SIGKILL)
+
+        def registered_again(before: dict[str, Any] = before) -> bool:
+            try:
+                now = ray.get(broker.status.remote(), timeout=5)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                return False
+            return bool(
+                now["incarnation_id"] != before["incarnation_id"] and now["broker_epoch"] > 0
+            )
+
+        wait_until(
+            registered_again, timeout_s=CALL_TIMEOUT_S, message=f"broker 3 back after crash {crash}"
+        )
+    cluster.reconciled()
 
 
 def test_controlled_shutdown_moves_leadership_first(cluster: Cluster) -> None:
