@@ -152,6 +152,7 @@ class GatewayActor:
             offsets_topic_num_partitions=config.offsets_topic_num_partitions,
             offsets_topic_replication_factor=config.offsets_topic_replication_factor,
             create_topic=self._create_internal_topic,
+            initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
         )
 
     async def _create_internal_topic(

@@ -386,6 +386,7 @@ class BrokerConfig(msgspec.Struct, frozen=True, kw_only=True):
     num_partitions: int
     offsets_topic_num_partitions: int
     offsets_topic_replication_factor: int
+    group_initial_rebalance_delay_ms: int
     auto_leader_rebalance_enable: bool
     leader_imbalance_per_broker_percentage: int
     leader_imbalance_check_interval_seconds: int
@@ -438,6 +439,15 @@ BROKER_CONFIG_DEFS: tuple[ConfigDef, ...] = (
         maximum=32767,
         doc="Replication factor of __consumer_offsets (capped by the brokers present when it is "
         "created).",
+    ),
+    ConfigDef(
+        name="group.initial.rebalance.delay.ms",
+        type="int",
+        default="3000",
+        minimum=0,
+        doc="How long the first rebalance of an empty consumer group waits for more members, "
+        "extended by as much while new ones arrive (within the rebalance timeout); 0 completes "
+        "it as soon as every member has joined.",
     ),
     ConfigDef(
         name="auto.leader.rebalance.enable",

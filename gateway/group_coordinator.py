@@ -152,6 +152,7 @@ class GroupCoordinator:
         offsets_topic_num_partitions: int = 3,
         offsets_topic_replication_factor: int = 3,
         create_topic: CreateTopic | None = None,
+        initial_rebalance_delay_ms: int = 0,
         monotonic_ms: Callable[[], int] = lambda: time.monotonic_ns() // 1_000_000,
         wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:
@@ -160,6 +161,7 @@ class GroupCoordinator:
         self._num_partitions = offsets_topic_num_partitions
         self._replication_factor = offsets_topic_replication_factor
         self._create_topic = create_topic
+        self._initial_rebalance_delay_ms = initial_rebalance_delay_ms
         self._now = monotonic_ms
         self._wall = wall_ms
         self._owned: dict[int, _Partition] = {}
@@ -260,6 +262,7 @@ class GroupCoordinator:
                 require_known_member_id=require_known_member_id,
                 new_member_id=new_member_id,
                 now_ms=self._now(),
+                initial_rebalance_delay_ms=self._initial_rebalance_delay_ms,
             )
             waiter = None
             if result is None:

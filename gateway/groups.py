@@ -33,7 +33,12 @@ Rules kept here, each Kafka's (``GroupCoordinator.scala`` / ``GroupMetadata.scal
    answer it is kept; while it awaits SyncGroup, it has its rebalance timeout).
 5. Offset commits need the current generation and a known member, except "simple" commits
    (generation < 0) to a group without members.
-6. Admin APIs (``GroupMetadata.summary`` / ``handleDeleteGroups`` / ``handleDeleteOffsets``):
+6. ``group.initial.rebalance.delay.ms`` (Kafka's InitialDelayedJoin): the first rebalance of an
+   Empty group does not complete before that delay, extended by the same delay (within the
+   rebalance timeout) while new members keep arriving in generation 0. A group of consumers
+   started together then forms once, with everyone, instead of one rebalance per arrival; and a
+   leader's first assignment sees the topic metadata its client was still fetching.
+7. Admin APIs (``GroupMetadata.summary`` / ``handleDeleteGroups`` / ``handleDeleteOffsets``):
    a description carries the protocol and each member's metadata and assignment only while
    Stable; only an Empty group may be deleted (else NON_EMPTY_GROUP, 68); committed offsets
    may be deleted from an Empty group, or from a "consumer" group for topics no member is
@@ -234,6 +239,12 @@ class Group:
     # Ids handed out with MEMBER_ID_REQUIRED, not yet joined: id -> expiry time.
     pending_members: dict[str, int] = field(default_factory=dict)
     rebalance_deadline_ms: int = 0
+    # The initial delay of a rebalance that began Empty (rule 6): no join completes before
+    # ``join_delay_until_ms`` (None: no delay running).
+    join_delay_until_ms: int | None = None
+    join_delay_ms: int = 0
+    join_delay_remaining_ms: int = 0
+    new_member_added: bool = False
     offsets: dict[tuple[str, int], CommittedOffset] = field(default_factory=dict)
     needs_persist: bool = False
     _replies: list[Reply] = field(default_factory=list)
@@ -253,8 +264,13 @@ class Group:
         require_known_member_id: bool,
         new_member_id: str,
         now_ms: int,
+        initial_rebalance_delay_ms: int = 0,
     ) -> JoinResult | None:
-        """An immediate answer, or None when the answer comes later as a "join" :class:`Reply`."""
+        """An immediate answer, or None when the answer comes later as a "join" :class:`Reply`.
+
+        ``initial_rebalance_delay_ms`` is the broker's ``group.initial.rebalance.delay.ms``
+        (rule 6); it applies when this join starts the rebalance of an Empty group.
+        """
         if not self.group_id:
             return JoinResult(ErrorCode.INVALID_GROUP_ID, member_id=member_id)
         if not GROUP_MIN_SESSION_TIMEOUT_MS <= session_timeout_ms <= GROUP_MAX_SESSION_TIMEOUT_MS:
@@ -288,6 +304,7 @@ class Group:
             ),
             protocol_type,
             now_ms,
+            initial_rebalance_delay_ms,
         )
         return None
 
@@ -302,16 +319,21 @@ class Group:
         names = {name for name, _ in protocols}
         return any(all(name in m.protocol_names() for m in others) for name in names)
 
-    def _add_member(self, member: Member, protocol_type: str, now_ms: int) -> None:
+    def _add_member(
+        self, member: Member, protocol_type: str, now_ms: int, initial_delay_ms: int
+    ) -> None:
         if not self.members:
             self.protocol_type = protocol_type
         self.members[member.member_id] = member
         if self.leader_id is None:
             self.leader_id = member.member_id
         if self.state is GroupState.PREPARING_REBALANCE:
+            if self.join_delay_until_ms is not None and self.generation_id == 0:
+                self.new_member_added = True  # the initial delay may be extended (rule 6)
             self._try_complete_join(now_ms)
         else:
-            self._prepare_rebalance(now_ms)
+            delay_ms = initial_delay_ms if self.state is GroupState.EMPTY else 0
+            self._prepare_rebalance(now_ms, initial_delay_ms=delay_ms)
 
     def _rejoin(
         self, member: Member, protocols: tuple[tuple[str, bytes], ...], now_ms: int
@@ -340,7 +362,7 @@ class Group:
 
     # --- rebalance ------------------------------------------------------------------------------
 
-    def _prepare_rebalance(self, now_ms: int) -> None:
+    def _prepare_rebalance(self, now_ms: int, *, initial_delay_ms: int = 0) -> None:
         if self.state is GroupState.COMPLETING_REBALANCE:
             # The assignment being formed is void: waiting followers must rejoin.
             for member in self.members.values():
@@ -353,10 +375,31 @@ class Group:
         self.state = GroupState.PREPARING_REBALANCE
         timeout_ms = max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
         self.rebalance_deadline_ms = now_ms + timeout_ms
+        if initial_delay_ms > 0:
+            self.join_delay_until_ms = now_ms + initial_delay_ms
+            self.join_delay_ms = initial_delay_ms
+            self.join_delay_remaining_ms = max(timeout_ms - initial_delay_ms, 0)
+            self.new_member_added = False
         self._try_complete_join(now_ms)
 
+    def _end_join_delay(self, now_ms: int) -> None:
+        """The initial delay ran out: extend it while members keep arriving, else let the
+        rebalance complete by the usual rule (rule 6)."""
+        if self.new_member_added and self.join_delay_remaining_ms > 0:
+            delay_ms = min(self.join_delay_ms, self.join_delay_remaining_ms)
+            self.join_delay_remaining_ms = max(self.join_delay_remaining_ms - delay_ms, 0)
+            self.join_delay_until_ms = now_ms + delay_ms
+            self.new_member_added = False
+            return
+        self._clear_join_delay()
+        self._try_complete_join(now_ms)
+
+    def _clear_join_delay(self) -> None:
+        self.join_delay_until_ms = None
+        self.new_member_added = False
+
     def _try_complete_join(self, now_ms: int, *, deadline_passed: bool = False) -> None:
-        if self.state is not GroupState.PREPARING_REBALANCE:
+        if self.state is not GroupState.PREPARING_REBALANCE or self.join_delay_until_ms is not None:
             return
         all_joined = not self.pending_members and all(
             m.awaiting_join for m in self.members.values()
@@ -533,7 +576,12 @@ class Group:
         for member in list(self.members.values()):
             if member.member_id in self.members and not self._keep_alive(member, now_ms):
                 self._remove_and_rebalance(member.member_id, now_ms)
-        if self.state is GroupState.PREPARING_REBALANCE and now_ms >= self.rebalance_deadline_ms:
+        if self.state is not GroupState.PREPARING_REBALANCE:
+            return
+        if self.join_delay_until_ms is not None:
+            if now_ms >= self.join_delay_until_ms:
+                self._end_join_delay(now_ms)
+        elif now_ms >= self.rebalance_deadline_ms:
             self._try_complete_join(now_ms, deadline_passed=True)
 
     def _keep_alive(self, member: Member, now_ms: int) -> bool:
@@ -552,7 +600,8 @@ class Group:
             elif not m.awaiting_join:
                 times.append(m.last_heartbeat_ms + m.session_timeout_ms)
         if self.state is GroupState.PREPARING_REBALANCE:
-            times.append(self.rebalance_deadline_ms)
+            delay_until = self.join_delay_until_ms
+            times.append(self.rebalance_deadline_ms if delay_until is None else delay_until)
         return min(times, default=None)
 
     # --- offsets --------------------------------------------------------------------------------
@@ -630,6 +679,7 @@ class Group:
             if member.awaiting_sync:
                 self._reply(member.member_id, "sync", SyncResult(error_code))
             member.awaiting_join = member.awaiting_sync = False
+        self._clear_join_delay()
         self.state = GroupState.DEAD
 
     def is_empty(self) -> bool:

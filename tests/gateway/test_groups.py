@@ -9,7 +9,9 @@ ILLEGAL_GENERATION / UNKNOWN_MEMBER_ID; heartbeats during a rebalance get
 REBALANCE_IN_PROGRESS; protocols are chosen in common or refused with
 INCONSISTENT_GROUP_PROTOCOL; session timeouts outside Kafka's bounds are refused (client
 defaults fit); offset commits are checked against generation and member, with simple commits
-allowed for a group without members; unloading answers waiting requests NOT_COORDINATOR.
+allowed for a group without members; unloading answers waiting requests NOT_COORDINATOR;
+group.initial.rebalance.delay.ms holds an Empty group's first rebalance, extended while members
+arrive and bounded by the rebalance timeout, and never delays a Stable group's rebalance.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ def join(
     protocols: tuple[tuple[str, bytes], ...] = (("range", b"sub"),),
     session_ms: int = SESSION_MS,
     protocol_type: str = "consumer",
+    delay_ms: int = 0,
 ) -> JoinResult | None:
     return group.join(
         member_id=member_id,
@@ -63,6 +66,7 @@ def join(
         require_known_member_id=True,
         new_member_id=new_id,
         now_ms=clock.now_ms,
+        initial_rebalance_delay_ms=delay_ms,
     )
 
 
@@ -314,3 +318,79 @@ def test_persist_failure_turns_sync_answers_into_errors_and_rebalances() -> None
         ("a", "sync", ErrorCode.COORDINATOR_NOT_AVAILABLE)
     ]
     assert group.state is GroupState.PREPARING_REBALANCE
+
+
+# --- group.initial.rebalance.delay.ms -----------------------------------------------------------
+
+DELAY_MS = 3_000
+
+
+def test_the_initial_delay_gathers_members_arriving_together_into_one_generation() -> None:
+    group, clock = Group("g"), Clock()
+    start = clock.now_ms
+    joined(group, clock, "a", delay_ms=DELAY_MS)
+    assert group.state is GroupState.PREPARING_REBALANCE
+    assert group.next_deadline_ms() == start + DELAY_MS
+    group.tick(clock.advance(DELAY_MS - 1))
+    assert replies(group) == {}  # every member has joined, yet the delay holds the rebalance
+    joined(group, clock, "b", delay_ms=DELAY_MS)  # a new member: the delay is extended once
+    group.tick(clock.advance(1))
+    assert replies(group) == {} and group.state is GroupState.PREPARING_REBALANCE
+    assert group.next_deadline_ms() == clock.now_ms + DELAY_MS
+    group.tick(clock.advance(DELAY_MS - 1))
+    assert replies(group) == {}
+    group.tick(clock.advance(1))
+    answers = replies(group)
+    assert answers[("a", "join")].generation_id == answers[("b", "join")].generation_id == 1
+    assert sorted(m for m, _ in answers[("a", "join")].members) == ["a", "b"]
+    assert group.state is GroupState.COMPLETING_REBALANCE
+
+
+def test_without_new_members_the_initial_delay_ends_once() -> None:
+    group, clock = Group("g"), Clock()
+    joined(group, clock, "a", delay_ms=DELAY_MS)
+    group.tick(clock.advance(DELAY_MS))
+    assert replies(group)[("a", "join")].generation_id == 1
+
+
+def test_the_initial_delay_stops_growing_at_the_rebalance_timeout() -> None:
+    group, clock = Group("g"), Clock()
+    start = clock.now_ms
+    joined(group, clock, "m0", delay_ms=DELAY_MS)
+    arrivals = 0
+    while not replies(group):
+        assert clock.now_ms - start <= REBALANCE_MS, "the delay outgrew the rebalance timeout"
+        arrivals += 1
+        joined(group, clock, f"m{arrivals}", delay_ms=DELAY_MS)  # a member per delay, forever
+        group.tick(clock.advance(DELAY_MS))
+    assert clock.now_ms - start == REBALANCE_MS
+    assert group.generation_id == 1 and len(group.members) == arrivals + 1
+
+
+def test_a_pending_member_at_the_end_of_the_delay_is_waited_for() -> None:
+    group, clock = Group("g"), Clock()
+    joined(group, clock, "a", delay_ms=DELAY_MS)
+    first = join(group, clock, new_id="b", delay_ms=DELAY_MS)
+    assert first is not None and first.error_code == ErrorCode.MEMBER_ID_REQUIRED
+    group.tick(clock.advance(DELAY_MS))
+    assert replies(group) == {}  # b holds an id it has not joined with yet
+    assert join(group, clock, "b", delay_ms=DELAY_MS) is None
+    answers = replies(group)
+    assert answers[("a", "join")].generation_id == answers[("b", "join")].generation_id == 1
+
+
+def test_the_initial_delay_never_holds_a_stable_groups_rebalance() -> None:
+    group, clock = stable_pair()
+    assert join(group, clock, "a", delay_ms=DELAY_MS) is None  # the leader rejoins
+    assert join(group, clock, "b", delay_ms=DELAY_MS) is None
+    answers = replies(group)
+    assert answers[("a", "join")].generation_id == answers[("b", "join")].generation_id == 3
+
+
+def test_members_leaving_during_the_delay_leave_the_group_empty_at_its_end() -> None:
+    group, clock = Group("g"), Clock()
+    joined(group, clock, "a", delay_ms=DELAY_MS)
+    assert group.leave("a", clock.now_ms) == ErrorCode.NONE
+    assert replies(group)[("a", "join")].error_code == ErrorCode.UNKNOWN_MEMBER_ID
+    group.tick(clock.advance(DELAY_MS))
+    assert group.state is GroupState.EMPTY and not group.members

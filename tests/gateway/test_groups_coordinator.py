@@ -89,8 +89,12 @@ class Clock:
         return self.ms
 
 
-async def loaded(backend: LogBackend, broker: int = 1, clock: Clock | None = None) -> Any:
-    coordinator = GroupCoordinator(backend, broker, monotonic_ms=clock or Clock())
+async def loaded(
+    backend: LogBackend, broker: int = 1, clock: Clock | None = None, delay_ms: int = 0
+) -> Any:
+    coordinator = GroupCoordinator(
+        backend, broker, monotonic_ms=clock or Clock(), initial_rebalance_delay_ms=delay_ms
+    )
     await coordinator._tick()
     owned = list(coordinator._owned.values())
     await asyncio.gather(*(o.loader for o in owned if o.loader is not None))
@@ -260,5 +264,24 @@ def test_session_expiry_through_the_tick() -> None:
         assert heartbeat == ErrorCode.UNKNOWN_MEMBER_ID
         group = coordinator._owned[PARTITION].groups[GROUP]
         assert group.state is GroupState.EMPTY and group.generation_id == generation + 1
+
+    asyncio.run(run())
+
+
+def test_the_initial_rebalance_delay_holds_the_first_join_until_the_tick_after_it() -> None:
+    async def run() -> None:
+        backend, clock = LogBackend(), Clock()
+        coordinator = await loaded(backend, clock=clock, delay_ms=3_000)
+        first = await join(coordinator)
+        waiting = asyncio.ensure_future(join(coordinator, first.member_id))
+        await asyncio.sleep(0)  # the join reaches the group at clock 0
+        clock.ms += 2_999
+        await coordinator._tick()
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        clock.ms += 1
+        await coordinator._tick()
+        result = await asyncio.wait_for(waiting, timeout=5)
+        assert result.error_code == 0 and result.generation_id == 1
 
     asyncio.run(run())
