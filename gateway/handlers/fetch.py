@@ -8,11 +8,12 @@ epoch checks). Records are never decoded: the budget is kept by walking batch le
 1. Long poll. A first pass reads every partition at once without waiting. If the bytes found
    reach ``min_bytes``, or any partition has an error (Kafka's DelayedFetch completes on
    errors too), the answer goes at once. Otherwise every partition is read again,
-   concurrently, each replica call waiting at most ``REPLICA_WAIT_SLICE_MS`` for ``min_bytes``
-   and re-issued when it comes back short (see that constant for why); the answer goes as soon
-   as the bytes found across partitions reach ``min_bytes`` or a partition errs, and at
-   ``max_wait_ms`` at the latest (capped at ``MAX_WAIT_MS_MAX``) with the freshest answer of
-   each partition.
+   concurrently, each replica call waiting until the deadline for more bytes than that
+   partition has already found (the replica wakes its long polls on every high watermark move);
+   a call that comes back with more is counted and re-issued, so the answer goes as soon as the
+   bytes found across partitions reach ``min_bytes`` or a partition errs, and at ``max_wait_ms``
+   at the latest (capped at ``MAX_WAIT_MS_MAX``) with the freshest answer of each partition.
+   An idle partition costs one replica call per long poll.
 2. Budget (KIP-74). Partitions are filled in request order, each up to its
    ``partition_max_bytes`` (the replica's read) and the request's ``max_bytes`` left. The first
    partition with data always keeps at least its first batch, however large, so that a consumer
@@ -47,12 +48,6 @@ from raylog.gateway.protocol import Request
 API_KEY = 1
 
 MAX_WAIT_MS_MAX = 30_000  # bound on a long poll, whatever the client asks (the replica's bound)
-# The longest one replica call waits before the gateway asks again. ReplicaActor.fetch wakes its
-# long polls only on the HW moves its _drain sees, and misses those made inside the state
-# machine's step (most of them); until that is fixed, a bounded slice caps the delay a consumer
-# sees at one slice instead of its whole max_wait_ms. It costs one Ray call per waiting
-# partition per slice.
-REPLICA_WAIT_SLICE_MS = 100
 
 _Topic = FetchResponse.FetchableTopicResponse
 _Partition = _Topic.PartitionData
@@ -91,21 +86,21 @@ async def handle(context: RequestContext, request: Request) -> Any:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + max_wait_ms / 1000
 
-    def read(w: _Wanted, wait_ms: int) -> Any:
+    def read(w: _Wanted, wait_ms: int, wait_for_bytes: int) -> Any:
         return backend.fetch(
             w.topic,
             w.partition,
             w.fetch_offset,
             w.max_bytes,
             wait_ms,
-            max(1, min_bytes),
+            wait_for_bytes,
             isolation,
             w.current_leader_epoch,
             rack_id,
         )
 
     # 1. First pass: no waiting.
-    results: list[FetchResult] = list(await asyncio.gather(*(read(w, 0) for w in wanted)))
+    results: list[FetchResult] = list(await asyncio.gather(*(read(w, 0, 1) for w in wanted)))
     if wanted and deadline > loop.time() and not _enough(results, min_bytes):
         await _long_poll(wanted, results, read, min_bytes, deadline)
     # 2. The budget, then the answer in the request's shape.
@@ -160,15 +155,19 @@ async def _long_poll(
 ) -> None:
     """Wait on every partition at once until ``deadline``; update ``results`` as answers come.
 
-    Each replica call waits at most ``REPLICA_WAIT_SLICE_MS`` and is re-issued when it comes
-    back short, so a partition whose replica misses a wake-up is still seen within one slice.
+    Each partition's replica call waits until the deadline for more bytes than that partition
+    has found so far (all of ``min_bytes`` when it is the only one), and is re-issued when it
+    comes back with more while the request as a whole still has too little.
     """
     loop = asyncio.get_running_loop()
     tasks: dict[asyncio.Future[FetchResult], int] = {}
+    single = len(wanted) == 1
 
     def issue(i: int) -> None:
-        wait_ms = min(REPLICA_WAIT_SLICE_MS, int((deadline - loop.time()) * 1000))
-        tasks[asyncio.ensure_future(read(wanted[i], max(1, wait_ms)))] = i
+        wait_ms = max(1, int((deadline - loop.time()) * 1000))
+        have = len(results[i].records)
+        wait_for = max(1, min_bytes) if single else have + 1
+        tasks[asyncio.ensure_future(read(wanted[i], wait_ms, wait_for))] = i
 
     try:
         for i in range(len(wanted)):
@@ -192,7 +191,7 @@ async def _long_poll(
                     issue(i)
     finally:
         for task in tasks:
-            task.cancel()  # the replica's own wait ends by itself within one slice
+            task.cancel()  # the replica's own wait ends by itself at the deadline
 
 
 def _apply_budget(records: list[bytes], max_bytes: int) -> list[bytes]:

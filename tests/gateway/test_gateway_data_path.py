@@ -32,6 +32,7 @@ allocate producer ids (tests/test_idempotent_producer_live.py covers its idempot
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
 import socket
@@ -822,3 +823,58 @@ def test_fetch_budget_keeps_whole_batches_in_request_order() -> None:
     assert _apply_budget(both, 2 * size) == [a1 + a2, b"", b""]
     assert _apply_budget(both, 2 * size + size - 1) == [a1 + a2, b"", b""]
     assert _apply_budget([b"", a1 + a2, c1], size + 1) == [b"", a1, b""]
+
+
+def _long_poll_run(min_bytes: int, arrivals: dict[int, list[bytes]], max_wait_s: float) -> Any:
+    """``fetch._long_poll`` over two partitions whose replicas answer as a replica does: at
+    once when they hold more than ``wait_for_bytes``, else when data arrives or the wait ends.
+    ``arrivals[p]`` is appended to partition p's data one item per 10 ms."""
+    from raylog.gateway.backend import FetchResult
+    from raylog.gateway.handlers.fetch import _long_poll, _Wanted
+
+    async def run() -> tuple[list[FetchResult], list[tuple[int, int]]]:
+        data = {0: b"", 1: b""}
+        changed = asyncio.Event()
+        calls: list[tuple[int, int]] = []
+
+        async def read(w: _Wanted, wait_ms: int, wait_for_bytes: int) -> FetchResult:
+            calls.append((w.partition, wait_for_bytes))
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + wait_ms / 1000
+            while len(data[w.partition]) < wait_for_bytes and loop.time() < deadline:
+                changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), deadline - loop.time())
+            return FetchResult(0, 0, 0, 0, data[w.partition])
+
+        async def feed() -> None:
+            for p, items in arrivals.items():
+                for item in items:
+                    await asyncio.sleep(0.01)
+                    data[p] += item
+                    changed.set()
+
+        wanted = [_Wanted(TOPIC, p, 0, 1 << 20, -1) for p in (0, 1)]
+        results = [FetchResult(0, 0, 0, 0, b""), FetchResult(0, 0, 0, 0, b"")]
+        feeder = asyncio.ensure_future(feed())
+        deadline = asyncio.get_running_loop().time() + max_wait_s
+        await asyncio.wait_for(_long_poll(wanted, results, read, min_bytes, deadline), 20)
+        feeder.cancel()
+        return results, calls
+
+    return asyncio.run(run())
+
+
+def test_long_poll_sums_partitions_toward_min_bytes() -> None:
+    # Neither partition alone reaches min_bytes=10; together they do, and the poll ends then
+    # (not at its 60 s max wait, which the 20 s bound in _long_poll_run would turn into a failure).
+    results, calls = _long_poll_run(10, {0: [b"x" * 6], 1: [b"y" * 6]}, max_wait_s=60)
+    assert [len(r.records) for r in results] == [6, 6]
+    # p0 answered first with 6 bytes; re-issued, it waits for more than those 6 (not at once).
+    assert calls == [(0, 1), (1, 1), (0, 7)]
+
+
+def test_an_idle_partition_costs_one_call_per_long_poll() -> None:
+    results, calls = _long_poll_run(1, {}, max_wait_s=0.3)
+    assert [r.records for r in results] == [b"", b""]
+    assert sorted(calls) == [(0, 1), (1, 1)]  # one waiting call each, no re-issue
