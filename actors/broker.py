@@ -415,6 +415,14 @@ class BrokerActor:
                 calls.append(ray_call(ref, REPLICA_CALL_TIMEOUT_MS))
             results = await asyncio.gather(*calls, return_exceptions=True)
             dead = [k for k, r in zip(keys, results, strict=True) if _is_dead(r)]
+            for key, result in zip(keys, results, strict=True):
+                if isinstance(result, BaseException) and not _is_dead(result):
+                    log.warning(
+                        "broker %d: replica %s-%d refused its command: %r",
+                        self.broker_id,
+                        *key,
+                        result,
+                    )
             for key in dead:  # re-created from its WAL by the next apply
                 log.warning("broker %d: replica %s-%d died", self.broker_id, *key)
                 self._hosted.pop(key, None)

@@ -333,6 +333,21 @@ class PartitionReplica:
                 self.alter_in_flight = None
                 self._adopt_isr(msg.isr, msg.partition_epoch, now_ms)
             return
+        # Checked before anything changes: a refused command leaves this replica as it was.
+        self._drop_empty_epochs()
+        last_epoch = self.epoch_cache[-1][0] if self.epoch_cache else UNDEFINED_EPOCH
+        # A replica actor re-created from its WAL (its topic's configs changed, or it died alone
+        # and its broker re-created it) is told again to lead the epoch it led: its log ends
+        # with that epoch's batches, and it resumes that leadership where the log ends. Kafka
+        # bumps the epoch on every leader restart because a crashed machine may lose the
+        # unflushed tail; here the process was replaced, not the machine, so nothing its
+        # followers could have copied is missing (a whole-node crash fences the broker and
+        # elects a new leader with a new epoch).
+        resuming = self.role is Role.NONE and last_epoch == msg.leader_epoch
+        check_invariant(
+            resuming or last_epoch < msg.leader_epoch,
+            "a new leader epoch must exceed every epoch in the log",
+        )
         self._fail_all_pending(NotLeaderOrFollowerError.error_code, "leadership changed")
         self._answer_parked_with_error(NotLeaderOrFollowerError.error_code)
         self.role = Role.LEADER
@@ -346,14 +361,12 @@ class PartitionReplica:
         self.fetch_in_flight = None
         self.push_active = False
         self.push_ack_owed = False
-        self._drop_empty_epochs()
-        check_invariant(
-            not self.epoch_cache or self.epoch_cache[-1][0] < msg.leader_epoch,
-            "a new leader epoch must exceed every epoch in the log",
-        )
-        # KIP-101: the new epoch starts at our log end; followers truncate against it.
-        self.epoch_cache.append((msg.leader_epoch, self.log_end_offset))
-        self.leader_epoch_start_offset = self.log_end_offset
+        if resuming:
+            self.leader_epoch_start_offset = self.epoch_cache[-1][1]
+        else:
+            # KIP-101: the new epoch starts at our log end; followers truncate against it.
+            self.epoch_cache.append((msg.leader_epoch, self.log_end_offset))
+            self.leader_epoch_start_offset = self.log_end_offset
         # Kafka's resetReplicaState: ISR members count as caught up now; every follower's end
         # is unknown until it fetches in this epoch, which holds the HW until they all do.
         self.followers = {}

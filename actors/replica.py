@@ -310,6 +310,9 @@ class ReplicaActor:
                 await self._maybe_checkpoint_hw()
                 self._maybe_enforce_retention()
             except Exception as exc:
+                log.exception(
+                    "replica %s-%d@%d: tick failed", self.topic, self.partition, self.replica_id
+                )
                 self._go_offline(f"tick failed: {exc!r}")
                 raise
 

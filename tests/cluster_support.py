@@ -195,9 +195,9 @@ class UpProcess:
         """Start every broker that is not alive (a previous module stopped or killed it) and
         wait until all ``brokers`` are alive and no partition is offline or under-replicated.
 
-        A broker Ray restarted after a kill rejoins by itself (``brokers start`` refuses it as
-        running); one still not alive after HEAL_REPLACE_AFTER_S is replaced: killed and
-        started again by the supervisor."""
+        A broker Ray restarted after a kill rejoins by itself (``brokers start`` starts it if
+        its restarted actor never registered); one still not alive after HEAL_REPLACE_AFTER_S
+        is replaced: killed and started again by the supervisor."""
         assert self.proc is not None and self.proc.poll() is None, "raylog up is not running"
         began = time.monotonic()
         deadline = began + timeout_s

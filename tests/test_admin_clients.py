@@ -7,7 +7,8 @@ Proves:
   (the request reaches the active controller); Metadata then lists three replicas per partition,
   and DescribeConfigs and ``raylog topics describe`` show the configs;
 - AlterConfigs replaces the overrides and IncrementalAlterConfigs patches them, each seen
-  afterwards through DescribeConfigs and the CLI;
+  afterwards through DescribeConfigs and the CLI; the topic's replicas (re-created with the new
+  configs, leaders resuming their epoch) then take acks=all writes and stay fully replicated;
 - duplicate topic, replication factor above the brokers, a bad config value: Kafka's errors
   (TOPIC_ALREADY_EXISTS, INVALID_REPLICATION_FACTOR, INVALID_CONFIG) with messages;
 - broker configs: ``auto.create.topics.enable`` is false, read-only, and a producer writing to
@@ -22,6 +23,7 @@ Proves:
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -116,6 +118,7 @@ def test_alter_and_incrementally_alter(up: UpProcess, admin: AdminClient) -> Non
     admin.create_topics([NewTopic("tuned", 1, 3, config={"retention.ms": "1000"})])["tuned"].result(
         timeout=TIMEOUT_S
     )
+    assert _produce_errors(up.bootstrap, "tuned") == []  # the leader's log holds its epoch
     # AlterConfigs replaces the whole set: retention.ms goes back to its default.
     replace = ConfigResource(ResourceType.TOPIC, "tuned", set_config={"segment.ms": "7000"})
     admin.alter_configs([replace])[replace].result(timeout=TIMEOUT_S)
@@ -143,6 +146,15 @@ def test_alter_and_incrementally_alter(up: UpProcess, admin: AdminClient) -> Non
     )
     error = _error(admin.incremental_alter_configs([bad])[bad])
     assert error.code() == KafkaError.INVALID_CONFIG and "append" in error.str()
+    # Each change re-created the topic's replica actors from their WALs, the leader told to
+    # lead the epoch it led: writes with acks=all go on, and the ISR stays whole.
+    assert _produce_errors(up.bootstrap, "tuned") == []
+    wait_until(
+        lambda: _cli_isr(up, "tuned") == [1, 2, 3],
+        timeout_s=TIMEOUT_S,
+        message="the ISR of tuned-0 whole after the config changes",
+    )
+    assert _produce_errors(up.bootstrap, "tuned") == []
 
 
 def test_create_partitions_and_elect_leaders(admin: AdminClient) -> None:
@@ -169,6 +181,12 @@ def test_broker_configs_and_no_auto_creation(up: UpProcess, admin: AdminClient) 
     failed = _produce_errors(up.bootstrap, "never-created")
     assert [e.code() for e in failed] == [KafkaError.UNKNOWN_TOPIC_OR_PART]
     assert "never-created" not in admin.list_topics(timeout=TIMEOUT_S).topics
+
+
+def _cli_isr(up: UpProcess, name: str) -> list[int]:
+    done = up.raylog("topics", "describe", name, "--json")
+    assert done.returncode == 0, done.stderr
+    return sorted(json.loads(done.stdout)[0]["partitions"][0]["isr"])
 
 
 def _produce_errors(bootstrap: str, topic: str) -> list[KafkaError]:

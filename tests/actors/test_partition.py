@@ -659,3 +659,52 @@ def test_recovery_rebuilds_producer_state_from_the_logs_batch_headers() -> None:
     assert [(r.error_code, r.base_offset) for r in retry.produce_results] == [(0, 6)]
     assert produce_idempotent(leader, 2, seq=1, acks=1).produce_results[0].error_code == 45
     assert produce_idempotent(leader, 3, seq=7, acks=1).log_ops != []
+
+
+# --- a leader re-created from its WAL ------------------------------------------------------------
+
+
+def _recovered(epoch_cache: list[tuple[int, int]], log_end: int) -> PartitionReplica:
+    """Replica 0 as a re-created actor builds it: fresh, over a recovered log."""
+    return PartitionReplica(
+        0, ReplicaConfig(), log_end_offset=log_end, epoch_cache=epoch_cache, high_watermark=6
+    )
+
+
+def test_a_recreated_leader_resumes_the_epoch_it_led() -> None:
+    # Its topic's configs changed: the broker re-created the actor, and the controller (no
+    # election happened) tells it again to lead epoch 3, which its log already ends with.
+    replica = _recovered([(1, 0), (3, 4)], log_end=10)
+    replica.step(BecomeLeader(1, 3, 7, (0, 1, 2), (0, 1, 2)), 0)
+    replica.ready()
+    assert replica.role is Role.LEADER and replica.leader_epoch == 3
+    assert replica.epoch_cache == [(1, 0), (3, 4)]  # the epoch goes on where the log ends
+    assert replica.leader_epoch_start_offset == 4
+    assert sorted(replica.followers) == [1, 2]
+    replica.tick(1_000)  # the ISR check on tick reads every follower's state
+    # Followers fetching in epoch 3 carry on; the HW moves once both are at the log end.
+    for follower in (1, 2):
+        follower_fetch(replica, follower, 10, 1_000, epoch=3)
+    assert replica.high_watermark == 10
+    ready = produce(replica, 1, now_ms=1_000)
+    assert [op.batch.base_offset for op in ready.log_ops if isinstance(op, AppendBatch)] == [10]
+
+
+def test_a_refused_become_leader_changes_nothing() -> None:
+    # Epoch 2 is older than the log's last epoch (3): refused, and the replica keeps no part of
+    # the command (it used to be left a leader without follower states, failing every tick).
+    replica = _recovered([(1, 0), (3, 4)], log_end=10)
+    with pytest.raises(InvariantViolation):
+        replica.step(BecomeLeader(1, 2, 7, (0, 1, 2), (0, 1, 2)), 0)
+    assert replica.role is Role.NONE and replica.isr == () and replica.followers == {}
+    replica.tick(1_000)
+
+
+def test_only_a_fresh_replica_resumes_an_epoch() -> None:
+    # A follower of epoch 3 is never made leader of epoch 3 without an election, which bumps
+    # the epoch: such a command is ignored, as every same-epoch command to a non-leader is.
+    replica = _recovered([(1, 0), (3, 4)], log_end=10)
+    replica.step(BecomeFollower(1, 1, 3, 7), 0)
+    replica.ready()
+    replica.step(BecomeLeader(1, 3, 8, (0, 1, 2), (0, 1, 2)), 0)
+    assert replica.role is Role.FOLLOWER and replica.leader_id == 1
