@@ -1,8 +1,10 @@
 """Measure the Kafka data path end to end with real clients; print one JSON document.
 
 One local Ray node, three ReplicaActors for one partition (RF=3, min.insync.replicas=2, pull
-replication), and one gateway (broker 0, the leader) on 127.0.0.1, this script standing in for
-the controller. Measured, each for ``--records`` records of ``--value-bytes`` bytes:
+replication), and one gateway (broker 0, the leader) on 127.0.0.1 in an actor of its own (as a
+broker's GatewayActor; until session 6 it shared this script's process, and its GIL, with the
+clients' Python loops), this script standing in for the controller. Measured, each for
+``--records`` records of ``--value-bytes`` bytes:
 
 - ``confluent_produce_acks_{all,1}``: a confluent-kafka Producer (librdkafka defaults, no
   compression, ``linger.ms=5``) producing, then ``flush``: records/s and MiB/s;
@@ -33,12 +35,20 @@ consumer used ``consume(1000, 0.2)`` until this session; that call waits for 100
 the whole timeout, which added about 100 ms to every figure. It now polls. Tansu's memory
 engine seems to answer a waiting fetch only at its max wait. kafka-python produces 2,241
 records/s: its 16 KiB batches make it bound by per-request latency.
+
+Runs of 2026-11-25, session 6 (``--records 100000``, quiet machine, load ~2): with the gateway
+in this script's process, RF=1 produce 115.4 MiB/s, RF=3 produce 58.6, RF=3 consume 187.8;
+Tansu 208.7 and 349.0 (ratios 0.55, 0.28, 0.54). With the gateway in its own actor: RF=1
+produce 114.8, RF=3 produce 44.6, RF=3 consume 254.7, RF=1 consume 220.3; Tansu 167.7 and
+385.7 (ratios 0.68, 0.27, 0.66). RF=1 e2e p50/p99 2.3/6.4 ms, RF=3 4.6/11.1 ms, Tansu 109/253.
+Runs of 20,000 records last a fraction of a second and swing by 2x from run to run. A py-spy
+profile of RF=1 produce (gateway in-process) put ~42% of that process's samples in the
+script's own per-record ``produce`` loop; the replica actor was mostly waiting.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
@@ -46,7 +56,6 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import Future
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -68,9 +77,6 @@ class Bench:
         from raylog.actors.messages import BecomeFollower, BecomeLeader
         from raylog.actors.replica import NAMESPACE, ReplicaActor, replica_actor_name
         from raylog.actors.replication_types import ReplicaConfig
-        from raylog.gateway.backend import Broker, PartitionState, TopicState
-        from raylog.gateway.replica_backend import MetadataView, ReplicaBackend
-        from raylog.gateway.server import GatewayServer
 
         self.topic = topic
         min_isr = min(2, rf)
@@ -108,21 +114,10 @@ class Bench:
             for r in self.replicas[1:]
         ]
         ray.get(calls, timeout=CALL_TIMEOUT_S)
-        self.view = MetadataView(0, "raylog-bench", controller_id=0)
-        self.server = GatewayServer(ReplicaBackend(self.view, use_channels=channels))
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._thread.start()
-        self.port = self._call(self.server.start(HOST, 0))
-        state = PartitionState(0, 0, 1, list(everyone), list(everyone), [])
-        self.view.update(
-            brokers=[Broker(0, HOST, self.port, None)],
-            topics={topic: TopicState(topic, [state])},
-        )
-
-    def _call(self, coroutine: Any) -> Any:
-        future: Future[Any] = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
-        return future.result(timeout=CALL_TIMEOUT_S)
+        # The gateway runs in a process of its own, as a broker's GatewayActor does: in this
+        # script's process it would share one GIL with the clients' Python loops.
+        self.gateway = _gateway_host().remote()
+        self.port = ray.get(self.gateway.start.remote(topic, rf, channels), timeout=CALL_TIMEOUT_S)
 
     @property
     def bootstrap(self) -> str:
@@ -136,11 +131,38 @@ class Bench:
     def stop(self) -> None:
         import ray
 
-        self._call(self.server.stop())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=10)
+        ray.get(self.gateway.stop.remote(), timeout=CALL_TIMEOUT_S)
+        ray.kill(self.gateway, no_restart=True)
         for replica in self.replicas:
             ray.kill(replica, no_restart=True)
+
+
+def _gateway_host() -> Any:
+    """A Ray actor class serving one gateway (broker 0, leader of partition 0 of one topic)."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class GatewayHost:
+        async def start(self, topic: str, rf: int, channels: bool) -> int:
+            from raylog.gateway.backend import Broker, PartitionState, TopicState
+            from raylog.gateway.replica_backend import MetadataView, ReplicaBackend
+            from raylog.gateway.server import GatewayServer
+
+            view = MetadataView(0, "raylog-bench", controller_id=0)
+            self.server = GatewayServer(ReplicaBackend(view, use_channels=channels))
+            port: int = await self.server.start(HOST, 0)
+            everyone = list(range(rf))
+            state = PartitionState(0, 0, 1, everyone, everyone, [])
+            view.update(
+                brokers=[Broker(0, HOST, port, None)],
+                topics={topic: TopicState(topic, [state])},
+            )
+            return port
+
+        async def stop(self) -> None:
+            await self.server.stop()
+
+    return GatewayHost
 
 
 def rate(records: int, value_bytes: int, seconds: float) -> dict[str, float]:
