@@ -8,7 +8,11 @@ In one run, on one embedded cluster (`raylog up`, 3 brokers) and one Spark ``loc
    sink (every row is materialised, nothing is collected to the driver);
 3. ``parquet``: the same rows and columns, written once to a Parquet file by Spark, read back
    the same way;
-4. ``ray_data_read_kafka``: ``ray.data.read_kafka`` (bounded, "once") through raylog's gateway,
+4. ``python_source_floor``: a Python data source with the same schema and partitions that
+   yields ready-made Arrow batches (no Ray, no decoding): what any ``pyspark.sql.datasource``
+   reader costs on this Spark before it reads a byte, the bound on what the raylog source can
+   reach through that API;
+5. ``ray_data_read_kafka``: ``ray.data.read_kafka`` (bounded, "once") through raylog's gateway,
    rows counted by ``materialize()``; ``ray_data_read_topic``: raylog's own Ray Data reader.
 
 Each reader runs once to warm up (Python workers, Ray connections), then ``--repeats`` times;
@@ -149,6 +153,61 @@ def timed(fn: Callable[[], int], repeats: int) -> dict[str, Any]:
     }
 
 
+FLOOR_BATCH_ROWS = 50_000  # about what one 8 MiB fetch of these records decodes to
+
+
+def floor_source(records: int) -> Any:
+    """A Python data source yielding ready-made Arrow batches shaped like the raylog source's."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    from raylog.pipelines.spark_source import SCHEMA_DDL
+
+    per_partition = records // PARTITIONS
+
+    class FloorReader(DataSourceReader):
+        def __init__(self, schema: Any) -> None:
+            self.schema = schema
+
+        def partitions(self) -> list[InputPartition]:
+            return [InputPartition(i) for i in range(PARTITIONS)]
+
+        def read(self, partition: InputPartition) -> Iterator[Any]:
+            import numpy as np
+            import pyarrow as pa
+            from pyspark.sql.pandas.types import to_arrow_schema
+
+            n = FLOOR_BATCH_ROWS
+            batch = pa.RecordBatch.from_arrays(
+                [
+                    pa.array([b"k" * KEY_BYTES] * n, pa.binary()),
+                    pa.array([b"v" * VALUE_BYTES] * n, pa.binary()),
+                    pa.repeat(pa.scalar(TOPIC, pa.string()), n),
+                    pa.repeat(pa.scalar(partition.value, pa.int32()), n),
+                    pa.array(np.arange(n, dtype=np.int64)),
+                    pa.array(np.zeros(n, dtype=np.int64)).cast(pa.timestamp("us", tz="UTC")),
+                    pa.array(np.zeros(n, dtype=np.int32)),
+                ],
+                schema=to_arrow_schema(self.schema, timezone="UTC"),
+            )
+            left = per_partition
+            while left > 0:
+                yield batch if left >= n else batch.slice(0, left)
+                left -= n
+
+    class FloorSource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "raylog_bench_floor"
+
+        def schema(self) -> str:
+            return SCHEMA_DDL
+
+        def reader(self, schema: Any) -> DataSourceReader:
+            return FloorReader(schema)
+
+    return FloorSource
+
+
 def spark_session() -> Any:
     from raylog.pipelines.features import spark_session as session
 
@@ -211,6 +270,14 @@ def main() -> None:
             result["parquet"] = timed(lambda: noop(spark.read.parquet(str(parquet))), args.repeats)
             result["raylog_vs_parquet"] = round(
                 result["raylog"]["rows_per_s"] / result["parquet"]["rows_per_s"], 2
+            )
+            spark.dataSource.register(floor_source(args.records))
+            log("python data source floor")
+            result["python_source_floor"] = timed(
+                lambda: noop(spark.read.format("raylog_bench_floor").load()), args.repeats
+            )
+            result["floor_vs_parquet"] = round(
+                result["python_source_floor"]["rows_per_s"] / result["parquet"]["rows_per_s"], 2
             )
             spark.stop()
 
