@@ -199,6 +199,7 @@ class Simulation:
             "acked_local": 0,
             "errors": 0,
             "crashes": 0,
+            "replacements": 0,
             "elections": 0,
             "consumed": 0,
             "idempotent_acked": 0,
@@ -439,10 +440,12 @@ class Simulation:
         choice = self.rng.random()
         alive = [n for n in self.nodes.values() if n.alive]
         dead = [n for n in self.nodes.values() if not n.alive]
-        if choice < 0.35 and len(alive) > 1:
+        if choice < 0.3 and len(alive) > 1:
             self._crash(self.rng.choice(alive))
-        elif choice < 0.7 and dead:
+        elif choice < 0.6 and dead:
             self._restart(self.rng.choice(dead))
+        elif choice < 0.7 and alive:
+            self._replace(self.rng.choice(alive))
         elif choice < 0.8:
             a, b = self.rng.sample([*self.nodes, CONTROLLER], 2)
             self.net.cut.add(frozenset((a, b)))
@@ -471,6 +474,20 @@ class Simulation:
             # the leader restarted before its death was reported: a new incarnation never
             # inherits its predecessor's epoch (Kafka's broker epoch), so elect anew.
             self._elect()
+        self._send(CONTROLLER, node.node_id, self._commands(node.node_id))
+
+    def _replace(self, node: SimNode) -> None:
+        """The replica's process is replaced on a running machine (its broker re-created the
+        actor: a topic config changed, or the actor died alone): the page cache keeps every
+        write, recovery syncs it, and the controller, which elected no one, sends the same
+        command again (a leader resumes the epoch it led)."""
+        node.incarnation += 1
+        node.disk.durable_count = len(node.disk.batches)
+        node.disk.generation += 1
+        node.replica = self._new_replica(node.node_id, node.disk)
+        node.verified_batches = 0
+        self.stats["replacements"] += 1
+        self._schedule(self.rng.randint(0, TICK_MS), "tick", node.node_id, node.incarnation)
         self._send(CONTROLLER, node.node_id, self._commands(node.node_id))
 
     # --- clients ------------------------------------------------------------------------------

@@ -3,7 +3,9 @@
 Proves, for many seeds (``--sim-seeds N`` or env ``RAYLOG_SIM_SEEDS``, default 500), that the
 production state machine keeps the safety properties listed in ``checkers.py`` while the network
 drops, delays, duplicates, reorders and partitions messages and replicas crash (losing unsynced
-writes, sometimes tearing them) and restart, idempotent producers included (no committed batch
+writes, sometimes tearing them) and restart, or have their process replaced on a running machine
+(page cache kept, the controller's same command resent: a leader resumes the epoch it led),
+idempotent producers included (no committed batch
 twice, no sequence gap, retries across leader changes answered with the original offsets). Also
 proves the checkers can fail: replicas with known bugs (a high watermark that ignores followers,
 skipped truncation, no deduplication, followers that keep no producer state) are caught within a
