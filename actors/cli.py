@@ -345,10 +345,23 @@ class RayNodesCluster(EmbeddedCluster):
         ]
 
     def news(self) -> list[str]:
-        lines = []
-        for s in self._serving():
-            if (s.broker_id, s.node_id) not in self._announced:
-                self._announced.add((s.broker_id, s.node_id))
+        """A line per broker that joined or left since the last call (its Ray node came or
+        went, or its broker stopped serving)."""
+        import ray
+
+        try:
+            serving = list(ray.get(self.supervisor.serving.remote(), timeout=15))
+        except ray.exceptions.RayError:
+            return []  # slow: ask again (an empty answer here would read as everyone leaving)
+        current = {(s.broker_id, s.node_id): s for s in serving}
+        lines = [
+            f"broker {broker_id} left (its Ray node is gone or its gateway stopped serving)"
+            for broker_id, node_id in sorted(self._announced - current.keys(), key=str)
+        ]
+        self._announced &= current.keys()
+        for key, s in current.items():
+            if key not in self._announced:
+                self._announced.add(key)
                 lines.append(f"broker {s.broker_id} joined at {s.host}:{s.port} (rack {s.rack})")
         return lines
 
