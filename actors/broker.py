@@ -414,18 +414,19 @@ class BrokerActor:
                     ref = hosted.handle.become_follower.remote(s.command)
                 calls.append(ray_call(ref, REPLICA_CALL_TIMEOUT_MS))
             results = await asyncio.gather(*calls, return_exceptions=True)
-            dead = [k for k, r in zip(keys, results, strict=True) if _is_dead(r)]
+            dead = []
             for key, result in zip(keys, results, strict=True):
-                if isinstance(result, BaseException) and not _is_dead(result):
+                if _is_dead(result):  # re-created from its WAL by the next apply
+                    dead.append(key)
+                    log.warning("broker %d: replica %s-%d died", self.broker_id, *key)
+                    self._hosted.pop(key, None)
+                elif isinstance(result, BaseException):
                     log.warning(
                         "broker %d: replica %s-%d refused its command: %r",
                         self.broker_id,
                         *key,
                         result,
                     )
-            for key in dead:  # re-created from its WAL by the next apply
-                log.warning("broker %d: replica %s-%d died", self.broker_id, *key)
-                self._hosted.pop(key, None)
             if dead:
                 raise BrokerNotAvailableError(f"replicas {dead} died; re-creating them")
             if leaders:

@@ -324,12 +324,16 @@ class RayNodesCluster(EmbeddedCluster):
         self._announced = {(s.broker_id, s.node_id) for s in self._serving()}
 
     def _serving(self) -> list[Any]:
+        return self._serving_or_none() or []
+
+    def _serving_or_none(self) -> list[Any] | None:
+        """The serving brokers, or None when the supervisor did not answer (slow: ask again)."""
         import ray
 
         try:
             return list(ray.get(self.supervisor.serving.remote(), timeout=15))
         except ray.exceptions.RayError:
-            return []  # slow: ask again
+            return None
 
     def bootstrap_servers(self) -> str:
         return ",".join(f"{s.host}:{s.port}" for s in self._serving())
@@ -347,12 +351,9 @@ class RayNodesCluster(EmbeddedCluster):
     def news(self) -> list[str]:
         """A line per broker that joined or left since the last call (its Ray node came or
         went, or its broker stopped serving)."""
-        import ray
-
-        try:
-            serving = list(ray.get(self.supervisor.serving.remote(), timeout=15))
-        except ray.exceptions.RayError:
-            return []  # slow: ask again (an empty answer here would read as everyone leaving)
+        serving = self._serving_or_none()
+        if serving is None:
+            return []  # no answer must not read as every broker leaving
         current = {(s.broker_id, s.node_id): s for s in serving}
         lines = [
             f"broker {broker_id} left (its Ray node is gone or its gateway stopped serving)"
