@@ -12,7 +12,14 @@ matters after timeouts): a message to a peer without a connection yet goes by a 
 connection is made in the background, and a broken connection drops what was queued on it. TCP
 keeps each link's messages in order.
 
-Wire format (sans-IO, :func:`encode_frame` / :class:`FrameReader`): ``u32 length, u8 kind,
+Each connection's outgoing frames wait in a bounded queue (:class:`_Outbox`) written by one task
+that lets the socket drain between frames: a one-way message finding the queue full is dropped
+(the state machine resends), a gateway call waits for room (``CallLink.full``/``wait_room``), and
+a server with too many replies queued stops reading calls until its peer takes them. Frames are
+encoded in place after their header and read with one copy out of the stream, so a megabyte
+batch is copied as few times as the stream allows.
+
+Wire format (:func:`encode_frame` / :func:`read_frame`): ``u32 length, u8 kind,
 msgpack body`` with ``length`` counting kind and body, at most ``FRAME_BYTES_MAX``. Each link is
 authenticated before any message: the server sends a random nonce, the client answers with the
 name of the replica it wants and HMAC-SHA256(cluster secret, nonce + name); the server closes
@@ -61,6 +68,15 @@ class CallReply(msgspec.Struct, frozen=True):
     result: msgspec.Raw = msgspec.Raw(b"\xc0")  # msgpack nil
 
 
+class _CallRequestOut(msgspec.Struct, frozen=True):
+    """How a caller encodes a :class:`CallRequest`: the same bytes on the wire, with the
+    arguments encoded straight into the frame instead of first into a Raw of their own."""
+
+    call_id: int
+    method: str
+    args: tuple[Any, ...]
+
+
 __all__ = [
     "CHANNEL_KINDS",
     "FRAME_BYTES_MAX",
@@ -70,10 +86,10 @@ __all__ = [
     "CallRequest",
     "ChannelServer",
     "FrameError",
-    "FrameReader",
     "PeerLink",
     "channel_secret",
     "encode_frame",
+    "read_frame",
 ]
 
 log = logging.getLogger(__name__)
@@ -88,12 +104,15 @@ CHANNEL_KINDS: tuple[type, ...] = (
     CallReply,
 )
 _KIND_OF: dict[type, int] = {t: i for i, t in enumerate(CHANNEL_KINDS)}
+_KIND_OF[_CallRequestOut] = _KIND_OF[CallRequest]
 _DECODERS = tuple(msgspec.msgpack.Decoder(t) for t in CHANNEL_KINDS)
 _ENCODER = msgspec.msgpack.Encoder()
 
 _HEADER = struct.Struct(">IB")  # length (kind + body), kind
 FRAME_BYTES_MAX = 128 << 20  # above any fetch/push (replica.fetch.max.bytes is at most 64 MiB)
-LINK_QUEUE_BYTES_MAX = 64 << 20  # queued on one link before new messages are dropped
+LINK_QUEUE_BYTES_MAX = 64 << 20  # queued on one connection: messages dropped, calls wait
+WRITE_BUFFER_HIGH = 256 << 10  # a transport holding more is drained before the next frame
+STREAM_LIMIT = 4 << 20  # a stream buffers up to twice this before it stops reading the socket
 NONCE_BYTES = 16
 HANDSHAKE_NAME_BYTES_MAX = 512
 HANDSHAKE_TIMEOUT_S = 5.0
@@ -108,43 +127,120 @@ class FrameError(Exception):
 
 def is_channel_message(message: object) -> bool:
     """A one-way replication message the channel carries (not a call frame)."""
-    return type(message) in _KIND_OF and type(message) not in (CallRequest, CallReply)
+    kind = type(message)
+    return kind in _KIND_OF and kind not in (CallRequest, CallReply, _CallRequestOut)
 
 
-def encode_frame(message: Any) -> bytes:
-    """One frame for ``message`` (one of :data:`CHANNEL_KINDS`)."""
-    body = _ENCODER.encode(message)
-    if len(body) + 1 > FRAME_BYTES_MAX:
-        raise FrameError(f"message of {len(body)} bytes exceeds the frame limit")
-    return _HEADER.pack(len(body) + 1, _KIND_OF[type(message)]) + body
+def encode_frame(message: Any) -> bytearray:
+    """One frame for ``message`` (one of :data:`CHANNEL_KINDS`). The body is encoded in place
+    after the header: a megabyte batch is not copied again to put five bytes in front of it."""
+    frame = bytearray(_HEADER.size)
+    _ENCODER.encode_into(message, frame, _HEADER.size)
+    length = len(frame) - _HEADER.size + 1
+    if length > FRAME_BYTES_MAX:
+        raise FrameError(f"message of {length - 1} bytes exceeds the frame limit")
+    _HEADER.pack_into(frame, 0, length, _KIND_OF[type(message)])
+    return frame
 
 
-class FrameReader:
-    """Sans-IO frame parser: ``feed(bytes)`` returns the messages completed so far."""
+async def read_frame(reader: asyncio.StreamReader, max_bytes: int = FRAME_BYTES_MAX) -> Any:
+    """The next message on ``reader``, or None when the stream ends between two frames.
 
-    def __init__(self, max_bytes: int = FRAME_BYTES_MAX) -> None:
-        self._buf = bytearray()
+    The body leaves the stream's buffer in one copy and is decoded from it where it lies.
+    Raises FrameError for bytes that are not a frame or a stream that ends inside one.
+    """
+    try:
+        header = await reader.readexactly(_HEADER.size)
+    except asyncio.IncompleteReadError as exc:
+        if exc.partial:
+            raise FrameError("the stream ended inside a frame header") from exc
+        return None
+    length, kind = _HEADER.unpack(header)
+    if not 1 <= length <= max_bytes:
+        raise FrameError(f"frame length {length} outside 1..{max_bytes}")
+    if kind >= len(_DECODERS):
+        raise FrameError(f"unknown message kind {kind}")
+    try:
+        body = await reader.readexactly(length - 1)
+    except asyncio.IncompleteReadError as exc:
+        raise FrameError(f"the stream ended inside a frame of {length} bytes") from exc
+    try:
+        return _DECODERS[kind].decode(body)
+    except msgspec.DecodeError as exc:
+        raise FrameError(f"bad {CHANNEL_KINDS[kind].__name__} body: {exc}") from exc
+
+
+class _Outbox:
+    """The frames waiting for one connection, written in order by one task (:meth:`pump`).
+
+    The pump hands the transport one frame at a time and waits for it to drain before the
+    next, so frames are never joined nor piled up in the transport's buffer: on Python 3.11
+    that buffer is a bytearray copied whole as it grows, which made a gateway pipelining
+    megabyte produce calls spend most of its CPU in ``transport.write``. ``queued_bytes`` is
+    bounded by the owner: :meth:`has_room` before :meth:`put`, or :meth:`wait_room`.
+    """
+
+    def __init__(self, max_bytes: int = LINK_QUEUE_BYTES_MAX) -> None:
+        self._frames: collections.deque[bytes | bytearray] = collections.deque()
+        self.queued_bytes = 0
         self._max = max_bytes
+        self._wake = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
 
-    def feed(self, data: bytes) -> list[Any]:
-        self._buf += data
-        out = []
-        while len(self._buf) >= _HEADER.size:
-            length, kind = _HEADER.unpack_from(self._buf)
-            if not 1 <= length <= self._max:
-                raise FrameError(f"frame length {length} outside 1..{self._max}")
-            if kind >= len(_DECODERS):
-                raise FrameError(f"unknown message kind {kind}")
-            end = 4 + length
-            if len(self._buf) < end:
-                break
-            body = bytes(self._buf[_HEADER.size : end])
-            del self._buf[:end]
-            try:
-                out.append(_DECODERS[kind].decode(body))
-            except msgspec.DecodeError as exc:
-                raise FrameError(f"bad {CHANNEL_KINDS[kind].__name__} body: {exc}") from exc
-        return out
+    def has_room(self, nbytes: int = 0) -> bool:
+        return self.queued_bytes + nbytes <= self._max
+
+    def put(self, frame: bytes | bytearray) -> None:
+        self._frames.append(frame)
+        self.queued_bytes += len(frame)
+        self._wake.set()
+        if not self.has_room():
+            self._room.clear()
+
+    async def wait_room(self) -> None:
+        """Until the queue is back under its bound (or dropped by :meth:`clear`)."""
+        await self._room.wait()
+
+    def clear(self) -> int:
+        """Drop every queued frame (the connection broke); returns how many."""
+        dropped = len(self._frames)
+        self._frames.clear()
+        self.queued_bytes = 0
+        self._room.set()
+        return dropped
+
+    async def pump(self, writer: asyncio.StreamWriter) -> None:
+        """Write queued frames until cancelled or the connection fails (then it closes it)."""
+        writer.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
+        try:
+            while True:
+                while not self._frames:
+                    self._wake.clear()
+                    await self._wake.wait()
+                frame = self._frames.popleft()
+                self.queued_bytes -= len(frame)
+                if self.has_room():
+                    self._room.set()
+                writer.write(memoryview(frame))  # a partial send keeps a view, not a copy
+                await writer.drain()
+        except (ConnectionError, OSError, RuntimeError, ssl.SSLError):
+            writer.close()  # the reader side sees the end and tears the connection down
+            self.clear()
+            raise
+
+
+async def _first_of(*coroutines: Awaitable[None]) -> None:
+    """Run ``coroutines`` until the first one ends; cancel the rest; re-raise its error."""
+    tasks = [asyncio.ensure_future(c) for c in coroutines]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            task.result()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def channel_secret() -> bytes:
@@ -169,7 +265,7 @@ class ChannelServer:
         name: str,
         secret: bytes,
         deliver: Callable[[Any], None],
-        call: Callable[[str, bytes], Awaitable[Any]] | None = None,
+        call: Callable[[str, msgspec.Raw], Awaitable[Any]] | None = None,
     ) -> None:
         self.name = name
         self._secret = secret
@@ -188,7 +284,7 @@ class ChannelServer:
         self.tls = tls is not None
         timeout = HANDSHAKE_TIMEOUT_S if tls is not None else None
         self._server = await asyncio.start_server(
-            self._serve, host, 0, ssl=tls, ssl_handshake_timeout=timeout
+            self._serve, host, 0, ssl=tls, ssl_handshake_timeout=timeout, limit=STREAM_LIMIT
         )
         sock = self._server.sockets[0]
         return host, sock.getsockname()[1]
@@ -205,19 +301,25 @@ class ChannelServer:
             if not await self._handshake(reader, writer):
                 self.rejected += 1
                 return
-            frames = FrameReader()
-            while True:
-                data = await reader.read(1 << 20)
-                if not data:
-                    return
-                for message in frames.feed(data):
+            outbox = _Outbox()
+            pump = asyncio.ensure_future(outbox.pump(writer))
+            try:
+                while True:
+                    # Replies piled up: read no more calls until the peer takes them.
+                    await outbox.wait_room()
+                    message = await read_frame(reader)
+                    if message is None:
+                        return
                     if isinstance(message, CallRequest):
-                        self._start_call(message, writer)
+                        self._start_call(message, outbox)
                     elif isinstance(message, CallReply):
                         raise FrameError("a call reply sent to a server")
                     else:
                         self.messages_in += 1
                         self._deliver(message)
+            finally:
+                pump.cancel()
+                await asyncio.gather(pump, return_exceptions=True)
         except (
             FrameError,
             ConnectionError,
@@ -230,27 +332,24 @@ class ChannelServer:
             self._conns.discard(writer)
             writer.close()
 
-    def _start_call(self, request: CallRequest, writer: asyncio.StreamWriter) -> None:
+    def _start_call(self, request: CallRequest, outbox: _Outbox) -> None:
         # Started in arrival order: each call runs synchronously up to its first await, so
         # calls on one connection reach the replica in the order they were sent.
         self.calls_in += 1
-        task = asyncio.get_running_loop().create_task(self._answer(request, writer))
+        task = asyncio.get_running_loop().create_task(self._answer(request, outbox))
         self._calls.add(task)
         task.add_done_callback(self._calls.discard)
 
-    async def _answer(self, request: CallRequest, writer: asyncio.StreamWriter) -> None:
+    async def _answer(self, request: CallRequest, outbox: _Outbox) -> None:
         if self._call is None:
             reply = CallReply(request.call_id, "this channel takes no calls")
         else:
             try:
-                result = await self._call(request.method, bytes(request.args))
+                result = await self._call(request.method, request.args)
                 reply = CallReply(request.call_id, "", msgspec.Raw(_ENCODER.encode(result)))
             except Exception as exc:  # the caller gets the error; the channel stays up
                 reply = CallReply(request.call_id, f"{type(exc).__name__}: {exc}")
-        if not writer.is_closing():
-            writer.write(encode_frame(reply))
-            with contextlib.suppress(ConnectionError):
-                await writer.drain()
+        outbox.put(encode_frame(reply))
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         nonce = os.urandom(NONCE_BYTES)
@@ -277,7 +376,7 @@ async def _connect(
     """Open and authenticate a connection to replica ``peer_name`` at ``await resolve()``."""
     host, port = await resolve()
     async with asyncio.timeout(CONNECT_TIMEOUT_S):
-        reader, writer = await asyncio.open_connection(host, port, ssl=tls)
+        reader, writer = await asyncio.open_connection(host, port, ssl=tls, limit=STREAM_LIMIT)
         try:
             nonce = await reader.readexactly(NONCE_BYTES)
             name = peer_name.encode()
@@ -356,9 +455,7 @@ class PeerLink(_Link):
 
     def __init__(self, peer_name: str, secret: bytes, tls: ssl.SSLContext | None = None) -> None:
         super().__init__(peer_name, secret, tls)
-        self._queue: collections.deque[bytes] = collections.deque()
-        self._queued_bytes = 0
-        self._wake = asyncio.Event()
+        self._outbox = _Outbox()
         self.messages_out = 0
         self.dropped = 0
 
@@ -366,38 +463,22 @@ class PeerLink(_Link):
         if self._writer is None:
             return False
         frame = encode_frame(message)
-        if self._queued_bytes + len(frame) > LINK_QUEUE_BYTES_MAX:
+        if not self._outbox.has_room(len(frame)):
             self.dropped += 1
             return True  # taken and dropped: the state machine resends what mattered
-        self._queue.append(frame)
-        self._queued_bytes += len(frame)
+        self._outbox.put(frame)
         self.messages_out += 1
-        self._wake.set()
         return True
 
     def _down(self) -> None:
-        self.dropped += len(self._queue)
-        self._queue.clear()
-        self._queued_bytes = 0
+        self.dropped += self._outbox.clear()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        closed = asyncio.ensure_future(reader.read(1))  # the server never writes after the nonce
-        try:
-            while True:
-                while not self._queue:
-                    self._wake.clear()
-                    wake = asyncio.ensure_future(self._wake.wait())
-                    done, _ = await asyncio.wait({wake, closed}, return_when="FIRST_COMPLETED")
-                    if closed in done:
-                        wake.cancel()
-                        raise ConnectionError("peer closed the channel")
-                frames = list(self._queue)
-                self._queue.clear()
-                self._queued_bytes = 0
-                writer.writelines(frames)
-                await writer.drain()
-        finally:
-            closed.cancel()
+        async def closed() -> None:  # the server never writes after the nonce
+            await reader.read(1)
+            raise ConnectionError("peer closed the channel")
+
+        await _first_of(self._outbox.pump(writer), closed())
 
 
 class CallFailed(Exception):
@@ -418,26 +499,40 @@ class CallLink(_Link):
     with a Ray call to an actor that died.
     """
 
-    def __init__(self, peer_name: str, secret: bytes, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self,
+        peer_name: str,
+        secret: bytes,
+        tls: ssl.SSLContext | None = None,
+        queue_bytes_max: int = LINK_QUEUE_BYTES_MAX,
+    ) -> None:
         super().__init__(peer_name, secret, tls)
-        self._pending: dict[int, asyncio.Future[bytes]] = {}
+        self._pending: dict[int, asyncio.Future[msgspec.Raw]] = {}
+        self._outbox = _Outbox(queue_bytes_max)
         self._next_id = 1
         self.calls_out = 0
 
-    def call(self, method: str, args: tuple[Any, ...]) -> asyncio.Future[bytes] | None:
+    @property
+    def full(self) -> bool:
+        """Too much is queued on the link: :meth:`wait_room` before the next call."""
+        return not self._outbox.has_room()
+
+    async def wait_room(self) -> None:
+        await self._outbox.wait_room()
+
+    def call(self, method: str, args: tuple[Any, ...]) -> asyncio.Future[msgspec.Raw] | None:
         writer = self._writer
         if writer is None or writer.is_closing():
             return None
         call_id = self._next_id
         self._next_id += 1
-        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[msgspec.Raw] = asyncio.get_running_loop().create_future()
         self._pending[call_id] = future
-        raw = msgspec.Raw(_ENCODER.encode(args))
-        writer.write(encode_frame(CallRequest(call_id, method, raw)))
+        self._outbox.put(encode_frame(_CallRequestOut(call_id, method, args)))
         self.calls_out += 1
         return future
 
-    def forget(self, future: asyncio.Future[bytes]) -> None:
+    def forget(self, future: asyncio.Future[msgspec.Raw]) -> None:
         """Drop a call the caller stopped waiting for (its reply, if any, is ignored)."""
         for call_id, pending in list(self._pending.items()):
             if pending is future:
@@ -445,23 +540,25 @@ class CallLink(_Link):
                 return
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        frames = FrameReader()
+        await _first_of(self._outbox.pump(writer), self._read_replies(reader))
+
+    async def _read_replies(self, reader: asyncio.StreamReader) -> None:
         while True:
-            data = await reader.read(1 << 20)
-            if not data:
+            reply = await read_frame(reader)
+            if reply is None:
                 raise ConnectionError("peer closed the channel")
-            for reply in frames.feed(data):
-                if not isinstance(reply, CallReply):
-                    raise FrameError(f"{type(reply).__name__} on a call link")
-                future = self._pending.pop(reply.call_id, None)
-                if future is None or future.done():
-                    continue
-                if reply.error:
-                    future.set_exception(CallFailed(reply.error, lost=False))
-                else:
-                    future.set_result(bytes(reply.result))
+            if not isinstance(reply, CallReply):
+                raise FrameError(f"{type(reply).__name__} on a call link")
+            future = self._pending.pop(reply.call_id, None)
+            if future is None or future.done():
+                continue
+            if reply.error:
+                future.set_exception(CallFailed(reply.error, lost=False))
+            else:
+                future.set_result(reply.result)
 
     def _down(self) -> None:
+        self._outbox.clear()
         pending, self._pending = self._pending, {}
         for future in pending.values():
             if not future.done():

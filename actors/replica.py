@@ -287,7 +287,7 @@ class ReplicaActor:
             "ray_calls_out": self._ray_calls_out,
         }
 
-    async def _channel_call(self, method: str, raw_args: bytes) -> Any:
+    async def _channel_call(self, method: str, raw_args: msgspec.Raw) -> Any:
         """A data-path call that came over the channel (the local gateway's produce, fetch and
         list_offsets): the same methods Ray calls reach, without a Ray call's cost."""
         arg_types = _CHANNEL_CALL_ARGS.get(method)

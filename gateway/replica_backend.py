@@ -631,6 +631,8 @@ class ReplicaBackend:
         link = self._links.get(name)
         if link is None:
             link = self._links[name] = CallLink(name, self._channel_secret, self._channel_tls)
+        if link.full:  # the replica is behind on this link: wait (never go round it by Ray)
+            await link.wait_room()
         future = link.call(method, args) if not self._ray_in_flight.get(name) else None
         if future is None:
             link.ensure_connecting(lambda: self._channel_address(name))

@@ -57,6 +57,7 @@ __all__ = ["GatewayServer", "Limits", "event_loop_factory"]
 log = logging.getLogger(__name__)
 
 READ_CHUNK_BYTES = 256 * 1024
+STREAM_LIMIT_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +132,11 @@ class GatewayServer:
         """Listen on ``host:port`` (0 = any free port); return the bound port."""
         if self._server is not None:
             raise RuntimeError("server already started")
-        self._server = await asyncio.start_server(self._on_connect, host, port)
+        # The stream buffers up to twice its limit before it stops reading the socket: at the
+        # default 64 KiB a megabyte produce request paused and resumed reading eight times.
+        self._server = await asyncio.start_server(
+            self._on_connect, host, port, limit=STREAM_LIMIT_BYTES
+        )
         return int(self._server.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:

@@ -40,14 +40,41 @@ MESSAGES: list[Any] = [
 ]
 
 
+async def _read_all(data: bytes, *, byte_by_byte: bool = False) -> list[Any]:
+    """Every frame ``read_frame`` returns from a stream carrying ``data``, then its end."""
+    reader = asyncio.StreamReader()
+
+    async def feed() -> None:
+        step = 1 if byte_by_byte else len(data)
+        for i in range(0, len(data), step):
+            reader.feed_data(data[i : i + step])
+            await asyncio.sleep(0)  # the reader sees each piece arrive on its own
+        reader.feed_eof()
+
+    feeding = asyncio.ensure_future(feed())
+    got: list[Any] = []
+    try:
+        async with asyncio.timeout(DEADLINE_S):
+            while (message := await ch.read_frame(reader)) is not None:
+                got.append(message)
+    finally:
+        await feeding
+    return got
+
+
 def test_frames_round_trip_whole_and_byte_by_byte() -> None:
     data = b"".join(ch.encode_frame(m) for m in MESSAGES)
-    assert ch.FrameReader().feed(data) == MESSAGES
-    reader = ch.FrameReader()
-    got: list[Any] = []
-    for i in range(len(data)):
-        got += reader.feed(data[i : i + 1])
-    assert got == MESSAGES
+    assert asyncio.run(_read_all(data)) == MESSAGES
+    assert asyncio.run(_read_all(data, byte_by_byte=True)) == MESSAGES
+
+
+def test_a_call_request_is_encoded_as_the_server_decodes_it() -> None:
+    frame = ch.encode_frame(ch._CallRequestOut(7, "produce", (b"batch", -1, 30_000)))
+    (request,) = asyncio.run(_read_all(bytes(frame)))
+    assert isinstance(request, ch.CallRequest)
+    assert (request.call_id, request.method) == (7, "produce")
+    assert msgspec.msgpack.decode(request.args) == [b"batch", -1, 30_000]
+    assert not ch.is_channel_message(ch._CallRequestOut(7, "produce", ()))
 
 
 @pytest.mark.parametrize(
@@ -57,11 +84,13 @@ def test_frames_round_trip_whole_and_byte_by_byte() -> None:
         (struct.pack(">IB", ch.FRAME_BYTES_MAX + 1, 0), "outside"),
         (struct.pack(">IB", 3, 200) + b"ab", "unknown message kind 200"),
         (struct.pack(">IB", 3, 0) + b"\xff\xff", "bad FetchRequest body"),
+        (struct.pack(">IB", 30, 0) + b"\x00" * 10, "ended inside a frame of 30 bytes"),
+        (b"\x00\x00", "ended inside a frame header"),
     ],
 )
 def test_garbage_is_refused(data: bytes, reason: str) -> None:
     with pytest.raises(ch.FrameError, match=reason):
-        ch.FrameReader().feed(data)
+        asyncio.run(_read_all(data))
 
 
 async def _until(probe: Callable[[], bool]) -> None:
@@ -196,5 +225,61 @@ def test_calls_answer_in_any_order_and_fail_cleanly() -> None:
             await asyncio.wait_for(pending, DEADLINE_S)
         assert lost.value.lost
         link.close()
+
+    _run(test)
+
+
+def test_a_call_link_whose_peer_stops_reading_waits_and_loses_nothing() -> None:
+    """Calls queue on the link up to its bound while the peer reads nothing; ``full`` then
+    tells the caller to ``wait_room``, and once the peer reads again every call arrives whole
+    and in the order it was made."""
+
+    async def test() -> None:
+        reading = asyncio.Event()
+        received: list[Any] = []
+
+        async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.write(b"n" * ch.NONCE_BYTES)  # a handshake that never checks the answer
+            await reading.wait()
+            (name_bytes,) = struct.unpack(">H", await reader.readexactly(2))
+            await reader.readexactly(name_bytes + 32)  # the link's name and MAC
+            while (frame := await ch.read_frame(reader)) is not None:
+                if isinstance(frame, ch.CallRequest):
+                    received.append(frame)
+            writer.close()
+
+        server = await asyncio.start_server(peer, HOST, 0)
+        address = server.sockets[0].getsockname()[:2]
+
+        async def resolve() -> tuple[str, int]:
+            return address
+
+        calls, payload_bytes = 120, 256 << 10
+        link = ch.CallLink("replica:t:0:1", b"s", queue_bytes_max=1 << 20)
+        link.ensure_connecting(resolve)
+        await _until(lambda: link.connected)
+        made = 0
+        while made < calls and not link.full:
+            assert link.call("produce", (made, bytes([made]) * payload_bytes)) is not None
+            made += 1
+            await asyncio.sleep(0)  # let the link write what the socket takes
+        assert link.full, "30 MiB went into a socket nobody reads"
+        waiting = asyncio.ensure_future(link.wait_room())
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        reading.set()
+        await asyncio.wait_for(waiting, DEADLINE_S)
+        while made < calls:
+            if link.full:
+                await asyncio.wait_for(link.wait_room(), DEADLINE_S)
+            assert link.call("produce", (made, bytes([made]) * payload_bytes)) is not None
+            made += 1
+        await _until(lambda: len(received) == calls)
+        for i, request in enumerate(received):
+            assert request.call_id == i + 1
+            number, payload = msgspec.msgpack.decode(request.args)
+            assert number == i and payload == bytes([i]) * payload_bytes
+        link.close()
+        server.close()
 
     _run(test)
