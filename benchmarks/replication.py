@@ -3,8 +3,12 @@
 Prints one JSON document. For RF=1 and RF=3, acks=all, pull and push, 64 KiB and 1 MiB batches:
 produce MB/s with several calls in flight, p50/p99 latency of those calls, and p50/p99 latency
 at a fixed 10 MB/s. Beside them, in the same run, the raw Ray transfer rate of the same payloads
-between two actors (no disk, no replication). Goals (the replication issue): RF=3 acks=all push
->= 0.5 x (raw rate / 2), since each byte crosses two replication links; p99 <= 5 ms at 10 MB/s.
+between two actors (no disk, no replication), and the disk floor at the fixed rate: RF writer
+threads appending the same batch to files of their own and fdatasync-ing them all at once, as
+RF replicas sharing this machine's one disk do, timed by the slowest (no Ray, no Python state,
+no network). Goals (the replication issue): RF=3 acks=all push >= 0.5 x (raw rate / 2), since
+each byte crosses two replication links; p99 <= 5 ms at 10 MB/s (next to it, the disk floor's
+p99: the part of the latency no replication design removes on a shared disk).
 
     .venv/bin/python benchmarks/replication.py [--seconds 3] [--sizes 65536,1048576]
 """
@@ -63,6 +67,7 @@ def main() -> None:
             "in_flight": args.in_flight,
             "raw_ray_transfer": [_raw_transfer(ray, size, args) for size in sizes],
             "produce": [],
+            "disk_floor": [_disk_floor(work, size, rf, args) for size in sizes for rf in (1, 3)],
         }
         for size in sizes:
             for rf, mode in ((1, "pull"), (3, "pull"), (3, "push")):
@@ -102,6 +107,53 @@ def _raw_transfer(ray: Any, size: int, args: argparse.Namespace) -> dict[str, An
     for actor in (sink, source):
         ray.kill(actor)
     return {"batch_bytes": size, "mb_per_s": round(mb_per_s, 1)}
+
+
+def _paced(op: Any, size: int, args: argparse.Namespace) -> list[float]:
+    """Latencies (ms) of ``op()``, one at a time, started every ``size`` bytes at the fixed
+    rate for ``args.seconds``."""
+    interval = size / (args.rate_mb_per_s * 1e6)
+    latencies: list[float] = []
+    next_at = time.monotonic()
+    end = next_at + args.seconds
+    while time.monotonic() < end:
+        now = time.monotonic()
+        if now < next_at:
+            time.sleep(next_at - now)
+        sent = time.monotonic()
+        op()
+        latencies.append((time.monotonic() - sent) * 1000)
+        next_at += interval
+    return latencies
+
+
+def _disk_floor(work: Path, size: int, rf: int, args: argparse.Namespace) -> dict[str, Any]:
+    """``rf`` threads each append ``size`` bytes to a file of their own and fdatasync it, all
+    at once, paced to the fixed rate; the latency of a round is its slowest writer's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    data = os.urandom(size)
+    paths = [work / f"disk-floor-{size}-{rf}-{i}" for i in range(rf)]
+    fds = [os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) for p in paths]
+
+    def append(fd: int) -> None:
+        os.write(fd, data)
+        os.fdatasync(fd)
+
+    try:
+        with ThreadPoolExecutor(rf) as pool:
+            paced = _paced(lambda: list(pool.map(append, fds)), size, args)
+    finally:
+        for fd, path in zip(fds, paths, strict=True):
+            os.close(fd)
+            path.unlink()
+    return {
+        "batch_bytes": size,
+        "writers": rf,
+        "fixed_rate_mb_per_s": args.rate_mb_per_s,
+        "fixed_rate_p50_ms": round(statistics.median(paced), 2),
+        "fixed_rate_p99_ms": round(_percentile(paced, 0.99), 2),
+    }
 
 
 def _produce_case(
@@ -149,19 +201,12 @@ def _produce_case(
         ray.get(ref)
     elapsed = time.monotonic() - start
 
-    # Fixed rate: one call at a time, paced to rate_mb_per_s.
-    interval = len(batch) / (args.rate_mb_per_s * 1e6)
-    paced: list[float] = []
-    next_at = time.monotonic()
-    end = next_at + args.seconds
-    while time.monotonic() < end:
-        now = time.monotonic()
-        if now < next_at:
-            time.sleep(next_at - now)
-        sent = time.monotonic()
+    def produce_one() -> None:
         outcome = ray.get(leader.produce.remote(batch, -1, 30_000))
-        paced.append((time.monotonic() - sent) * 1000)
-        next_at += interval
+        if outcome.error_code != 0:
+            raise RuntimeError(f"produce failed: {outcome}")
+
+    paced = _paced(produce_one, len(batch), args)
     for actor in replicas:
         ray.kill(actor)
     return {
@@ -180,6 +225,9 @@ def _produce_case(
 
 def _goals(results: dict[str, Any]) -> None:
     raw = {r["batch_bytes"]: r["mb_per_s"] for r in results["raw_ray_transfer"]}
+    floor = {
+        r["batch_bytes"]: r["fixed_rate_p99_ms"] for r in results["disk_floor"] if r["writers"] == 3
+    }
     goals = []
     for case in results["produce"]:
         if case["rf"] == 3 and case["mode"] == "push":
@@ -200,6 +248,7 @@ def _goals(results: dict[str, Any]) -> None:
                     "batch_bytes": case["batch_bytes"],
                     "mode": case["mode"],
                     "measured_p99_ms": case["fixed_rate_p99_ms"],
+                    "disk_floor_p99_ms": floor[case["batch_bytes"]],
                     "met": case["fixed_rate_p99_ms"] <= 5.0,
                 }
             )
