@@ -2,13 +2,15 @@
 
 Prints one JSON document. For RF=1 and RF=3, acks=all, pull and push, 64 KiB and 1 MiB batches:
 produce MB/s with several calls in flight, p50/p99 latency of those calls, and p50/p99 latency
-at a fixed 10 MB/s. Beside them, in the same run, the raw Ray transfer rate of the same payloads
-between two actors (no disk, no replication), and the disk floor at the fixed rate: RF writer
-threads appending the same batch to files of their own and fdatasync-ing them all at once, as
-RF replicas sharing this machine's one disk do, timed by the slowest (no Ray, no Python state,
-no network). Goals (the replication issue): RF=3 acks=all push >= 0.5 x (raw rate / 2), since
-each byte crosses two replication links; p99 <= 5 ms at 10 MB/s (next to it, the disk floor's
-p99: the part of the latency no replication design removes on a shared disk).
+at a fixed 10 MB/s; each over the leader's channel (``path: channel``, as a broker's gateway
+produces; the goals are judged on it) and by Ray calls (``path: ray``, for comparison). Beside
+them, in the same run, the raw Ray transfer rate of the same payloads between two actors (no
+disk, no replication), and the disk floor at the fixed rate: RF writer threads appending the
+same batch to files of their own and fdatasync-ing them all at once, as RF replicas sharing
+this machine's one disk do, timed by the slowest (no Ray, no Python state, no network). Goals
+(the replication issue): RF=3 acks=all push >= 0.5 x (raw rate / 2), since each byte crosses
+two replication links; p99 <= 5 ms at 10 MB/s (next to it, the disk floor's p99: the part of
+the latency no replication design removes on a shared disk).
 
     .venv/bin/python benchmarks/replication.py [--seconds 3] [--sizes 65536,1048576]
 """
@@ -16,6 +18,8 @@ p99: the part of the latency no replication design removes on a shared disk).
 from __future__ import annotations
 
 import argparse
+import asyncio
+import concurrent.futures
 import json
 import os
 import platform
@@ -23,9 +27,14 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import msgspec
+
+CALL_TIMEOUT_S = 60.0
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -69,9 +78,11 @@ def main() -> None:
             "produce": [],
             "disk_floor": [_disk_floor(work, size, rf, args) for size in sizes for rf in (1, 3)],
         }
-        for size in sizes:
-            for rf, mode in ((1, "pull"), (3, "pull"), (3, "push")):
-                results["produce"].append(_produce_case(ray, work, size, rf, mode, args))
+        for path in ("channel", "ray"):
+            for size in sizes:
+                for rf, mode in ((1, "pull"), (3, "pull"), (3, "push")):
+                    case = _produce_case(ray, work, size, rf, mode, path, args)
+                    results["produce"].append(case)
         _goals(results)
         json.dump(results, sys.stdout, indent=2)
         print()
@@ -107,6 +118,53 @@ def _raw_transfer(ray: Any, size: int, args: argparse.Namespace) -> dict[str, An
     for actor in (sink, source):
         ray.kill(actor)
     return {"batch_bytes": size, "mb_per_s": round(mb_per_s, 1)}
+
+
+class _ChannelProducer:
+    """Produce calls to a leader over its replication channel, made as a broker's gateway makes
+    them (``CallLink``), from an event loop in a thread of this script."""
+
+    def __init__(self, ray: Any, leader: Any, name: str) -> None:
+        from raylog.actors.channel import CallLink, channel_secret
+
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        address = tuple(ray.get(leader.channel_address.remote(), timeout=CALL_TIMEOUT_S))
+
+        async def resolve() -> tuple[str, int]:
+            return address  # type: ignore[return-value]
+
+        async def connect() -> Any:
+            link = CallLink(name, channel_secret())
+            link.ensure_connecting(resolve)
+            async with asyncio.timeout(CALL_TIMEOUT_S):
+                while not link.connected:
+                    await asyncio.sleep(0.01)
+            return link
+
+        self._link = asyncio.run_coroutine_threadsafe(connect(), self._loop).result()
+
+    def submit(self, batch: bytes) -> concurrent.futures.Future[Any]:
+        from raylog.actors.replica import ProduceOutcome
+
+        async def produce() -> Any:
+            future = self._link.call("produce", (batch, -1, 30_000))
+            if future is None:
+                raise RuntimeError("the channel to the leader is down")
+            return msgspec.msgpack.decode(await future, type=ProduceOutcome)
+
+        return asyncio.run_coroutine_threadsafe(produce(), self._loop)
+
+    def close(self) -> None:
+        async def shut() -> None:
+            self._link.close()
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            await asyncio.gather(*others, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shut(), self._loop).result(timeout=CALL_TIMEOUT_S)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=CALL_TIMEOUT_S)
 
 
 def _paced(op: Any, size: int, args: argparse.Namespace) -> list[float]:
@@ -157,14 +215,17 @@ def _disk_floor(work: Path, size: int, rf: int, args: argparse.Namespace) -> dic
 
 
 def _produce_case(
-    ray: Any, work: Path, size: int, rf: int, mode: str, args: argparse.Namespace
+    ray: Any, work: Path, size: int, rf: int, mode: str, path: str, args: argparse.Namespace
 ) -> dict[str, Any]:
+    """One partition of ``rf`` replicas; acks=all produce from this script to the leader over
+    ``path``: "channel" (the leader's channel, as a broker's gateway produces) or "ray" (a Ray
+    call with the batch as its argument)."""
     from raylog.actors.messages import BecomeFollower, BecomeLeader
     from raylog.actors.replica import NAMESPACE, ReplicaActor, replica_actor_name
     from raylog.actors.replication_types import ReplicaConfig
     from raylog.storage import batch as rb
 
-    topic = f"bench-{size}-{rf}-{mode}"
+    topic = f"bench-{size}-{rf}-{mode}-{path}"
     config = ReplicaConfig(replication_mode=mode, min_insync_replicas=min(2, rf))
     max_bytes = str(size + 4096)
     topic_config = {"max.message.bytes": max_bytes, "segment.bytes": str(256 << 20)}
@@ -180,39 +241,51 @@ def _produce_case(
     ray.get(calls)
     batch = rb.build_batch([rb.Record(None, os.urandom(size - 80), 0, ())])
     leader = replicas[0]
+    if path == "channel":
+        client: Any = _ChannelProducer(ray, leader, replica_actor_name(topic, 0, 0))
+        submit = client.submit
+    else:
+        client = None
+
+        def submit(batch: bytes) -> concurrent.futures.Future[Any]:
+            return leader.produce.remote(batch, -1, 30_000).future()
+
+    def check(outcome: Any) -> None:
+        if outcome.error_code != 0:
+            raise RuntimeError(f"produce failed: {outcome}")
 
     # Saturated: `in_flight` calls outstanding.
     latencies: list[float] = []
-    pending: dict[Any, float] = {}
+    pending: dict[concurrent.futures.Future[Any], float] = {}
     moved = 0
     start = time.monotonic()
     end = start + args.seconds
     while time.monotonic() < end:
         while len(pending) < args.in_flight:
-            pending[leader.produce.remote(batch, -1, 30_000)] = time.monotonic()
-        done, _ = ray.wait(list(pending), num_returns=1)
-        for ref in done:
-            outcome = ray.get(ref)
-            latencies.append((time.monotonic() - pending.pop(ref)) * 1000)
-            if outcome.error_code != 0:
-                raise RuntimeError(f"produce failed: {outcome}")
+            pending[submit(batch)] = time.monotonic()
+        done, _ = concurrent.futures.wait(
+            list(pending), timeout=CALL_TIMEOUT_S, return_when="FIRST_COMPLETED"
+        )
+        if not done:
+            raise RuntimeError(f"no produce answered within {CALL_TIMEOUT_S} s")
+        for future in done:
+            check(future.result())
+            latencies.append((time.monotonic() - pending.pop(future)) * 1000)
             moved += len(batch)
-    for ref in list(pending):
-        ray.get(ref)
+    for future in list(pending):
+        check(future.result(timeout=CALL_TIMEOUT_S))
     elapsed = time.monotonic() - start
 
-    def produce_one() -> None:
-        outcome = ray.get(leader.produce.remote(batch, -1, 30_000))
-        if outcome.error_code != 0:
-            raise RuntimeError(f"produce failed: {outcome}")
-
-    paced = _paced(produce_one, len(batch), args)
+    paced = _paced(lambda: check(submit(batch).result(timeout=CALL_TIMEOUT_S)), len(batch), args)
+    if client is not None:
+        client.close()
     for actor in replicas:
         ray.kill(actor)
     return {
         "batch_bytes": size,
         "rf": rf,
         "mode": mode,
+        "path": path,
         "acks": "all",
         "mb_per_s": round(moved / elapsed / 1e6, 1),
         "p50_ms": round(statistics.median(latencies), 2),
@@ -230,6 +303,8 @@ def _goals(results: dict[str, Any]) -> None:
     }
     goals = []
     for case in results["produce"]:
+        if case["path"] != "channel":
+            continue  # the Ray-call figures are printed for comparison
         if case["rf"] == 3 and case["mode"] == "push":
             target = 0.5 * raw[case["batch_bytes"]] / 2
             goals.append(
