@@ -18,6 +18,7 @@ import pytest
 import ray
 from waiting import wait_until
 
+from raylog.actors import raycluster
 from raylog.actors.messages import BecomeFollower, BecomeLeader
 from raylog.actors.replica import NAMESPACE, ReplicaActor, replica_actor_name
 from raylog.actors.replication_types import ReplicaConfig
@@ -221,3 +222,16 @@ def test_corrupt_batch_is_refused_and_loses_nothing(ray_local: Path, tmp_path: P
         lambda: _state(replicas[0]).high_watermark == 5, timeout_s=CALL_TIMEOUT_S, message="HW 5"
     )
     assert len(_values(_read_all(replicas[0], 5))) == 5
+
+
+def test_replica_processes_keep_freed_batch_buffers_in_the_heap(ray_local: Path) -> None:
+    """The cluster's processes get raylog's glibc malloc tunables (raycluster.MALLOC_ENV), so a
+    replica does not map and unmap every megabyte batch it handles."""
+
+    @ray.remote(num_cpus=0)
+    def malloc_env() -> dict[str, str]:
+        import os
+
+        return {key: os.environ.get(key, "") for key in raycluster.MALLOC_ENV}
+
+    assert ray.get(malloc_env.remote(), timeout=CALL_TIMEOUT_S) == raycluster.MALLOC_ENV
