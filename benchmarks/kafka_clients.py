@@ -52,6 +52,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import threading
@@ -465,15 +466,18 @@ def main() -> None:
         _system_config=raycluster.FAST_DEATH_SYSTEM_CONFIG,
     )
     try:
-        results["raylog_rf1"] = raylog_case(root, 1, args, value)
-        results["raylog_rf3"] = raylog_case(root, 3, args, value)
-        if args.compare_ray_calls:
-            results["raylog_rf3_ray_calls"] = raylog_case(root, 3, args, value, channels=False)
+        try:
+            results["raylog_rf1"] = raylog_case(root, 1, args, value)
+            results["raylog_rf3"] = raylog_case(root, 3, args, value)
+            if args.compare_ray_calls:
+                results["raylog_rf3_ray_calls"] = raylog_case(root, 3, args, value, channels=False)
+        finally:
+            ray.shutdown()
+        results["tansu"] = tansu_peer(
+            root, args.records, value, args.latency_rate, args.latency_seconds
+        )
     finally:
-        ray.shutdown()
-    results["tansu"] = tansu_peer(
-        root, args.records, value, args.latency_rate, args.latency_seconds
-    )
+        shutil.rmtree(root, ignore_errors=True)  # the logs: gigabytes per run
     peer = results["tansu"]
 
     def ratio(ours: float, theirs: float) -> float:
