@@ -459,10 +459,12 @@ class PeerLink(_Link):
         self.messages_out = 0
         self.dropped = 0
 
-    def send(self, message: Any) -> bool:
+    def send(self, message: Any, frame: bytes | bytearray | None = None) -> bool:
+        """Queue ``message`` (``frame``: its :func:`encode_frame`, when the caller has it)."""
         if self._writer is None:
             return False
-        frame = encode_frame(message)
+        if frame is None:
+            frame = encode_frame(message)
         if not self._outbox.has_room(len(frame)):
             self.dropped += 1
             return True  # taken and dropped: the state machine resends what mattered

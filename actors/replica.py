@@ -37,7 +37,13 @@ from typing import Any
 import msgspec
 import ray
 
-from raylog.actors.channel import ChannelServer, PeerLink, channel_secret, is_channel_message
+from raylog.actors.channel import (
+    ChannelServer,
+    PeerLink,
+    channel_secret,
+    encode_frame,
+    is_channel_message,
+)
 from raylog.actors.messages import (
     CONSUMER_REPLICA_ID,
     UNDEFINED_EPOCH,
@@ -52,6 +58,7 @@ from raylog.actors.messages import (
     LocalLogStartAdvanced,
     ProduceRequest,
     RecordBatch,
+    ReplicateRequest,
     StopReplica,
 )
 from raylog.actors.partition import PartitionReplica
@@ -606,18 +613,21 @@ class ReplicaActor:
                 self._after_append(appended_records)
             # 2. The HW checkpoint is lazy (see _maybe_checkpoint_hw).
             # 3. Messages.
-            pushed: dict[tuple[int, int], tuple[RecordBatch, ...]] = {}
+            pushed: dict[tuple[int, int, ReplicateRequest], tuple[ReplicateRequest, Any]] = {}
             for out in ready.messages:
                 if isinstance(out, SendToReplica):
                     self._send(out.to, out.message)
                 elif isinstance(out, SendPushData):
-                    # One read per pushed range, however many followers it goes to.
-                    key = (out.base_offset, out.end_offset)
-                    batches = pushed.get(key)
-                    if batches is None:
+                    # One read and one encoding per pushed range, however many followers it
+                    # goes to (the request is the same for each).
+                    key = (out.base_offset, out.end_offset, out.request)
+                    push = pushed.get(key)
+                    if push is None:
                         batches = self._read_batches(out.base_offset, 1 << 30, out.end_offset)
-                        pushed[key] = batches
-                    self._send(out.to, msgspec.structs.replace(out.request, batches=batches))
+                        message = msgspec.structs.replace(out.request, batches=batches)
+                        frame = encode_frame(message) if self._use_channel else None
+                        push = pushed[key] = (message, frame)
+                    self._send(out.to, push[0], frame=push[1])
                 else:
                     assert isinstance(out, SendFetchData)
                     self._send_fetch_data(out)
@@ -758,16 +768,17 @@ class ReplicaActor:
             self._peers[replica_id] = handle
         return handle
 
-    def _send(self, to: int, message: Any) -> None:
+    def _send(self, to: int, message: Any, frame: bytes | bytearray | None = None) -> None:
         """One-way message to a peer replica: over its replication channel when that link is
         up, otherwise by a Ray call (while the link connects in the background); dropped when
-        the peer is unknown or saturated."""
+        the peer is unknown or saturated. ``frame``, if given, is the message already encoded
+        (:func:`encode_frame`), shared by the sends of one push to several followers."""
         if self._use_channel and is_channel_message(message):
             link = self._links.get(to)
             if link is None:
                 peer_name = replica_actor_name(self.topic, self.partition, to)
                 link = self._links[to] = PeerLink(peer_name, self._channel_secret, self._tls_client)
-            if link.send(message):
+            if link.send(message, frame):
                 return
             link.ensure_connecting(lambda: self._channel_address_of(to))
         if self._peer_calls.get(to, 0) >= PEER_CALLS_IN_FLIGHT_MAX:

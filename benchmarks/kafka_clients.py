@@ -44,6 +44,22 @@ produce 114.8, RF=3 produce 44.6, RF=3 consume 254.7, RF=1 consume 220.3; Tansu 
 Runs of 20,000 records last a fraction of a second and swing by 2x from run to run. A py-spy
 profile of RF=1 produce (gateway in-process) put ~42% of that process's samples in the
 script's own per-record ``produce`` loop; the replica actor was mostly waiting.
+
+Runs of 2026-11-25, session 7 (``--records 300000``, pull replication, two runs, quiet
+machine): RF=1 produce 279.2/278.5 MiB/s, RF=3 produce 173.8/170.8, RF=3 consume 763.8/685.2,
+RF=1 e2e p50/p99 1.85/3.1 ms, RF=3 2.52/4.9 ms; Tansu 289.0/270.2 produce, 517.6/513.4
+consume, 116/252 ms e2e (ratios: produce RF=1 0.97/1.03, RF=3 0.60/0.63, consume 1.48/1.34).
+What changed: perf showed the gateway spending 60% of its CPU in asyncio's
+``transport.write`` (on Python 3.11 a bytearray copied whole as it grows, and the gateway piled
+every pipelined produce call into it); the channels now write frame by frame from a bounded
+queue. Replica processes keep freed batch buffers in the heap (glibc tunables). Consume had
+two artifacts, both gone: it timed the followers' catch-up after the acks=1 run, and
+librdkafka's 1 s ``fetch.queue.backoff.ms`` pause whenever raylog filled its queue. What is
+left: at RF=1 this script's per-record ``produce`` loop (about 1 s of CPU per 300,000
+records) bounds raylog and Tansu alike; at RF=3 most replica CPU is the kernel copying batches
+into the page cache (``copy_folio_from_iter_atomic``, 40-57% of a follower's samples), and its
+cost swung 5x on this VM with the state of the page cache (21 GB of old benchmark logs left in
+/tmp halved RF=3). ``RAYLOG_BENCH_REPLICATION_MODE=push`` runs the same in push mode.
 """
 
 from __future__ import annotations
