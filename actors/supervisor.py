@@ -186,12 +186,22 @@ class SupervisorActor:
             if how == "running":  # its actor died (Ray gave up, or was told not to restart it)
                 log.warning("broker %d: its actor died; starting a new one", broker_id)
                 self._end(broker_id, "killed")
-            if how == "lost":
+            if how == "lost" or not await self._node_alive(broker_id):
+                # (Before the node watcher has seen the node die, too: a start there would only
+                # wait for actors that can never be placed.)
                 raise SupervisorError(
                     f"the Ray node of broker {broker_id} is gone; the broker starts again when "
                     "a node with its data dir joins"
                 )
             await self._start_pair(broker_id)
+
+    async def _node_alive(self, broker_id: int) -> bool:
+        """Whether the Ray node a broker is pinned to is alive (True when it is not pinned)."""
+        spec = self._specs.get(broker_id)
+        if spec is None or spec.node_id is None:
+            return True
+        nodes = await asyncio.to_thread(ray.nodes)
+        return any(n.get("NodeID") == spec.node_id and n.get("Alive") for n in nodes)
 
     async def _gone_for_good(self, broker_id: int) -> bool:
         """Whether a running broker's actor is dead for good (Ray gave up restarting it, or it

@@ -10,8 +10,9 @@ Proves: every ``raylog`` node gets a broker, registered with its rack and its no
 created with ``raylog topics create`` and read every record back; a node added later gets a
 broker (``raylog up`` prints that it joined, ``raylog brokers list`` shows three) and
 ``raylog reassign --rebalance`` moves replicas onto it; a node killed hard (SIGKILL to all its
-processes) loses leadership to a live replica, `raylog up` prints that its broker left, and
-every record is still read back; SIGINT stops
+processes) loses leadership to a live replica, `raylog up` prints that its broker left,
+`raylog brokers start` of that broker fails with a one-line reason, and every record is still
+read back; SIGINT stops
 `raylog up` with exit 0.
 
 Why the worker nodes run with ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1`` and join
@@ -296,6 +297,9 @@ def test_raylog_up_address_runs_a_broker_per_raylog_node(cluster: Cluster) -> No
         assert after[0]["leader"] != before[0]["leader"]
         assert up.lines is not None
         up.lines.wait_for(f"broker {victim_id} left", TIMEOUT_S)  # `raylog up` says so
+        restart = up.raylog("brokers", "start", str(victim_id))
+        assert restart.returncode != 0, restart.stdout
+        assert f"the Ray node of broker {victim_id} is gone" in restart.stderr, restart.stderr
         live = ",".join(
             f"{row['host']}:{row['port']}" for rack, row in alive.items() if rack != victim
         )
