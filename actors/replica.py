@@ -555,7 +555,35 @@ class ReplicaActor:
             return (exc.error_code, -1, -1, -1)
         if found is None or found.offset >= sm.high_watermark:
             return (0, -1, -1, sm.leader_epoch)
-        return (0, found.timestamp, found.offset, sm.leader_epoch)
+        try:
+            record = self._first_record_at(found.offset, timestamp, sm.high_watermark)
+        except RaylogError as exc:
+            return (exc.error_code, -1, -1, -1)
+        # A batch whose maxTimestamp no record reaches (a client set it so): the batch's own.
+        stamp, offset = record if record is not None else (found.timestamp, found.offset)
+        return (0, stamp, offset, sm.leader_epoch)
+
+    def _first_record_at(
+        self, batch_offset: int, timestamp: int, below: int
+    ) -> tuple[int, int] | None:
+        """``(timestamp, offset)`` of the first record at or after ``timestamp`` in the batch
+        at ``batch_offset`` (whose maxTimestamp is that late): Kafka's record precision, as its
+        LogSegment.findOffsetByTimestamp reads records inside the batch it found."""
+        # Imported here: Arrow is only needed for the rare lookup by time, not in every replica.
+        import pyarrow as pa
+
+        from raylog.pipelines.records import decode_batches
+
+        data = self._log.read(batch_offset, 1, max_offset=below)  # that one batch, whole
+        rows = decode_batches(
+            data, topic=self.topic, partition=self.partition, start_offset=batch_offset
+        )
+        offsets = rows.column("offset").to_pylist()
+        stamps = rows.column("timestamp").cast(pa.int64()).to_pylist()
+        for offset, stamp in zip(offsets, stamps, strict=True):
+            if stamp >= timestamp:
+                return stamp, offset
+        return None
 
     # --- replica to replica ---------------------------------------------------------------------
 

@@ -816,10 +816,10 @@ class Log:
         """ListOffsets: the first batch whose maxTimestamp >= ``timestamp_ms``.
 
         Returns (its maxTimestamp, its base offset), or None when no batch is that late.
-        Precision is one batch: records are not decoded, so the offset is the batch's base
-        offset, which may be a few records before the first record at that time (a consumer
-        seeking there sees them). -1 (latest) and -2 (earliest) return the log end / start
-        offset with timestamp -1, as Kafka does.
+        Precision is one batch: records are not decoded here, so the offset is the batch's base
+        offset (the replica then reads the batch's records for Kafka's record precision).
+        -1 (latest) and -2 (earliest) return the log end / start offset with timestamp -1, as
+        Kafka does.
         """
         with self._lock:
             self._check_usable()

@@ -7,9 +7,9 @@ the backend, concurrently, with its own error code (3 unknown, 6 not the leader 
 - -2 (earliest): the log start offset;
 - -1 (latest): the last fetchable offset, the high watermark for read_uncommitted and the last
   stable offset for read_committed (v2+; equal while raylog has no transactions);
-- otherwise: the first offset whose batch has a timestamp >= ``timestamp``, with that timestamp,
-  or (-1, -1) when no committed batch is that late. raylog answers with batch precision (records
-  are not decoded): the base offset of the first batch whose maxTimestamp is late enough.
+- otherwise: the offset of the first record whose timestamp is >= ``timestamp``, with that
+  record's timestamp, or (-1, -1) when no committed record is that late. As in Kafka, the leader
+  finds the first batch whose maxTimestamp is late enough, then reads its records.
 
 The answer's timestamp is -1 for -1 and -2, as Kafka's is.
 """

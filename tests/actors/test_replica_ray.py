@@ -235,3 +235,31 @@ def test_replica_processes_keep_freed_batch_buffers_in_the_heap(ray_local: Path)
         return {key: os.environ.get(key, "") for key in raycluster.MALLOC_ENV}
 
     assert ray.get(malloc_env.remote(), timeout=CALL_TIMEOUT_S) == raycluster.MALLOC_ENV
+
+
+def test_list_offsets_by_time_finds_the_record_inside_a_batch(
+    ray_local: Path, tmp_path: Path
+) -> None:
+    """ListOffsets by timestamp answers the first record at or after it, with that record's
+    timestamp, also when it sits in the middle of a batch (Kafka reads inside the batch)."""
+    replicas = _start(tmp_path, "by-time", "pull")
+    _lead(replicas, 0, 1, (0, 1, 2), (1, 2))
+    leader = replicas[0]
+    stamps = [1_000, 1_000, 1_500, 2_000, 2_000, 2_600]  # offsets 0-5 in one batch
+    batch = rb.build_batch([rb.Record(None, f"v{i}".encode(), t) for i, t in enumerate(stamps)])
+    late = rb.build_batch([rb.Record(None, b"late", 9_000)])  # offset 6
+    for data in (batch, late):
+        outcome = ray.get(leader.produce.remote(data, -1, 10_000), timeout=CALL_TIMEOUT_S)
+        assert outcome.error_code == 0, outcome
+
+    def by_time(ts: int) -> tuple[int, int]:
+        code, stamp, offset, _ = ray.get(leader.list_offsets.remote(ts), timeout=CALL_TIMEOUT_S)
+        assert code == 0
+        return stamp, offset
+
+    assert by_time(900) == (1_000, 0)
+    assert by_time(1_200) == (1_500, 2)  # not the batch's base offset 0
+    assert by_time(2_000) == (2_000, 3)
+    assert by_time(2_001) == (2_600, 5)
+    assert by_time(2_601) == (9_000, 6)  # the next batch
+    assert by_time(9_001) == (-1, -1)  # nothing that late
