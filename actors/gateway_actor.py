@@ -153,6 +153,8 @@ class GatewayActor:
             offsets_topic_replication_factor=config.offsets_topic_replication_factor,
             create_topic=self._create_internal_topic,
             initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+            offsets_retention_ms=config.offsets_retention_minutes * 60_000,
+            offsets_retention_check_interval_ms=config.offsets_retention_check_interval_ms,
         )
 
     async def _create_internal_topic(

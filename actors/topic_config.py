@@ -386,6 +386,8 @@ class BrokerConfig(msgspec.Struct, frozen=True, kw_only=True):
     num_partitions: int
     offsets_topic_num_partitions: int
     offsets_topic_replication_factor: int
+    offsets_retention_minutes: int
+    offsets_retention_check_interval_ms: int
     group_initial_rebalance_delay_ms: int
     auto_leader_rebalance_enable: bool
     leader_imbalance_per_broker_percentage: int
@@ -439,6 +441,23 @@ BROKER_CONFIG_DEFS: tuple[ConfigDef, ...] = (
         maximum=32767,
         doc="Replication factor of __consumer_offsets (capped by the brokers present when it is "
         "created).",
+    ),
+    ConfigDef(
+        name="offsets.retention.minutes",
+        type="int",
+        default="10080",
+        minimum=1,
+        doc="Committed offsets of a group that has been empty this long (a group that never "
+        "joins: since each offset's commit) are deleted (KIP-211).",
+        note="Kafka also expires, in a Stable consumer group, the offsets of topics no member "
+        "subscribes to; raylog keeps those.",
+    ),
+    ConfigDef(
+        name="offsets.retention.check.interval.ms",
+        type="long",
+        default="600000",
+        minimum=1,
+        doc="How often each group coordinator looks for expired offsets.",
     ),
     ConfigDef(
         name="group.initial.rebalance.delay.ms",

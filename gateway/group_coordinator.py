@@ -33,6 +33,11 @@ Ownership, as Kafka's brokers do it:
    not bring them back. The group's lock is held across the write, so no request changes it
    in between; a request that was waiting on it finds it Dead (COORDINATOR_NOT_AVAILABLE).
 
+6. Offset expiry (KIP-211): every ``offsets.retention.check.interval.ms`` the coordinator
+   tombstones the committed offsets past ``offsets.retention.minutes`` by Kafka's rules
+   (:meth:`Group.plan_offset_expiry`: a group Empty that long loses them all, and then itself)
+   with acks=all, and applies that once acknowledged, as OffsetDelete does.
+
 There is no log compaction in raylog yet, so loading reads the whole partition, and the topic is
 created with ``retention.ms=-1`` so that retention never deletes live offsets.
 """
@@ -61,6 +66,7 @@ from raylog.gateway.groups import (
     GroupState,
     JoinResult,
     Member,
+    OffsetDeletePlan,
     SyncResult,
 )
 from raylog.storage import batch as rb
@@ -78,6 +84,8 @@ log = logging.getLogger(__name__)
 
 OFFSETS_TOPIC = "__consumer_offsets"
 TICK_MS = 100  # leadership checks and session expiry run this often
+OFFSETS_RETENTION_MS_DEFAULT = 7 * 24 * 3600 * 1000  # offsets.retention.minutes = 10080
+OFFSETS_RETENTION_CHECK_INTERVAL_MS_DEFAULT = 600_000  # offsets.retention.check.interval.ms
 APPEND_TIMEOUT_MS = 5_000  # acks=all wait for a coordinator write (offsets.commit.timeout.ms)
 LOAD_FETCH_BYTES = 1 << 20
 LOAD_RETRY_MS = 500
@@ -137,6 +145,9 @@ class _Partition:
     leader_epoch: int
     loaded: bool = False
     groups: dict[str, Group] = field(default_factory=dict)
+    # Group -> wall-clock ms since which it has been Empty (KIP-211's currentStateTimestamp):
+    # from its metadata record when loaded Empty, else when a tick first saw it Empty.
+    empty_since: dict[str, int] = field(default_factory=dict)
     loader: asyncio.Task[None] | None = None
     write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -153,6 +164,8 @@ class GroupCoordinator:
         offsets_topic_replication_factor: int = 3,
         create_topic: CreateTopic | None = None,
         initial_rebalance_delay_ms: int = 0,
+        offsets_retention_ms: int = OFFSETS_RETENTION_MS_DEFAULT,
+        offsets_retention_check_interval_ms: int = OFFSETS_RETENTION_CHECK_INTERVAL_MS_DEFAULT,
         monotonic_ms: Callable[[], int] = lambda: time.monotonic_ns() // 1_000_000,
         wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:
@@ -162,6 +175,10 @@ class GroupCoordinator:
         self._replication_factor = offsets_topic_replication_factor
         self._create_topic = create_topic
         self._initial_rebalance_delay_ms = initial_rebalance_delay_ms
+        self._retention_ms = offsets_retention_ms
+        self._retention_check_ms = offsets_retention_check_interval_ms
+        self._last_retention_check_ms: int | None = None
+        self._expiring: asyncio.Task[None] | None = None
         self._now = monotonic_ms
         self._wall = wall_ms
         self._owned: dict[int, _Partition] = {}
@@ -180,7 +197,7 @@ class GroupCoordinator:
             self._ticker = asyncio.get_running_loop().create_task(self._tick_loop())
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._ticker, self._creating) if t is not None]
+        tasks = [t for t in (self._ticker, self._creating, self._expiring) if t is not None]
         tasks += [p.loader for p in self._owned.values() if p.loader is not None]
         for task in tasks:
             task.cancel()
@@ -435,17 +452,25 @@ class GroupCoordinator:
             plan = group.plan_offset_delete(partitions)
             if plan.error_code:
                 return plan.error_code, {}
-            keys: list[gr.Key] = [gr.OffsetCommitKey(group_id, t, p) for t, p in plan.remove]
-            if plan.delete_group:
-                keys.append(gr.GroupMetadataKey(group_id))
-            if keys:
-                error = await self._append(group_id, [(gr.encode_key(k), None) for k in keys])
-                if error:
-                    return error, {}
-            group.remove_offsets(plan.remove)
-            if plan.delete_group:
-                self._drop(group)
+            error = await self._remove_offsets(group, plan)
+            if error:
+                return error, {}
         return ErrorCode.NONE, plan.partition_errors
+
+    async def _remove_offsets(self, group: Group, plan: OffsetDeletePlan) -> int:
+        """Tombstones for ``plan``'s offsets (and the group's metadata when it goes too), then,
+        once acknowledged, the change; the caller holds the group's lock."""
+        keys: list[gr.Key] = [gr.OffsetCommitKey(group.group_id, t, p) for t, p in plan.remove]
+        if plan.delete_group:
+            keys.append(gr.GroupMetadataKey(group.group_id))
+        if keys:
+            error = await self._append(group.group_id, [(gr.encode_key(k), None) for k in keys])
+            if error:
+                return error
+        group.remove_offsets(plan.remove)
+        if plan.delete_group:
+            self._drop(group)
+        return ErrorCode.NONE
 
     def _dead_error(self, group_id: str) -> int:
         """For a group found Dead: NOT_COORDINATOR if its partition left this broker, else it
@@ -626,6 +651,59 @@ class GroupCoordinator:
                 async with lock:
                     group.tick(now)
                     await self._settle(group)
+        self._note_empty_groups()
+        if self._last_retention_check_ms is None:
+            self._last_retention_check_ms = now  # the first check one interval after start
+        elif now - self._last_retention_check_ms >= self._retention_check_ms and (
+            self._expiring is None or self._expiring.done()
+        ):
+            self._last_retention_check_ms = now
+            self._expiring = asyncio.get_running_loop().create_task(self._expire_offsets())
+
+    def _note_empty_groups(self) -> None:
+        """Since when each loaded group has been Empty (kept while it stays Empty)."""
+        wall = self._wall()
+        for owned in self._owned.values():
+            if not owned.loaded:
+                continue
+            for group_id in list(owned.empty_since):
+                group = owned.groups.get(group_id)
+                if group is None or group.state is not GroupState.EMPTY:
+                    del owned.empty_since[group_id]
+            for group_id, group in owned.groups.items():
+                if group.state is GroupState.EMPTY:
+                    owned.empty_since.setdefault(group_id, wall)
+
+    async def _expire_offsets(self) -> None:
+        """KIP-211: tombstone the committed offsets past the retention
+        (:meth:`Group.plan_offset_expiry`), and an Empty group left without offsets."""
+        for owned in list(self._owned.values()):
+            if not owned.loaded:
+                continue
+            for group in list(owned.groups.values()):
+                group_id = group.group_id
+                if not group.plan_offset_expiry(
+                    self._wall(), self._retention_ms, owned.empty_since.get(group_id)
+                ).remove:
+                    continue
+                async with self._lock(group_id):
+                    if group.state is GroupState.DEAD:  # deleted or unloaded meanwhile
+                        continue
+                    plan = group.plan_offset_expiry(  # again: a request may have changed it
+                        self._wall(), self._retention_ms, owned.empty_since.get(group_id)
+                    )
+                    if not plan.remove:
+                        continue
+                    error = await self._remove_offsets(group, plan)
+                    if error:
+                        log.warning("group %s: expired offsets kept: error %d", group_id, error)
+                        continue
+                log.info(
+                    "group %s: %d committed offsets expired%s",
+                    group_id,
+                    len(plan.remove),
+                    " and the group with them" if plan.delete_group else "",
+                )
 
     def _unload(self, partition: int) -> None:
         owned = self._owned.pop(partition)
@@ -655,18 +733,21 @@ class GroupCoordinator:
                 )
                 await asyncio.sleep(LOAD_RETRY_MS / 1000)
                 continue
-            owned.groups = groups
+            owned.groups, owned.empty_since = groups
             owned.loaded = True
             log.info(
                 "broker %d: loaded %s-%d (%d groups)",
                 self.broker_id,
                 OFFSETS_TOPIC,
                 partition,
-                len(groups),
+                len(owned.groups),
             )
             return
 
-    async def _read_partition(self, partition: int, owned: _Partition) -> dict[str, Group]:
+    async def _read_partition(
+        self, partition: int, owned: _Partition
+    ) -> tuple[dict[str, Group], dict[str, int]]:
+        """The partition's groups, and since when each Empty one with metadata has been so."""
         barrier = [(gr.encode_key(gr.GroupMetadataKey(BARRIER_GROUP)), None)]
         wall = self._wall()
         batch = rb.build_batch([rb.Record(k, v, wall) for k, v in barrier])
@@ -694,7 +775,15 @@ class GroupCoordinator:
             if next_offset <= offset:
                 raise _LoadFailed(f"fetch at {offset} returned nothing past it")
             offset = next_offset
-        return replay.groups(self._now())
+        groups = replay.groups(self._now())
+        empty_since = {
+            group_id: value.current_state_timestamp_ms
+            for group_id, value in replay.metadata.items()
+            if value is not None
+            and group_id in groups
+            and groups[group_id].state is GroupState.EMPTY
+        }
+        return groups, empty_since
 
 
 class _LoadFailed(Exception):

@@ -770,8 +770,53 @@ class Group:
                 topics |= found
         return frozenset(topics)
 
+    def plan_offset_expiry(
+        self, now_ms: int, retention_ms: int, empty_since_ms: int | None
+    ) -> OffsetDeletePlan:
+        """The committed offsets past ``offsets.retention.minutes`` (KIP-211, Kafka's
+        ``GroupMetadata.removeExpiredOffsets``); times are wall-clock ms.
+
+        - An Empty group with a protocol type: every offset, once the group has been empty for
+          the retention (``empty_since_ms``; unknown: each offset's commit time).
+        - A group without one (it only commits, never joins): each offset once its commit is
+          that old.
+        - A Stable "consumer" group: the offsets of topics no member subscribes to, once their
+          commit is that old; the others are in use.
+        - Otherwise (rebalancing, or subscriptions that cannot be read): none.
+
+        ``delete_group`` when the group is Empty and would hold no offset afterwards: Kafka
+        then writes its tombstone too.
+        """
+
+        def old(committed: CommittedOffset) -> bool:
+            return committed.commit_timestamp_ms + retention_ms <= now_ms
+
+        expired: list[tuple[str, int]] = []
+        if self.state is GroupState.EMPTY and self.protocol_type is not None:
+            if empty_since_ms is not None:
+                if empty_since_ms + retention_ms <= now_ms:
+                    expired = list(self.offsets)
+            else:
+                expired = [tp for tp, c in self.offsets.items() if old(c)]
+        elif self.state is GroupState.EMPTY:
+            expired = [tp for tp, c in self.offsets.items() if old(c)]
+        elif self.state is GroupState.STABLE and self.protocol_type == CONSUMER_PROTOCOL_TYPE:
+            subscribed = self.subscribed_topics()
+            if subscribed is not None:
+                expired = [
+                    tp for tp, c in self.offsets.items() if tp[0] not in subscribed and old(c)
+                ]
+        remove = tuple(sorted(expired))
+        delete_group = (
+            bool(remove)
+            and self.state is GroupState.EMPTY
+            and not self.members
+            and len(remove) == len(self.offsets)
+        )
+        return OffsetDeletePlan(ErrorCode.NONE, remove=remove, delete_group=delete_group)
+
     def remove_offsets(self, partitions: Iterable[tuple[str, int]]) -> None:
-        """Apply an OffsetDelete whose tombstones are written."""
+        """Apply an OffsetDelete (or an expiry) whose tombstones are written."""
         for tp in partitions:
             self.offsets.pop(tp, None)
 

@@ -9,7 +9,9 @@ offsets), only offsets of unsubscribed topics of a Stable "consumer" group
 (GROUP_SUBSCRIBED_TO_TOPIC for the others, and for all when a subscription cannot be read), and
 none of a non-consumer group with members (NON_EMPTY_GROUP); subscriptions encoded by
 kafka-python (ConsumerProtocolSubscription v0-3) are read back; ListGroups' state and type
-filters match case-insensitively and an empty filter keeps everything.
+filters match case-insensitively and an empty filter keeps everything; offset expiry (KIP-211)
+takes every offset of a group Empty for the retention (and the group), each offset of a group
+that only commits by its commit time, and only old unsubscribed ones of a Stable consumer group.
 """
 
 from __future__ import annotations
@@ -160,6 +162,49 @@ def test_offset_delete_when_subscriptions_cannot_be_read_or_the_group_is_not_con
     connect = stable_group("t", protocol_type="connect")
     assert connect.plan_offset_delete([("u", 0)]).error_code == ErrorCode.NON_EMPTY_GROUP
     assert Group("new").plan_offset_delete([("u", 0)]).error_code == ErrorCode.GROUP_ID_NOT_FOUND
+
+
+RETENTION_MS = 1_000
+
+
+def committed_at(group: Group, when_ms: int, *partitions: tuple[str, int]) -> None:
+    group.commit("", {tp: CommittedOffset(5, -1, "", when_ms) for tp in partitions}, NOW_MS)
+
+
+def test_offset_expiry_of_a_stable_consumer_group_takes_only_old_unsubscribed_offsets() -> None:
+    group = stable_group("t")
+    committed_at(group, 0, ("t", 0), ("u", 0))
+    committed_at(group, 500, ("u", 1))
+    plan = group.plan_offset_expiry(RETENTION_MS, RETENTION_MS, empty_since_ms=None)
+    assert plan.remove == (("u", 0),) and not plan.delete_group  # ("t", 0) is subscribed
+    connect = stable_group("t", protocol_type="connect")
+    committed_at(connect, 0, ("u", 0))
+    assert connect.plan_offset_expiry(10 * RETENTION_MS, RETENTION_MS, None).remove == ()
+
+
+def test_offset_expiry_of_an_empty_group_counts_from_when_it_became_empty() -> None:
+    group = stable_group("t")
+    committed_at(group, 0, ("t", 0), ("u", 0))
+    assert group.leave("a", NOW_MS) == ErrorCode.NONE
+    group.tick(NOW_MS)
+    assert group.state is GroupState.EMPTY
+    assert group.plan_offset_expiry(1_999, RETENTION_MS, empty_since_ms=1_000).remove == ()
+    plan = group.plan_offset_expiry(2_000, RETENTION_MS, empty_since_ms=1_000)
+    assert plan.remove == (("t", 0), ("u", 0)) and plan.delete_group
+    # Since when it is empty unknown: each offset's commit time stands in (Kafka's getOrElse).
+    committed_at(group, 900, ("u", 1))
+    plan = group.plan_offset_expiry(1_500, RETENTION_MS, empty_since_ms=None)
+    assert plan.remove == (("t", 0), ("u", 0)) and not plan.delete_group
+
+
+def test_offset_expiry_of_a_group_that_only_commits_goes_by_commit_time() -> None:
+    group = Group("g")
+    committed_at(group, 0, ("t", 0))
+    committed_at(group, 800, ("t", 1))
+    plan = group.plan_offset_expiry(1_000, RETENTION_MS, empty_since_ms=0)
+    assert plan.remove == (("t", 0),) and not plan.delete_group
+    plan = group.plan_offset_expiry(1_800, RETENTION_MS, empty_since_ms=0)
+    assert plan.remove == (("t", 0), ("t", 1)) and plan.delete_group
 
 
 @pytest.mark.parametrize("version", [0, 1, 2, 3])

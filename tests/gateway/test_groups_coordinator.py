@@ -7,7 +7,9 @@ JoinGroup answers wait for the rebalance and SyncGroup for the leader; commits a
 records and a second coordinator reading the same log (failover) rebuilds the group (Stable,
 same generation, heartbeats accepted) and its offsets; losing leadership answers a waiting
 JoinGroup NOT_COORDINATOR; a group's metadata write failing turns its SyncGroup answers into
-COORDINATOR_NOT_AVAILABLE.
+COORDINATOR_NOT_AVAILABLE; committed offsets expire (KIP-211) once their group has been Empty
+for the retention, counted across a coordinator failover from the group's metadata record, and
+a group that only commits loses each offset a retention after its commit, then the group.
 
 The backend here is a stand-in for the replica actors' log (the thing under test is the
 coordinator); the live tests in ``tests/test_consumer_groups.py`` use the real one.
@@ -283,5 +285,111 @@ def test_the_initial_rebalance_delay_holds_the_first_join_until_the_tick_after_i
         await coordinator._tick()
         result = await asyncio.wait_for(waiting, timeout=5)
         assert result.error_code == 0 and result.generation_id == 1
+
+    asyncio.run(run())
+
+
+RETENTION_MS = 60_000
+CHECK_MS = 1_000
+
+
+async def expiring(backend: LogBackend, clock: Clock, wall: Clock, broker: int = 1) -> Any:
+    """A loaded coordinator with a short offset retention on the test's clocks."""
+    coordinator = GroupCoordinator(
+        backend,
+        broker,
+        monotonic_ms=clock,
+        wall_ms=wall,
+        offsets_retention_ms=RETENTION_MS,
+        offsets_retention_check_interval_ms=CHECK_MS,
+    )
+    await coordinator._tick()
+    await asyncio.gather(*(o.loader for o in coordinator._owned.values() if o.loader))
+    return coordinator
+
+
+async def expiring_on_new_clocks() -> tuple[LogBackend, Clock, Clock, Any]:
+    """A new log, a monotonic clock at 0, a wall clock in 2023, and a coordinator on them."""
+    backend, clock, wall = LogBackend(), Clock(), Clock()
+    wall.ms = 1_700_000_000_000
+    return backend, clock, wall, await expiring(backend, clock, wall)
+
+
+async def after(coordinator: GroupCoordinator, clock: Clock, wall: Clock, ms: int) -> None:
+    """The wall clock ``ms`` on (commit times and retention are wall-clock), the monotonic one
+    a check interval (sessions of 10 s survive), then a tick and the expiry check it starts."""
+    clock.ms += CHECK_MS
+    wall.ms += ms
+    await coordinator._tick()
+    if coordinator._expiring is not None:
+        await coordinator._expiring
+
+
+def test_offsets_of_a_group_empty_past_the_retention_expire_with_it() -> None:
+    async def run() -> None:
+        backend, clock, wall, coordinator = await expiring_on_new_clocks()
+        member, generation = await stable_member(coordinator)
+        assert not await coordinator.commit_offsets(
+            GROUP, member, generation, {("t", 0): (5, -1, "")}
+        )
+        await after(coordinator, clock, wall, RETENTION_MS)  # Stable: in use, whatever its age
+        assert (await coordinator.fetch_offsets(GROUP, [("t", 0)])).offsets[("t", 0)] is not None
+
+        assert (await coordinator.leave_group(GROUP, [member]))[1] == [0]
+        await after(coordinator, clock, wall, 0)  # the tick that sees it Empty (every 100 ms)
+        assert coordinator._owned[PARTITION].groups[GROUP].state is GroupState.EMPTY
+        await after(coordinator, clock, wall, RETENTION_MS - CHECK_MS)  # empty, not long enough
+        assert (await coordinator.fetch_offsets(GROUP, [("t", 0)])).offsets[("t", 0)] is not None
+        await after(coordinator, clock, wall, 2 * CHECK_MS)
+        assert (await coordinator.fetch_offsets(GROUP, [("t", 0)])).offsets == {("t", 0): None}
+        assert coordinator.describe_group(GROUP)[0] == ErrorCode.GROUP_ID_NOT_FOUND
+
+        # The tombstones are in the log: a new coordinator reading it brings nothing back.
+        backend.leaders[PARTITION] = 2
+        backend.epoch += 1
+        second = await expiring(backend, clock, wall, broker=2)
+        assert (await second.fetch_offsets(GROUP, [("t", 0)])).offsets == {("t", 0): None}
+        assert second.describe_group(GROUP)[0] == ErrorCode.GROUP_ID_NOT_FOUND
+
+    asyncio.run(run())
+
+
+def test_standalone_commits_expire_one_by_one_from_their_commit_time() -> None:
+    async def run() -> None:
+        _, clock, wall, coordinator = await expiring_on_new_clocks()
+        # A consumer that assigns partitions itself commits with generation -1, no member.
+        assert not await coordinator.commit_offsets(GROUP, "", -1, {("t", 0): (1, -1, "")})
+        await after(coordinator, clock, wall, RETENTION_MS // 2)
+        assert not await coordinator.commit_offsets(GROUP, "", -1, {("t", 1): (2, -1, "")})
+        await after(coordinator, clock, wall, RETENTION_MS // 2 + CHECK_MS)
+        fetched = await coordinator.fetch_offsets(GROUP, [("t", 0), ("t", 1)])
+        assert fetched.offsets[("t", 0)] is None  # committed a retention ago
+        assert fetched.offsets[("t", 1)] is not None  # half a retention ago
+        await after(coordinator, clock, wall, RETENTION_MS // 2)
+        assert (await coordinator.fetch_offsets(GROUP, [("t", 1)])).offsets == {("t", 1): None}
+        assert coordinator.describe_group(GROUP)[0] == ErrorCode.GROUP_ID_NOT_FOUND
+
+    asyncio.run(run())
+
+
+def test_a_new_coordinator_counts_the_retention_from_when_the_group_became_empty() -> None:
+    async def run() -> None:
+        backend, clock, wall, first = await expiring_on_new_clocks()
+        member, generation = await stable_member(first)
+        assert not await first.commit_offsets(GROUP, member, generation, {("t", 0): (5, -1, "")})
+        assert (await first.leave_group(GROUP, [member]))[1] == [0]
+        await after(first, clock, wall, 0)
+        await after(first, clock, wall, RETENTION_MS // 2)
+
+        # Failover half a retention later: the group's metadata record says since when it is
+        # Empty, so the new coordinator does not start counting again.
+        backend.leaders[PARTITION] = 2
+        backend.epoch += 1
+        await first._tick()
+        second = await expiring(backend, clock, wall, broker=2)
+        await after(second, clock, wall, 0)
+        assert (await second.fetch_offsets(GROUP, [("t", 0)])).offsets[("t", 0)] is not None
+        await after(second, clock, wall, RETENTION_MS // 2 + CHECK_MS)
+        assert (await second.fetch_offsets(GROUP, [("t", 0)])).offsets == {("t", 0): None}
 
     asyncio.run(run())
