@@ -204,6 +204,13 @@ def test_failover_keeps_acknowledged_writes_and_truncates_divergence(
         timeout_s=CALL_TIMEOUT_S,
         message="old leader truncated and caught up",
     )
+    # A follower learns the high watermark from the leader's next message: in push mode, with
+    # nothing left to push, from its idle fetch. Each replica serves only below its own.
+    wait_until(
+        lambda: all(_state(r).high_watermark == new_leader_end for r in replicas.values()),
+        timeout_s=CALL_TIMEOUT_S,
+        message="every replica's high watermark at the new leader's log end",
+    )
     logs = {rid: _read_all(r, new_leader_end) for rid, r in replicas.items()}
     assert logs[0] == logs[1] == logs[2], "logs differ below the high watermark"
     assert _values(logs[0]) == expected
