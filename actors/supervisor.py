@@ -200,7 +200,10 @@ class SupervisorActor:
         spec = self._specs.get(broker_id)
         if spec is None or spec.node_id is None:
             return True
-        nodes = await asyncio.to_thread(ray.nodes)
+        try:
+            nodes = await asyncio.wait_for(asyncio.to_thread(ray.nodes), STATUS_TIMEOUT_MS / 1000)
+        except TimeoutError:
+            return True  # Ray did not say: try the start, bounded as before
         return any(n.get("NodeID") == spec.node_id and n.get("Alive") for n in nodes)
 
     async def _gone_for_good(self, broker_id: int) -> bool:
