@@ -205,8 +205,9 @@ class NodeWatcherActor:
 
     async def _sup(self) -> Any:
         if self._supervisor is None:
-            self._supervisor = await asyncio.to_thread(
-                ray.get_actor, self._supervisor_name, namespace=NAMESPACE
+            self._supervisor = await asyncio.wait_for(
+                asyncio.to_thread(ray.get_actor, self._supervisor_name, namespace=NAMESPACE),
+                CALL_TIMEOUT_MS / 1000,
             )
         return self._supervisor
 
@@ -217,7 +218,10 @@ class NodeWatcherActor:
 
     async def poll_once(self) -> WatchPlan:
         """One round: start brokers on new nodes, report lost ones. Returns what it decided."""
-        nodes = parse_nodes(await asyncio.to_thread(ray.nodes))
+        # Bounded: a round that gets no answer fails (logged) and the next one asks again.
+        nodes = parse_nodes(
+            await asyncio.wait_for(asyncio.to_thread(ray.nodes), CALL_TIMEOUT_MS / 1000)
+        )
         by_node = await self._brokers_by_node()
         decided = plan(nodes, by_node)
         for broker_id in decided.lost:
