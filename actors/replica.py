@@ -692,7 +692,8 @@ class ReplicaActor:
         if op.replicated:
             self._log.append_replicated(op.data)
             return
-        info = self._log.append(op.data, op.batch.leader_epoch)
+        # produce() validated the batch (framing, size, CRC) before the state machine saw it.
+        info = self._log.append(op.data, op.batch.leader_epoch, validated=True)
         if info.base_offset != op.batch.base_offset:
             # Invariant: the log assigns exactly the offsets the state machine chose.
             raise RuntimeError(
