@@ -418,6 +418,13 @@ class _Link:
         if self._task is not None:
             self._task.cancel()
 
+    async def aclose(self) -> None:
+        """:meth:`close`, then wait until the connection is torn down."""
+        task = self._task
+        self.close()
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         raise NotImplementedError
 

@@ -31,7 +31,7 @@ from raylog.storage.errors import RaylogError
 if TYPE_CHECKING:
     from raylog.gateway.backend import Broker, TopicState
     from raylog.gateway.group_coordinator import GroupCoordinator
-    from raylog.gateway.replica_backend import MetadataView
+    from raylog.gateway.replica_backend import MetadataView, ReplicaBackend
     from raylog.gateway.server import GatewayServer
 
 log = logging.getLogger(__name__)
@@ -108,6 +108,7 @@ class GatewayActor:
         self._poll_ms = max(10, poll_ms)
         self._view: MetadataView | None = None
         self._server: GatewayServer | None = None
+        self._backend: ReplicaBackend | None = None
         self._has_certificate = False
         self._poller: asyncio.Task[None] | None = None
         self._controller: Any = None  # handle of the controller last found active
@@ -124,6 +125,7 @@ class GatewayActor:
             return self.port
         view = MetadataView(self.broker_id, self.cluster_id)
         backend = ReplicaBackend(view, controller=self, broker_configs=self._broker_configs)
+        self._backend = backend
         groups = self._group_coordinator(backend)
         server = GatewayServer(backend, groups=groups)
         try:
@@ -178,6 +180,9 @@ class GatewayActor:
             self._poller = None
         if self._server is not None:
             await self._server.stop()
+            if self._backend is not None:
+                await self._backend.aclose()  # its channels to the replicas
+                self._backend = None
             self._server = None
 
     async def status(self) -> dict[str, Any]:

@@ -609,6 +609,11 @@ class ReplicaBackend:
                     self._ray_in_flight[name] -= 1
         raise AssertionError("unreachable")
 
+    async def aclose(self) -> None:
+        """Close the channels to the replicas (the gateway stops)."""
+        links, self._links = list(self._links.values()), {}
+        await asyncio.gather(*(link.aclose() for link in links))
+
     def set_channel_tls(self, leaf: LeafCertificate) -> None:
         """Use mutual TLS with ``leaf`` (from the cluster CA) on the channels to the replicas;
         links made before are closed and remade."""

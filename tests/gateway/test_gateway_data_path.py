@@ -199,6 +199,7 @@ class Cluster:
     def stop(self) -> None:
         for server in self.servers.values():
             self.call(server.stop())
+            self.call(server.backend.aclose())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10.0)
         self.loop.close()
