@@ -792,14 +792,11 @@ class Group:
             return committed.commit_timestamp_ms + retention_ms <= now_ms
 
         expired: list[tuple[str, int]] = []
-        if self.state is GroupState.EMPTY and self.protocol_type is not None:
-            if empty_since_ms is not None:
-                if empty_since_ms + retention_ms <= now_ms:
-                    expired = list(self.offsets)
+        if self.state is GroupState.EMPTY:
+            if self.protocol_type is not None and empty_since_ms is not None:
+                expired = list(self.offsets) if empty_since_ms + retention_ms <= now_ms else []
             else:
                 expired = [tp for tp, c in self.offsets.items() if old(c)]
-        elif self.state is GroupState.EMPTY:
-            expired = [tp for tp, c in self.offsets.items() if old(c)]
         elif self.state is GroupState.STABLE and self.protocol_type == CONSUMER_PROTOCOL_TYPE:
             subscribed = self.subscribed_topics()
             if subscribed is not None:
