@@ -21,11 +21,12 @@ Ownership, as Kafka's brokers do it:
    the followers report in); (b) read the partition from its log start to the barrier through
    the backend's fetch and replay it: the last record of a key wins and a null value (a
    tombstone) deletes. The barrier is a tombstone of group "", which no group can have (Kafka's
-   own loader would read it as a no-op too).
-4. Writes (offset commits, a group's metadata after each completed rebalance) are appended with
-   acks=all through the backend's produce path, one at a time per partition, and applied to the
-   group only once acknowledged. Produce errors become Kafka's coordinator errors
-   (:data:`_STORE_ERRORS`).
+   own loader would read it as a no-op too). A group's metadata record names each static
+   member's ``group_instance_id``, so the new coordinator fences the same old member ids.
+4. Writes (offset commits, a group's metadata after each completed rebalance or static
+   member's takeover of a Stable group) are appended with acks=all through the backend's
+   produce path, one at a time per partition, and applied to the group only once acknowledged.
+   Produce errors become Kafka's coordinator errors (:data:`_STORE_ERRORS`).
 
 5. Deleting a group (DeleteGroups) or offsets (OffsetDelete) writes tombstones (null values)
    for the group's metadata key and each deleted offset's key with acks=all, and changes the
@@ -66,6 +67,7 @@ from raylog.gateway.groups import (
     GroupState,
     JoinResult,
     Member,
+    MemberIdentity,
     OffsetDeletePlan,
     SyncResult,
 )
@@ -262,11 +264,13 @@ class GroupCoordinator:
         protocol_type: str,
         protocols: Sequence[tuple[str, bytes]],
         require_known_member_id: bool,
+        group_instance_id: str | None = None,
     ) -> JoinResult:
         group, error = self._group(group_id, create=True)
         if group is None:
             return JoinResult(error, member_id=member_id)
-        new_member_id = f"{client_id}-{uuid.uuid4()}"
+        # Kafka's generateMemberId: a static member's id starts with its instance id.
+        new_member_id = f"{group_instance_id or client_id}-{uuid.uuid4()}"
         async with self._lock(group_id):
             result = group.join(
                 member_id=member_id,
@@ -280,6 +284,7 @@ class GroupCoordinator:
                 new_member_id=new_member_id,
                 now_ms=self._now(),
                 initial_rebalance_delay_ms=self._initial_rebalance_delay_ms,
+                group_instance_id=group_instance_id,
             )
             waiter = None
             if result is None:
@@ -301,6 +306,7 @@ class GroupCoordinator:
         member_id: str,
         generation_id: int,
         assignments: Mapping[str, bytes],
+        group_instance_id: str | None = None,
     ) -> SyncResult:
         group, error = self._group(group_id, create=False)
         if group is None:
@@ -311,6 +317,7 @@ class GroupCoordinator:
                 generation_id=generation_id,
                 assignments=assignments,
                 now_ms=self._now(),
+                group_instance_id=group_instance_id,
             )
             waiter = self._wait_for(group_id, member_id, "sync") if result is None else None
             await self._settle(group)
@@ -325,22 +332,33 @@ class GroupCoordinator:
         except TimeoutError:
             return SyncResult(ErrorCode.REBALANCE_IN_PROGRESS)
 
-    async def heartbeat(self, group_id: str, member_id: str, generation_id: int) -> int:
+    async def heartbeat(
+        self,
+        group_id: str,
+        member_id: str,
+        generation_id: int,
+        group_instance_id: str | None = None,
+    ) -> int:
         group, error = self._group(group_id, create=False)
         if group is None:
             return error
         async with self._lock(group_id):
             return group.heartbeat(
-                member_id=member_id, generation_id=generation_id, now_ms=self._now()
+                member_id=member_id,
+                generation_id=generation_id,
+                now_ms=self._now(),
+                group_instance_id=group_instance_id,
             )
 
-    async def leave_group(self, group_id: str, member_ids: Sequence[str]) -> tuple[int, list[int]]:
+    async def leave_group(
+        self, group_id: str, members: Sequence[MemberIdentity]
+    ) -> tuple[int, list[int]]:
         """(group error, one error per member)."""
         group, error = self._group(group_id, create=False)
         if group is None:
-            return error, [error] * len(member_ids)
+            return error, [error] * len(members)
         async with self._lock(group_id):
-            codes = [group.leave(m, self._now()) for m in member_ids]
+            codes = [group.leave(m.member_id, self._now(), m.group_instance_id) for m in members]
             await self._settle(group)
         return ErrorCode.NONE, codes
 
@@ -352,13 +370,14 @@ class GroupCoordinator:
         member_id: str,
         generation_id: int,
         offsets: Mapping[tuple[str, int], tuple[int, int, str | None]],
+        group_instance_id: str | None = None,
     ) -> int:
         """Write ``(topic, partition) -> (offset, leader_epoch, metadata)``; one error for all."""
         group, error = self._group(group_id, create=generation_id < 0)
         if group is None:
             return error
         async with self._lock(group_id):
-            error = group.validate_commit(member_id, generation_id)
+            error = group.validate_commit(member_id, generation_id, group_instance_id)
             if error:
                 return error
             if not offsets:
@@ -572,7 +591,7 @@ class GroupCoordinator:
             members=[
                 gr.MemberMetadata(
                     m.member_id,
-                    None,
+                    m.group_instance_id,
                     m.client_id,
                     m.client_host,
                     m.rebalance_timeout_ms,
@@ -854,6 +873,7 @@ class _Replay:
                             m.rebalance_timeout_ms,
                             ((value.protocol, m.subscription),) if value.protocol else (),
                             m.assignment,
+                            group_instance_id=m.group_instance_id,
                         )
                         for m in value.members
                     ],

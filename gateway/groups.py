@@ -44,6 +44,25 @@ Rules kept here, each Kafka's (``GroupCoordinator.scala`` / ``GroupMetadata.scal
    may be deleted from an Empty group, or from a "consumer" group for topics no member is
    subscribed to (else GROUP_SUBSCRIBED_TO_TOPIC, 86); an Empty group whose last offsets are
    deleted is deleted with them.
+8. Static membership (KIP-345): a member joining with a ``group_instance_id`` is given its
+   member id at once (no MEMBER_ID_REQUIRED round trip). The instance id names one member at a
+   time (:attr:`Group.static_members`); the same instance joining again without a member id
+   (a restarted consumer) takes over that member under a new id, and the old id is fenced:
+   its waiting JoinGroup/SyncGroup and every later request naming the instance with it get
+   FENCED_INSTANCE_ID (82). A request naming an instance the group does not know gets
+   UNKNOWN_MEMBER_ID. Taking over a Stable group's member does not rebalance unless the
+   group's protocol would change (Kafka's rule) or, in a "consumer" group, the member's
+   subscribed topics changed (raylog's addition: its subscription bytes also carry its
+   generation and owned partitions, which a restart always changes, so Kafka compares only
+   the protocol and a restarted member with a new subscription would never be served); the
+   member is answered with the current generation once the group's record carries its new
+   id, and with the *old* leader id, so that a rejoining leader does not run an assignment the
+   Stable group would ignore (KIP-814's skip_assignment needs JoinGroup v9, not advertised);
+   if that write fails the takeover is undone. In CompletingRebalance a takeover rebalances
+   (the leader may be assigning to the old id). A static member that does not rejoin a
+   rebalance is kept in the next generation (with its last metadata) until its session
+   expires; a leader that did not rejoin is replaced by one that did, and a rebalance that no
+   member rejoined waits another rebalance timeout.
 """
 
 from __future__ import annotations
@@ -67,9 +86,11 @@ __all__ = [
     "GroupDescription",
     "GroupListing",
     "GroupState",
+    "JoinMember",
     "JoinResult",
     "Member",
     "MemberDescription",
+    "MemberIdentity",
     "OffsetDeletePlan",
     "Reply",
     "SyncResult",
@@ -95,8 +116,16 @@ class GroupState(Enum):
     DEAD = "Dead"
 
 
+class JoinMember(NamedTuple):
+    """One member in the leader's JoinGroupResponse: what its assignor is given."""
+
+    member_id: str
+    group_instance_id: str | None
+    metadata: bytes
+
+
 class JoinResult(NamedTuple):
-    """JoinGroupResponse's fields. ``members`` (id, metadata) is filled for the leader only."""
+    """JoinGroupResponse's fields. ``members`` is filled for the leader only."""
 
     error_code: int
     generation_id: int = -1
@@ -104,7 +133,14 @@ class JoinResult(NamedTuple):
     protocol_name: str | None = None
     leader: str = ""
     member_id: str = ""
-    members: Sequence[tuple[str, bytes]] = ()
+    members: Sequence[JoinMember] = ()
+
+
+class MemberIdentity(NamedTuple):
+    """A member named by a request: its member id and, for a static member, its instance id."""
+
+    member_id: str
+    group_instance_id: str | None = None
 
 
 class SyncResult(NamedTuple):
@@ -137,6 +173,7 @@ class MemberDescription(NamedTuple):
     client_host: str
     metadata: bytes
     assignment: bytes
+    group_instance_id: str | None = None
 
 
 class GroupDescription(NamedTuple):
@@ -217,12 +254,25 @@ class Member:
     last_heartbeat_ms: int = 0
     awaiting_join: bool = False  # a JoinGroup of this member waits for the rebalance
     awaiting_sync: bool = False  # a SyncGroup of this member waits for the leader's
+    group_instance_id: str | None = None  # set for a static member (rule 8)
 
     def metadata_for(self, protocol: str) -> bytes:
         return next(m for name, m in self.protocols if name == protocol)
 
     def protocol_names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.protocols)
+
+
+class _Takeover(NamedTuple):
+    """What a static takeover in a Stable group replaced (rule 8), to undo it."""
+
+    group_instance_id: str
+    old_member_id: str
+    new_member_id: str
+    old_protocols: tuple[tuple[str, bytes], ...]
+    old_session_timeout_ms: int
+    old_rebalance_timeout_ms: int
+    leader_id: str | None  # the group's leader before the takeover: what the member is told
 
 
 @dataclass
@@ -236,6 +286,9 @@ class Group:
     protocol_name: str | None = None
     leader_id: str | None = None
     members: dict[str, Member] = field(default_factory=dict)
+    # Rule 8: group_instance_id -> member id of the static member holding it.
+    # Invariant: exactly the members with a group_instance_id, each under its own.
+    static_members: dict[str, str] = field(default_factory=dict)
     # Ids handed out with MEMBER_ID_REQUIRED, not yet joined: id -> expiry time.
     pending_members: dict[str, int] = field(default_factory=dict)
     rebalance_deadline_ms: int = 0
@@ -248,6 +301,8 @@ class Group:
     offsets: dict[tuple[str, int], CommittedOffset] = field(default_factory=dict)
     needs_persist: bool = False
     _replies: list[Reply] = field(default_factory=list)
+    # A Stable group's static takeover whose record is being written: undone if that fails.
+    _takeover: _Takeover | None = None
 
     # --- JoinGroup ------------------------------------------------------------------------------
 
@@ -265,11 +320,13 @@ class Group:
         new_member_id: str,
         now_ms: int,
         initial_rebalance_delay_ms: int = 0,
+        group_instance_id: str | None = None,
     ) -> JoinResult | None:
         """An immediate answer, or None when the answer comes later as a "join" :class:`Reply`.
 
         ``initial_rebalance_delay_ms`` is the broker's ``group.initial.rebalance.delay.ms``
         (rule 6); it applies when this join starts the rebalance of an Empty group.
+        ``group_instance_id`` makes the member a static one (rule 8).
         """
         if not self.group_id:
             return JoinResult(ErrorCode.INVALID_GROUP_ID, member_id=member_id)
@@ -281,15 +338,27 @@ class Group:
         if not self._supports(member_id, protocol_type, protocols):
             return JoinResult(ErrorCode.INCONSISTENT_GROUP_PROTOCOL, member_id=member_id)
         if not member_id:
-            if require_known_member_id:
+            if group_instance_id is not None and group_instance_id in self.static_members:
+                return self._take_over(
+                    group_instance_id,
+                    new_member_id,
+                    protocols,
+                    session_timeout_ms,
+                    rebalance_timeout_ms,
+                    now_ms,
+                )
+            if require_known_member_id and group_instance_id is None:
                 self.pending_members[new_member_id] = now_ms + session_timeout_ms
                 return JoinResult(ErrorCode.MEMBER_ID_REQUIRED, member_id=new_member_id)
             member_id = new_member_id
-        elif member_id in self.pending_members:
+        elif member_id in self.pending_members and group_instance_id is None:
             del self.pending_members[member_id]
-        elif member_id not in self.members:
-            return JoinResult(ErrorCode.UNKNOWN_MEMBER_ID, member_id=member_id)
         else:
+            # Pending ids are handed to dynamic members only: a static member naming one is
+            # not a member of the group (Kafka throws here; the member resets its id).
+            error = self._check_current_member(member_id, group_instance_id)
+            if error:
+                return JoinResult(error, member_id=member_id)
             return self._rejoin(self.members[member_id], protocols, now_ms)
         self._add_member(
             Member(
@@ -301,6 +370,7 @@ class Group:
                 protocols,
                 last_heartbeat_ms=now_ms,
                 awaiting_join=True,
+                group_instance_id=group_instance_id,
             ),
             protocol_type,
             now_ms,
@@ -325,6 +395,8 @@ class Group:
         if not self.members:
             self.protocol_type = protocol_type
         self.members[member.member_id] = member
+        if member.group_instance_id is not None:
+            self.static_members[member.group_instance_id] = member.member_id
         if self.leader_id is None:
             self.leader_id = member.member_id
         if self.state is GroupState.PREPARING_REBALANCE:
@@ -360,6 +432,98 @@ class Group:
         self._prepare_rebalance(now_ms)
         return None
 
+    def _take_over(
+        self,
+        group_instance_id: str,
+        new_member_id: str,
+        protocols: tuple[tuple[str, bytes], ...],
+        session_timeout_ms: int,
+        rebalance_timeout_ms: int,
+        now_ms: int,
+    ) -> None:
+        """A known static instance joins without a member id (rule 8): its member continues
+        under ``new_member_id``; the answer always comes as a "join" :class:`Reply`."""
+        old_member_id = self.static_members[group_instance_id]
+        member = self.members[old_member_id]
+        takeover = _Takeover(
+            group_instance_id,
+            old_member_id,
+            new_member_id,
+            member.protocols,
+            member.session_timeout_ms,
+            member.rebalance_timeout_ms,
+            self.leader_id,
+        )
+        # 1. Fence the old id: whatever it still waits for ends now.
+        if member.awaiting_join:
+            self._reply(
+                old_member_id,
+                "join",
+                JoinResult(ErrorCode.FENCED_INSTANCE_ID, member_id=old_member_id),
+            )
+        if member.awaiting_sync:
+            self._reply(old_member_id, "sync", SyncResult(ErrorCode.FENCED_INSTANCE_ID))
+            member.awaiting_sync = False
+        # 2. The same member (its place, assignment and leadership) under the new id.
+        self._rename_member(old_member_id, new_member_id)
+        member.protocols = protocols
+        member.session_timeout_ms = session_timeout_ms
+        member.rebalance_timeout_ms = rebalance_timeout_ms
+        member.last_heartbeat_ms = now_ms
+        member.awaiting_join = True
+        # 3. Stable and nothing the assignment depends on changed: no rebalance.
+        if (
+            self.state is GroupState.STABLE
+            and self._select_protocol() == self.protocol_name
+            and self._same_subscription(takeover.old_protocols, protocols)
+        ):
+            member.awaiting_join = False
+            self._takeover = takeover
+            self.needs_persist = True
+            self._reply(
+                new_member_id,
+                "join",
+                JoinResult(
+                    ErrorCode.NONE,
+                    self.generation_id,
+                    self.protocol_type,
+                    self.protocol_name,
+                    takeover.leader_id or "",
+                    new_member_id,
+                ),
+            )
+        elif self.state is GroupState.PREPARING_REBALANCE:
+            self._try_complete_join(now_ms)
+        else:
+            self._prepare_rebalance(now_ms)
+
+    def _rename_member(self, old_member_id: str, new_member_id: str) -> None:
+        """Move a member to a new id, keeping its place in the group's order."""
+        member = self.members[old_member_id]
+        member.member_id = new_member_id
+        self.members = {
+            (new_member_id if member_id == old_member_id else member_id): m
+            for member_id, m in self.members.items()
+        }
+        if member.group_instance_id is not None:
+            self.static_members[member.group_instance_id] = new_member_id
+        if self.leader_id == old_member_id:
+            self.leader_id = new_member_id
+
+    def _same_subscription(
+        self, old: tuple[tuple[str, bytes], ...], new: tuple[tuple[str, bytes], ...]
+    ) -> bool:
+        """Whether a "consumer" member subscribes to the same topics in the group's protocol
+        (other groups: always, Kafka's rule alone)."""
+        if self.protocol_type != CONSUMER_PROTOCOL_TYPE or self.protocol_name is None:
+            return True
+        old_metadata, new_metadata = dict(old), dict(new)
+        if self.protocol_name not in old_metadata or self.protocol_name not in new_metadata:
+            return False
+        return subscription_topics(old_metadata[self.protocol_name]) == subscription_topics(
+            new_metadata[self.protocol_name]
+        )
+
     # --- rebalance ------------------------------------------------------------------------------
 
     def _prepare_rebalance(self, now_ms: int, *, initial_delay_ms: int = 0) -> None:
@@ -373,7 +537,7 @@ class Group:
                         member.member_id, "sync", SyncResult(ErrorCode.REBALANCE_IN_PROGRESS)
                     )
         self.state = GroupState.PREPARING_REBALANCE
-        timeout_ms = max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
+        timeout_ms = self._rebalance_timeout_ms()
         self.rebalance_deadline_ms = now_ms + timeout_ms
         if initial_delay_ms > 0:
             self.join_delay_until_ms = now_ms + initial_delay_ms
@@ -381,6 +545,9 @@ class Group:
             self.join_delay_remaining_ms = max(timeout_ms - initial_delay_ms, 0)
             self.new_member_added = False
         self._try_complete_join(now_ms)
+
+    def _rebalance_timeout_ms(self) -> int:
+        return max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
 
     def _end_join_delay(self, now_ms: int) -> None:
         """The initial delay ran out: extend it while members keep arriving, else let the
@@ -406,9 +573,20 @@ class Group:
         )
         if not (all_joined or deadline_passed):
             return
+        # Dynamic members that did not rejoin leave; static ones stay until their session
+        # expires (rule 8).
         for member in [m for m in self.members.values() if not m.awaiting_join]:
-            self._remove(member.member_id)
+            if member.group_instance_id is None:
+                self._remove(member.member_id)
         self.pending_members.clear()
+        joined = [m.member_id for m in self.members.values() if m.awaiting_join]
+        if self.members and not joined:
+            # Only static members are left and none rejoined: wait for them (or for their
+            # sessions to expire) another rebalance timeout.
+            self.rebalance_deadline_ms = now_ms + self._rebalance_timeout_ms()
+            return
+        if self.leader_id not in joined:
+            self.leader_id = joined[0] if joined else None
         self.generation_id += 1
         if not self.members:
             self.state = GroupState.EMPTY
@@ -419,9 +597,10 @@ class Group:
         self.protocol_name = self._select_protocol()
         self.state = GroupState.COMPLETING_REBALANCE
         for member in self.members.values():
+            if member.awaiting_join:
+                self._reply(member.member_id, "join", self._join_result(member.member_id))
             member.awaiting_join = False
             member.last_heartbeat_ms = now_ms
-            self._reply(member.member_id, "join", self._join_result(member.member_id))
 
     def _select_protocol(self) -> str:
         members = list(self.members.values())
@@ -439,11 +618,12 @@ class Group:
         return max(order, key=lambda name: (votes[name], -order.index(name)))
 
     def _join_result(self, member_id: str) -> JoinResult:
-        members: list[tuple[str, bytes]] = []
+        members: list[JoinMember] = []
         if member_id == self.leader_id:
             assert self.protocol_name is not None
             members = [
-                (m.member_id, m.metadata_for(self.protocol_name)) for m in self.members.values()
+                JoinMember(m.member_id, m.group_instance_id, m.metadata_for(self.protocol_name))
+                for m in self.members.values()
             ]
         return JoinResult(
             ErrorCode.NONE,
@@ -464,9 +644,10 @@ class Group:
         generation_id: int,
         assignments: Mapping[str, bytes],
         now_ms: int,
+        group_instance_id: str | None = None,
     ) -> SyncResult | None:
         """An immediate answer, or None when it comes later as a "sync" :class:`Reply`."""
-        error = self._check_member(member_id, generation_id)
+        error = self._check_member(member_id, generation_id, group_instance_id)
         if error:
             return SyncResult(error)
         member = self.members[member_id]
@@ -498,8 +679,12 @@ class Group:
 
     def persist_failed(self, error_code: int, now_ms: int) -> list[Reply]:
         """The group's record could not be written: replies not yet sent carry ``error_code``
-        instead, and a Stable group rebalances again (Kafka's resetAndPropagateAssignmentError).
+        instead, and a Stable group rebalances again (Kafka's resetAndPropagateAssignmentError);
+        a static takeover the record was to carry is undone instead (rule 8).
         """
+        takeover = self._takeover
+        if takeover is not None:
+            return self._undo_takeover(takeover, error_code, now_ms)
         replies = [
             r._replace(result=SyncResult(error_code)) if r.kind == "sync" else r
             for r in self.take_replies()
@@ -510,10 +695,36 @@ class Group:
             self._prepare_rebalance(now_ms)
         return replies + self.take_replies()
 
+    def _undo_takeover(self, takeover: _Takeover, error_code: int, now_ms: int) -> list[Reply]:
+        """Kafka's revert of a static member whose new id could not be persisted: the old id
+        holds the instance again, and the new one's JoinGroup gets the error and no id."""
+        replies = [r for r in self.take_replies() if r.member_id != takeover.new_member_id]
+        self._rename_member(takeover.new_member_id, takeover.old_member_id)
+        member = self.members[takeover.old_member_id]
+        member.protocols = takeover.old_protocols
+        member.session_timeout_ms = takeover.old_session_timeout_ms
+        member.rebalance_timeout_ms = takeover.old_rebalance_timeout_ms
+        member.last_heartbeat_ms = now_ms
+        failed = JoinResult(
+            error_code,
+            self.generation_id,
+            self.protocol_type,
+            self.protocol_name,
+            takeover.leader_id or "",
+        )
+        return [*replies, Reply(takeover.new_member_id, "join", failed)]
+
     # --- Heartbeat and LeaveGroup ---------------------------------------------------------------
 
-    def heartbeat(self, *, member_id: str, generation_id: int, now_ms: int) -> int:
-        error = self._check_member(member_id, generation_id)
+    def heartbeat(
+        self,
+        *,
+        member_id: str,
+        generation_id: int,
+        now_ms: int,
+        group_instance_id: str | None = None,
+    ) -> int:
+        error = self._check_member(member_id, generation_id, group_instance_id)
         if error:
             return error
         self.members[member_id].last_heartbeat_ms = now_ms
@@ -521,16 +732,31 @@ class Group:
             return ErrorCode.REBALANCE_IN_PROGRESS
         return ErrorCode.NONE
 
-    def leave(self, member_id: str, now_ms: int) -> int:
-        """Remove one member (LeaveGroup); its waiting requests get UNKNOWN_MEMBER_ID."""
+    def leave(self, member_id: str, now_ms: int, group_instance_id: str | None = None) -> int:
+        """Remove one member (LeaveGroup); its waiting requests get UNKNOWN_MEMBER_ID.
+
+        A static member may be named by its instance id alone (an empty member id: an admin
+        removing it, KIP-345); named with a member id, the instance must be held by that id.
+        """
         if self.state is GroupState.DEAD:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        if member_id in self.pending_members:
+        if not member_id:
+            current = (
+                self.static_members.get(group_instance_id)
+                if group_instance_id is not None
+                else None
+            )
+            if current is None:
+                return ErrorCode.UNKNOWN_MEMBER_ID
+            member_id = current
+        elif member_id in self.pending_members:
             del self.pending_members[member_id]
             self._try_complete_join(now_ms)
             return ErrorCode.NONE
-        if member_id not in self.members:
-            return ErrorCode.UNKNOWN_MEMBER_ID
+        else:
+            error = self._check_current_member(member_id, group_instance_id)
+            if error:
+                return error
         self._remove_and_rebalance(member_id, now_ms)
         return ErrorCode.NONE
 
@@ -549,19 +775,35 @@ class Group:
             )
         if member.awaiting_sync:
             self._reply(member_id, "sync", SyncResult(ErrorCode.UNKNOWN_MEMBER_ID))
+        if member.group_instance_id is not None:
+            del self.static_members[member.group_instance_id]
         if self.leader_id == member_id:
             self.leader_id = next(iter(self.members), None)
 
-    def _check_member(self, member_id: str, generation_id: int) -> int:
+    def _check_member(
+        self, member_id: str, generation_id: int, group_instance_id: str | None = None
+    ) -> int:
         if not self.group_id:
             return ErrorCode.INVALID_GROUP_ID
         if self.state is GroupState.DEAD:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        if member_id not in self.members:
-            return ErrorCode.UNKNOWN_MEMBER_ID
+        error = self._check_current_member(member_id, group_instance_id)
+        if error:
+            return error
         if generation_id != self.generation_id:
             return ErrorCode.ILLEGAL_GENERATION
         return ErrorCode.NONE
+
+    def _check_current_member(self, member_id: str, group_instance_id: str | None) -> int:
+        """Kafka's ``validateCurrentMember``: a named instance must be held by ``member_id``
+        (else FENCED_INSTANCE_ID, or UNKNOWN_MEMBER_ID for an instance the group does not
+        know); without one, ``member_id`` must be a member."""
+        if group_instance_id is not None:
+            current = self.static_members.get(group_instance_id)
+            if current is None:
+                return ErrorCode.UNKNOWN_MEMBER_ID
+            return ErrorCode.FENCED_INSTANCE_ID if current != member_id else ErrorCode.NONE
+        return ErrorCode.NONE if member_id in self.members else ErrorCode.UNKNOWN_MEMBER_ID
 
     # --- time -----------------------------------------------------------------------------------
 
@@ -606,7 +848,9 @@ class Group:
 
     # --- offsets --------------------------------------------------------------------------------
 
-    def validate_commit(self, member_id: str, generation_id: int) -> int:
+    def validate_commit(
+        self, member_id: str, generation_id: int, group_instance_id: str | None = None
+    ) -> int:
         """0 when an OffsetCommit of ``member_id`` at ``generation_id`` may be written."""
         if not self.group_id:
             return ErrorCode.INVALID_GROUP_ID
@@ -614,13 +858,14 @@ class Group:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         if generation_id < 0 and not self.members:
             return ErrorCode.NONE  # a simple commit (assign(), no group membership)
+        if group_instance_id is not None:
+            # A fenced instance learns it here whatever the group's state (Kafka's order).
+            error = self._check_current_member(member_id, group_instance_id)
+            if error:
+                return error
         if self.state is GroupState.COMPLETING_REBALANCE:
             return ErrorCode.REBALANCE_IN_PROGRESS
-        if member_id not in self.members:
-            return ErrorCode.UNKNOWN_MEMBER_ID
-        if generation_id != self.generation_id:
-            return ErrorCode.ILLEGAL_GENERATION
-        return ErrorCode.NONE
+        return self._check_member(member_id, generation_id)
 
     def commit(
         self, member_id: str, offsets: Mapping[tuple[str, int], CommittedOffset], now_ms: int
@@ -661,10 +906,18 @@ class Group:
         self.protocol_name = protocol_name
         self.leader_id = leader_id
         self.members = {}
+        self.static_members = {}
         for m in members:
             m.last_heartbeat_ms = now_ms
             m.awaiting_join = m.awaiting_sync = False
             self.members[m.member_id] = m
+            if m.group_instance_id is not None:
+                # Records are written from a group that keeps the invariant; should one name
+                # an instance twice, the last member holds it and the other is dynamic.
+                earlier = self.static_members.get(m.group_instance_id)
+                if earlier is not None:
+                    self.members[earlier].group_instance_id = None
+                self.static_members[m.group_instance_id] = m.member_id
         self.state = GroupState.STABLE if self.members else GroupState.EMPTY
         if self.leader_id not in self.members:
             self.leader_id = next(iter(self.members), None)
@@ -708,6 +961,7 @@ class Group:
                 m.client_host,
                 m.metadata_for(protocol) if protocol else b"",
                 m.assignment if protocol else b"",
+                m.group_instance_id,
             )
             for m in self.members.values()
         )
@@ -823,5 +1077,8 @@ class Group:
         self._replies.append(Reply(member_id, kind, result))
 
     def take_replies(self) -> list[Reply]:
+        """The answers to send. The coordinator takes them once the record the group asked
+        for (if any) is written, so a takeover taken with them is settled."""
         replies, self._replies = self._replies, []
+        self._takeover = None
         return replies

@@ -4,9 +4,10 @@ Asked of each group's coordinator; another broker answers NOT_COORDINATOR (16) a
 loading the group's partition COORDINATOR_LOAD_IN_PROGRESS (14), with state "". The protocol and
 each member's metadata and assignment are filled only while the group is Stable (Kafka's
 ``GroupMetadata.summary``). A group that does not exist is described as Dead with no error
-before v6 and with GROUP_ID_NOT_FOUND (69) from v6 (KIP-1043). ``authorized_operations`` (v3+),
-when asked for, holds what Kafka grants on a group without an authorizer: READ, DELETE and
-DESCRIBE; otherwise it is Kafka's "not provided" value.
+before v6 and with GROUP_ID_NOT_FOUND (69) from v6 (KIP-1043). Each member's
+``group_instance_id`` (v4+) is its static instance id, or null for a dynamic member.
+``authorized_operations`` (v3+), when asked for, holds what Kafka grants on a group without an
+authorizer: READ, DELETE and DESCRIBE; otherwise it is Kafka's "not provided" value.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ async def handle(context: RequestContext, request: Request) -> Any:
                 members=[
                     _Member(
                         member_id=m.member_id,
-                        group_instance_id=None,
+                        group_instance_id=m.group_instance_id,
                         client_id=m.client_id,
                         client_host=m.client_host,
                         member_metadata=m.metadata,

@@ -1,6 +1,8 @@
 """Heartbeat (key 12), versions 0-3: a member says it is alive; a rebalance is announced here.
 
-REBALANCE_IN_PROGRESS (27) tells the member to rejoin; see ``groups.Group.heartbeat``.
+REBALANCE_IN_PROGRESS (27) tells the member to rejoin; see ``groups.Group.heartbeat``. v3
+carries a static member's ``group_instance_id``: an old member id of a restarted instance gets
+FENCED_INSTANCE_ID (82).
 """
 
 from __future__ import annotations
@@ -22,5 +24,7 @@ async def handle(context: RequestContext, request: Request) -> Any:
     if groups is None:
         error = ErrorCode.COORDINATOR_NOT_AVAILABLE
     else:
-        error = await groups.heartbeat(body.group_id, body.member_id, body.generation_id)
+        error = await groups.heartbeat(
+            body.group_id, body.member_id, body.generation_id, body.group_instance_id
+        )
     return HeartbeatResponse(throttle_time_ms=0, error_code=error)

@@ -2,10 +2,12 @@
 
 The answer waits (bounded by the member's rebalance timeout) until every member has rejoined
 or that timeout passed; see ``groups.Group.join`` for the rules. v0 has no rebalance timeout:
-the session timeout stands in for it, as in Kafka. From v4 a member without an id is given one
-with MEMBER_ID_REQUIRED (79) and joins again with it (KIP-394). ``group_instance_id`` (v5,
-static membership, KIP-345) is not supported: clients send it only when configured to, and the
-member is then treated as a dynamic one.
+the session timeout stands in for it, as in Kafka. From v4 a dynamic member without an id is
+given one with MEMBER_ID_REQUIRED (79) and joins again with it (KIP-394). From v5 a member may
+send a ``group_instance_id`` (static membership, KIP-345): it gets its id at once, and a
+restarted instance takes its old member's place, fencing the old id (rule 8 of
+``groups.py``). The leader's member list carries each member's instance id, which assignors use
+to keep a static member's partitions across restarts.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ async def handle(context: RequestContext, request: Request) -> Any:
         protocol_type=body.protocol_type,
         protocols=[(p.name, bytes(p.metadata)) for p in body.protocols],
         require_known_member_id=version >= 4,
+        group_instance_id=body.group_instance_id if version >= 5 else None,
     )
     return _answer(result)
 
@@ -55,5 +58,10 @@ def _answer(result: JoinResult) -> Any:
         protocol_name=result.protocol_name or "",
         leader=result.leader,
         member_id=result.member_id,
-        members=[_Member(member_id=m, metadata=meta) for m, meta in result.members],
+        members=[
+            _Member(
+                member_id=m.member_id, group_instance_id=m.group_instance_id, metadata=m.metadata
+            )
+            for m in result.members
+        ],
     )

@@ -10,6 +10,7 @@ from typing import Any
 from kafka.protocol.consumer import LeaveGroupResponse
 
 from raylog.gateway.errors import ErrorCode
+from raylog.gateway.groups import MemberIdentity
 from raylog.gateway.handlers import RequestContext
 from raylog.gateway.protocol import Request
 
@@ -22,6 +23,8 @@ async def handle(context: RequestContext, request: Request) -> Any:
     if groups is None:
         error = ErrorCode.COORDINATOR_NOT_AVAILABLE
     else:
-        group_error, member_errors = await groups.leave_group(body.group_id, [body.member_id])
+        group_error, member_errors = await groups.leave_group(
+            body.group_id, [MemberIdentity(body.member_id)]
+        )
         error = group_error or member_errors[0]
     return LeaveGroupResponse(throttle_time_ms=0, error_code=error)

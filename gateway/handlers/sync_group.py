@@ -2,7 +2,8 @@
 
 A member's answer waits (bounded by its rebalance timeout) until the leader's SyncGroup
 arrives and the group's metadata, assignments included, is written to ``__consumer_offsets``
-with acks=all. See ``groups.Group.sync`` for the errors.
+with acks=all. See ``groups.Group.sync`` for the errors; v3 carries a static member's
+``group_instance_id``, and an id it no longer holds gets FENCED_INSTANCE_ID (82).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ async def handle(context: RequestContext, request: Request) -> Any:
         member_id=body.member_id,
         generation_id=body.generation_id,
         assignments={a.member_id: bytes(a.assignment) for a in body.assignments},
+        group_instance_id=body.group_instance_id,
     )
     return SyncGroupResponse(
         throttle_time_ms=0, error_code=result.error_code, assignment=result.assignment

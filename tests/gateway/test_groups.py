@@ -54,6 +54,7 @@ def join(
     session_ms: int = SESSION_MS,
     protocol_type: str = "consumer",
     delay_ms: int = 0,
+    instance: str | None = None,
 ) -> JoinResult | None:
     return group.join(
         member_id=member_id,
@@ -67,6 +68,7 @@ def join(
         new_member_id=new_id,
         now_ms=clock.now_ms,
         initial_rebalance_delay_ms=delay_ms,
+        group_instance_id=instance,
     )
 
 
@@ -120,7 +122,7 @@ def test_member_id_required_then_a_generation_with_the_leader_seeing_members() -
     result = replies(group)[("client-1", "join")]
     assert result.error_code == ErrorCode.NONE
     assert (result.generation_id, result.leader, result.protocol_name) == (1, "client-1", "range")
-    assert result.members == [("client-1", b"sub")]
+    assert result.members == [("client-1", None, b"sub")]
     assert group.state is GroupState.COMPLETING_REBALANCE
     assert group.needs_persist is False
 
@@ -133,7 +135,7 @@ def test_two_members_get_their_own_assignments_and_only_the_leader_sees_members(
     assert join(group, clock, "a") is None
     answers = replies(group)
     assert answers[("a", "join")].leader == "a"
-    assert sorted(m for m, _ in answers[("a", "join")].members) == ["a", "b"]
+    assert sorted(m.member_id for m in answers[("a", "join")].members) == ["a", "b"]
     assert answers[("b", "join")].members == []
     sync(group, clock, "b", 2)
     sync(group, clock, "a", 2, a=b"A", b=b"B")
@@ -152,7 +154,7 @@ def test_one_leaves_and_the_other_rebalances_alone() -> None:
     )
     assert join(group, clock, "a") is None
     result = replies(group)[("a", "join")]
-    assert (result.generation_id, result.members) == (3, [("a", b"sub")])
+    assert (result.generation_id, result.members) == (3, [("a", None, b"sub")])
     assert group.leave("b", clock.now_ms) == ErrorCode.UNKNOWN_MEMBER_ID
 
 
@@ -186,7 +188,7 @@ def test_a_member_that_does_not_rejoin_is_dropped_at_the_rebalance_timeout() -> 
     answers = replies(group)
     assert set(group.members) == {"a", "c"}
     assert answers[("a", "join")].generation_id == 3
-    assert sorted(m for m, _ in answers[("a", "join")].members) == ["a", "c"]
+    assert sorted(m.member_id for m in answers[("a", "join")].members) == ["a", "c"]
     assert group.heartbeat(member_id="b", generation_id=2, now_ms=clock.now_ms) == (
         ErrorCode.UNKNOWN_MEMBER_ID
     )
@@ -235,7 +237,7 @@ def test_protocols_in_common_are_chosen_else_inconsistent() -> None:
     result = replies(group)[("a", "join")]
     # One vote each: the tie goes to the leader's preference.
     assert result.protocol_name == "roundrobin"
-    assert dict(result.members) == {"a": b"1", "b": b"4"}
+    assert {m.member_id: m.metadata for m in result.members} == {"a": b"1", "b": b"4"}
 
 
 @pytest.mark.parametrize(
@@ -342,7 +344,7 @@ def test_the_initial_delay_gathers_members_arriving_together_into_one_generation
     group.tick(clock.advance(1))
     answers = replies(group)
     assert answers[("a", "join")].generation_id == answers[("b", "join")].generation_id == 1
-    assert sorted(m for m, _ in answers[("a", "join")].members) == ["a", "b"]
+    assert sorted(m.member_id for m in answers[("a", "join")].members) == ["a", "b"]
     assert group.state is GroupState.COMPLETING_REBALANCE
 
 

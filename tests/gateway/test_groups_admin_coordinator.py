@@ -32,13 +32,13 @@ from kafka.protocol.admin import (
 )
 from kafka.protocol.consumer import OffsetDeleteRequest, OffsetDeleteResponse
 from kafka.protocol.consumer.metadata import ConsumerProtocolSubscription
-from test_groups_coordinator import GROUP, PARTITION, LogBackend, loaded
+from test_groups_coordinator import GROUP, PARTITION, LogBackend, join, loaded
 
 from raylog.gateway import codec
 from raylog.gateway.backend import PartitionState, ProduceResult, TopicState
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.group_coordinator import GroupCoordinator, partition_for
-from raylog.gateway.groups import GroupListing, GroupState
+from raylog.gateway.groups import GroupListing, GroupState, JoinResult, MemberIdentity
 from raylog.gateway.handlers import HANDLERS, RequestContext, advertised_versions
 from raylog.gateway.protocol import Connection, Request
 
@@ -71,22 +71,26 @@ def subscription(*topics: str) -> bytes:
     return bytes(message.encode(version=0))
 
 
-async def stable_member(coordinator: GroupCoordinator, group_id: str = GROUP) -> tuple[str, int]:
-    async def join(member_id: str) -> Any:
-        return await coordinator.join_group(
-            group_id=group_id,
-            member_id=member_id,
-            client_id="c",
-            client_host="/127.0.0.1",
-            session_timeout_ms=10_000,
-            rebalance_timeout_ms=10_000,
-            protocol_type="consumer",
-            protocols=[("range", subscription(TOPIC))],
-            require_known_member_id=True,
-        )
+async def consumer_join(
+    coordinator: GroupCoordinator,
+    member_id: str = "",
+    *,
+    group_id: str = GROUP,
+    group_instance_id: str | None = None,
+) -> JoinResult:
+    """A JoinGroup of a consumer subscribed to TOPIC."""
+    return await join(
+        coordinator,
+        member_id,
+        group_id=group_id,
+        metadata=subscription(TOPIC),
+        group_instance_id=group_instance_id,
+    )
 
-    member_id = (await join("")).member_id
-    joined = await join(member_id)
+
+async def stable_member(coordinator: GroupCoordinator, group_id: str = GROUP) -> tuple[str, int]:
+    member_id = (await consumer_join(coordinator, group_id=group_id)).member_id
+    joined = await consumer_join(coordinator, member_id, group_id=group_id)
     assert joined.error_code == 0
     synced = await coordinator.sync_group(
         group_id=group_id,
@@ -102,7 +106,7 @@ async def empty_group_with_offsets(coordinator: GroupCoordinator, group_id: str 
     member, generation = await stable_member(coordinator, group_id)
     offsets = {(TOPIC, 0): (10, -1, None), (OTHER, 0): (20, -1, None)}
     assert await coordinator.commit_offsets(group_id, member, generation, offsets) == 0
-    _, errors = await coordinator.leave_group(group_id, [member])
+    _, errors = await coordinator.leave_group(group_id, [MemberIdentity(member)])
     assert errors == [0]
 
 

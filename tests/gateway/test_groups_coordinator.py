@@ -32,7 +32,7 @@ from raylog.gateway.backend import (
 )
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.group_coordinator import OFFSETS_TOPIC, GroupCoordinator, partition_for
-from raylog.gateway.groups import GroupState
+from raylog.gateway.groups import GroupState, JoinResult, MemberIdentity
 from raylog.storage import batch as rb
 
 GROUP = "g"
@@ -103,17 +103,26 @@ async def loaded(
     return coordinator
 
 
-async def join(coordinator: GroupCoordinator, member_id: str = "") -> Any:
+async def join(
+    coordinator: GroupCoordinator,
+    member_id: str = "",
+    *,
+    group_id: str = GROUP,
+    metadata: bytes = b"sub",
+    group_instance_id: str | None = None,
+) -> JoinResult:
+    """A JoinGroup of a "range" consumer (10 s session and rebalance timeouts)."""
     return await coordinator.join_group(
-        group_id=GROUP,
+        group_id=group_id,
         member_id=member_id,
         client_id="c",
         client_host="/127.0.0.1",
         session_timeout_ms=10_000,
         rebalance_timeout_ms=10_000,
         protocol_type="consumer",
-        protocols=[("range", b"sub")],
+        protocols=[("range", metadata)],
         require_known_member_id=True,
+        group_instance_id=group_instance_id,
     )
 
 
@@ -335,7 +344,7 @@ def test_offsets_of_a_group_empty_past_the_retention_expire_with_it() -> None:
         await after(coordinator, clock, wall, RETENTION_MS)  # Stable: in use, whatever its age
         assert (await coordinator.fetch_offsets(GROUP, [("t", 0)])).offsets[("t", 0)] is not None
 
-        assert (await coordinator.leave_group(GROUP, [member]))[1] == [0]
+        assert (await coordinator.leave_group(GROUP, [MemberIdentity(member)]))[1] == [0]
         await after(coordinator, clock, wall, 0)  # the tick that sees it Empty (every 100 ms)
         assert coordinator._owned[PARTITION].groups[GROUP].state is GroupState.EMPTY
         await after(coordinator, clock, wall, RETENTION_MS - CHECK_MS)  # empty, not long enough
@@ -377,7 +386,7 @@ def test_a_new_coordinator_counts_the_retention_from_when_the_group_became_empty
         backend, clock, wall, first = await expiring_on_new_clocks()
         member, generation = await stable_member(first)
         assert not await first.commit_offsets(GROUP, member, generation, {("t", 0): (5, -1, "")})
-        assert (await first.leave_group(GROUP, [member]))[1] == [0]
+        assert (await first.leave_group(GROUP, [MemberIdentity(member)]))[1] == [0]
         await after(first, clock, wall, 0)
         await after(first, clock, wall, RETENTION_MS // 2)
 
