@@ -30,12 +30,17 @@ TARGET_VERSIONS: Mapping[int, VersionRange] = MappingProxyType(
         1: (4, 11),  # Fetch: v11 carries rack_id / preferred_read_replica (KIP-392)
         2: (1, 3),  # ListOffsets: timestamps from v1
         3: (1, 5),  # Metadata: >=4 for older kcat builds
-        8: (2, 3),  # OffsetCommit
+        # OffsetCommit: v7 carries a static member's group_instance_id (KIP-345); v5 drops
+        # retention_time, v6 adds committed_leader_epoch. kafka-python does not infer the
+        # broker's version from it; kafkajs sends <= 5, aiokafka <= 3.
+        8: (2, 7),
         9: (1, 3),  # OffsetFetch
         10: (0, 2),  # FindCoordinator
-        11: (0, 5),  # JoinGroup: aiokafka knows {0, 1, 2, 5}
+        # JoinGroup: aiokafka knows {0, 1, 2, 5}. v9 (KIP-814 skip_assignment) would read to
+        # kafka-python as a 3.2 broker (see KAFKA_PROTOCOL.md on its version guess).
+        11: (0, 5),
         12: (0, 3),  # Heartbeat
-        13: (0, 1),  # LeaveGroup
+        13: (0, 3),  # LeaveGroup: v3 is KIP-345's batch of (member id, group_instance_id)
         14: (0, 3),  # SyncGroup: aiokafka knows {0, 1, 3}
         # Group admin: the codec's highest versions, which kafka-python sends; librdkafka sends
         # ListGroups <= 5, DescribeGroups <= 5 (after ConsumerGroupDescribe, not advertised),

@@ -1,11 +1,14 @@
-"""OffsetCommit (key 8), versions 2-3: store a group's consumed positions in ``__consumer_offsets``.
+"""OffsetCommit (key 8), versions 2-7: store a group's consumed positions in ``__consumer_offsets``.
 
 The commit is checked against the group's generation and member (``groups.Group
 .validate_commit``; generation -1 with no member is a "simple" commit, allowed only while the
 group has no members), written with acks=all as OffsetCommit records, and applied once
 acknowledged. One error applies to every partition of the request, as in Kafka.
-``retention_time_ms`` is ignored: offsets do not expire in raylog yet. A partition's metadata
-string longer than ``offset.metadata.max.bytes`` (4096) gets OFFSET_METADATA_TOO_LARGE (12).
+``retention_time_ms`` (v2-4) is ignored: ``offsets.retention.minutes`` decides (v5 dropped the
+field). v6 adds each partition's ``committed_leader_epoch``, stored with the offset; v7 a static
+member's ``group_instance_id``, and an old member id of a restarted instance gets
+FENCED_INSTANCE_ID (82). A partition's metadata string longer than ``offset.metadata.max.bytes``
+(4096) gets OFFSET_METADATA_TOO_LARGE (12).
 """
 
 from __future__ import annotations
@@ -37,12 +40,16 @@ async def handle(context: RequestContext, request: Request) -> Any:
             if metadata is not None and len(metadata.encode("utf-8")) > OFFSET_METADATA_MAX_BYTES:
                 too_large.add(tp)
             else:
-                offsets[tp] = (p.committed_offset, -1, metadata)
+                offsets[tp] = (p.committed_offset, p.committed_leader_epoch, metadata)
     if groups is None:
         error = ErrorCode.COORDINATOR_NOT_AVAILABLE
     else:
         error = await groups.commit_offsets(
-            body.group_id, body.member_id, body.generation_id_or_member_epoch, offsets
+            body.group_id,
+            body.member_id,
+            body.generation_id_or_member_epoch,
+            offsets,
+            body.group_instance_id,
         )
     return OffsetCommitResponse(
         throttle_time_ms=0,

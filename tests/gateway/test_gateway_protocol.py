@@ -57,12 +57,12 @@ EXPECTED_TABLE = {
     1: (4, 11),  # Fetch
     2: (1, 3),  # ListOffsets
     3: (1, 5),  # Metadata
-    8: (2, 3),  # OffsetCommit
+    8: (2, 7),  # OffsetCommit
     9: (1, 3),  # OffsetFetch
     10: (0, 2),  # FindCoordinator
     11: (0, 5),  # JoinGroup
     12: (0, 3),  # Heartbeat
-    13: (0, 1),  # LeaveGroup
+    13: (0, 3),  # LeaveGroup
     14: (0, 3),  # SyncGroup
     15: (0, 6),  # DescribeGroups
     16: (0, 5),  # ListGroups
@@ -111,12 +111,12 @@ def test_api_versions_v0_golden_bytes() -> None:
         "00010004000b"  # Fetch 4-11
         "000200010003"  # ListOffsets 1-3
         "000300010005"  # Metadata 1-5
-        "000800020003"  # OffsetCommit 2-3
+        "000800020007"  # OffsetCommit 2-7
         "000900010003"  # OffsetFetch 1-3
         "000a00000002"  # FindCoordinator 0-2
         "000b00000005"  # JoinGroup 0-5
         "000c00000003"  # Heartbeat 0-3
-        "000d00000001"  # LeaveGroup 0-1
+        "000d00000003"  # LeaveGroup 0-3
         "000e00000003"  # SyncGroup 0-3
         "000f00000006"  # DescribeGroups 0-6
         "001000000005"  # ListGroups 0-5
