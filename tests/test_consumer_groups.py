@@ -10,6 +10,11 @@ Proves, on the session's shared `raylog up` cluster (3 brokers) and one 4-partit
 (d) coordinator failover (last: it kills a broker): the broker leading the group's
     ``__consumer_offsets`` partition has its replica actors and broker actor hard-killed; once
     another broker leads and has loaded the partition, OffsetFetch still returns (b)'s offsets.
+(e) confluent-kafka static membership (KIP-345, ``group.instance.id``): of two static members,
+    one is closed (no LeaveGroup) and a new consumer with its instance id starts within the
+    session timeout: it gets the same partitions under a new member id and the other member
+    sees no revoke or assign; DescribeGroups names both instance ids. Once the new consumer is
+    closed too, its (shorter) session expires and the other member is given every partition.
 
 Also: ``__consumer_offsets`` exists once a group request was made (the first FindCoordinator
 creates it) and is internal in Metadata.
@@ -23,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 from cluster_support import UpProcess, cli_env
@@ -248,6 +254,107 @@ def test_aiokafka_group_consume_and_commit(cluster: UpProcess) -> None:
     seen, committed = asyncio.run(run())
     assert seen == _all_values()
     assert committed == dict.fromkeys(range(PARTITIONS), RECORDS // PARTITIONS)
+
+
+# --- (e) confluent-kafka static membership -----------------------------------------------------
+
+STATIC_GROUP = "static-group"
+
+
+class _StaticMember:
+    """A confluent-kafka consumer with ``group.instance.id``; it records its rebalance callbacks
+    (polled from the test's thread: callbacks run inside poll())."""
+
+    def __init__(self, bootstrap: str, instance: str, session_timeout_ms: int) -> None:
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": STATIC_GROUP,
+                "group.instance.id": instance,
+                "session.timeout.ms": session_timeout_ms,
+                "heartbeat.interval.ms": 1_000,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+            }
+        )
+        self.callbacks: list[tuple[str, frozenset[int]]] = []
+        self.consumer.subscribe(
+            [TOPIC],
+            on_assign=lambda _c, tps: self._record("assign", tps),
+            on_revoke=lambda _c, tps: self._record("revoke", tps),
+        )
+
+    def _record(self, kind: str, partitions: list[TopicPartition]) -> None:
+        self.callbacks.append((kind, frozenset(tp.partition for tp in partitions)))
+
+    def poll(self) -> None:
+        msg = self.consumer.poll(0.1)
+        assert msg is None or msg.error() is None, msg.error()
+
+    def partitions(self) -> set[int]:
+        return {tp.partition for tp in self.consumer.assignment()}
+
+
+def _poll_until(members: list[_StaticMember], done: Callable[[], bool], message: str) -> None:
+    def polled() -> bool:
+        for member in members:
+            member.poll()
+        return done()
+
+    wait_until(polled, timeout_s=CLIENT_TIMEOUT_S, interval_s=0, message=message)
+
+
+def _described_instances(bootstrap: str) -> dict[str, str | None]:
+    """member id -> group.instance.id, from DescribeGroups through confluent's AdminClient."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    found = admin.describe_consumer_groups([STATIC_GROUP], request_timeout=30)[STATIC_GROUP]
+    return {m.member_id: m.group_instance_id for m in found.result().members}
+
+
+def test_confluent_static_member_restarts_without_a_rebalance(cluster: UpProcess) -> None:
+    everything = set(range(PARTITIONS))
+    first = _StaticMember(cluster.bootstrap, "static-a", session_timeout_ms=45_000)
+    other = _StaticMember(cluster.bootstrap, "static-b", session_timeout_ms=45_000)
+    members = [first, other]
+    restarted: _StaticMember | None = None
+    try:
+
+        def split() -> bool:
+            a, b = first.partitions(), other.partitions()
+            return bool(a) and bool(b) and not (a & b) and (a | b) == everything
+
+        _poll_until(members, split, "both static members assigned")
+        kept, first_id = first.partitions(), first.consumer.memberid()
+        seen_by_other = list(other.callbacks)
+        first.consumer.close()  # a static member sends no LeaveGroup: its member stays
+        members.remove(first)
+
+        # The same instance restarts well within the 45 s session timeout, with a shorter one.
+        restarted = _StaticMember(cluster.bootstrap, "static-a", session_timeout_ms=6_000)
+        members.append(restarted)
+        _poll_until(members, lambda: bool(restarted.partitions()), "the restarted member assigned")
+        # In a rebalance the other member revokes before anyone is assigned (eager protocol):
+        # none happened.
+        assert restarted.partitions() == kept
+        assert other.callbacks == seen_by_other, other.callbacks
+        assert restarted.consumer.memberid() not in ("", first_id)
+        assert sorted(_described_instances(cluster.bootstrap).items()) == sorted(
+            [(restarted.consumer.memberid(), "static-a"), (other.consumer.memberid(), "static-b")]
+        )
+
+        # Closed again: its 6 s session expires, then the group rebalances without it.
+        restarted.consumer.close()
+        members.remove(restarted)
+        _poll_until(members, lambda: other.partitions() == everything, "the other member given all")
+        assert [kind for kind, _ in other.callbacks[len(seen_by_other) :]][:2] == [
+            "revoke",
+            "assign",
+        ]
+    finally:
+        for member in members:
+            member.consumer.close()
 
 
 # --- (d) coordinator failover -------------------------------------------------------------------
