@@ -266,7 +266,6 @@ class Member:
 class _Takeover(NamedTuple):
     """What a static takeover in a Stable group replaced (rule 8), to undo it."""
 
-    group_instance_id: str
     old_member_id: str
     new_member_id: str
     old_protocols: tuple[tuple[str, bytes], ...]
@@ -446,7 +445,6 @@ class Group:
         old_member_id = self.static_members[group_instance_id]
         member = self.members[old_member_id]
         takeover = _Takeover(
-            group_instance_id,
             old_member_id,
             new_member_id,
             member.protocols,
