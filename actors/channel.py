@@ -178,6 +178,11 @@ class _Outbox:
     that buffer is a bytearray copied whole as it grows, which made a gateway pipelining
     megabyte produce calls spend most of its CPU in ``transport.write``. ``queued_bytes`` is
     bounded by the owner: :meth:`has_room` before :meth:`put`, or :meth:`wait_room`.
+
+    A frame put while nothing waits (no queued frame, the transport's buffer empty) goes to
+    the socket at once, inside :meth:`put`: the caller's next step (a leader's local write,
+    after its push) then overlaps the transfer instead of delaying it, and order is kept
+    because anything later queues behind it.
     """
 
     def __init__(self, max_bytes: int = LINK_QUEUE_BYTES_MAX) -> None:
@@ -187,11 +192,21 @@ class _Outbox:
         self._wake = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
+        self._writer: asyncio.StreamWriter | None = None
 
     def has_room(self, nbytes: int = 0) -> bool:
         return self.queued_bytes + nbytes <= self._max
 
     def put(self, frame: bytes | bytearray) -> None:
+        writer = self._writer
+        if (
+            writer is not None
+            and not self._frames
+            and not writer.transport.is_closing()
+            and writer.transport.get_write_buffer_size() == 0
+        ):
+            writer.write(memoryview(frame))  # a partial send keeps a view, not a copy
+            return
         self._frames.append(frame)
         self.queued_bytes += len(frame)
         self._wake.set()
@@ -213,6 +228,7 @@ class _Outbox:
     async def pump(self, writer: asyncio.StreamWriter) -> None:
         """Write queued frames until cancelled or the connection fails (then it closes it)."""
         writer.transport.set_write_buffer_limits(high=WRITE_BUFFER_HIGH)
+        self._writer = writer
         try:
             while True:
                 while not self._frames:
@@ -228,6 +244,8 @@ class _Outbox:
             writer.close()  # the reader side sees the end and tears the connection down
             self.clear()
             raise
+        finally:
+            self._writer = None
 
 
 async def _first_of(*coroutines: Awaitable[None]) -> None:
