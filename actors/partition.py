@@ -18,7 +18,12 @@ The shell carries out a Ready in this order (never another):
   2. ``checkpoint_high_watermark`` (lazily persisted; recovery clamps it to the log end).
   3. ``messages``: ``SendToReplica`` as is; ``SendFetchData`` and ``SendPushData`` after the
      shell fills their ``batches`` by reading its log; then ``alter_partition`` to the
-     controller (the shell adds topic, partition and broker epoch).
+     controller (the shell adds topic, partition and broker epoch). One exception: a leader
+     may send a ``SendPushData`` or a follower's ``SendFetchData`` whose batches are exactly
+     this Ready's own ``AppendBatch``es *before* step 1, filled from memory and stamped as
+     the log will store them, so that replication overlaps the local write. Nothing this
+     machine decides depends on the order: the high watermark waits for the leader's own
+     ``LocalAppendDurable`` either way.
   4. ``produce_results``. A result is only ever produced after the data it acknowledges is
      durable (acks 0/1: locally; acks=all: on every member of the ISR), so "persist, then send,
      then acknowledge" holds even though the leader's fsync runs in parallel with the sends.

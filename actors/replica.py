@@ -65,6 +65,7 @@ from raylog.actors.partition import PartitionReplica
 from raylog.actors.reassignment import ByteRateThrottle
 from raylog.actors.replication_types import (
     AppendBatch,
+    Ready,
     ReplicaConfig,
     Role,
     SendFetchData,
@@ -113,6 +114,31 @@ def replica_actor_name(topic: str, partition: int, replica_id: int) -> str:
 
 def now_ms() -> int:
     return time.monotonic_ns() // 1_000_000
+
+
+# The pushes of one Ready, by range: the message and its frame (None over Ray calls).
+_Pushed = dict[tuple[int, int, ReplicateRequest], tuple[ReplicateRequest, bytearray | None]]
+
+
+def _fresh_range(
+    fresh: dict[int, RecordBatch], start: int, end: int, max_bytes: int
+) -> tuple[RecordBatch, ...] | None:
+    """The batches of ``fresh`` (by base offset) from ``start`` up to ``end`` as a log read
+    with ``max_bytes`` would return them (the first whole, then while the total fits), or None
+    when ``fresh`` does not hold that range."""
+    batches: list[RecordBatch] = []
+    total = 0
+    offset = start
+    while offset < end:
+        batch = fresh.get(offset)
+        if batch is None or batch.meta.next_offset > end:
+            return None
+        if batches and total + batch.meta.size_bytes > max_bytes:
+            break
+        batches.append(batch)
+        total += batch.meta.size_bytes
+        offset = batch.meta.next_offset
+    return tuple(batches) if batches else None
 
 
 def _batch_meta(header: rb.BatchHeader) -> BatchMeta:
@@ -243,6 +269,7 @@ class ReplicaActor:
         self._channel_address: asyncio.Future[tuple[str, int] | None] | None = None
         self._links: dict[int, PeerLink] = {}
         self._ray_calls_out = 0
+        self._sent_before_write = 0  # pushes / fetch answers built before the local write
         self._channel_secret = channel_secret() if replication_channel else b""
         # Mutual TLS on the channels when the broker has a certificate from the cluster CA.
         self._tls_server = pki.server_context(tls) if tls is not None else None
@@ -292,6 +319,7 @@ class ReplicaActor:
             "tls": int(self._channel is not None and self._channel.tls),
             "calls_in": self._channel.calls_in if self._channel else 0,
             "ray_calls_out": self._ray_calls_out,
+            "sent_before_write": self._sent_before_write,
         }
 
     async def _channel_call(self, method: str, raw_args: msgspec.Raw) -> Any:
@@ -625,6 +653,8 @@ class ReplicaActor:
                 self._wake_long_polls()
                 return
             ready = self._sm.ready()
+            # 0. This Ready's new batches go to the followers waiting for them first.
+            sent_early = self._send_fresh(ready)
             appended_records = 0
             # 1. Log operations, in order.
             for op in ready.log_ops:
@@ -641,21 +671,14 @@ class ReplicaActor:
                 self._after_append(appended_records)
             # 2. The HW checkpoint is lazy (see _maybe_checkpoint_hw).
             # 3. Messages.
-            pushed: dict[tuple[int, int, ReplicateRequest], tuple[ReplicateRequest, Any]] = {}
-            for out in ready.messages:
+            pushed: _Pushed = {}
+            for index, out in enumerate(ready.messages):
+                if index in sent_early:
+                    continue
                 if isinstance(out, SendToReplica):
                     self._send(out.to, out.message)
                 elif isinstance(out, SendPushData):
-                    # One read and one encoding per pushed range, however many followers it
-                    # goes to (the request is the same for each).
-                    key = (out.base_offset, out.end_offset, out.request)
-                    push = pushed.get(key)
-                    if push is None:
-                        batches = self._read_batches(out.base_offset, 1 << 30, out.end_offset)
-                        message = msgspec.structs.replace(out.request, batches=batches)
-                        frame = encode_frame(message) if self._use_channel else None
-                        push = pushed[key] = (message, frame)
-                    self._send(out.to, push[0], frame=push[1])
+                    self._send_push(out, pushed, None)
                 else:
                     assert isinstance(out, SendFetchData)
                     self._send_fetch_data(out)
@@ -676,6 +699,68 @@ class ReplicaActor:
                     )
             self._wake_long_polls()
         raise RuntimeError("state machine kept producing Ready: bound of 1000 rounds reached")
+
+    def _send_fresh(self, ready: Ready) -> set[int]:
+        """Leader: send the batches this Ready appends to the followers waiting for them (push
+        requests; parked fetches of in-sync followers) before writing them locally, built in
+        memory as the log will store them (base offset and leader epoch stamped). The transfer
+        and the followers' writes then overlap the leader's own write instead of following it:
+        klite's "replicate while the leader persists". Safe because the high watermark still
+        waits for the leader's own fsync (``LocalAppendDurable``); a batch a follower holds and
+        the leader then fails to write is an unacknowledged suffix, which the next leader keeps
+        or truncates as Kafka does. Returns the indexes in ``ready.messages`` it sent; the rest
+        (older ranges, a LogAppendTime topic whose stamp the log sets) go after the write.
+        """
+        if not ready.messages or self._log.config.log_append_time:
+            return set()
+        fresh: dict[int, RecordBatch] = {}
+        for op in ready.log_ops:
+            if isinstance(op, TruncateTo) or op.replicated:
+                return set()  # only a leader's plain appends
+            data = bytearray(op.data)  # the one copy: the client's bytes are immutable
+            rb.set_base_offset(data, 0, op.batch.base_offset)
+            rb.set_partition_leader_epoch(data, 0, op.batch.leader_epoch)
+            fresh[op.batch.base_offset] = RecordBatch(op.batch, data)  # type: ignore[arg-type]
+        if not fresh:
+            return set()
+        sent: set[int] = set()
+        pushed: _Pushed = {}
+        for index, out in enumerate(ready.messages):
+            if isinstance(out, SendPushData):
+                batches = _fresh_range(fresh, out.base_offset, out.end_offset, 1 << 30)
+                if batches is None:
+                    continue
+                self._send_push(out, pushed, batches)
+                sent.add(index)
+                self._sent_before_write += 1
+            elif (
+                isinstance(out, SendFetchData)
+                and out.to != CONSUMER_REPLICA_ID
+                and out.response.error_code == 0
+                and (self._throttle is None or out.to in self._sm.isr)
+            ):
+                batches = _fresh_range(fresh, out.fetch_offset, out.upper_offset, out.max_bytes)
+                if batches is None:
+                    continue
+                self._send(out.to, msgspec.structs.replace(out.response, batches=batches))
+                sent.add(index)
+                self._sent_before_write += 1
+        return sent
+
+    def _send_push(
+        self, out: SendPushData, pushed: _Pushed, batches: tuple[RecordBatch, ...] | None
+    ) -> None:
+        """Send one push; its batches (read from the log when None) are read and encoded once
+        per range, however many followers it goes to (the request is the same for each)."""
+        key = (out.base_offset, out.end_offset, out.request)
+        push = pushed.get(key)
+        if push is None:
+            if batches is None:
+                batches = self._read_batches(out.base_offset, 1 << 30, out.end_offset)
+            message = msgspec.structs.replace(out.request, batches=batches)
+            frame = encode_frame(message) if self._use_channel else None
+            push = pushed[key] = (message, frame)
+        self._send(out.to, push[0], frame=push[1])
 
     def _wake_long_polls(self) -> None:
         """Wake consumer long polls on any HW move since the last wake-up (the move may have

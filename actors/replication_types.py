@@ -134,9 +134,10 @@ class SendFetchData(msgspec.Struct, frozen=True):
 
 class SendPushData(msgspec.Struct, frozen=True):
     """Push mode: read the whole batches in [``base_offset``, ``end_offset``) from the log (just
-    appended by this same Ready, so read them after its log operations), put them in
-    ``request.batches`` and send the ReplicateRequest to replica ``to``. Do not wait for the
-    local fsync: the push runs in parallel with it."""
+    appended by this same Ready, so read them after its log operations, or build them from
+    the Ready's ``AppendBatch``es and send before those: see the partition module), put them
+    in ``request.batches`` and send the ReplicateRequest to replica ``to``. Do not wait for
+    the local fsync: the push runs in parallel with it."""
 
     to: int
     request: ReplicateRequest

@@ -2,7 +2,8 @@
 
 Proves, on real Ray with an RF=3 partition in push and in pull mode: with channels (the default)
 the replication messages after the first few go over TCP (the followers receive them on their
-channel servers), every acks=all produce completes and the followers hold the same bytes; with
+channel servers), every acks=all produce completes and the followers hold the same bytes as the
+leader (most of them sent before the leader wrote them, from memory); with
 ``replication_channel=False`` the same traffic goes by Ray calls and also completes.
 """
 
@@ -19,6 +20,7 @@ from raylog.actors.messages import BecomeFollower, BecomeLeader
 from raylog.actors.replica import NAMESPACE, ReplicaActor, replica_actor_name
 from raylog.actors.replication_types import ReplicaConfig
 from raylog.storage import batch as rb
+from raylog.storage.log import Log
 
 pytestmark = pytest.mark.slow
 
@@ -55,6 +57,15 @@ def _end_offsets(replicas: list[Any]) -> list[int]:
     return [s.log_end_offset for s in states]
 
 
+def _stored(directory: Path) -> bytes:
+    """Every batch of the log in ``directory`` as stored (offsets and epochs stamped)."""
+    log = Log.open(directory)
+    try:
+        return log.read(0, 1 << 30)
+    finally:
+        log.close()
+
+
 @pytest.mark.parametrize("mode", ["push", "pull"])
 @pytest.mark.parametrize("channel", [True, False])
 def test_replication_over_channels_and_over_ray(
@@ -63,13 +74,15 @@ def test_replication_over_channels_and_over_ray(
     topic = f"chan-{mode}-{channel}"
     replicas = _start(tmp_path, topic, mode, channel)
     try:
-        refs = [
-            replicas[0].produce.remote(
-                rb.build_batch([rb.Record(b"k", b"v%d" % i, 1_700_000_000_000 + i)]), -1, 20_000
-            )
-            for i in range(BATCHES)
-        ]
-        outcomes = ray.get(refs, timeout=CALL_TIMEOUT_S)
+
+        def produce(i: int) -> Any:
+            batch = rb.build_batch([rb.Record(b"k", b"v%d" % i, 1_700_000_000_000 + i)])
+            return replicas[0].produce.remote(batch, -1, 20_000)
+
+        # The first batch alone, so that every later one finds the followers caught up.
+        outcomes = ray.get([produce(0)], timeout=CALL_TIMEOUT_S)
+        wait_until(lambda: _end_offsets(replicas) == [1] * RF, timeout_s=CALL_TIMEOUT_S)
+        outcomes += ray.get([produce(i) for i in range(1, BATCHES)], timeout=CALL_TIMEOUT_S)
         assert [o.error_code for o in outcomes] == [0] * BATCHES
         assert sorted(o.base_offset for o in outcomes) == list(range(BATCHES))
         wait_until(lambda: _end_offsets(replicas) == [BATCHES] * RF, timeout_s=CALL_TIMEOUT_S)
@@ -82,6 +95,13 @@ def test_replication_over_channels_and_over_ray(
         else:
             assert followers_in == 0 and stats[0]["ray_calls_out"] > 0, stats
         assert all(s["rejected"] == 0 for s in stats), stats
+        # The leader sends each batch it appends to the followers waiting for it before its own
+        # write (push requests; parked fetches in pull mode), stamped in memory as its log
+        # stamps it: what the followers stored must be the leader's bytes exactly.
+        assert stats[0]["sent_before_write"] > 0, stats
     finally:
         for r in replicas:
             ray.kill(r, no_restart=True)
+    stored = [_stored(tmp_path / topic / str(rid)) for rid in range(RF)]
+    assert len(stored[0]) > 0
+    assert stored[1] == stored[0] and stored[2] == stored[0]
