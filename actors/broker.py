@@ -13,7 +13,8 @@ This module owns what a Kafka broker process owns apart from the wire protocol:
 - replicas: the controller pushes the full list of replicas this broker must host with their
   role commands (``apply``). The broker creates missing ``ReplicaActor``s (named, in namespace
   ``raylog``, pinned to this node, each with its WAL in ``<data>/broker-<id>/<topic>-<p>``),
-  re-creates one whose topic configs changed (its state is recovered from the WAL), stops and
+  applies changed topic configs to running replicas in place (re-creating a replica from its
+  WAL only when its ``replication.mode`` changed), stops and
   deletes replicas that are no longer assigned (deleted topics: data removed), and forwards the
   commands. Commands from an older controller epoch than one already seen are refused;
 - the AlterPartition path: replicas send their proposals to the broker (``set_controller`` is
@@ -439,27 +440,31 @@ class BrokerActor:
     async def _ensure(self, spec: ReplicaSpec) -> None:
         key = (spec.topic, spec.partition)
         hosted = self._hosted.get(key)
-        if (
-            hosted is not None
-            and hosted.topic_id == spec.topic_id
-            and hosted.configs == spec.configs
-        ):
-            return
+        replica_config = self._replica_config(spec.configs)
+        if hosted is not None and hosted.topic_id == spec.topic_id:
+            if hosted.configs == spec.configs:
+                return
+            # Changed configs apply in place (Kafka's dynamic topic configs), unless the
+            # replication mode changed: then the replica is re-created from its WAL.
+            try:
+                applied = await ray_call(
+                    hosted.handle.reconfigure.remote(dict(spec.configs), replica_config),
+                    REPLICA_CALL_TIMEOUT_MS,
+                )
+            except BrokerNotAvailableError:
+                applied = False  # the replica died: re-created below, with the new configs
+            if applied:
+                hosted.configs = dict(spec.configs)
+                return
         if hosted is not None:
-            # Configs changed (re-created from its WAL) or the topic was re-created (wiped).
+            # The replication mode changed (re-created from its WAL) or the topic was
+            # re-created (wiped).
             await self._remove(key, delete_data=hosted.topic_id != spec.topic_id)
         log_dir = self._log_dir(spec.topic, spec.partition)
         id_file = log_dir.with_name(log_dir.name + TOPIC_ID_SUFFIX)
         if id_file.exists() and id_file.read_text() != spec.topic_id:
             delete_replica_data(log_dir)  # data of an older topic of that name
         id_file.write_text(spec.topic_id)
-        cfg = topic_config.effective(spec.configs)
-        replica_config = ReplicaConfig(
-            replica_lag_time_max_ms=self._config.replica_lag_time_max_ms,
-            min_insync_replicas=cfg.min_insync_replicas,
-            replication_mode=cfg.replication_mode,
-            unclean_leader_election_enable=cfg.unclean_leader_election_enable,
-        )
         name = replica_actor_name(spec.topic, spec.partition, self.broker_id)
         handle = None
         for _ in range(NAME_RETRY_MAX):
@@ -492,6 +497,15 @@ class BrokerActor:
         if self._lease_until_ms > monotonic_ms():
             handle.set_session_lease.remote(self._lease_until_ms)
         self._hosted[key] = _Hosted(handle, spec.topic_id, dict(spec.configs))
+
+    def _replica_config(self, configs: dict[str, str]) -> ReplicaConfig:
+        cfg = topic_config.effective(configs)
+        return ReplicaConfig(
+            replica_lag_time_max_ms=self._config.replica_lag_time_max_ms,
+            min_insync_replicas=cfg.min_insync_replicas,
+            replication_mode=cfg.replication_mode,
+            unclean_leader_election_enable=cfg.unclean_leader_election_enable,
+        )
 
     async def _remove(self, key: tuple[str, int], *, delete_data: bool) -> None:
         """Stop a replica actor, wait (bounded) until Ray confirms it dead, maybe drop its data."""

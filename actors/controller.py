@@ -928,8 +928,9 @@ class ControllerActor:
         return topic_config.describe(md_.get_topic(self._require_active().metadata, name).configs)
 
     async def alter_configs(self, name: str, overrides: dict[str, str]) -> TopicMetadata:
-        """AlterConfigs (the whole override set). Brokers re-create the topic's replica actors
-        from their WALs with the new configs; then unclean elections are retried if enabled."""
+        """AlterConfigs (the whole override set). Brokers apply the new configs to the topic's
+        running replicas (re-creating them from their WALs only for a replication.mode change);
+        then unclean elections are retried if enabled."""
         self._ensure_started()
 
         def change(md: ClusterMetadata) -> tuple[ClusterMetadata, None]:

@@ -341,9 +341,9 @@ class PartitionReplica:
         # Checked before anything changes: a refused command leaves this replica as it was.
         self._drop_empty_epochs()
         last_epoch = self.epoch_cache[-1][0] if self.epoch_cache else UNDEFINED_EPOCH
-        # A replica actor re-created from its WAL (its topic's configs changed, or it died alone
-        # and its broker re-created it) is told again to lead the epoch it led: its log ends
-        # with that epoch's batches, and it resumes that leadership where the log ends. Kafka
+        # A replica actor re-created from its WAL (its topic's replication.mode changed, or it
+        # died alone and its broker re-created it) is told again to lead the epoch it led: its
+        # log ends with that epoch's batches, and it resumes that leadership where it ends. Kafka
         # bumps the epoch on every leader restart because a crashed machine may lose the
         # unflushed tail; here the process was replaced, not the machine, so nothing its
         # followers could have copied is missing (a whole-node crash fences the broker and
@@ -1122,6 +1122,19 @@ class PartitionReplica:
             check_invariant(
                 len(self.parked) <= len(self.followers), "one parked fetch per follower"
             )
+
+    def reconfigure(self, config: ReplicaConfig) -> None:
+        """Apply changed settings (min.insync.replicas, unclean election, lag time, bounds)
+        from the next message on, as Kafka applies a topic config change. The replication mode
+        cannot change here: followers and leader would disagree on who moves the data until
+        both had switched; the shell re-creates the replica for that (ValueError)."""
+        config.validate()
+        if config.replication_mode != self.config.replication_mode:
+            raise ValueError(
+                f"replication.mode {self.config.replication_mode} -> {config.replication_mode} "
+                "needs a new replica"
+            )
+        self.config = config
 
     # Dispatch by method name, so a subclass (e.g. a test's deliberately buggy replica) can
     # override a handler.

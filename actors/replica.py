@@ -410,6 +410,29 @@ class ReplicaActor:
         elif self._throttle is None or self._throttle.bytes_per_sec != bytes_per_sec:
             self._throttle = ByteRateThrottle(bytes_per_sec, now_ms())
 
+    async def reconfigure(
+        self, topic_config: dict[str, str], replica_config: ReplicaConfig
+    ) -> bool:
+        """Apply a topic's changed configs in place, as Kafka applies dynamic topic configs:
+        no restart, no leadership change, no client error. False (nothing changed) when
+        ``replication.mode`` changed: the broker re-creates the replica from its WAL then.
+        Raises InvalidConfigError for a bad value (nothing changed either)."""
+        self._ensure_started()
+        if replica_config.replication_mode != self._sm.config.replication_mode:
+            return False
+        configs = dict(topic_config)
+        log_config = LogConfig.from_kafka({**configs, "flush.messages": _NO_FLUSH})
+        flush_messages = int(configs.get("flush.messages", 1))
+        self._sm.reconfigure(replica_config)  # validates before it changes anything
+        self._log.reconfigure(log_config)
+        self._max_message_bytes = log_config.max_message_bytes
+        self._flush_messages = flush_messages
+        if flush_messages <= 1 and self._unflushed_records:
+            # Back to fsync-per-append: what the relaxed policy left unflushed goes now.
+            self._unflushed_records = 0
+            self._request_flush(report=False)
+        return True
+
     def set_controller(self, controller: Any) -> None:
         """The actor that receives AlterPartition proposals (``alter_partition`` method)."""
         self._controller = controller

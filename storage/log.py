@@ -693,6 +693,14 @@ class Log:
                 self._sync_in_progress = False
                 self._flush_cond.notify_all()
 
+    def reconfigure(self, config: LogConfig) -> None:
+        """Apply changed topic configs (retention, segment size and age, max.message.bytes,
+        flush policy, timestamp type) from the next operation on, as Kafka applies a dynamic
+        topic config change: the data stays as it is (a smaller segment.bytes rolls the
+        active segment at its next append; a shorter retention acts at the next check)."""
+        with self._lock:
+            self.config = config
+
     def flush(self) -> None:
         """Make every append so far durable (the flush.ms timer of a relaxed config)."""
         with self._lock:

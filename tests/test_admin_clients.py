@@ -7,8 +7,8 @@ Proves:
   (the request reaches the active controller); Metadata then lists three replicas per partition,
   and DescribeConfigs and ``raylog topics describe`` show the configs;
 - AlterConfigs replaces the overrides and IncrementalAlterConfigs patches them, each seen
-  afterwards through DescribeConfigs and the CLI; the topic's replicas (re-created with the new
-  configs, leaders resuming their epoch) then take acks=all writes and stay fully replicated;
+  afterwards through DescribeConfigs and the CLI; the topic's replicas (the new configs applied
+  in place) then take acks=all writes and stay fully replicated;
 - duplicate topic, replication factor above the brokers, a bad config value: Kafka's errors
   (TOPIC_ALREADY_EXISTS, INVALID_REPLICATION_FACTOR, INVALID_CONFIG) with messages;
 - broker configs: ``auto.create.topics.enable`` is false, read-only, and a producer writing to
@@ -146,8 +146,8 @@ def test_alter_and_incrementally_alter(up: UpProcess, admin: AdminClient) -> Non
     )
     error = _error(admin.incremental_alter_configs([bad])[bad])
     assert error.code() == KafkaError.INVALID_CONFIG and "append" in error.str()
-    # Each change re-created the topic's replica actors from their WALs, the leader told to
-    # lead the epoch it led: writes with acks=all go on, and the ISR stays whole.
+    # Each change was applied to the running replicas: writes with acks=all go on, and the ISR
+    # stays whole.
     assert _produce_errors(up.bootstrap, "tuned") == []
     wait_until(
         lambda: _cli_isr(up, "tuned") == [1, 2, 3],

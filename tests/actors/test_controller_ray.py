@@ -42,6 +42,7 @@ from raylog.storage.errors import (
     InvalidReplicationFactorError,
     NotControllerError,
     NotLeaderOrFollowerError,
+    RecordTooLargeError,
     TopicAlreadyExistsError,
 )
 
@@ -238,6 +239,45 @@ def test_topic_errors_configs_partitions_and_delete(cluster: Cluster) -> None:
     cluster.reconciled()
     assert all(cluster.replica(b, "events", p) is None for b in BROKERS for p in (0, 1))
     assert not any((data / f"broker-{b}" / "events-0").exists() for b in BROKERS)
+
+
+def _pids(cluster: Cluster, topic: str) -> dict[int, int]:
+    return {
+        b: _get(cluster.replica(b, topic).__ray_call__.remote(lambda _: os.getpid()))
+        for b in BROKERS
+    }
+
+
+def test_config_changes_apply_in_place_and_a_mode_change_recreates(cluster: Cluster) -> None:
+    _create(cluster, "tuned")
+    wait_until(
+        lambda: _produce_ok(cluster, "tuned", 0), timeout_s=CALL_TIMEOUT_S, message="produce"
+    )
+    before = _pids(cluster, "tuned")
+    big = rb.build_batch([rb.Record(None, b"x" * 3000, 1_700_000_000_000)])
+    cluster.call(
+        "alter_configs", "tuned", {"min.insync.replicas": "2", "max.message.bytes": "2000"}
+    )
+    cluster.reconciled()
+
+    def refused_big() -> bool:
+        outcome = _get(cluster.leader_replica("tuned").produce.remote(big, -1, 5_000))
+        return outcome.error_code == RecordTooLargeError.error_code
+
+    # The same processes (no restart, no leadership change) now refuse a 3000-byte batch.
+    wait_until(refused_big, timeout_s=CALL_TIMEOUT_S, message="max.message.bytes 2000 applied")
+    assert _pids(cluster, "tuned") == before
+    assert cluster.produce("tuned", 1).error_code == 0
+    # A replication mode change re-creates the replicas from their WALs.
+    cluster.call("alter_configs", "tuned", {"min.insync.replicas": "2", "replication.mode": "push"})
+    cluster.reconciled()
+    wait_until(
+        lambda: set(_pids(cluster, "tuned").values()).isdisjoint(before.values()),
+        timeout_s=CALL_TIMEOUT_S,
+        message="replicas re-created for the mode change",
+    )
+    wait_until(lambda: _produce_ok(cluster, "tuned", 2), timeout_s=CALL_TIMEOUT_S, message="push")
+    assert _get(cluster.leader_replica("tuned").produce.remote(big, -1, 5_000)).error_code == 0
 
 
 def test_hard_kill_of_leader_broker_elects_from_isr_and_loses_nothing(cluster: Cluster) -> None:

@@ -45,6 +45,7 @@ from raylog.actors.partition import (
 )
 from raylog.storage.errors import (
     FencedLeaderEpochError,
+    InvalidConfigError,
     NotEnoughReplicasAfterAppendError,
     NotEnoughReplicasError,
     NotLeaderOrFollowerError,
@@ -240,6 +241,24 @@ def test_acks_all_below_min_isr_fails_before_append() -> None:
     ready = produce(leader, 1)
     assert results(ready)[1].error_code == NotEnoughReplicasError.error_code
     assert ready.log_ops == [] and leader.log_end_offset == 0
+
+
+def test_reconfigure_applies_min_isr_from_the_next_produce_and_refuses_a_mode_change() -> None:
+    leader = make_leader(isr=(0,), replicas=(0, 1), min_insync_replicas=1)
+    produce(leader, 1)
+    assert leader.log_end_offset == 1  # min ISR 1: appended
+    leader.reconfigure(ReplicaConfig(min_insync_replicas=2))
+    ready = produce(leader, 2)
+    assert results(ready)[2].error_code == NotEnoughReplicasError.error_code
+    assert leader.log_end_offset == 1  # refused before the append
+    with pytest.raises(ValueError, match=r"replication\.mode"):
+        leader.reconfigure(ReplicaConfig(min_insync_replicas=1, replication_mode="push"))
+    with pytest.raises(InvalidConfigError):
+        leader.reconfigure(ReplicaConfig(min_insync_replicas=0))
+    assert leader.config.min_insync_replicas == 2  # a refused change changes nothing
+    leader.reconfigure(ReplicaConfig(min_insync_replicas=1))
+    produce(leader, 3)
+    assert leader.log_end_offset == 2
 
 
 def test_acks_all_shrink_after_append_fails_not_enough_replicas_after_append() -> None:
