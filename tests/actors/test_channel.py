@@ -40,40 +40,55 @@ MESSAGES: list[Any] = [
 ]
 
 
-async def _read_all(data: bytes, *, byte_by_byte: bool = False) -> list[Any]:
-    """Every frame ``read_frame`` returns from a stream carrying ``data``, then its end."""
-    reader = asyncio.StreamReader()
-
-    async def feed() -> None:
-        step = 1 if byte_by_byte else len(data)
-        for i in range(0, len(data), step):
-            reader.feed_data(data[i : i + step])
-            await asyncio.sleep(0)  # the reader sees each piece arrive on its own
-        reader.feed_eof()
-
-    feeding = asyncio.ensure_future(feed())
+def _read_all(data: bytes, *, step: int = 0, scratch_bytes: int = ch.SCRATCH_BYTES) -> list[Any]:
+    """Every message a parser decodes from ``data`` arriving ``step`` bytes at a time (all at
+    once for 0); raises FrameError if the data ends inside a frame, as a connection does."""
+    parser = ch.FrameParser(scratch_bytes=scratch_bytes)
     got: list[Any] = []
-    try:
-        async with asyncio.timeout(DEADLINE_S):
-            while (message := await ch.read_frame(reader)) is not None:
-                got.append(message)
-    finally:
-        await feeding
+    for i in range(0, len(data), step or max(1, len(data))):
+        parser.feed(data[i : i + (step or len(data))])
+        while parser.messages:
+            got.append(parser.take())
+    if parser.inside_frame:
+        raise ch.FrameError("the stream ended inside a frame")
+    assert parser.queued_bytes == 0
     return got
 
 
 def test_frames_round_trip_whole_and_byte_by_byte() -> None:
     data = b"".join(ch.encode_frame(m) for m in MESSAGES)
-    assert asyncio.run(_read_all(data)) == MESSAGES
-    assert asyncio.run(_read_all(data, byte_by_byte=True)) == MESSAGES
+    assert _read_all(data) == MESSAGES
+    assert _read_all(data, step=1) == MESSAGES
+
+
+@pytest.mark.parametrize("step", [0, 1, 7, 1000, 4096])
+def test_large_frames_are_received_into_their_own_buffer_between_small_ones(step: int) -> None:
+    # With a 256-byte scratch, the 120-byte batches are small frames and the 10 kB ones large:
+    # each arrangement of the two, cut at every step, decodes to the same messages.
+    big = RecordBatch(BatchMeta(5, 7, 10_000, 1), bytes(range(256)) * 40)
+    messages = [
+        ReplicateRequest(1, 4, 90, 3, (big,)),
+        *MESSAGES,
+        ReplicateRequest(1, 4, 91, 3, (big, big)),
+        ReplicateRequest(1, 4, 92, 3, (big,)),
+        *MESSAGES,
+    ]
+    data = b"".join(ch.encode_frame(m) for m in messages)
+    assert _read_all(data, step=step, scratch_bytes=256) == messages
 
 
 def test_a_call_request_is_encoded_as_the_server_decodes_it() -> None:
-    frame = ch.encode_frame(ch._CallRequestOut(7, "produce", (b"batch", -1, 30_000)))
-    (request,) = asyncio.run(_read_all(bytes(frame)))
-    assert isinstance(request, ch.CallRequest)
-    assert (request.call_id, request.method) == (7, "produce")
-    assert msgspec.msgpack.decode(request.args) == [b"batch", -1, 30_000]
+    # Two in one read: the first's Raw arguments must not point into the parser's scratch,
+    # which the second overwrites once taken.
+    frames = [ch.encode_frame(ch._CallRequestOut(i, "produce", (b"b%d" % i, -1))) for i in (7, 8)]
+    requests = []
+    parser = ch.FrameParser(scratch_bytes=64)
+    for frame in frames:
+        parser.feed(frame)
+        requests.append(parser.take())
+    assert all(isinstance(r, ch.CallRequest) for r in requests)
+    assert [(r.call_id, r.method) for r in requests] == [(7, "produce"), (8, "produce")]
+    assert [msgspec.msgpack.decode(r.args) for r in requests] == [[b"b7", -1], [b"b8", -1]]
     assert not ch.is_channel_message(ch._CallRequestOut(7, "produce", ()))
 
 
@@ -84,13 +99,13 @@ def test_a_call_request_is_encoded_as_the_server_decodes_it() -> None:
         (struct.pack(">IB", ch.FRAME_BYTES_MAX + 1, 0), "outside"),
         (struct.pack(">IB", 3, 200) + b"ab", "unknown message kind 200"),
         (struct.pack(">IB", 3, 0) + b"\xff\xff", "bad FetchRequest body"),
-        (struct.pack(">IB", 30, 0) + b"\x00" * 10, "ended inside a frame of 30 bytes"),
-        (b"\x00\x00", "ended inside a frame header"),
+        (struct.pack(">IB", 30, 0) + b"\x00" * 10, "ended inside a frame"),
+        (b"\x00\x00", "ended inside a frame"),
     ],
 )
 def test_garbage_is_refused(data: bytes, reason: str) -> None:
     with pytest.raises(ch.FrameError, match=reason):
-        asyncio.run(_read_all(data))
+        _read_all(data)
 
 
 async def _until(probe: Callable[[], bool]) -> None:
@@ -243,9 +258,13 @@ def test_a_call_link_whose_peer_stops_reading_waits_and_loses_nothing() -> None:
             await reading.wait()
             (name_bytes,) = struct.unpack(">H", await reader.readexactly(2))
             await reader.readexactly(name_bytes + 32)  # the link's name and MAC
-            while (frame := await ch.read_frame(reader)) is not None:
-                if isinstance(frame, ch.CallRequest):
-                    received.append(frame)
+            parser = ch.FrameParser()
+            while data := await reader.read(1 << 16):
+                parser.feed(data)
+                while parser.messages:
+                    frame = parser.take()
+                    if isinstance(frame, ch.CallRequest):
+                        received.append(frame)
             writer.close()
 
         server = await asyncio.start_server(peer, HOST, 0)
