@@ -7,10 +7,12 @@ connection's; dispatch is by API key through ``handlers.HANDLERS``.
 
 Per connection:
 
-1. One reader task feeds ``receive_data`` and asks ``next_event`` for requests. It stops reading
-   while the connection is PAUSED (``max_in_flight`` requests unanswered), so a client that
-   pipelines faster than we answer is held back by TCP, and the buffered bytes stay within one
-   frame plus one read.
+1. The socket reads straight into the connection's buffers (``get_buffer`` /
+   ``buffer_updated`` under an ``asyncio.BufferedProtocol``: a large request is received in
+   place, in one copy). One reader task asks ``next_event`` for requests. While the connection
+   is PAUSED (``max_in_flight`` requests unanswered) the socket stops being read once
+   ``READ_AHEAD_BYTES`` are buffered, so a client that pipelines faster than we answer is held
+   back by TCP.
 2. Each request runs in its own task, so a slow Fetch does not hold up a Metadata behind it; the
    connection releases responses in request order regardless.
 3. Client garbage (``RemoteProtocolError``) logs one line and closes that connection. A handler
@@ -56,8 +58,7 @@ __all__ = ["GatewayServer", "Limits", "event_loop_factory"]
 
 log = logging.getLogger(__name__)
 
-READ_CHUNK_BYTES = 256 * 1024
-STREAM_LIMIT_BYTES = 1 << 20
+READ_AHEAD_BYTES = 1 << 20  # buffered while the reader task is not asking for data
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,11 +133,8 @@ class GatewayServer:
         """Listen on ``host:port`` (0 = any free port); return the bound port."""
         if self._server is not None:
             raise RuntimeError("server already started")
-        # The stream buffers up to twice its limit before it stops reading the socket: at the
-        # default 64 KiB a megabyte produce request paused and resumed reading eight times.
-        self._server = await asyncio.start_server(
-            self._on_connect, host, port, limit=STREAM_LIMIT_BYTES
-        )
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _ClientSocket(self), host, port)
         return int(self._server.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
@@ -153,20 +151,96 @@ class GatewayServer:
         await self._server.wait_closed()
         self._server = None
 
-    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
+    def _on_connect(self, sock: _ClientSocket) -> None:
+        assert sock.transport is not None
         if len(self._clients) >= self.limits.max_connections:
             self.connections_rejected += 1
             log.warning("refusing connection: %d connections open", len(self._clients))
-            writer.transport.abort()
+            sock.transport.abort()
             return
         self.connections_accepted += 1
+        client = _ClientConnection(self, self._handlers, sock)
+        task = asyncio.get_running_loop().create_task(client.run())
         self._clients.add(task)
-        try:
-            await _ClientConnection(self, self._handlers, reader, writer).run()
-        finally:
-            self._clients.discard(task)
+        task.add_done_callback(self._clients.discard)
+
+
+class _ClientSocket(asyncio.BufferedProtocol):
+    """The socket side of one client connection: bytes go straight into the sans-IO
+    :class:`Connection`'s buffers; ``readable`` wakes the reader task; writes go to the
+    transport, :meth:`drain` waiting while it is paused."""
+
+    def __init__(self, server: GatewayServer) -> None:
+        self._server = server
+        self.transport: asyncio.Transport | None = None
+        self.connection: Connection | None = None  # set by the _ClientConnection
+        self.readable = asyncio.Event()  # bytes, or the end, arrived
+        self.want_data = False  # the reader task waits for data: keep reading the socket
+        self._reading_paused = False
+        self._write_paused = False
+        self._lost = False
+        self._drain_waiter: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self._server._on_connect(self)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        assert self.connection is not None
+        return self.connection.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        assert self.connection is not None and self.transport is not None
+        self.connection.buffer_updated(nbytes)
+        self._server.request_stats.received(nbytes)
+        self.readable.set()
+        if not self.want_data and self.connection.buffered_bytes >= READ_AHEAD_BYTES:
+            self.transport.pause_reading()
+            self._reading_paused = True
+
+    def eof_received(self) -> bool:
+        self._end()
+        return True  # keep the write side open: answers to what is in flight still go out
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        self._end()
+        waiter, self._drain_waiter = self._drain_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _end(self) -> None:
+        if self.connection is not None and not self.connection.at_eof:
+            self.connection.receive_data(b"")
+        self.readable.set()
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        waiter, self._drain_waiter = self._drain_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def resume_reading(self) -> None:
+        if self._reading_paused and self.transport is not None and not self.transport.is_closing():
+            self._reading_paused = False
+            self.transport.resume_reading()
+
+    def write(self, data: bytes | bytearray) -> None:
+        assert self.transport is not None
+        self.transport.write(data)
+
+    async def drain(self) -> None:
+        while True:
+            if self._lost or self.transport is None or self.transport.is_closing():
+                raise ConnectionError("the client connection closed")
+            if not self._write_paused:
+                return
+            self._drain_waiter = asyncio.get_running_loop().create_future()
+            await self._drain_waiter
 
 
 class _ClientConnection:
@@ -176,16 +250,16 @@ class _ClientConnection:
         self,
         server: GatewayServer,
         handlers: Mapping[int, Handler],
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+        sock: _ClientSocket,
     ) -> None:
         self._server = server  # for its counters
         self._handlers = handlers
         self._limits = limits = server.limits
         self._idle_s = limits.connections_max_idle_ms / 1000
-        self._reader = reader
-        self._writer = writer
-        peer = writer.get_extra_info("peername")
+        self._sock = sock
+        assert sock.transport is not None
+        self._transport = sock.transport
+        peer = sock.transport.get_extra_info("peername")
         self._peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self._connection = Connection(
             server.api_versions,
@@ -193,6 +267,7 @@ class _ClientConnection:
             max_in_flight=limits.max_in_flight,
             max_in_flight_bytes=limits.max_in_flight_bytes,
         )
+        sock.connection = self._connection
         self._context = RequestContext(
             server.backend, server.api_versions, self._peer, server.groups
         )
@@ -227,19 +302,22 @@ class _ClientConnection:
                 self._requests.add(task)
                 task.add_done_callback(self._requests.discard)
             elif event is Signal.NEED_DATA:
+                sock = self._sock
+                sock.want_data = True
+                sock.resume_reading()
                 try:
-                    # asyncio.timeout rather than wait_for: no extra task per read.
-                    async with asyncio.timeout(self._idle_s):
-                        data = await self._reader.read(READ_CHUNK_BYTES)
+                    if not sock.readable.is_set():
+                        # asyncio.timeout rather than wait_for: no extra task per read.
+                        async with asyncio.timeout(self._idle_s):
+                            await sock.readable.wait()
                 except TimeoutError:
                     if connection.in_flight:
                         continue  # quiet while its requests are served: not idle
                     log.info("closing idle connection from %s", self._peer)
                     return
-                except (ConnectionError, OSError):
-                    data = b""
-                self._server.request_stats.received(len(data))
-                connection.receive_data(data)
+                finally:
+                    sock.want_data = False
+                sock.readable.clear()
             elif event is Signal.PAUSED:
                 self._answered.clear()
                 if connection.paused:
@@ -284,10 +362,10 @@ class _ClientConnection:
             request.api_key, time.monotonic() - started_s, len(data) if data else 0
         )
         if data:
-            self._writer.write(data)
+            self._sock.write(data)
             try:
                 async with asyncio.timeout(self._idle_s):
-                    await self._writer.drain()
+                    await self._sock.drain()
             except (ConnectionError, OSError, TimeoutError):
                 self._abort()
 
@@ -301,11 +379,11 @@ class _ClientConnection:
     def _abort(self) -> None:
         self._closing = True
         self._answered.set()  # wake a paused reader so that it sees _closing
-        self._writer.transport.abort()
+        self._transport.abort()
 
     def _close(self) -> None:
         self._closing = True
         for task in list(self._requests):
             task.cancel()
         with contextlib.suppress(Exception):
-            self._writer.close()
+            self._transport.close()

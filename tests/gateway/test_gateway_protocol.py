@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest, MetadataResponse
 
-from raylog.gateway import codec
+from raylog.gateway import codec, protocol
 from raylog.gateway.errors import LocalProtocolError, RemoteProtocolError
 from raylog.gateway.handlers import HANDLERS, RequestContext, advertised_versions
 from raylog.gateway.protocol import Connection, Request, Signal
@@ -221,6 +221,42 @@ def test_round_trip_any_chunking(
     encoded = answer(connection, events[0])
     response = MetadataResponse.decode(encoded[8:], version=version)
     assert {b.node_id for b in response.brokers} == {1, 2, 3}
+
+
+def _receive_like_a_socket(connection: Connection, data: bytes, step: int) -> list[Request]:
+    """Feed ``data`` through get_buffer/buffer_updated as a socket's recv_into would, at most
+    ``step`` bytes per read, taking requests as they complete."""
+    events: list[Request] = []
+    pos = 0
+    while pos < len(data):
+        view = connection.get_buffer()
+        n = min(len(view), step, len(data) - pos)
+        view[:n] = data[pos : pos + n]
+        connection.buffer_updated(n)
+        pos += n
+        while isinstance(event := connection.next_event(), Request):
+            events.append(event)
+    return events
+
+
+@pytest.mark.parametrize("step", [1000, 65536, 1 << 20])
+def test_a_large_request_is_received_in_place_between_small_ones(step: int) -> None:
+    names = [f"topic-with-a-long-name-{i:05d}" for i in range(4000)]
+    large = metadata_request_frame(4, names, 2)
+    assert len(large) > protocol.RECEIVE_IN_PLACE_MIN
+    data = metadata_request_frame(4, ["a"], 1) + large + metadata_request_frame(4, ["b"], 3)
+    connection = Connection(ADVERTISED)
+    events = _receive_like_a_socket(connection, data, step)
+    assert [e.correlation_id for e in events] == [1, 2, 3]
+    assert [t.name for t in events[1].body.topics] == names
+    assert [t.name for t in events[2].body.topics] == ["b"]
+    # Once its size is known, the rest of the large request goes into a buffer of its own.
+    connection = Connection(ADVERTISED)
+    first = _receive_like_a_socket(connection, large[:100], step)
+    assert first == [] and len(connection.get_buffer()) == len(large) - 100
+    assert connection.buffered_bytes == 100
+    (event,) = _receive_like_a_socket(connection, large[100:], step)
+    assert event.correlation_id == 2 and connection.buffered_bytes == 0
 
 
 @pytest.mark.parametrize("size", [104_857_601, 2**31 - 1, -1, -(2**31)])
