@@ -91,6 +91,7 @@ __all__ = [
     "FrameError",
     "FrameParser",
     "PeerLink",
+    "WritableProtocol",
     "channel_secret",
     "encode_frame",
 ]
@@ -254,7 +255,61 @@ class FrameParser:
             self._start = self._end = 0
 
 
-class _Connection(asyncio.BufferedProtocol):
+class WritableProtocol(asyncio.BufferedProtocol):
+    """What a buffered protocol needs to write as a StreamWriter does: :meth:`write` to the
+    transport and :meth:`drain` while the transport's buffer is over its high mark (the
+    transport calls pause_writing/resume_writing). Subclasses call this class's
+    ``connection_made`` and ``connection_lost`` from theirs."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._lost = False
+        self._write_paused = False
+        self._drain_waiter: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        self._wake_drain()
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._wake_drain()
+
+    def write(self, data: Buffer) -> None:
+        assert self.transport is not None
+        self.transport.write(data)
+
+    async def drain(self) -> None:
+        """Until the transport takes more (raises ConnectionError once the connection is gone)."""
+        while True:
+            if self._lost or self.is_closing():
+                raise ConnectionError("the connection closed")
+            if not self._write_paused:
+                return
+            self._drain_waiter = asyncio.get_running_loop().create_future()
+            await self._drain_waiter
+
+    def is_closing(self) -> bool:
+        return self.transport is None or self.transport.is_closing()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def _wake_drain(self) -> None:
+        waiter, self._drain_waiter = self._drain_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+class _Connection(WritableProtocol):
     """One channel connection: the socket fills the frame parser's buffers in place
     (:class:`FrameParser`); reads wait in :meth:`readexactly` (the handshake, before frames)
     and :meth:`read_frame`; writes go to the transport, :meth:`drain` waiting while it is
@@ -262,24 +317,20 @@ class _Connection(asyncio.BufferedProtocol):
     """
 
     def __init__(self, on_connect: Callable[[_Connection], None] | None = None) -> None:
+        super().__init__()
         self._on_connect = on_connect
-        self.transport: asyncio.Transport | None = None
         self._parser: FrameParser | None = None  # set by start_frames(), after the handshake
         self._raw = bytearray()  # bytes before start_frames()
         self._raw_buffer = bytearray(HANDSHAKE_READ_BYTES)
         self._eof = False
-        self._lost = False
         self._error: BaseException | None = None
         self._reading_paused = False
         self._read_waiter: asyncio.Future[None] | None = None
-        self._write_paused = False
-        self._drain_waiter: asyncio.Future[None] | None = None
 
     # -- asyncio.BufferedProtocol ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        super().connection_made(transport)
         if self._on_connect is not None:
             self._on_connect(self)
 
@@ -311,23 +362,11 @@ class _Connection(asyncio.BufferedProtocol):
         return False  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._lost = True
+        super().connection_lost(exc)
         if self._error is None:
             self._error = exc or ConnectionError("the channel connection closed")
         self._eof = True
         self._wake_reader()
-        waiter, self._drain_waiter = self._drain_waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def pause_writing(self) -> None:
-        self._write_paused = True
-
-    def resume_writing(self) -> None:
-        self._write_paused = False
-        waiter, self._drain_waiter = self._drain_waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -393,29 +432,6 @@ class _Connection(asyncio.BufferedProtocol):
         self._eof = True
         if self.transport is not None:
             self.transport.abort()
-
-    # -- writing (the StreamWriter calls the rest of the module uses) --------------------------
-
-    def write(self, data: Buffer) -> None:
-        assert self.transport is not None
-        self.transport.write(data)
-
-    async def drain(self) -> None:
-        """Until the transport takes more (raises ConnectionError once the connection is gone)."""
-        while True:
-            if self._lost or self.is_closing():
-                raise ConnectionError("the channel connection closed")
-            if not self._write_paused:
-                return
-            self._drain_waiter = asyncio.get_running_loop().create_future()
-            await self._drain_waiter
-
-    def is_closing(self) -> bool:
-        return self.transport is None or self.transport.is_closing()
-
-    def close(self) -> None:
-        if self.transport is not None:
-            self.transport.close()
 
 
 class _Outbox:

@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from raylog.actors.channel import WritableProtocol
 from raylog.gateway.backend import Backend
 from raylog.gateway.errors import RemoteProtocolError
 from raylog.gateway.group_coordinator import GroupCoordinator
@@ -165,25 +166,20 @@ class GatewayServer:
         task.add_done_callback(self._clients.discard)
 
 
-class _ClientSocket(asyncio.BufferedProtocol):
+class _ClientSocket(WritableProtocol):
     """The socket side of one client connection: bytes go straight into the sans-IO
-    :class:`Connection`'s buffers; ``readable`` wakes the reader task; writes go to the
-    transport, :meth:`drain` waiting while it is paused."""
+    :class:`Connection`'s buffers; ``readable`` wakes the reader task."""
 
     def __init__(self, server: GatewayServer) -> None:
+        super().__init__()
         self._server = server
-        self.transport: asyncio.Transport | None = None
         self.connection: Connection | None = None  # set by the _ClientConnection
         self.readable = asyncio.Event()  # bytes, or the end, arrived
         self.want_data = False  # the reader task waits for data: keep reading the socket
         self._reading_paused = False
-        self._write_paused = False
-        self._lost = False
-        self._drain_waiter: asyncio.Future[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        super().connection_made(transport)
         self._server._on_connect(self)
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -204,43 +200,18 @@ class _ClientSocket(asyncio.BufferedProtocol):
         return True  # keep the write side open: answers to what is in flight still go out
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._lost = True
+        super().connection_lost(exc)
         self._end()
-        waiter, self._drain_waiter = self._drain_waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
 
     def _end(self) -> None:
         if self.connection is not None and not self.connection.at_eof:
             self.connection.receive_data(b"")
         self.readable.set()
 
-    def pause_writing(self) -> None:
-        self._write_paused = True
-
-    def resume_writing(self) -> None:
-        self._write_paused = False
-        waiter, self._drain_waiter = self._drain_waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
     def resume_reading(self) -> None:
         if self._reading_paused and self.transport is not None and not self.transport.is_closing():
             self._reading_paused = False
             self.transport.resume_reading()
-
-    def write(self, data: bytes | bytearray) -> None:
-        assert self.transport is not None
-        self.transport.write(data)
-
-    async def drain(self) -> None:
-        while True:
-            if self._lost or self.transport is None or self.transport.is_closing():
-                raise ConnectionError("the client connection closed")
-            if not self._write_paused:
-                return
-            self._drain_waiter = asyncio.get_running_loop().create_future()
-            await self._drain_waiter
 
 
 class _ClientConnection:
