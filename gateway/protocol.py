@@ -106,6 +106,7 @@ Event = Request | Signal
 # Requests at least this large are received in place (get_buffer); smaller ones, several per
 # read, go through the scratch.
 RECEIVE_IN_PLACE_MIN = 64 << 10
+RECEIVE_IN_PLACE_AMPLIFICATION_MAX = 8  # allocated in place <= 8 x the frame's bytes received
 RECEIVE_SCRATCH_BYTES = 256 << 10
 
 
@@ -181,13 +182,20 @@ class Connection:
         :meth:`buffer_updated`. A large request whose size is known, with nothing before it,
         is received straight into a buffer of exactly its size, which ``next_event`` hands
         over whole: one copy from the kernel, where reading into a stream and then into this
-        connection's buffer made four and cost about 1 ms of CPU per MiB."""
+        connection's buffer made four and cost about 1 ms of CPU per MiB. Only once an eighth
+        of it has arrived: a size prefix alone must not make the gateway allocate (a client
+        declaring 100 MiB frames on many connections), so what is allocated stays within
+        eight times what clients actually sent."""
         if self._eof:
             raise LocalProtocolError("get_buffer after end of stream")
         if self._large is None and len(self._buffer) >= 4:
             (size,) = _SIZE.unpack_from(self._buffer, 0)
             have = len(self._buffer)
-            if RECEIVE_IN_PLACE_MIN <= size <= self.max_frame_bytes and have < 4 + size:
+            if (
+                RECEIVE_IN_PLACE_MIN <= size <= self.max_frame_bytes
+                and have < 4 + size
+                and have * RECEIVE_IN_PLACE_AMPLIFICATION_MAX >= 4 + size
+            ):
                 self._large = bytearray(4 + size)
                 self._large[:have] = self._buffer
                 self._large_pos = have

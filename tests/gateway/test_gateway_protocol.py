@@ -250,13 +250,23 @@ def test_a_large_request_is_received_in_place_between_small_ones(step: int) -> N
     assert [e.correlation_id for e in events] == [1, 2, 3]
     assert [t.name for t in events[1].body.topics] == names
     assert [t.name for t in events[2].body.topics] == ["b"]
-    # Once its size is known, the rest of the large request goes into a buffer of its own.
+    # Once an eighth of it is in, the rest of the large request goes into a buffer of its own.
     connection = Connection(ADVERTISED)
-    first = _receive_like_a_socket(connection, large[:100], step)
-    assert first == [] and len(connection.get_buffer()) == len(large) - 100
-    assert connection.buffered_bytes == 100
-    (event,) = _receive_like_a_socket(connection, large[100:], step)
+    head = len(large) // protocol.RECEIVE_IN_PLACE_AMPLIFICATION_MAX + 1
+    first = _receive_like_a_socket(connection, large[:head], step)
+    assert first == [] and len(connection.get_buffer()) == len(large) - head
+    assert connection.buffered_bytes == head
+    (event,) = _receive_like_a_socket(connection, large[head:], step)
     assert event.correlation_id == 2 and connection.buffered_bytes == 0
+
+
+def test_a_size_prefix_alone_allocates_nothing_in_place() -> None:
+    # A client declaring a 100 MiB request and sending 1 KiB of it gets no 100 MiB buffer.
+    connection = Connection(ADVERTISED)
+    declared = 100 << 20
+    _receive_like_a_socket(connection, struct.pack(">i", declared) + b"\x00" * 1024, 1 << 20)
+    assert len(connection.get_buffer()) == protocol.RECEIVE_SCRATCH_BYTES
+    assert connection.buffered_bytes == 4 + 1024
 
 
 @pytest.mark.parametrize("size", [104_857_601, 2**31 - 1, -1, -(2**31)])
