@@ -9,6 +9,7 @@ the garbage still works too. Unit-level for the gateway (in-memory backend); loo
 
 from __future__ import annotations
 
+import random
 import socket
 import struct
 
@@ -47,7 +48,18 @@ garbage = st.one_of(
         lambda kv: framed(header(*kv))
     ),
     st.lists(st.binary(max_size=64).map(framed), max_size=5).map(b"".join),
+    # Large frames (received in place once an eighth is in): cut short, whole, or followed by
+    # more bytes; a valid header then noise, or noise throughout.
+    st.tuples(st.integers(65_536, 400_000), st.floats(0.0, 1.3), st.booleans()).map(
+        lambda t: _large_frame(*t)
+    ),
 )
+
+
+def _large_frame(size: int, fraction: float, with_header: bool) -> bytes:
+    noise = random.Random(size).randbytes(int(size * fraction))
+    body = (header(18, 2) + noise)[:size] if with_header else noise[:size]
+    return struct.pack(">i", size) + body + noise[size:]
 
 
 def send_garbage(port: int, data: bytes) -> None:
