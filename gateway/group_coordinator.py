@@ -154,6 +154,13 @@ class _Partition:
     write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
+def _unknown_group_as(error: int, code: int) -> int:
+    """``code`` for a group this coordinator does not have (Kafka answers a Heartbeat,
+    SyncGroup or LeaveGroup for one UNKNOWN_MEMBER_ID, and a generation's OffsetCommit
+    ILLEGAL_GENERATION, so that the client rejoins); any other error as it is."""
+    return code if error == ErrorCode.GROUP_ID_NOT_FOUND else error
+
+
 class GroupCoordinator:
     """The groups of the ``__consumer_offsets`` partitions that broker ``broker_id`` leads."""
 
@@ -310,7 +317,7 @@ class GroupCoordinator:
     ) -> SyncResult:
         group, error = self._group(group_id, create=False)
         if group is None:
-            return SyncResult(error)
+            return SyncResult(_unknown_group_as(error, ErrorCode.UNKNOWN_MEMBER_ID))
         async with self._lock(group_id):
             result = group.sync(
                 member_id=member_id,
@@ -341,7 +348,7 @@ class GroupCoordinator:
     ) -> int:
         group, error = self._group(group_id, create=False)
         if group is None:
-            return error
+            return _unknown_group_as(error, ErrorCode.UNKNOWN_MEMBER_ID)
         async with self._lock(group_id):
             return group.heartbeat(
                 member_id=member_id,
@@ -355,6 +362,9 @@ class GroupCoordinator:
     ) -> tuple[int, list[int]]:
         """(group error, one error per member)."""
         group, error = self._group(group_id, create=False)
+        if error == ErrorCode.GROUP_ID_NOT_FOUND:
+            # Kafka asks the group, finds none, and answers each member UNKNOWN_MEMBER_ID.
+            return ErrorCode.NONE, [ErrorCode.UNKNOWN_MEMBER_ID] * len(members)
         if group is None:
             return error, [error] * len(members)
         async with self._lock(group_id):
@@ -375,7 +385,9 @@ class GroupCoordinator:
         """Write ``(topic, partition) -> (offset, leader_epoch, metadata)``; one error for all."""
         group, error = self._group(group_id, create=generation_id < 0)
         if group is None:
-            return error
+            # A commit with a generation, to a group that does not exist: from an older
+            # generation of a group since removed (Kafka's answer).
+            return _unknown_group_as(error, ErrorCode.ILLEGAL_GENERATION)
         async with self._lock(group_id):
             error = group.validate_commit(member_id, generation_id, group_instance_id)
             if error:

@@ -188,6 +188,28 @@ def test_not_coordinator_and_load_in_progress() -> None:
     asyncio.run(run())
 
 
+def test_a_group_this_coordinator_does_not_have_answers_as_kafka() -> None:
+    # Kafka's GroupCoordinator, for a group it does not have: Heartbeat, SyncGroup and each
+    # LeaveGroup member UNKNOWN_MEMBER_ID (the client rejoins), a generation's OffsetCommit
+    # ILLEGAL_GENERATION; a commit without one (generation -1) creates the group.
+    async def run() -> None:
+        coordinator = await loaded(LogBackend())
+        assert await coordinator.heartbeat("gone", "m", 3) == ErrorCode.UNKNOWN_MEMBER_ID
+        synced = await coordinator.sync_group(
+            group_id="gone", member_id="m", generation_id=3, assignments={}
+        )
+        assert synced.error_code == ErrorCode.UNKNOWN_MEMBER_ID
+        left = await coordinator.leave_group("gone", [MemberIdentity("m"), MemberIdentity("n")])
+        assert left == (ErrorCode.NONE, [ErrorCode.UNKNOWN_MEMBER_ID] * 2)
+        offsets = {("t", 0): (5, -1, None)}
+        error = await coordinator.commit_offsets("gone", "m", 3, offsets)
+        assert error == ErrorCode.ILLEGAL_GENERATION
+        assert await coordinator.commit_offsets("standalone", "", -1, offsets) == ErrorCode.NONE
+        await coordinator.stop()
+
+    asyncio.run(run())
+
+
 def test_commits_and_the_group_survive_a_coordinator_failover() -> None:
     async def run() -> None:
         backend = LogBackend()
