@@ -103,8 +103,10 @@ RETENTION_CHECK_INTERVAL_MS_DEFAULT = 300_000  # log.retention.check.interval.ms
 HW_CHECKPOINT_INTERVAL_MS = 1_000  # the HW checkpoint is lazy; recovery clamps it
 CONSUMER_WAIT_MS_MAX = 30_000  # bound on a consumer long poll
 REQUEST_TIMEOUT_MS_MAX = 300_000  # bound on a produce request's timeout
-# The log never fsyncs inside append: the flusher task does, so appends stay on the event loop.
+# The log never fsyncs inside append: the flusher task does, so appends stay on the event loop;
+# the replica applies flush.messages and flush.ms itself.
 _NO_FLUSH = (1 << 63) - 1
+_LOG_NEVER_FLUSHES = {"flush.messages": _NO_FLUSH, "flush.ms": _NO_FLUSH}
 
 
 def replica_actor_name(topic: str, partition: int, replica_id: int) -> str:
@@ -230,7 +232,8 @@ class ReplicaActor:
         self.replica_id = replica_id
         configs = dict(topic_config or {})
         self._flush_messages = int(configs.get("flush.messages", 1))
-        log_config = LogConfig.from_kafka({**configs, "flush.messages": _NO_FLUSH})
+        self._flush_ms = int(configs.get("flush.ms", _NO_FLUSH))
+        log_config = LogConfig.from_kafka({**configs, **_LOG_NEVER_FLUSHES})
         self._max_message_bytes = log_config.max_message_bytes
         # Recovery happens here, also when Ray restarts a killed actor.
         self._log = Log.open(Path(log_dir), log_config)
@@ -254,6 +257,7 @@ class ReplicaActor:
         self._peer_calls: dict[int, int] = {}
         self._flusher = _Flusher()
         self._unflushed_records = 0
+        self._unflushed_since_ms = 0  # when the oldest unflushed append was made (relaxed policy)
         self._hw_waiters: list[asyncio.Future[None]] = []  # consumer long polls
         self._hw_notified = self._sm.high_watermark  # the HW long polls last heard of
         self._hw_checkpointed = self._log.high_watermark
@@ -342,6 +346,7 @@ class ReplicaActor:
             try:
                 self._sm.tick(now_ms())
                 self._drain()
+                self._maybe_flush_by_time()
                 await self._maybe_checkpoint_hw()
                 self._maybe_enforce_retention()
             except Exception as exc:
@@ -421,12 +426,14 @@ class ReplicaActor:
         if replica_config.replication_mode != self._sm.config.replication_mode:
             return False
         configs = dict(topic_config)
-        log_config = LogConfig.from_kafka({**configs, "flush.messages": _NO_FLUSH})
+        log_config = LogConfig.from_kafka({**configs, **_LOG_NEVER_FLUSHES})
         flush_messages = int(configs.get("flush.messages", 1))
+        flush_ms = int(configs.get("flush.ms", _NO_FLUSH))
         self._sm.reconfigure(replica_config)  # validates before it changes anything
         self._log.reconfigure(log_config)
         self._max_message_bytes = log_config.max_message_bytes
         self._flush_messages = flush_messages
+        self._flush_ms = flush_ms
         if flush_messages <= 1 and self._unflushed_records:
             # Back to fsync-per-append: what the relaxed policy left unflushed goes now.
             self._unflushed_records = 0
@@ -814,9 +821,20 @@ class ReplicaActor:
             self._request_flush()
             return
         # flush.messages > 1: the topic accepts acknowledging before fsync.
+        if not self._unflushed_records:
+            self._unflushed_since_ms = now_ms()
         self._unflushed_records += records
         self._sm.step(LocalAppendDurable(self._log.log_end_offset, self._sm.generation), now_ms())
         if self._unflushed_records >= self._flush_messages:
+            self._unflushed_records = 0
+            self._request_flush(report=False)
+        else:
+            self._maybe_flush_by_time()
+
+    def _maybe_flush_by_time(self) -> None:
+        """flush.ms: fsync what a relaxed policy left unflushed once the oldest of it is that
+        old, also while no append comes (Kafka's log flusher), in the flusher's thread."""
+        if self._unflushed_records and now_ms() - self._unflushed_since_ms >= self._flush_ms:
             self._unflushed_records = 0
             self._request_flush(report=False)
 

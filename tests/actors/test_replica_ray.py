@@ -270,3 +270,26 @@ def test_list_offsets_by_time_finds_the_record_inside_a_batch(
     assert by_time(2_001) == (2_600, 5)
     assert by_time(2_601) == (9_000, 6)  # the next batch
     assert by_time(9_001) == (-1, -1)  # nothing that late
+
+
+def test_flush_ms_fsyncs_a_relaxed_policys_appends_while_no_more_come(
+    ray_local: Path, tmp_path: Path
+) -> None:
+    """With flush.messages above what is produced, acks=1 completes before any fsync, and
+    flush.ms still bounds how long the appends stay unflushed: the replica's timer fsyncs them
+    with no further append (Kafka's log flusher), not the next append inline."""
+    topic = "flush-ms"
+    configs = {"flush.messages": "1000000", "flush.ms": "300"}
+    replica = ReplicaActor.options(  # type: ignore[attr-defined]
+        name=replica_actor_name(topic, 0, 0), namespace=NAMESPACE
+    ).remote(topic, 0, 0, str(tmp_path / topic), configs, ReplicaConfig())
+    ray.get(replica.become_leader.remote(BecomeLeader(1, 1, 1, (0,), (0,))), timeout=CALL_TIMEOUT_S)
+
+    def fsyncs() -> int:
+        return ray.get(replica.__ray_call__.remote(lambda self: self._log.stats.fsyncs), timeout=5)
+
+    before = fsyncs()
+    outcome = ray.get(replica.produce.remote(_batch(0), 1, 5_000), timeout=CALL_TIMEOUT_S)
+    assert outcome.error_code == 0
+    wait_until(lambda: fsyncs() > before, timeout_s=10, message="the flush.ms fsync")
+    ray.kill(replica, no_restart=True)
