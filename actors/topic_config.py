@@ -335,7 +335,8 @@ TOPIC_CONFIG_DEFS: tuple[ConfigDef, ...] = (
         type="long",
         default=str(INT64_MAX),
         minimum=0,
-        doc="fsync the log when this long has passed since the last fsync.",
+        doc="With flush.messages above 1: fsync once the oldest unflushed append is this old, "
+        "also when no further append comes.",
     ),
     ConfigDef(
         name="cleanup.policy",
