@@ -229,6 +229,7 @@ class FrameParser:
 
     def _parse_scratch(self) -> None:
         scratch = self._scratch
+        view = memoryview(scratch)
         while self._end - self._start >= _HEADER.size:
             length, kind = _HEADER.unpack_from(scratch, self._start)
             if not 1 <= length <= self._max:
@@ -239,14 +240,14 @@ class FrameParser:
             body_end = body_start + length - 1
             if body_end <= self._end:
                 # Decoded from a copy: a Raw field would otherwise point into the scratch.
-                self._push(_decode(kind, bytes(scratch[body_start:body_end])), length + 4)
+                self._push(_decode(kind, bytes(view[body_start:body_end])), length + 4)
                 self._start = body_end
                 continue
             if length - 1 > len(scratch) // 2:
                 # Large: the rest of the body goes straight into a buffer of its own.
                 have = self._end - body_start
                 self._body = bytearray(length - 1)
-                self._body[:have] = scratch[body_start : self._end]
+                self._body[:have] = view[body_start : self._end]
                 self._body_pos, self._body_kind = have, kind
                 self._start = self._end = 0
                 return
