@@ -283,6 +283,11 @@ class WritableProtocol(asyncio.BufferedProtocol):
         self._write_paused = False
         self._wake_drain()
 
+    @property
+    def write_paused(self) -> bool:
+        """The transport holds more than its high mark: :meth:`drain` would wait."""
+        return self._write_paused
+
     def write(self, data: Buffer) -> None:
         assert self.transport is not None
         self.transport.write(data)

@@ -12,7 +12,8 @@ Per connection:
    place, in one copy). One reader task asks ``next_event`` for requests. While the connection
    is PAUSED (``max_in_flight`` requests unanswered) the socket stops being read once
    ``READ_AHEAD_BYTES`` are buffered, so a client that pipelines faster than we answer is held
-   back by TCP.
+   back by TCP; and no request is admitted while the transport holds more unsent responses
+   than its high mark, so one that does not read its responses is held back too.
 2. Each request runs in its own task, so a slow Fetch does not hold up a Metadata behind it; the
    connection releases responses in request order regardless.
 3. Client garbage (``RemoteProtocolError``) logs one line and closes that connection. A handler
@@ -35,7 +36,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from raylog.actors.channel import WritableProtocol
+from raylog.actors.channel import Buffer, WritableProtocol
 from raylog.gateway.backend import Backend
 from raylog.gateway.errors import RemoteProtocolError
 from raylog.gateway.group_coordinator import GroupCoordinator
@@ -115,6 +116,9 @@ class GatewayServer:
         self._clients: set[asyncio.Task[None]] = set()
         self.connections_accepted = 0
         self.connections_rejected = 0  # closed by us for garbage, handler bugs or over the limit
+        self.read_buffered_peak = 0  # most bytes one connection held read and not yet taken
+        self.write_buffered_peak = 0  # most response bytes one connection's transport held
+        self.reads_held_for_writes = 0  # times a reader waited for its client to read
         self.request_stats = RequestStats()  # for the metrics endpoint
 
     @property
@@ -189,11 +193,21 @@ class _ClientSocket(WritableProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         assert self.connection is not None and self.transport is not None
         self.connection.buffer_updated(nbytes)
-        self._server.request_stats.received(nbytes)
+        server = self._server
+        server.request_stats.received(nbytes)
+        server.read_buffered_peak = max(server.read_buffered_peak, self.connection.buffered_bytes)
         self.readable.set()
         if not self.want_data and self.connection.buffered_bytes >= READ_AHEAD_BYTES:
             self.transport.pause_reading()
             self._reading_paused = True
+
+    def write(self, data: Buffer) -> None:
+        super().write(data)
+        assert self.transport is not None
+        server = self._server
+        server.write_buffered_peak = max(
+            server.write_buffered_peak, self.transport.get_write_buffer_size()
+        )
 
     def eof_received(self) -> bool:
         self._end()
@@ -260,7 +274,23 @@ class _ClientConnection:
 
     async def _read_loop(self) -> None:
         connection = self._connection
+        sock = self._sock
         while not self._closing:
+            if sock.write_paused:
+                # The client is not reading its responses: admit no more requests until it
+                # does (their answers would pile up in the transport without bound); TCP then
+                # holds the client back. One that reads nothing for the idle time is dropped.
+                self._server.reads_held_for_writes += 1
+                try:
+                    async with asyncio.timeout(self._idle_s):
+                        await sock.drain()
+                except TimeoutError:
+                    log.info("closing connection from %s: it reads no responses", self._peer)
+                    self._abort()
+                    return
+                except ConnectionError:
+                    return
+                continue
             try:
                 event = connection.next_event()
             except RemoteProtocolError as exc:

@@ -23,6 +23,7 @@ import shutil
 import socket
 import struct
 import subprocess
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -40,6 +41,7 @@ from gateway_support import (
 )
 from kafka.protocol.metadata import ApiVersionsResponse, MetadataRequest
 
+from raylog.gateway import protocol, server
 from raylog.gateway.backend import TopicState
 from raylog.gateway.handlers import HANDLERS, RequestContext, advertised_versions
 from raylog.gateway.protocol import Request
@@ -191,6 +193,52 @@ def test_pipelined_responses_keep_request_order() -> None:
             correlation_ids = [struct.unpack(">i", read_frame(sock)[:4])[0] for _ in frames]
         assert correlation_ids == list(range(count))
         assert gateway.server.connections_rejected == 0
+    finally:
+        gateway.stop()
+
+
+def test_a_client_that_does_not_read_its_responses_is_held_back_by_tcp() -> None:
+    """A client pipelining 64 kB Metadata requests and reading no response: the gateway stops
+    admitting requests while its unsent responses are over the transport's high mark, and
+    stops reading at READ_AHEAD_BYTES, so what it holds for that client stays bounded (TCP
+    holds the client back); every response still arrives, in order, once the client reads."""
+    names = [f"no-such-topic-{i:06d}" for i in range(3000)]
+
+    def request(correlation_id: int) -> bytes:
+        body = MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name=n) for n in names])
+        body.API_VERSION = 1
+        body.with_header(correlation_id=correlation_id, client_id="unread")
+        return bytes(body.encode(version=1, header=True, framed=True))
+
+    count = 160  # 10 MB of requests and 14 MB of responses: more than the socket buffers hold
+    max_in_flight = 4
+    gateway = LiveGateway(InMemoryBackend(topic_states=sample_topics()), max_in_flight=4)
+    gateway.start()
+    try:
+        with socket.create_connection((HOST, gateway.port), timeout=CLIENT_TIMEOUT_S) as sock:
+            sender = threading.Thread(
+                target=sock.sendall, args=(b"".join(request(i) for i in range(count)),)
+            )
+            sender.start()
+            # Until the gateway holds back (or, were it not to, piles up responses).
+            response_bytes = 91_000  # about one response's size; checked below
+            write_bound = (64 << 10) + (max_in_flight + 1) * response_bytes
+            wait_for(
+                lambda: (
+                    gateway.server.reads_held_for_writes > 0
+                    or gateway.server.write_buffered_peak > write_bound
+                ),
+                CLIENT_TIMEOUT_S,
+                "the gateway to stop admitting requests its client does not read answers to",
+            )
+            responses = [read_frame(sock) for _ in range(count)]
+            sender.join(CLIENT_TIMEOUT_S)
+        assert [struct.unpack(">i", r[:4])[0] for r in responses] == list(range(count))
+        assert max(len(r) for r in responses) + 4 <= response_bytes
+        # The transport's high mark (asyncio's 64 KiB) plus the answers already admitted.
+        assert gateway.server.write_buffered_peak <= write_bound
+        bound = server.READ_AHEAD_BYTES + protocol.RECEIVE_SCRATCH_BYTES + len(request(0))
+        assert gateway.server.read_buffered_peak <= bound
     finally:
         gateway.stop()
 
