@@ -741,8 +741,12 @@ class ReplicaActor:
         or truncates as Kafka does. Returns the indexes in ``ready.messages`` it sent; the rest
         (older ranges, a LogAppendTime topic whose stamp the log sets) go after the write.
         """
-        if not ready.messages or self._log.config.log_append_time:
-            return set()
+        if (
+            not ready.log_ops
+            or self._log.config.log_append_time
+            or not any(isinstance(out, SendPushData | SendFetchData) for out in ready.messages)
+        ):
+            return set()  # nothing to send early: no batch is copied
         fresh: dict[int, RecordBatch] = {}
         for op in ready.log_ops:
             if isinstance(op, TruncateTo) or op.replicated:
