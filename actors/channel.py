@@ -259,14 +259,27 @@ class FrameParser:
 class WritableProtocol(asyncio.BufferedProtocol):
     """What a buffered protocol needs to write as a StreamWriter does: :meth:`write` to the
     transport and :meth:`drain` while the transport's buffer is over its high mark (the
-    transport calls pause_writing/resume_writing). Subclasses call this class's
-    ``connection_made`` and ``connection_lost`` from theirs."""
+    transport calls pause_writing/resume_writing); and its own read flow control
+    (:meth:`pause_reading` / :meth:`resume_reading`, each done once). Subclasses call this
+    class's ``connection_made`` and ``connection_lost`` from theirs."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self._lost = False
         self._write_paused = False
         self._drain_waiter: asyncio.Future[None] | None = None
+        self._reading_paused = False
+
+    def pause_reading(self) -> None:
+        if not self._reading_paused and self.transport is not None:
+            self._reading_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._reading_paused and not self.is_closing():
+            self._reading_paused = False
+            assert self.transport is not None
+            self.transport.resume_reading()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -330,7 +343,6 @@ class _Connection(WritableProtocol):
         self._raw_buffer = bytearray(HANDSHAKE_READ_BYTES)
         self._eof = False
         self._error: BaseException | None = None
-        self._reading_paused = False
         self._read_waiter: asyncio.Future[None] | None = None
 
     # -- asyncio.BufferedProtocol ---------------------------------------------------------------
@@ -348,18 +360,16 @@ class _Connection(WritableProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         if self._parser is None:
             self._raw += self._raw_buffer[:nbytes]
-            if len(self._raw) > READ_QUEUE_BYTES_MAX and self.transport is not None:
-                self.transport.pause_reading()  # until start_frames(), if the handshake passes
-                self._reading_paused = True
+            if len(self._raw) > READ_QUEUE_BYTES_MAX:
+                self.pause_reading()  # until start_frames(), if the handshake passes
         else:
             try:
                 self._parser.buffer_updated(nbytes)
             except FrameError as exc:
                 self._fail(exc)
                 return
-            if self._parser.queued_bytes > READ_QUEUE_BYTES_MAX and self.transport is not None:
-                self.transport.pause_reading()
-                self._reading_paused = True
+            if self._parser.queued_bytes > READ_QUEUE_BYTES_MAX:
+                self.pause_reading()
         self._wake_reader()
 
     def eof_received(self) -> bool:
@@ -394,10 +404,8 @@ class _Connection(WritableProtocol):
             self._parser.feed(raw)
         except FrameError as exc:
             self._fail(exc)  # read_frame() raises it
-        if self._reading_paused and self._parser.queued_bytes <= READ_QUEUE_BYTES_MAX // 2:
-            self._reading_paused = False
-            if self.transport is not None and not self.transport.is_closing():
-                self.transport.resume_reading()
+        if self._parser.queued_bytes <= READ_QUEUE_BYTES_MAX // 2:
+            self.resume_reading()
 
     async def read_frame(self) -> Any:
         """The next message, or None when the stream ends between two frames. Raises
@@ -415,10 +423,8 @@ class _Connection(WritableProtocol):
                 return None
             await self._wait_readable()
         message = parser.take()
-        if self._reading_paused and parser.queued_bytes <= READ_QUEUE_BYTES_MAX // 2:
-            self._reading_paused = False
-            if self.transport is not None and not self.transport.is_closing():
-                self.transport.resume_reading()
+        if parser.queued_bytes <= READ_QUEUE_BYTES_MAX // 2:
+            self.resume_reading()
         return message
 
     async def _wait_readable(self) -> None:

@@ -180,7 +180,6 @@ class _ClientSocket(WritableProtocol):
         self.connection: Connection | None = None  # set by the _ClientConnection
         self.readable = asyncio.Event()  # bytes, or the end, arrived
         self.want_data = False  # the reader task waits for data: keep reading the socket
-        self._reading_paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -198,8 +197,7 @@ class _ClientSocket(WritableProtocol):
         server.read_buffered_peak = max(server.read_buffered_peak, self.connection.buffered_bytes)
         self.readable.set()
         if not self.want_data and self.connection.buffered_bytes >= READ_AHEAD_BYTES:
-            self.transport.pause_reading()
-            self._reading_paused = True
+            self.pause_reading()
 
     def write(self, data: Buffer) -> None:
         super().write(data)
@@ -221,11 +219,6 @@ class _ClientSocket(WritableProtocol):
         if self.connection is not None and not self.connection.at_eof:
             self.connection.receive_data(b"")
         self.readable.set()
-
-    def resume_reading(self) -> None:
-        if self._reading_paused and self.transport is not None and not self.transport.is_closing():
-            self._reading_paused = False
-            self.transport.resume_reading()
 
 
 class _ClientConnection:
