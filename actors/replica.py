@@ -118,6 +118,17 @@ def now_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
+def _log_and_flush_configs(configs: dict[str, str] | None) -> tuple[LogConfig, int, int]:
+    """The log's configs (which never flush by themselves), flush.messages and flush.ms."""
+    configs = dict(configs or {})
+    log_config = LogConfig.from_kafka({**configs, **_LOG_NEVER_FLUSHES})
+    return (
+        log_config,
+        int(configs.get("flush.messages", 1)),
+        int(configs.get("flush.ms", _NO_FLUSH)),
+    )
+
+
 # The pushes of one Ready, by range: the message and its frame (None over Ray calls).
 _Pushed = dict[tuple[int, int, ReplicateRequest], tuple[ReplicateRequest, bytearray | None]]
 
@@ -230,10 +241,7 @@ class ReplicaActor:
         self._lease_until_ms = 0
         self.partition = partition
         self.replica_id = replica_id
-        configs = dict(topic_config or {})
-        self._flush_messages = int(configs.get("flush.messages", 1))
-        self._flush_ms = int(configs.get("flush.ms", _NO_FLUSH))
-        log_config = LogConfig.from_kafka({**configs, **_LOG_NEVER_FLUSHES})
+        log_config, self._flush_messages, self._flush_ms = _log_and_flush_configs(topic_config)
         self._max_message_bytes = log_config.max_message_bytes
         # Recovery happens here, also when Ray restarts a killed actor.
         self._log = Log.open(Path(log_dir), log_config)
@@ -425,10 +433,7 @@ class ReplicaActor:
         self._ensure_started()
         if replica_config.replication_mode != self._sm.config.replication_mode:
             return False
-        configs = dict(topic_config)
-        log_config = LogConfig.from_kafka({**configs, **_LOG_NEVER_FLUSHES})
-        flush_messages = int(configs.get("flush.messages", 1))
-        flush_ms = int(configs.get("flush.ms", _NO_FLUSH))
+        log_config, flush_messages, flush_ms = _log_and_flush_configs(topic_config)
         self._sm.reconfigure(replica_config)  # validates before it changes anything
         self._log.reconfigure(log_config)
         self._max_message_bytes = log_config.max_message_bytes
@@ -755,8 +760,6 @@ class ReplicaActor:
             rb.set_base_offset(data, 0, op.batch.base_offset)
             rb.set_partition_leader_epoch(data, 0, op.batch.leader_epoch)
             fresh[op.batch.base_offset] = RecordBatch(op.batch, data)  # type: ignore[arg-type]
-        if not fresh:
-            return set()
         sent: set[int] = set()
         pushed: _Pushed = {}
         for index, out in enumerate(ready.messages):
