@@ -5,7 +5,8 @@
   on; where one is missing, its compressor is backed by pyarrow's bundled library for the
   same format (raw snappy block, LZ4 frame, zstd frame). kafka-python's own framing (xerial
   for snappy) and batch layout stay the producer's.
-- ``kafka_batch()``: one batch as kafka-python's producer builds it.
+- ``kafka_batch()`` (from tests/kafka_batches.py): one batch as kafka-python's producer
+  builds it.
 - ``start_topic()``: three ReplicaActors per partition, a leader and two followers, as
   tests/actors/test_replica_ray.py sets them up (the test stands in for the controller);
   ``produce()`` sends batches with acks=all and returns the records with their offsets.
@@ -28,11 +29,11 @@ import pytest
 import ray
 from kafka import codec as kcodec
 from kafka.record import default_records as kdr
+from kafka_batches import kafka_batch
 
 from raylog.actors.messages import BecomeFollower, BecomeLeader
 from raylog.actors.replica import NAMESPACE, ReplicaActor, replica_actor_name
 from raylog.actors.replication_types import ReplicaConfig
-from raylog.storage import batch as rb
 from raylog.storage.log import Log, LogConfig
 
 BASE_TS = 1_700_000_000_000
@@ -96,24 +97,6 @@ def make_records(n: int, seed: int = 0) -> list[dict[str, Any]]:
             }
         )
     return out
-
-
-def kafka_batch(recs: list[dict[str, Any]], codec: int, base_offset: int = 0) -> bytes:
-    """One batch as kafka-python's producer builds it (call inside ``kafka_codecs()``)."""
-    builder = kdr.DefaultRecordBatchBuilder(
-        magic=2,
-        compression_type=codec,
-        is_transactional=False,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
-        batch_size=1 << 30,
-    )
-    for i, r in enumerate(recs):
-        builder.append(i, r["timestamp"], r["key"], r["value"], r["headers"])
-    buf = bytearray(builder.build())
-    rb.set_base_offset(buf, 0, base_offset)
-    return bytes(buf)
 
 
 def expected_rows(recs: list[dict[str, Any]], topic: str, partition: int, base: int) -> list[dict]:
