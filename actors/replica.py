@@ -77,6 +77,7 @@ from raylog.storage import batch as rb
 from raylog.storage import pki
 from raylog.storage.errors import (
     FencedLeaderEpochError,
+    InvalidRecordError,
     KafkaStorageError,
     NotLeaderOrFollowerError,
     RaylogError,
@@ -85,6 +86,7 @@ from raylog.storage.errors import (
 )
 from raylog.storage.log import Log, LogConfig
 from raylog.storage.pki import LeafCertificate
+from raylog.storage.records import first_record_without_key
 
 log = logging.getLogger(__name__)
 
@@ -243,6 +245,8 @@ class ReplicaActor:
         self.replica_id = replica_id
         log_config, self._flush_messages, self._flush_ms = _log_and_flush_configs(topic_config)
         self._max_message_bytes = log_config.max_message_bytes
+        # cleanup.policy includes compact: produce refuses records without a key.
+        self._compacted = "compact" in (topic_config or {}).get("cleanup.policy", "").split(",")
         # Recovery happens here, also when Ray restarts a killed actor.
         self._log = Log.open(Path(log_dir), log_config)
         self._sm = PartitionReplica(
@@ -437,6 +441,7 @@ class ReplicaActor:
         self._sm.reconfigure(replica_config)  # validates before it changes anything
         self._log.reconfigure(log_config)
         self._max_message_bytes = log_config.max_message_bytes
+        self._compacted = "compact" in topic_config.get("cleanup.policy", "").split(",")
         self._flush_messages = flush_messages
         self._flush_ms = flush_ms
         if flush_messages <= 1 and self._unflushed_records:
@@ -487,8 +492,19 @@ class ReplicaActor:
             )
         try:
             header = rb.validate_client_batch(batch, self._max_message_bytes)
+            # Kafka's LogValidator: compaction keeps the latest record of each key, so a record
+            # without one has no place in a compacted log. Decodes (and decompresses) the batch.
+            keyless = first_record_without_key(batch) if self._compacted else None
         except RaylogError as exc:
             return ProduceOutcome(exc.error_code, -1, start, str(exc))
+        if keyless is not None:
+            return ProduceOutcome(
+                InvalidRecordError.error_code,
+                -1,
+                start,
+                "Compacted topic cannot accept message without key in topic partition "
+                f"{self.topic}-{self.partition} (record {keyless} of the batch).",
+            )
         request_id = self._new_request_id()
         waiter: asyncio.Future[ProduceOutcome] = asyncio.get_running_loop().create_future()
         self._produce_waiters[request_id] = waiter
