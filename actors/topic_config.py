@@ -17,24 +17,34 @@ Where raylog's default differs from Kafka's, the definition's ``note`` says why.
 Rules followed from Kafka:
 
 - values are trimmed; booleans are ``true``/``false`` in any case; ints and longs are decimal
-  (Java's ``parseInt``: an optional sign, digits only) within the 32/64-bit range;
+  (Java's ``parseInt``: an optional sign, digits only) within the 32/64-bit range; doubles are
+  decimal as Java's ``parseDouble`` reads them (``0.5``, ``1``, ``1e-1``, ``.5d``; not NaN or
+  infinite) and stored as Java's ``Double.toString`` writes them, as Kafka shows them
+  (``1`` -> ``1.0``);
+- a list is stored with its items sorted and each once: ``cleanup.policy``, the only list, is
+  a set of policies, so ``delete,compact`` and ``compact, delete`` are one value
+  (``compact,delete``). Kafka stores a list as given;
 - ``min.insync.replicas`` may exceed the replication factor: Kafka creates such a topic and then
   fails acks=all produce requests with NOT_ENOUGH_REPLICAS, so raylog does the same;
+- ``min.compaction.lag.ms`` must not exceed ``max.compaction.lag.ms`` (Kafka's
+  ``LogConfig.validateValues``, with its message);
 - topic configs Kafka has but raylog does not implement (``compression.type``,
-  ``min.compaction.lag.ms``, ...) are unknown keys here, refused rather than silently ignored.
+  ``file.delete.delay.ms``, ...) are unknown keys here, refused rather than silently ignored.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
+from decimal import Decimal
 from typing import Any, Literal
 
 import msgspec
 
 from raylog.storage.errors import InvalidConfigError
 
-ConfigType = Literal["boolean", "string", "int", "long", "list"]
+ConfigType = Literal["boolean", "string", "int", "long", "double", "list"]
 
 # DescribeConfigs ``config_type`` codes (Kafka's ConfigEntry.ConfigType).
 CONFIG_TYPE_CODES: dict[ConfigType, int] = {
@@ -42,6 +52,7 @@ CONFIG_TYPE_CODES: dict[ConfigType, int] = {
     "string": 2,
     "int": 3,
     "long": 5,
+    "double": 6,
     "list": 7,
 }
 
@@ -53,6 +64,9 @@ SOURCE_DEFAULT_CONFIG = 5  # the registry's default
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
 _INTEGER = re.compile(r"[+-]?[0-9]+")
+# Java's Double.parseDouble, decimal forms: digits with an optional point, exponent and type
+# suffix. Its NaN, Infinity and hexadecimal forms are refused.
+_DOUBLE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[fFdD]?")
 
 
 class ConfigDef(msgspec.Struct, frozen=True, kw_only=True):
@@ -62,10 +76,9 @@ class ConfigDef(msgspec.Struct, frozen=True, kw_only=True):
     type: ConfigType
     default: str
     doc: str
-    minimum: int | None = None  # ints and longs: inclusive lower bound
-    maximum: int | None = None  # ints and longs: inclusive upper bound
+    minimum: int | None = None  # ints, longs and doubles: inclusive lower bound
+    maximum: int | None = None  # ints, longs and doubles: inclusive upper bound
     choices: tuple[str, ...] = ()  # strings and list items: the allowed values (case-sensitive)
-    refused: tuple[str, ...] = ()  # values Kafka allows but raylog does not implement yet
     note: str = ""  # why raylog's default or rule differs from Kafka's
 
 
@@ -96,13 +109,8 @@ def _parse(d: ConfigDef, raw: str) -> Any:
         if low not in ("true", "false"):
             raise _fail(d.name, raw, "expected true or false")
         return low == "true"
-    if d.type in ("int", "long"):
-        if not _INTEGER.fullmatch(text):
-            raise _fail(d.name, raw, f"expected a decimal integer ({d.type})")
-        value = int(text)
-        bound = INT32_MAX if d.type == "int" else INT64_MAX
-        if not -bound - 1 <= value <= bound:
-            raise _fail(d.name, raw, f"out of the {d.type} range")
+    if d.type in ("int", "long", "double"):
+        value = _number(d, raw, text)
         if d.minimum is not None and value < d.minimum:
             raise _fail(d.name, raw, f"value must be at least {d.minimum}")
         if d.maximum is not None and value > d.maximum:
@@ -110,21 +118,56 @@ def _parse(d: ConfigDef, raw: str) -> Any:
         return value
     items = [t.strip() for t in text.split(",")] if d.type == "list" else [text]
     if d.type == "list":
-        items = [t for t in items if t]
+        items = sorted({t for t in items if t})
         if not items:
-            raise _fail(d.name, raw, "expected at least one value")
+            raise _fail(d.name, raw, f"expected at least one of {', '.join(d.choices)}")
     for item in items:
         if d.choices and item not in d.choices:
             raise _fail(d.name, raw, f"must be one of {', '.join(d.choices)}")
-        if item in d.refused:
-            raise _fail(d.name, raw, f"{item!r} is not supported by raylog yet")
     return ",".join(items) if d.type == "list" else text
+
+
+def _number(d: ConfigDef, raw: str, text: str) -> int | float:
+    """An int, long or double as Java parses it, within its type's range."""
+    if d.type == "double":
+        if not _DOUBLE.fullmatch(text):
+            raise _fail(d.name, raw, "expected a decimal number (double)")
+        value = float(text.rstrip("fFdD"))
+        if math.isinf(value):
+            raise _fail(d.name, raw, "out of the double range")
+        return value
+    if not _INTEGER.fullmatch(text):
+        raise _fail(d.name, raw, f"expected a decimal integer ({d.type})")
+    bound = INT32_MAX if d.type == "int" else INT64_MAX
+    if not -bound - 1 <= int(text) <= bound:
+        raise _fail(d.name, raw, f"out of the {d.type} range")
+    return int(text)
 
 
 def _normalise(d: ConfigDef, value: Any) -> str:
     if d.type == "boolean":
         return "true" if value else "false"
+    if d.type == "double":
+        return _java_double(value)
     return str(value)
+
+
+def _java_double(value: float) -> str:
+    """``value`` as Java's ``Double.toString`` writes it: the shortest digits that read back
+    as ``value`` (Python's ``repr`` finds the same), plain from 1e-3 up to 1e7 with at least
+    one digit after the point (``1.0``, ``0.5``), else ``1.0E-4`` style."""
+    if value == 0:
+        return "0.0"
+    _, digit_tuple, exponent = Decimal(repr(abs(value))).as_tuple()
+    digits = "".join(map(str, digit_tuple))
+    point = len(digits) + int(exponent)  # the decimal point sits after this many digits
+    digits = digits.rstrip("0")
+    sign = "-" if value < 0 else ""
+    if point > 7 or point < -2:
+        return f"{sign}{digits[0]}.{digits[1:] or '0'}E{point - 1}"
+    if point <= 0:
+        return f"{sign}0.{'0' * -point}{digits}"
+    return f"{sign}{digits[:point].ljust(point, '0')}.{digits[point:] or '0'}"
 
 
 CrossCheck = Callable[["ConfigRegistry", Mapping[str, str]], None]
@@ -249,7 +292,21 @@ class TopicConfig(msgspec.Struct, frozen=True, kw_only=True):
     message_timestamp_type: str  # "CreateTime" | "LogAppendTime"
     flush_messages: int
     flush_ms: int
-    cleanup_policy: str  # "delete"
+    cleanup_policy: str  # "delete" | "compact" | "compact,delete"
+    delete_retention_ms: int
+    min_cleanable_dirty_ratio: float
+    min_compaction_lag_ms: int
+    max_compaction_lag_ms: int
+
+    @property
+    def compact(self) -> bool:
+        """The log cleaner compacts the topic (and produce refuses records without a key)."""
+        return "compact" in self.cleanup_policy.split(",")
+
+    @property
+    def delete(self) -> bool:
+        """Retention deletes old segments (retention.ms / retention.bytes)."""
+        return "delete" in self.cleanup_policy.split(",")
 
 
 TOPIC_CONFIG_DEFS: tuple[ConfigDef, ...] = (
@@ -342,14 +399,66 @@ TOPIC_CONFIG_DEFS: tuple[ConfigDef, ...] = (
         name="cleanup.policy",
         type="list",
         default="delete",
-        choices=("delete", "compact"),
-        refused=("compact",),
-        doc="delete: drop old segments by retention.ms / retention.bytes. compact is not "
-        "supported by raylog yet and is refused.",
+        choices=("compact", "delete"),
+        doc="delete: drop old segments by retention.ms / retention.bytes. compact: the log "
+        "cleaner keeps the latest record of each key, and produce refuses records without a key "
+        "(INVALID_RECORD). compact,delete (either order): both.",
+        note="Kafka takes an empty list too (neither retention nor compaction); raylog refuses "
+        "it, so that a topic always says how it is cleaned.",
+    ),
+    ConfigDef(
+        name="delete.retention.ms",
+        type="long",
+        default="86400000",
+        minimum=0,
+        doc="Compacted topics: how long a tombstone (a record with a null value) stays after "
+        "the log cleaner first keeps it, so that a consumer reading from the start sees the "
+        "delete.",
+    ),
+    ConfigDef(
+        name="min.cleanable.dirty.ratio",
+        type="double",
+        default="0.5",
+        minimum=0,
+        maximum=1,
+        doc="Compacted topics: the log cleaner cleans a partition once the part of its log not "
+        "yet cleaned is at least this share of the log.",
+    ),
+    ConfigDef(
+        name="min.compaction.lag.ms",
+        type="long",
+        default="0",
+        minimum=0,
+        doc="Compacted topics: the least time a record stays uncompacted after it is appended.",
+    ),
+    ConfigDef(
+        name="max.compaction.lag.ms",
+        type="long",
+        default=str(INT64_MAX),
+        minimum=1,
+        doc="Compacted topics: the longest a record may stay uncompacted; a partition holding "
+        "one this old is cleaned whatever its dirty ratio.",
     ),
 )
 
-TOPIC_CONFIGS = ConfigRegistry(TOPIC_CONFIG_DEFS, TopicConfig)
+
+def _resolved_int(reg: ConfigRegistry, given: Mapping[str, str], key: str) -> int:
+    """An int or long key of validated overrides, else its default."""
+    return int(given.get(key, reg.defs[key].default))
+
+
+def _compaction_lags_in_order(reg: ConfigRegistry, given: Mapping[str, str]) -> None:
+    # Kafka's LogConfig.validateValues, with its message.
+    low = _resolved_int(reg, given, "min.compaction.lag.ms")
+    high = _resolved_int(reg, given, "max.compaction.lag.ms")
+    if low > high:
+        raise InvalidConfigError(
+            f"conflict topic config setting min.compaction.lag.ms ({low}) > "
+            f"max.compaction.lag.ms ({high})"
+        )
+
+
+TOPIC_CONFIGS = ConfigRegistry(TOPIC_CONFIG_DEFS, TopicConfig, checks=(_compaction_lags_in_order,))
 
 
 def validate(overrides: Mapping[str, str]) -> dict[str, str]:
@@ -543,11 +652,8 @@ BROKER_CONFIG_DEFS: tuple[ConfigDef, ...] = (
 def _session_outlives_heartbeats(reg: ConfigRegistry, given: Mapping[str, str]) -> None:
     # A session must survive one lost heartbeat, else a single delayed message fences a healthy
     # broker and moves its leaders (the lease rule: lease >= 2 x renew).
-    def get(key: str) -> int:
-        return int(given.get(key, reg.defs[key].default))
-
-    session = get("broker.session.timeout.ms")
-    heartbeat = get("broker.heartbeat.interval.ms")
+    session = _resolved_int(reg, given, "broker.session.timeout.ms")
+    heartbeat = _resolved_int(reg, given, "broker.heartbeat.interval.ms")
     if session < 2 * heartbeat:
         raise _fail(
             "broker.session.timeout.ms",

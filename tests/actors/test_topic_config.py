@@ -1,8 +1,10 @@
 """The config registry follows Kafka's names, defaults and validation, and refuses loudly.
 
 Proves: defaults are Kafka's (or raylog's documented ones), values are parsed and normalised the
-way Kafka parses them, every bad value and unknown key raises INVALID_CONFIG naming key and value,
-DescribeConfigs rows say which values are defaults, and the broker config's cross-key rule holds.
+way Kafka parses them (doubles as Java reads and writes them), every bad value and unknown key
+raises INVALID_CONFIG naming key and value, DescribeConfigs rows say which values are defaults
+and give each key's Kafka type, cleanup.policy takes compact, delete and both in one stored
+spelling, and the cross-key rules (compaction lags, broker session) hold.
 """
 
 from __future__ import annotations
@@ -33,6 +35,11 @@ def test_topic_defaults() -> None:
     assert c.flush_messages == 1  # raylog: fsync every append (Kafka: Long.MAX_VALUE)
     assert c.flush_ms == 2**63 - 1
     assert c.cleanup_policy == "delete"
+    assert (c.delete, c.compact) == (True, False)
+    assert c.delete_retention_ms == 86400000
+    assert c.min_cleanable_dirty_ratio == 0.5
+    assert c.min_compaction_lag_ms == 0
+    assert c.max_compaction_lag_ms == 2**63 - 1
 
 
 def test_broker_defaults() -> None:
@@ -95,10 +102,24 @@ def test_min_insync_replicas_above_any_replication_factor_is_allowed() -> None:
         ("message.timestamp.type", "WallClock"),
         ("flush.messages", "0"),
         ("flush.ms", "-1"),
-        ("cleanup.policy", "compact"),
-        ("cleanup.policy", "delete,compact"),
         ("cleanup.policy", "shred"),
+        ("cleanup.policy", "compact,shred"),
+        ("cleanup.policy", "Compact"),
         ("cleanup.policy", " , "),
+        ("cleanup.policy", ""),
+        ("delete.retention.ms", "-1"),
+        ("min.cleanable.dirty.ratio", "1.01"),
+        ("min.cleanable.dirty.ratio", "-0.1"),
+        ("min.cleanable.dirty.ratio", "NaN"),
+        ("min.cleanable.dirty.ratio", "Infinity"),
+        ("min.cleanable.dirty.ratio", "inf"),
+        ("min.cleanable.dirty.ratio", "1e999"),  # Java reads Infinity
+        ("min.cleanable.dirty.ratio", "0x1p-1"),  # Java's hexadecimal form: not taken
+        ("min.cleanable.dirty.ratio", "0_5"),  # Python's float() would take it
+        ("min.cleanable.dirty.ratio", "half"),
+        ("min.cleanable.dirty.ratio", "."),
+        ("min.compaction.lag.ms", "-1"),
+        ("max.compaction.lag.ms", "0"),
     ],
 )
 def test_bad_values_name_key_and_value(key: str, value: str) -> None:
@@ -109,9 +130,65 @@ def test_bad_values_name_key_and_value(key: str, value: str) -> None:
     assert repr(value) in str(e.value)
 
 
-def test_compact_is_refused_with_a_clear_message() -> None:
-    with pytest.raises(InvalidConfigError, match="not supported by raylog yet"):
-        topic_config.validate({"cleanup.policy": "compact"})
+@pytest.mark.parametrize(
+    ("given", "stored", "compact", "delete"),
+    [
+        ("delete", "delete", False, True),
+        ("compact", "compact", True, False),
+        ("compact,delete", "compact,delete", True, True),
+        (" delete , compact ", "compact,delete", True, True),
+        ("compact,compact", "compact", True, False),
+        ("delete,,compact,", "compact,delete", True, True),
+    ],
+)
+def test_cleanup_policy_takes_compact_delete_and_both(
+    given: str, stored: str, compact: bool, delete: bool
+) -> None:
+    assert topic_config.validate({"cleanup.policy": given}) == {"cleanup.policy": stored}
+    c = topic_config.effective({"cleanup.policy": given})
+    assert (c.cleanup_policy, c.compact, c.delete) == (stored, compact, delete)
+
+
+def test_an_empty_cleanup_policy_is_refused_with_a_clear_message() -> None:
+    with pytest.raises(InvalidConfigError, match="expected at least one of compact, delete"):
+        topic_config.validate({"cleanup.policy": " , "})
+
+
+@pytest.mark.parametrize(
+    ("given", "stored"),
+    [
+        ("0.5", "0.5"),
+        (" 0.50 ", "0.5"),
+        ("1", "1.0"),
+        ("0", "0.0"),
+        ("1e-1", "0.1"),
+        ("+.25", "0.25"),
+        ("0.75d", "0.75"),  # Java's parseDouble takes a type suffix
+        ("0.0001", "1.0E-4"),  # and toString writes below 1e-3 in E notation
+        ("1.5E-5", "1.5E-5"),
+    ],
+)
+def test_doubles_are_read_and_written_as_java_does(given: str, stored: str) -> None:
+    got = topic_config.validate({"min.cleanable.dirty.ratio": given})
+    assert got == {"min.cleanable.dirty.ratio": stored}
+    assert topic_config.effective(got).min_cleanable_dirty_ratio == float(stored)
+
+
+def test_min_compaction_lag_must_not_exceed_max() -> None:
+    ok = {"min.compaction.lag.ms": "60000", "max.compaction.lag.ms": "60000"}
+    assert topic_config.validate(ok) == ok
+    # Checked on the whole resulting set: also when a patch sets only one of the two.
+    message = (
+        r"conflict topic config setting min\.compaction\.lag\.ms \(60000\) > "
+        r"max\.compaction\.lag\.ms \(1000\)"
+    )
+    with pytest.raises(InvalidConfigError, match=message) as e:
+        topic_config.validate({"min.compaction.lag.ms": "60000", "max.compaction.lag.ms": "1000"})
+    assert e.value.error_code == 40
+    with pytest.raises(InvalidConfigError, match=message):
+        topic_config.apply_incremental(
+            {"min.compaction.lag.ms": "60000"}, {"max.compaction.lag.ms": "1000"}
+        )
 
 
 def test_unknown_keys_are_refused() -> None:
@@ -130,10 +207,27 @@ def test_describe_marks_defaults_and_overrides() -> None:
     assert rows["min.insync.replicas"].value == "1"
     assert rows["min.insync.replicas"].is_default is True
     assert rows["min.insync.replicas"].source == SOURCE_DEFAULT_CONFIG
+    assert rows["cleanup.policy"].config_type == 7  # LIST
     only = topic_config.describe({}, ["segment.bytes"])
     assert [r.name for r in only] == ["segment.bytes"]
     with pytest.raises(InvalidConfigError):
         topic_config.describe({}, ["no.such.key"])
+
+
+def test_describe_rows_of_the_compaction_keys() -> None:
+    overrides = {"cleanup.policy": "delete,compact", "min.cleanable.dirty.ratio": "0.25"}
+    rows = {r.name: r for r in topic_config.describe(overrides)}
+    expected = {  # value, is_default, source, config_type (Kafka's ConfigEntry.ConfigType)
+        "cleanup.policy": ("compact,delete", False, SOURCE_TOPIC_CONFIG, 7),  # LIST
+        "min.cleanable.dirty.ratio": ("0.25", False, SOURCE_TOPIC_CONFIG, 6),  # DOUBLE
+        "delete.retention.ms": ("86400000", True, SOURCE_DEFAULT_CONFIG, 5),  # LONG
+        "min.compaction.lag.ms": ("0", True, SOURCE_DEFAULT_CONFIG, 5),
+        "max.compaction.lag.ms": ("9223372036854775807", True, SOURCE_DEFAULT_CONFIG, 5),
+    }
+    for key, want in expected.items():
+        r = rows[key]
+        assert (r.value, r.is_default, r.source, r.config_type) == want, key
+        assert r.documentation
 
 
 def test_incremental_alter_sets_and_deletes() -> None:

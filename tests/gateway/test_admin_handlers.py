@@ -426,10 +426,29 @@ def test_incremental_alter_configs() -> None:
     assert code == 40 and "append is not allowed for config key: retention.ms" in message
     code, message = incremental(backend, "t", [("flush.ms", SET, "1"), ("flush.ms", DELETE, None)])
     assert code == 42 and "duplicate" in message
-    code, message = incremental(backend, "t", [("cleanup.policy", APPEND, "compact")])
-    assert code == 40 and "compact" in message  # raylog refuses compaction
     assert incremental(backend, "nope", [("flush.ms", SET, "1")])[0] == 3
     assert backend.md.topics["t"].configs == {"flush.ms": "10", "segment.ms": "5000"}
+
+
+def test_incremental_alter_configs_appends_to_and_subtracts_from_cleanup_policy() -> None:
+    backend = AdminMemory()
+    create(backend, _topic("t"))
+
+    def policy_after(op: int, value: str) -> str | None:
+        code, message = incremental(backend, "t", [("cleanup.policy", op, value)])
+        assert code == 0, message
+        return backend.md.topics["t"].configs.get("cleanup.policy")
+
+    # APPEND starts from the default (delete); the stored list is sorted (Kafka keeps
+    # "delete,compact", the same policy).
+    assert policy_after(APPEND, "compact") == "compact,delete"
+    assert policy_after(APPEND, "delete,compact") == "compact,delete"
+    assert policy_after(SUBTRACT, "delete") == "compact"
+    code, message = incremental(backend, "t", [("cleanup.policy", SUBTRACT, "compact")])
+    assert code == 40 and "expected at least one of compact, delete" in message
+    code, message = incremental(backend, "t", [("cleanup.policy", APPEND, "shred")])
+    assert code == 40 and "shred" in message
+    assert backend.md.topics["t"].configs == {"cleanup.policy": "compact"}
 
 
 class _ListStruct(msgspec.Struct, frozen=True, kw_only=True):
