@@ -713,9 +713,10 @@ class GroupCoordinator:
                 continue
             for group in list(owned.groups.values()):
                 group_id = group.group_id
-                if not group.plan_offset_expiry(
+                plan = group.plan_offset_expiry(
                     self._wall(), self._retention_ms, owned.empty_since.get(group_id)
-                ).remove:
+                )
+                if not (plan.remove or plan.delete_group):
                     continue
                 async with self._lock(group_id):
                     if group.state is GroupState.DEAD:  # deleted or unloaded meanwhile
@@ -723,7 +724,7 @@ class GroupCoordinator:
                     plan = group.plan_offset_expiry(  # again: a request may have changed it
                         self._wall(), self._retention_ms, owned.empty_since.get(group_id)
                     )
-                    if not plan.remove:
+                    if not (plan.remove or plan.delete_group):
                         continue
                     error = await self._remove_offsets(group, plan)
                     if error:

@@ -1036,8 +1036,9 @@ class Group:
           commit is that old; the others are in use.
         - Otherwise (rebalancing, or subscriptions that cannot be read): none.
 
-        ``delete_group`` when the group is Empty and would hold no offset afterwards: Kafka
-        then writes its tombstone too.
+        ``delete_group`` when the group is Empty and would hold no offset afterwards, also an
+        Empty group that holds none now (Kafka's ``cleanupGroupMetadata`` turns it Dead at the
+        next check, however briefly it has been Empty): Kafka then writes its tombstone too.
         """
 
         def old(committed: CommittedOffset) -> bool:
@@ -1057,10 +1058,7 @@ class Group:
                 ]
         remove = tuple(sorted(expired))
         delete_group = (
-            bool(remove)
-            and self.state is GroupState.EMPTY
-            and not self.members
-            and len(remove) == len(self.offsets)
+            self.state is GroupState.EMPTY and not self.members and len(remove) == len(self.offsets)
         )
         return OffsetDeletePlan(ErrorCode.NONE, remove=remove, delete_group=delete_group)
 

@@ -11,7 +11,8 @@ none of a non-consumer group with members (NON_EMPTY_GROUP); subscriptions encod
 kafka-python (ConsumerProtocolSubscription v0-3) are read back; ListGroups' state and type
 filters match case-insensitively and an empty filter keeps everything; offset expiry (KIP-211)
 takes every offset of a group Empty for the retention (and the group), each offset of a group
-that only commits by its commit time, and only old unsubscribed ones of a Stable consumer group.
+that only commits by its commit time, and only old unsubscribed ones of a Stable consumer group;
+an Empty group without offsets goes at the first expiry check (Kafka's cleanupGroupMetadata).
 """
 
 from __future__ import annotations
@@ -195,6 +196,16 @@ def test_offset_expiry_of_an_empty_group_counts_from_when_it_became_empty() -> N
     committed_at(group, 900, ("u", 1))
     plan = group.plan_offset_expiry(1_500, RETENTION_MS, empty_since_ms=None)
     assert plan.remove == (("t", 0), ("u", 0)) and not plan.delete_group
+
+
+def test_offset_expiry_takes_an_empty_group_without_offsets_at_once() -> None:
+    group = stable_group("t")
+    assert group.leave("a", NOW_MS) == ErrorCode.NONE
+    group.tick(NOW_MS)
+    assert group.state is GroupState.EMPTY and group.generation_id > 0
+    plan = group.plan_offset_expiry(NOW_MS, RETENTION_MS, empty_since_ms=NOW_MS)
+    assert plan.remove == () and plan.delete_group
+    assert not stable_group("t").plan_offset_expiry(NOW_MS, RETENTION_MS, None).delete_group
 
 
 def test_offset_expiry_of_a_group_that_only_commits_goes_by_commit_time() -> None:

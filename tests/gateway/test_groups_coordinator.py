@@ -9,7 +9,9 @@ same generation, heartbeats accepted) and its offsets; losing leadership answers
 JoinGroup NOT_COORDINATOR; a group's metadata write failing turns its SyncGroup answers into
 COORDINATOR_NOT_AVAILABLE; committed offsets expire (KIP-211) once their group has been Empty
 for the retention, counted across a coordinator failover from the group's metadata record, and
-a group that only commits loses each offset a retention after its commit, then the group.
+a group that only commits loses each offset a retention after its commit, then the group; a
+group left Empty without offsets is tombstoned at the next expiry check, and stays gone after a
+failover.
 
 The backend here is a stand-in for the replica actors' log (the thing under test is the
 coordinator); the live tests in ``tests/test_consumer_groups.py`` use the real one.
@@ -21,6 +23,9 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kafka.record.default_records import DefaultRecordBatch
+
+from raylog.gateway import group_records as gr
 from raylog.gateway.backend import (
     Broker,
     ClusterView,
@@ -380,6 +385,26 @@ def test_offsets_of_a_group_empty_past_the_retention_expire_with_it() -> None:
         backend.epoch += 1
         second = await expiring(backend, clock, wall, broker=2)
         assert (await second.fetch_offsets(GROUP, [("t", 0)])).offsets == {("t", 0): None}
+        assert second.describe_group(GROUP)[0] == ErrorCode.GROUP_ID_NOT_FOUND
+
+    asyncio.run(run())
+
+
+def test_an_empty_group_without_offsets_is_tombstoned_at_the_next_check() -> None:
+    async def run() -> None:
+        backend, clock, wall, coordinator = await expiring_on_new_clocks()
+        member, _ = await stable_member(coordinator)  # its metadata record is in the log
+        assert (await coordinator.leave_group(GROUP, [MemberIdentity(member)]))[1] == [0]
+        await after(coordinator, clock, wall, 0)  # the tick that sees it Empty: a check too
+        assert coordinator.describe_group(GROUP)[0] == ErrorCode.GROUP_ID_NOT_FOUND
+        (tombstone,) = DefaultRecordBatch(next(b for b in reversed(backend.logs[PARTITION]) if b))
+        assert gr.decode_key(tombstone.key) == gr.GroupMetadataKey(GROUP)
+        assert tombstone.value is None
+
+        # A new coordinator reading the log finds the tombstone, not the group.
+        backend.leaders[PARTITION] = 2
+        backend.epoch += 1
+        second = await expiring(backend, clock, wall, broker=2)
         assert second.describe_group(GROUP)[0] == ErrorCode.GROUP_ID_NOT_FOUND
 
     asyncio.run(run())
