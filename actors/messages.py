@@ -37,6 +37,8 @@ class BatchMeta(msgspec.Struct, frozen=True):
     """What the state machine knows about one batch: where it sits and who wrote it."""
 
     base_offset: int
+    # Offsets the batch spans (lastOffsetDelta + 1): its record count, unless the log
+    # cleaner removed records from it (a compacted batch keeps its offsets).
     record_count: int
     size_bytes: int
     leader_epoch: int

@@ -77,8 +77,9 @@ Invariants (checked with explicit raises that survive ``python -O``):
 - the high watermark never decreases (a truncation below it is refused, except after an
   unclean election when ``unclean_leader_election_enable`` is set);
 - epochs in the epoch cache strictly increase, with non-decreasing start offsets <= log end;
-- batches are appended contiguously at the log end with epochs never lower than the last one
-  and never above the current leader epoch;
+- batches are appended contiguously at the log end (a follower's may start above it: a
+  compacted leader log has gaps) with epochs never lower than the last one and never above
+  the current leader epoch;
 - a leader is a member of its own ISR; pending requests stay within their bounds.
 """
 
@@ -975,7 +976,8 @@ class PartitionReplica:
             if meta.next_offset <= self.log_end_offset:
                 continue  # the first batch may start before the fetch offset
             check_invariant(
-                meta.base_offset == self.log_end_offset, "fetched batches are contiguous"
+                meta.base_offset >= self.log_end_offset,
+                "fetched batches never go back (gaps are a compacted leader log's)",
             )
             check_invariant(meta.leader_epoch <= self.leader_epoch, "a batch from a future epoch")
             self._append(meta, record_batch.data, replicated=True)
@@ -1021,8 +1023,13 @@ class PartitionReplica:
         return self.epoch_cache[index][0] if index >= 0 else UNDEFINED_EPOCH
 
     def _append(self, batch: BatchMeta, data: bytes, *, replicated: bool) -> None:
-        check_invariant(batch.base_offset == self.log_end_offset, "offsets are contiguous")
-        check_invariant(batch.record_count >= 1, "a batch holds at least one record")
+        if replicated:
+            # A leader's compacted log has gaps between batches, and may hold a batch whose
+            # records the cleaner all removed (kept for its producer's sequence).
+            check_invariant(batch.base_offset >= self.log_end_offset, "offsets never go back")
+        else:
+            check_invariant(batch.base_offset == self.log_end_offset, "offsets are contiguous")
+        check_invariant(batch.record_count >= 1, "a batch spans at least one offset")
         if not self.epoch_cache or self.epoch_cache[-1][0] < batch.leader_epoch:
             self.epoch_cache.append((batch.leader_epoch, batch.base_offset))
         check_invariant(

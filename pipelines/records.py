@@ -414,7 +414,10 @@ class _Walk:
                 continue
             if header.base_offset >= self.end_offset:
                 break
-            if header.records_count <= 0 or header.records_count != header.last_offset_delta + 1:
+            if header.records_count == 0:
+                continue  # every record compacted away; kept for its producer's sequence
+            # A compacted batch keeps its offsets and holds fewer records than it spans.
+            if header.records_count < 0 or header.records_count > header.last_offset_delta + 1:
                 raise CorruptRecordError(
                     f"batch at offset {header.base_offset}: recordsCount "
                     f"{header.records_count}, lastOffsetDelta {header.last_offset_delta}"

@@ -256,18 +256,20 @@ def iter_batches(buf: Buffer, *, verify: bool = True) -> Iterator[tuple[int, Bat
 
 
 def valid_prefix(
-    buf: Buffer, *, expected_base_offset: int | None = None
+    buf: Buffer, *, min_base_offset: int | None = None
 ) -> tuple[list[tuple[int, BatchHeader]], int]:
-    """The longest prefix of ``buf`` made of whole, CRC-valid, offset-contiguous batches.
+    """The longest prefix of ``buf`` made of whole, CRC-valid batches in offset order.
 
     Never raises on bad bytes: returns the good batches and the byte length of the good
     prefix; whatever follows it is a torn or corrupt tail. Used by recovery. With
-    ``expected_base_offset`` each batch must also start where the previous one ended.
+    ``min_base_offset`` the first batch must start at or above it and each next one at or
+    above where the previous one ended (a compacted log has gaps between batches, never
+    overlaps).
     """
     good: list[tuple[int, BatchHeader]] = []
     pos = 0
     end = len(buf)
-    expected = expected_base_offset
+    expected = min_base_offset
     while end - pos >= HEADER_SIZE:
         header = BatchHeader._make(HEADER.unpack_from(buf, pos))
         if (
@@ -275,7 +277,7 @@ def valid_prefix(
             or header.batch_length < MIN_BATCH_LENGTH
             or header.size > end - pos
             or header.last_offset_delta < 0
-            or (expected is not None and header.base_offset != expected)
+            or (expected is not None and header.base_offset < expected)
             or not crc_ok(buf, pos, header)
         ):
             break

@@ -34,11 +34,12 @@ segment the Log keeps a few integers only.
 
 Recovery (:meth:`Log.open`). Inactive segments were fsync'd with their index files when they
 rolled; they are trusted when those files pass cheap checks (entries increasing, and a header
-walk from the last entry ends exactly at the file's end and at the next segment's base offset;
-bit flips inside batches are caught by the CRC check on read). Other segments, and always the
-last one, are rescanned from their start: whole batches, CRC-32C valid, offsets contiguous
-from the segment's base offset. A segment that does not start where its predecessor ends (a
-crash in the middle of a truncation) is deleted with everything after it. The first bad
+walk from the last entry ends exactly at the file's end, at or before the next segment's base
+offset; bit flips inside batches are caught by the CRC check on read). Other segments, and
+always the last one, are rescanned from their start: whole batches, CRC-32C valid, offsets in
+order from the segment's base offset (gaps are allowed: compaction removes batches). A segment
+that starts below where its predecessor ends is a leftover of an interrupted cleaning (see
+:meth:`Log.clean`) and is deleted. The first bad
 batch and everything after it (later segments included) is cut, the indexes rebuilt, the
 epoch cache trimmed past the new log end and completed from the rescanned batches, and one
 log line (WARNING) says what was cut.
@@ -47,6 +48,7 @@ log line (WARNING) says what was cut.
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import os
 import re
@@ -61,6 +63,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from raylog.storage import batch as rb
+from raylog.storage import cleaner
 from raylog.storage.errors import (
     FencedLeaderEpochError,
     InvalidConfigError,
@@ -71,9 +74,13 @@ from raylog.storage.errors import (
     RecordTooLargeError,
 )
 from raylog.storage.segment import (
+    LOG_SUFFIX,
+    SCAN_CHUNK_BYTES,
     TMP_SUFFIX,
     Segment,
     fsync_directory,
+    pread_exact,
+    pwrite_all,
     write_file_atomically,
 )
 
@@ -81,6 +88,8 @@ logger = logging.getLogger(__name__)
 
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 HIGH_WATERMARK_CHECKPOINT = "high-watermark-checkpoint"
+CLEANER_CHECKPOINT = "cleaner-offset-checkpoint"
+CLEANED_SUFFIX = ".cleaned"  # a segment the cleaner is writing; deleted by recovery
 CHECKPOINT_VERSION = 0
 
 UNDEFINED_EPOCH = -1
@@ -128,6 +137,11 @@ class LogConfig(msgspec.Struct, frozen=True, kw_only=True):
     flush_messages: int = 1  # flush.messages
     flush_ms: int = _LONG_MAX  # flush.ms
     message_timestamp_type: str = "CreateTime"  # message.timestamp.type
+    cleanup_policy: str = "delete"  # cleanup.policy: delete, compact or compact,delete
+    delete_retention_ms: int = _DAY_MS  # delete.retention.ms
+    min_cleanable_dirty_ratio: float = 0.5  # min.cleanable.dirty.ratio
+    min_compaction_lag_ms: int = 0  # min.compaction.lag.ms
+    max_compaction_lag_ms: int = _LONG_MAX  # max.compaction.lag.ms
 
     def __post_init__(self) -> None:
         _check_range("segment.bytes", self.segment_bytes, 14, MAX_SEGMENT_BYTES)
@@ -143,10 +157,31 @@ class LogConfig(msgspec.Struct, frozen=True, kw_only=True):
                 f"message.timestamp.type={self.message_timestamp_type!r}: "
                 "expected CreateTime or LogAppendTime"
             )
+        policies = self.cleanup_policy.split(",")
+        if not policies or any(p not in ("delete", "compact") for p in policies):
+            raise InvalidConfigError(
+                f"cleanup.policy={self.cleanup_policy!r}: expected delete, compact or both"
+            )
+        _check_range("delete.retention.ms", self.delete_retention_ms, 0, _LONG_MAX)
+        _check_range("min.compaction.lag.ms", self.min_compaction_lag_ms, 0, _LONG_MAX)
+        _check_range("max.compaction.lag.ms", self.max_compaction_lag_ms, 1, _LONG_MAX)
+        ratio = self.min_cleanable_dirty_ratio
+        if not isinstance(ratio, float | int) or not 0.0 <= ratio <= 1.0:
+            raise InvalidConfigError(f"min.cleanable.dirty.ratio={ratio!r}: must be in [0, 1]")
 
     @property
     def log_append_time(self) -> bool:
         return self.message_timestamp_type == "LogAppendTime"
+
+    @property
+    def compact(self) -> bool:
+        """cleanup.policy includes compact: the log cleaner keeps the latest record per key."""
+        return "compact" in self.cleanup_policy.split(",")
+
+    @property
+    def delete(self) -> bool:
+        """cleanup.policy includes delete: retention.ms / retention.bytes delete segments."""
+        return "delete" in self.cleanup_policy.split(",")
 
     @classmethod
     def from_kafka(cls, configs: Mapping[str, str | int]) -> LogConfig:
@@ -156,8 +191,14 @@ class LogConfig(msgspec.Struct, frozen=True, kw_only=True):
             field = _KAFKA_KEYS.get(key)
             if field is None:
                 continue
-            if field == "message_timestamp_type":
-                kwargs[field] = str(value)
+            if field in ("message_timestamp_type", "cleanup_policy"):
+                kwargs[field] = ",".join(p.strip() for p in str(value).split(","))
+                continue
+            if field == "min_cleanable_dirty_ratio":
+                try:
+                    kwargs[field] = float(value)
+                except (TypeError, ValueError):
+                    raise InvalidConfigError(f"{key}={value!r}: not a number") from None
                 continue
             try:
                 kwargs[field] = int(value)
@@ -176,6 +217,11 @@ _KAFKA_KEYS = {
     "flush.messages": "flush_messages",
     "flush.ms": "flush_ms",
     "message.timestamp.type": "message_timestamp_type",
+    "cleanup.policy": "cleanup_policy",
+    "delete.retention.ms": "delete_retention_ms",
+    "min.cleanable.dirty.ratio": "min_cleanable_dirty_ratio",
+    "min.compaction.lag.ms": "min_compaction_lag_ms",
+    "max.compaction.lag.ms": "max_compaction_lag_ms",
 }
 
 
@@ -210,6 +256,112 @@ class TimestampOffset(NamedTuple):
     offset: int
 
 
+class CleanResult(NamedTuple):
+    """What one cleaning pass did (:meth:`Log.clean`)."""
+
+    first_dirty_offset: int  # where the dirty part began
+    end_offset: int  # offsets below this were cleaned: the next pass's first dirty offset
+    segments_before: int
+    segments_after: int
+    bytes_before: int
+    bytes_after: int
+    records_removed: int
+
+
+class _CleanPlan(NamedTuple):
+    targets: list[Segment]  # the cleanable segments, oldest first
+    sizes: list[int]  # their sizes when planned
+    dirty_index: int  # targets[dirty_index:] are dirty
+    cut: int  # the first offset not cleanable
+    later: list[tuple[Path, int]]  # the segments after the targets (path, size when planned)
+    generation: int
+
+
+class _CleanedGroup(NamedTuple):
+    base: int
+    path: Path  # the .cleaned file
+    members: range  # indexes of the target segments it replaces
+    headers: list[tuple[int, rb.BatchHeader]]  # (position, header) of each batch written
+    size: int
+
+
+def _file_headers(path: Path, size: int) -> Iterator[tuple[int, rb.BatchHeader]]:
+    """(position, header) of each batch in the first ``size`` bytes of a segment file,
+    reading HEADER_SCAN_CHUNK_BYTES at a time and jumping over large bodies."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        pos = 0
+        while pos < size:
+            chunk = pread_exact(fd, min(HEADER_SCAN_CHUNK_BYTES, size - pos), pos)
+            at = 0
+            while len(chunk) - at >= rb.HEADER_SIZE:
+                header = rb.parse_header(chunk, at)
+                if header.magic != rb.MAGIC or header.batch_length < rb.MIN_BATCH_LENGTH:
+                    raise KafkaStorageError(f"corrupt batch header at byte {pos + at} of {path}")
+                yield pos + at, header
+                at += header.size
+            if not at:
+                raise KafkaStorageError(f"{path}: short batch header at byte {pos}")
+            pos += at
+    finally:
+        os.close(fd)
+
+
+def _file_batches(path: Path, size: int) -> Iterator[tuple[int, rb.BatchHeader, memoryview]]:
+    """(position, header, bytes) of each whole batch in the first ``size`` bytes of a segment
+    file, CRC-checked, reading about SCAN_CHUNK_BYTES at a time (a larger batch alone)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        pos = 0
+        while pos < size:
+            chunk = memoryview(pread_exact(fd, min(SCAN_CHUNK_BYTES, size - pos), pos))
+            at = 0
+            while len(chunk) - at >= rb.HEADER_SIZE:
+                header = rb.parse_header(chunk, at)
+                if (
+                    header.magic != rb.MAGIC
+                    or header.batch_length < rb.MIN_BATCH_LENGTH
+                    or header.size > MAX_BATCH_BYTES
+                    or pos + at + header.size > size
+                ):
+                    raise KafkaStorageError(f"corrupt batch header at byte {pos + at} of {path}")
+                if header.size > len(chunk) - at:
+                    if at:
+                        break  # read again from this batch
+                    chunk = memoryview(pread_exact(fd, header.size, pos))
+                if not rb.crc_ok(chunk, at, header):
+                    raise KafkaStorageError(
+                        f"batch at byte {pos + at} of {path} fails its CRC-32C; not cleaned"
+                    )
+                yield pos + at, header, chunk[at : at + header.size]
+                at += header.size
+            if not at:
+                raise KafkaStorageError(f"{path}: short batch at byte {pos}")
+            pos += at
+    finally:
+        os.close(fd)
+
+
+def _group_segments(
+    targets: list[Segment], sizes: list[int], cut: int, segment_bytes: int
+) -> list[range]:
+    """Consecutive runs of segments the cleaner merges into one: at most segment.bytes of
+    (uncleaned) data, and offsets within int32 of the run's base."""
+    groups: list[range] = []
+    start = 0
+    total = 0
+    for i, size in enumerate(sizes):
+        end = targets[i + 1].base_offset if i + 1 < len(targets) else cut
+        too_big = total + size > segment_bytes
+        too_wide = end - targets[start].base_offset > MAX_RELATIVE_OFFSET
+        if i > start and (too_big or too_wide):
+            groups.append(range(start, i))
+            start, total = i, 0
+        total += size
+    groups.append(range(start, len(sizes)))
+    return groups
+
+
 @dataclass
 class LogStats:
     """Counters for tests and metrics. ``fsyncs`` counts fsyncs of segment data only."""
@@ -219,6 +371,8 @@ class LogStats:
     bytes_appended: int = 0
     segments_rolled: int = 0
     segments_deleted: int = 0
+    cleanings: int = 0
+    records_cleaned: int = 0  # records the cleaner removed
 
 
 class Log:
@@ -252,6 +406,14 @@ class Log:
         self._last_flush_ms = 0
         self._failure: str | None = None  # set on a failed fsync: the log refuses all work
         self._closed = False
+        # Log cleaner (compaction) state: the first offset not cleaned yet, the earliest
+        # delete horizon a kept tombstone waits for (-1: none), one pass at a time, and a
+        # counter bumped by every change of the segment list other than appends, so that a
+        # pass that read segments while one happened swaps nothing in.
+        self._first_dirty_offset = 0
+        self._next_delete_horizon_ms = -1
+        self._cleaning = threading.Lock()
+        self._layout_generation = 0
 
     # -- opening and recovery ------------------------------------------------------------------
 
@@ -282,8 +444,9 @@ class Log:
     def _recover(self) -> None:
         bases: set[int] = set()
         for entry in os.listdir(self.directory):
-            if entry.endswith(TMP_SUFFIX):
-                (self.directory / entry).unlink()  # an interrupted atomic write
+            if entry.endswith((TMP_SUFFIX, CLEANED_SUFFIX)):
+                # An interrupted atomic write, or a segment the cleaner did not swap in.
+                (self.directory / entry).unlink()
                 continue
             m = _SEGMENT_FILE.match(entry)
             if m and m.group(2) == "log":
@@ -295,15 +458,16 @@ class Log:
         ordered = sorted(bases)
         interval = self.config.index_interval_bytes
         cut: str | None = None
+        leftovers: list[int] = []
         segments: list[Segment] = []
         for i, base in enumerate(ordered):
             seg = Segment(self.directory, base, interval)
-            if segments and base != segments[-1].next_offset:
-                cut = f"segment {base} does not follow offset {segments[-1].next_offset}"
+            if segments and base < segments[-1].next_offset:
+                # Offsets the segment before already holds: a segment the log cleaner merged
+                # into that one, left by a crash before the cleaner unlinked it (see clean()).
+                leftovers.append(base)
                 seg.delete_files()
-                for later in ordered[i + 1 :]:
-                    Segment(self.directory, later, interval).delete_files()
-                break
+                continue
             is_last = i == len(ordered) - 1
             if not is_last and seg.load_trusted(ordered[i + 1]):
                 seg.release()
@@ -330,6 +494,21 @@ class Log:
                 cut += f" and {len(dropped)} later segment(s)"
             segments.append(seg)
             break
+        if leftovers:
+            logger.warning(
+                "log %s: removed segment(s) %s that an interrupted cleaning had merged into "
+                "an earlier one",
+                self.directory,
+                leftovers,
+            )
+        if segments and segments[-1].base_offset != ordered[-1]:
+            # The last file was such a leftover: the segment before it is active again and
+            # needs its in-memory indexes (it passed its checks above).
+            last = segments[-1]
+            if last.recover(MAX_BATCH_BYTES) != last.size:
+                raise KafkaStorageError(f"{last.log_path} changed during recovery")
+        for seg, following in itertools.pairwise(segments):
+            seg.next_offset = following.base_offset  # segments tile the offsets, gaps included
         if not segments:
             segments.append(Segment.create(self.directory, 0, interval))
         self._segments = segments
@@ -339,6 +518,7 @@ class Log:
 
         self._load_epochs(segments)
         self._high_watermark = self._load_high_watermark()
+        self._load_cleaner_checkpoint()
         if cut:
             logger.warning(
                 "log %s recovered: %s; log end offset %d", self.directory, cut, self.log_end_offset
@@ -527,8 +707,10 @@ class Log:
     def append_replicated(self, batches: bytes | bytearray | memoryview) -> AppendInfo | None:
         """Follower path: store batches that already carry the leader's offsets and epochs.
 
-        Checks framing and CRC of every batch, that the first starts at the log end offset and
-        each next one where the previous ended, and that leader epochs never go backwards.
+        Checks framing and CRC of every batch, that the first starts at or above the log end
+        offset and each next one at or above where the previous ended (a leader whose log the
+        cleaner compacted serves batches with gaps between them, as Kafka's do), and that
+        leader epochs never go backwards.
         Returns None for an empty buffer.
         """
         view = memoryview(batches).cast("B")
@@ -545,9 +727,9 @@ class Log:
             expected = self.log_end_offset
             epoch = self._epochs[-1].epoch if self._epochs else UNDEFINED_EPOCH
             for h in headers:
-                if h.base_offset != expected:
+                if h.base_offset < expected:  # gaps are a compacted leader log's
                     raise InvalidRecordError(
-                        f"replicated batch at offset {h.base_offset}, expected {expected}"
+                        f"replicated batch at offset {h.base_offset}, below {expected}"
                     )
                 if 0 <= h.partition_leader_epoch < epoch:
                     raise InvalidRecordError(
@@ -942,15 +1124,18 @@ class Log:
                 del self._segments[i + 1 :]
                 del self._bases[i + 1 :]
                 self._open_inactive.pop(seg.base_offset, None)
-                # Order matters for a crash in between: 1. cut and fsync the new last segment
-                # (rescanned: the active segment's in-memory state must be complete); 2. unlink
-                # later segments newest first. Whatever survives a crash then no longer
-                # follows the cut segment's end, and open() deletes it.
-                seg.truncate_to_size(cut)
-                self._fsync(seg.fd)
+                # Order matters for a crash in between: 1. unlink later segments newest first
+                # and make that durable; 2. cut and fsync the new last segment (rescanned: the
+                # active segment's in-memory state must be complete). Every crash point then
+                # leaves a prefix of the old log, whole segments, which the replication layer
+                # truncates again.
                 for dead in reversed(removed):
                     self._open_inactive.pop(dead.base_offset, None)
                     dead.delete_files()
+                if removed:
+                    fsync_directory(self.directory)
+                seg.truncate_to_size(cut)
+                self._fsync(seg.fd)
                 fsync_directory(self.directory)
             except OSError as exc:
                 self._failure = f"truncation failed: {exc}"
@@ -964,6 +1149,10 @@ class Log:
             if self._epochs != before:
                 self._write_epochs()
             self._high_watermark = min(self._high_watermark, self.log_end_offset)
+            self._layout_generation += 1
+            if self._first_dirty_offset > self.log_end_offset:
+                self._first_dirty_offset = self.log_end_offset
+                self._write_cleaner_checkpoint()
             logger.info(
                 "log %s truncated to offset %d (asked %d)",
                 self.directory,
@@ -992,6 +1181,9 @@ class Log:
                 for seg in self._segments:
                     seg.delete_files()
                 self._open_inactive.clear()
+                # The old segments are gone for good before the new one exists: a crash never
+                # leaves an old segment below the new start (a gap would look like compaction).
+                fsync_directory(self.directory)
                 new = Segment.create(self.directory, offset, self.config.index_interval_bytes)
                 fsync_directory(self.directory)
             except OSError as exc:
@@ -1006,10 +1198,15 @@ class Log:
             self._write_epochs()
             self._high_watermark = offset
             self._write_high_watermark(offset)
+            self._layout_generation += 1
+            self._first_dirty_offset = offset
+            self._next_delete_horizon_ms = -1
+            self._write_cleaner_checkpoint()
 
     def enforce_retention(self, now_ms: int, high_watermark: int | None = None) -> int:
         """Delete whole inactive segments past retention.ms (by their largest timestamp) or
-        beyond retention.bytes, oldest first; returns how many were deleted.
+        beyond retention.bytes, oldest first; returns how many were deleted. Only when
+        cleanup.policy includes delete.
 
         Never the active segment; with ``high_watermark``, only segments wholly below it
         (uncommitted data is never deleted). The log start offset advances to the base offset
@@ -1017,6 +1214,8 @@ class Log:
         """
         with self._lock:
             self._check_usable()
+            if not self.config.delete:
+                return 0  # cleanup.policy=compact: the cleaner, not retention, shrinks it
             total = sum(s.size for s in self._segments)
             deleted = 0
             while len(self._segments) > 1:
@@ -1047,6 +1246,7 @@ class Log:
                 deleted += 1
             if deleted:
                 fsync_directory(self.directory)
+                self._layout_generation += 1
                 self.stats.segments_deleted += deleted
                 before = list(self._epochs)
                 self._trim_epochs()
@@ -1077,6 +1277,311 @@ class Log:
             fsync_directory(self.directory)
         except OSError as exc:
             raise KafkaStorageError(f"high watermark checkpoint failed: {exc}") from exc
+
+    # -- compaction (the log cleaner) -------------------------------------------------------------
+
+    def _load_cleaner_checkpoint(self) -> None:
+        path = self.directory / CLEANER_CHECKPOINT
+        first_dirty, horizon = 0, -1
+        try:
+            version, first, next_horizon = path.read_text().split("\n")[:3]
+            if int(version) != CHECKPOINT_VERSION:
+                raise ValueError(f"version {version}")
+            first_dirty, horizon = int(first), int(next_horizon)
+        except FileNotFoundError:
+            pass
+        except ValueError as exc:
+            logger.warning("ignoring unreadable %s: %s", path, exc)
+        self._first_dirty_offset = min(max(first_dirty, self.log_start_offset), self.log_end_offset)
+        self._next_delete_horizon_ms = horizon
+
+    def _write_cleaner_checkpoint(self) -> None:
+        text = f"{CHECKPOINT_VERSION}\n{self._first_dirty_offset}\n{self._next_delete_horizon_ms}\n"
+        write_file_atomically(self.directory / CLEANER_CHECKPOINT, text.encode())
+        fsync_directory(self.directory)
+
+    @property
+    def first_dirty_offset(self) -> int:
+        """The cleaner checkpoint: offsets below it were compacted by an earlier pass."""
+        return self._first_dirty_offset
+
+    def _clean_plan(self, now_ms: int, high_watermark: int, force: bool) -> _CleanPlan | None:
+        """Under _lock: which segments a pass would clean, or None when it is not due.
+
+        Cleanable: inactive segments wholly below the high watermark and, with
+        min.compaction.lag.ms, whose newest record is at least that old. Due when the dirty
+        part is at least min.cleanable.dirty.ratio of the cleanable bytes, when its oldest
+        segment is older than max.compaction.lag.ms, or when a kept tombstone's delete horizon
+        has passed.
+        """
+        config = self.config
+        if not config.compact or self._failure is not None or self._closed:
+            return None
+        segs = self._segments
+        count = 0
+        for i in range(len(segs) - 1):
+            if segs[i + 1].base_offset > high_watermark:
+                break
+            if config.min_compaction_lag_ms and (
+                now_ms - segs[i].max_timestamp < config.min_compaction_lag_ms
+            ):
+                break
+            count = i + 1
+        if not count:
+            return None
+        cut = segs[count].base_offset
+        first_dirty = min(max(self._first_dirty_offset, self.log_start_offset), cut)
+        dirty_index = bisect.bisect_right(self._bases, first_dirty) - 1
+        dirty = sum(seg.size for seg in segs[dirty_index:count])
+        clean = sum(seg.size for seg in segs[:dirty_index])
+        due = (
+            force
+            or (dirty and dirty / (dirty + clean) >= config.min_cleanable_dirty_ratio)
+            or (
+                dirty_index < count
+                and now_ms - segs[dirty_index].max_timestamp > config.max_compaction_lag_ms
+            )
+            or 0 <= self._next_delete_horizon_ms <= now_ms
+        )
+        if not due:
+            return None
+        return _CleanPlan(
+            targets=list(segs[:count]),
+            sizes=[seg.size for seg in segs[:count]],
+            dirty_index=dirty_index,
+            cut=cut,
+            later=[(seg.log_path, seg.size) for seg in segs[count:]],
+            generation=self._layout_generation,
+        )
+
+    def cleaning_due(self, now_ms: int, high_watermark: int) -> bool:
+        """Whether :meth:`clean` would run a pass now (cheap: sizes and timestamps only)."""
+        with self._lock:
+            return self._clean_plan(now_ms, high_watermark, force=False) is not None
+
+    def clean(
+        self,
+        now_ms: int,
+        high_watermark: int,
+        *,
+        force: bool = False,
+        max_map_entries: int = cleaner.MAX_OFFSET_MAP_ENTRIES,
+    ) -> CleanResult | None:
+        """Compact the log (cleanup.policy=compact): one pass of Kafka's log cleaner.
+
+        Builds the offset map from the dirty part, rewrites every cleanable segment into
+        ``.cleaned`` files (consecutive segments merged up to segment.bytes) without holding
+        the log's lock, then swaps them in under it. Appends, reads and fsyncs go on during
+        the rewrite; a truncation or retention meanwhile makes the pass give up (nothing
+        swapped). Returns what it did, or None when no pass was due (``force``: run anyway
+        if anything is cleanable). See :mod:`raylog.storage.cleaner` for the rules.
+
+        Crash safety of a swap, per merged group with base offset B: 1. B's index files are
+        unlinked; 2. the ``B.log.cleaned`` file (fsync'd) is renamed over ``B.log`` and the
+        directory fsync'd: the commit point; 3. the group's other segments are unlinked;
+        4. B's index files are written. Recovery deletes ``.cleaned`` files, and a segment
+        starting below where the one before it ends is one that step 3 did not reach.
+        Offsets never change, so a crash at any point leaves every offset readable.
+        """
+        if not self._cleaning.acquire(blocking=False):
+            return None  # another pass is running
+        try:
+            with self._lock:
+                self._check_usable()
+                plan = self._clean_plan(now_ms, high_watermark, force)
+                config = self.config
+            if plan is None:
+                return None
+            try:
+                return self._clean(plan, config, now_ms, max_map_entries)
+            except FileNotFoundError:
+                # Retention or a truncation removed a segment this pass was reading.
+                logger.info("log %s: cleaning pass abandoned (segment gone)", self.directory)
+                return None
+            except OSError as exc:
+                raise KafkaStorageError(f"cleaning {self.directory} failed: {exc}") from exc
+        finally:
+            self._cleaning.release()
+
+    def _clean(
+        self, plan: _CleanPlan, config: LogConfig, now_ms: int, max_map_entries: int
+    ) -> CleanResult | None:
+        # 1. The offset map of the dirty part, segment by segment, while it has room.
+        offset_map = cleaner.OffsetMap(max_map_entries)
+        count = len(plan.targets)
+        for i in range(plan.dirty_index, len(plan.targets)):
+            if offset_map.full and i > plan.dirty_index:
+                count = i  # the map is full: clean up to here, the rest next time
+                break
+            for _, header, data in _file_batches(plan.targets[i].log_path, plan.sizes[i]):
+                offset_map.add_batch(data, header)
+        targets, sizes = plan.targets[:count], plan.sizes[:count]
+        cut = plan.cut if count == len(plan.targets) else plan.targets[count].base_offset
+        later: list[tuple[Path, int]] = [
+            (seg.log_path, size)
+            for seg, size in zip(plan.targets[count:], plan.sizes[count:], strict=True)
+        ] + plan.later
+        # 2. Each producer's last batch in the log: kept (maybe empty) for its sequence.
+        last_of_producer: dict[int, int] = {}
+        for seg, size in zip(targets, sizes, strict=True):
+            for _, header in _file_headers(seg.log_path, size):
+                if header.producer_id >= 0:
+                    last_of_producer[header.producer_id] = header.base_offset
+        for path, size in later:
+            for _, header in _file_headers(path, size):
+                last_of_producer.pop(header.producer_id, None)
+        # 3. Rewrite, group by group.
+        groups = _group_segments(targets, sizes, cut, config.segment_bytes)
+        written: list[_CleanedGroup] = []
+        removed = 0
+        horizon = -1
+        try:
+            for group in groups:
+                out, group_removed, group_horizon = self._write_cleaned(
+                    group, targets, sizes, offset_map, last_of_producer, config, now_ms
+                )
+                written.append(out)
+                removed += group_removed
+                if group_horizon >= 0 and (horizon < 0 or group_horizon < horizon):
+                    horizon = group_horizon
+            # 4. Swap in, under the lock, unless the segment list changed meanwhile.
+            with self._lock:
+                self._check_usable()
+                if (
+                    self._layout_generation != plan.generation
+                    or self._segments[: len(targets)] != targets
+                    or any(seg.size != size for seg, size in zip(targets, sizes, strict=True))
+                ):
+                    logger.info("log %s: cleaning pass abandoned (log changed)", self.directory)
+                    return None
+                try:
+                    self._swap_cleaned(written, len(targets), cut)
+                except OSError as exc:
+                    # The directory is between states a crash could leave: recovery settles
+                    # it, so the log stops serving until it is reopened.
+                    self._failure = f"cleaner swap failed: {exc}"
+                    raise
+                self._first_dirty_offset = cut
+                self._next_delete_horizon_ms = horizon
+                self._write_cleaner_checkpoint()
+                self.stats.cleanings += 1
+                self.stats.records_cleaned += removed
+                after = sum(seg.size for seg in self._segments[: len(written)])
+        finally:
+            for out in written:
+                out.path.unlink(missing_ok=True)  # gone already when swapped in
+        result = CleanResult(
+            first_dirty_offset=targets[plan.dirty_index].base_offset
+            if plan.dirty_index < len(targets)
+            else cut,
+            end_offset=cut,
+            segments_before=len(targets),
+            segments_after=len(written),
+            bytes_before=sum(sizes),
+            bytes_after=after,
+            records_removed=removed,
+        )
+        logger.info(
+            "log %s cleaned offsets below %d: %d segment(s) of %d bytes -> %d of %d bytes, "
+            "%d record(s) removed",
+            self.directory,
+            cut,
+            result.segments_before,
+            result.bytes_before,
+            result.segments_after,
+            result.bytes_after,
+            removed,
+        )
+        return result
+
+    def _write_cleaned(
+        self,
+        group: range,
+        targets: list[Segment],
+        sizes: list[int],
+        offset_map: cleaner.OffsetMap,
+        last_of_producer: dict[int, int],
+        config: LogConfig,
+        now_ms: int,
+    ) -> tuple[_CleanedGroup, int, int]:
+        """Write one group's cleaned ``.cleaned`` file (fsync'd); returns it, the records
+        removed and the earliest delete horizon its kept batches carry (-1: none)."""
+        base = targets[group.start].base_offset
+        path = self.directory / (f"{base:020d}" + LOG_SUFFIX + CLEANED_SUFFIX)
+        headers: list[tuple[int, rb.BatchHeader]] = []
+        removed = 0
+        horizon = -1
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            pending: list[bytes | memoryview] = []
+            pending_bytes = 0
+            pos = 0
+            for i in group:
+                for _, header, data in _file_batches(targets[i].log_path, sizes[i]):
+                    keep_if_empty = last_of_producer.get(header.producer_id) == header.base_offset
+                    result = cleaner.clean_batch(
+                        data,
+                        header,
+                        offset_map,
+                        now_ms=now_ms,
+                        delete_retention_ms=config.delete_retention_ms,
+                        keep_if_empty=keep_if_empty,
+                    )
+                    removed += result.records_removed
+                    if result.data is None:
+                        continue
+                    out = result.data
+                    new_header = rb.parse_header(out) if out is not data else header
+                    headers.append((pos, new_header))
+                    pos += new_header.size
+                    if result.delete_horizon_ms >= 0 and (
+                        horizon < 0 or result.delete_horizon_ms < horizon
+                    ):
+                        horizon = result.delete_horizon_ms
+                    pending.append(out)
+                    pending_bytes += len(out)
+                    if pending_bytes >= SCAN_CHUNK_BYTES:
+                        pwrite_all(fd, pending, pos - pending_bytes)
+                        pending, pending_bytes = [], 0
+            if pending:
+                pwrite_all(fd, pending, pos - pending_bytes)
+            self._fsync(fd)
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        finally:
+            os.close(fd)
+        return _CleanedGroup(base, path, group, headers, pos), removed, horizon
+
+    def _swap_cleaned(self, groups: list[_CleanedGroup], count: int, cut: int) -> None:
+        """Under _lock: replace the first ``count`` segments by the cleaned groups."""
+        interval = self.config.index_interval_bytes
+        old = self._segments[:count]
+        new: list[Segment] = []
+        for group in groups:
+            first = old[group.members.start]
+            for seg in (old[i] for i in group.members):
+                self._open_inactive.pop(seg.base_offset, None)
+                seg.release()
+            first.index_path.unlink(missing_ok=True)
+            first.timeindex_path.unlink(missing_ok=True)
+            fsync_directory(self.directory)
+            os.replace(group.path, first.log_path)  # the commit point of this group
+            fsync_directory(self.directory)
+            for seg in (old[i] for i in group.members if i != group.members.start):
+                seg.delete_files()
+            fsync_directory(self.directory)
+            seg = Segment(self.directory, group.base, interval)
+            seg.adopt(group.headers, group.size)
+            seg.write_index_files()
+            seg.release()
+            new.append(seg)
+        fsync_directory(self.directory)
+        for seg, following in zip(new, new[1:] + self._segments[count : count + 1], strict=True):
+            seg.next_offset = following.base_offset
+        self._segments[:count] = new
+        self._bases[:count] = [seg.base_offset for seg in new]
+        self._layout_generation += 1
 
     def close(self) -> None:
         """Flush, write the active segment's indexes, release every descriptor. Idempotent."""

@@ -260,8 +260,9 @@ class Segment:
     def load_trusted(self, next_offset: int) -> bool:
         """Open an inactive segment from its index files; False if they are missing or bad.
 
-        ``next_offset`` is the next segment's base offset (offsets are contiguous across
-        segments). The checks are cheap (no CRC pass); corrupt bytes are caught on read.
+        ``next_offset`` is the next segment's base offset (batches end at or before it: a
+        compacted segment may end in a gap). The checks are cheap (no CRC pass); corrupt
+        bytes are caught on read.
         """
         try:
             self.size = os.stat(self.log_path).st_size
@@ -277,28 +278,42 @@ class Segment:
             return False
         # Walk the headers from the last indexed batch to the end of the file (bounded by
         # index.interval.bytes plus one batch): the entry must name the batch it points at,
-        # and the batches must end exactly at the file's end and at the next segment's base.
+        # later batches must follow in offset order (gaps are compaction's), and the batches
+        # must end exactly at the file's end and at or before the next segment's base.
         pos = self._idx_positions[-1]
         expected = self.base_offset + self._idx_offsets[-1]
+        first = True
         while pos < self.size:
             head = pread_exact(self.fd, HEADER_SIZE, pos)
             if len(head) < HEADER_SIZE:
                 return False
             header = BatchHeader._make(HEADER.unpack_from(head))
             if (
-                header.base_offset != expected
+                (header.base_offset != expected if first else header.base_offset < expected)
                 or header.magic != MAGIC
                 or header.batch_length < MIN_BATCH_LENGTH
                 or header.last_offset_delta < 0
             ):
                 return False
+            first = False
             pos += header.size
             expected = header.next_offset
-        if pos != self.size or expected != next_offset:
+        if pos != self.size or expected > next_offset:
             return False
         self.next_offset = next_offset
         self.max_timestamp = self._ti_timestamps[-1]
         return True
+
+    def adopt(self, headers: Sequence[tuple[int, BatchHeader]], size: int) -> None:
+        """In-memory state and indexes for a file written elsewhere (the log cleaner's), from
+        the ``(position, header)`` of each of its batches."""
+        self.size = size
+        self.next_offset = self.base_offset
+        self.max_timestamp = -1
+        self.first_batch_timestamp = -1
+        self._reset_indexes()
+        for pos, header in headers:
+            self._note_batch(header, pos)
 
     def ensure_indexes(self) -> None:
         """Load the index files of an inactive segment (validated when it was opened)."""
@@ -339,8 +354,9 @@ class Segment:
     def recover(self, max_batch_bytes: int) -> int:
         """Scan the whole .log, rebuilding indexes; returns the length of its valid prefix.
 
-        Valid = whole batches, each passing its CRC-32C, with contiguous offsets starting at
-        the base offset, none larger than ``max_batch_bytes``. The caller cuts what follows.
+        Valid = whole batches, each passing its CRC-32C, in offset order from the base offset
+        (gaps allowed: compaction removes batches; overlaps are not), none larger than
+        ``max_batch_bytes``. The caller cuts what follows.
         """
         self.size = os.fstat(self.fd).st_size
         self.next_offset = self.base_offset
@@ -351,7 +367,7 @@ class Segment:
         want = SCAN_CHUNK_BYTES
         while pos < self.size:
             chunk = pread_exact(self.fd, min(want, self.size - pos), pos)
-            good, used = valid_prefix(chunk, expected_base_offset=self.next_offset)
+            good, used = valid_prefix(chunk, min_base_offset=self.next_offset)
             for at, header in good:
                 self._note_batch(header, pos + at)
             pos += used

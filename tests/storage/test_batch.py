@@ -113,16 +113,22 @@ def test_iter_batches_and_valid_prefix() -> None:
     torn = buf[:-5]
     with pytest.raises(CorruptRecordError):
         list(rb.iter_batches(torn))
-    good, used = rb.valid_prefix(torn, expected_base_offset=0)
+    good, used = rb.valid_prefix(torn, min_base_offset=0)
     assert [h.base_offset for _, h in good] == [0, 1, 2]
     assert used == sum(len(b) for b in batches[:3])
     flipped = bytearray(buf)
     flipped[len(batches[0]) + 64] ^= 0x01  # in the records: under the CRC
-    good, used = rb.valid_prefix(bytes(flipped), expected_base_offset=0)
+    good, used = rb.valid_prefix(bytes(flipped), min_base_offset=0)
     assert used == len(batches[0])
-    # Offsets must be contiguous when asked.
-    good, used = rb.valid_prefix(buf, expected_base_offset=1)
+    # Offsets must never go back when asked; gaps (a compacted log) are fine.
+    good, used = rb.valid_prefix(buf, min_base_offset=1)
     assert (good, used) == ([], 0)
+    gapped = batches[0] + batches[2] + batches[3]
+    good, used = rb.valid_prefix(gapped, min_base_offset=0)
+    assert [h.base_offset for _, h in good] == [0, 2, 3]
+    overlapping = batches[0] + batches[2] + batches[1]
+    good, used = rb.valid_prefix(overlapping, min_base_offset=0)
+    assert [h.base_offset for _, h in good] == [0, 2]
 
 
 # Each check of validate_client_batch, with a batch that fails only that check.

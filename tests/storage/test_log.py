@@ -522,22 +522,27 @@ def test_relaxed_flush_messages_and_flush_ms(log_dir: Path) -> None:
         assert log.stats.fsyncs == 4
 
 
-def test_stale_later_segment_left_by_a_crash_is_removed(
+def test_a_crash_inside_a_truncation_leaves_a_prefix_of_the_old_log(
     log_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     with Log.open(log_dir, SMALL) as log:
         fill(log, 30)
-        last = _last_segment(log_dir)
-        stale = last.read_bytes()
-        base = int(last.stem)
-        log.truncate_to(base - 10)
-        leo = log.log_end_offset
-    # A crash between cutting the new last segment and unlinking later ones leaves this:
-    last.write_bytes(stale)
+        files = sorted(log_dir.glob("*.log"))
+        assert len(files) >= 3
+        kept, later = files[-2], files[-1]
+        whole = kept.read_bytes()
+        old_end = int(later.stem)
+        log.truncate_to(old_end - 3)
+        assert not later.exists()
+    # Truncation unlinks later segments first, then cuts: a crash between the two steps
+    # leaves the kept segment uncut, the log a prefix of the old one, whole segments.
+    kept.write_bytes(whole)
     with caplog.at_level(logging.WARNING), Log.open(log_dir, SMALL) as log:
-        assert log.log_end_offset == leo
-        assert "does not follow" in caplog.text
-    assert not last.exists()
+        assert log.log_end_offset == old_end
+        spans = offsets(log.read(0, 1 << 20))
+        assert spans[0][0] == 0 and spans[-1][1] == old_end - 1
+        assert all(a[1] + 1 == b[0] for a, b in zip(spans, spans[1:], strict=False))
+        assert "cut" not in caplog.text and "interrupted" not in caplog.text
 
 
 def test_concurrent_reads_during_appends_and_rolls(small_log: Log) -> None:

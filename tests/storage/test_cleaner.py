@@ -1,0 +1,363 @@
+"""Log compaction: Log.clean with the per-batch rules of raylog.storage.cleaner.
+
+Real files in a temporary directory; batches built by raylog's builder or by kafka-python's
+producer code (compressed). Each test compares what a consumer reading the log gets after
+cleaning (decoded by the connector's record decoder) with the latest record per key,
+computed independently from what was appended.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from kafka.record import default_records as kdr
+
+from raylog.pipelines import records as R
+from raylog.storage import batch as rb
+from raylog.storage.batch import Record, build_batch
+from raylog.storage.cleaner import DELETE_HORIZON_FLAG
+from raylog.storage.errors import CorruptRecordError
+from raylog.storage.log import CLEANED_SUFFIX, Log, LogConfig
+from raylog.storage.records import first_record_without_key, iter_records
+from tests.kafka_batches import kafka_batch
+from tests.pipelines.pipeline_support import kafka_codecs
+
+COMPACT = LogConfig(segment_bytes=2048, index_interval_bytes=256, cleanup_policy="compact")
+
+
+def compact(**overrides: Any) -> LogConfig:
+    return msgspec.structs.replace(COMPACT, **overrides)
+
+
+DAY = 86_400_000
+
+Appended = list[tuple[int, bytes | None, bytes | None]]
+
+
+def consumed(log: Log, start: int | None = None) -> list[tuple[int, Any, Any]]:
+    """(offset, key, value) of every record a consumer reading from ``start`` gets."""
+    offset = log.log_start_offset if start is None else start
+    data = log.read(offset, 1 << 30)
+    table = R.decode_batches(data, topic="t", partition=0, start_offset=offset)
+    return [(r["offset"], r["key"], r["value"]) for r in table.to_pylist()]
+
+
+def compacted(appended: Appended, below: int, horizon_passed: bool = False) -> Appended:
+    """What compaction of offsets below ``below`` keeps: the latest record of each key below
+    it (a tombstone only while its horizon has not passed), and everything from ``below`` on.
+    """
+    latest: dict[bytes, int] = {}
+    for offset, key, _ in appended:
+        if key is not None and offset < below:
+            latest[key] = offset
+    kept = []
+    for offset, key, value in appended:
+        newest = key is not None and offset < below and latest[key] == offset
+        if offset >= below or (newest and not (value is None and horizon_passed)):
+            kept.append((offset, key, value))
+    return kept
+
+
+def append(log: Log, records: list[tuple[bytes | None, bytes | None]], ts: int = 1_000) -> Appended:
+    batch = build_batch([Record(k, v, ts + i) for i, (k, v) in enumerate(records)])
+    info = log.append(batch, 0)
+    return [(info.base_offset + i, k, v) for i, (k, v) in enumerate(records)]
+
+
+def fill(
+    log: Log, batches: int, keys: int, per_batch: int = 3, value: bytes = b"v" * 40
+) -> Appended:
+    out: Appended = []
+    n = 0
+    for _ in range(batches):
+        recs = []
+        for _ in range(per_batch):
+            recs.append((b"key-%d" % (n % keys), value + b"%d" % n))
+            n += 1
+        out += append(log, recs)
+    return out
+
+
+def cleanable_end(log: Log) -> int:
+    """The base offset of the active segment: everything below can be cleaned."""
+    return int(sorted(log.directory.glob("*.log"))[-1].stem)
+
+
+def test_keeps_the_latest_record_of_each_key_and_every_offset(tmp_path: Path) -> None:
+    with Log.open(tmp_path, COMPACT) as log:
+        appended = fill(log, 60, keys=7)
+        start, end = log.log_start_offset, log.log_end_offset
+        segments = log.segment_count
+        assert segments > 4
+        result = log.clean(now_ms=10_000, high_watermark=end)
+        assert result is not None
+        below = cleanable_end(log)
+        assert result.end_offset == below and log.first_dirty_offset == below
+        assert result.records_removed > 0 and result.bytes_after < result.bytes_before
+        assert consumed(log) == compacted(appended, below)
+        # Offsets and bounds never move. Segments merge by their size before cleaning (as
+        # Kafka groups them), so full ones merge on the next pass.
+        assert (log.log_start_offset, log.log_end_offset) == (start, end)
+        assert log.segment_count == segments
+        again = log.clean(now_ms=10_000, high_watermark=end, force=True)
+        assert again is not None and again.records_removed == 0
+        assert log.segment_count < segments
+        # A consumer may start anywhere, also inside a removed range.
+        for offset in range(start, end, 5):
+            assert consumed(log, offset) == [
+                r for r in compacted(appended, below) if r[0] >= offset
+            ]
+        # New appends continue at the log end.
+        more = append(log, [(b"key-1", b"new")])
+        assert more[0][0] == end
+    with Log.open(tmp_path, COMPACT) as log:  # recovery trusts and keeps the gaps
+        assert consumed(log) == compacted(appended + more, below)
+        assert log.first_dirty_offset == below
+
+
+def test_a_second_pass_compacts_across_the_old_clean_part(tmp_path: Path) -> None:
+    with Log.open(tmp_path, COMPACT) as log:
+        appended = fill(log, 40, keys=5)
+        log.clean(now_ms=10_000, high_watermark=log.log_end_offset)
+        appended += fill(log, 40, keys=5)
+        assert not log.cleaning_due(10_000, high_watermark=log.first_dirty_offset)
+        result = log.clean(now_ms=10_000, high_watermark=log.log_end_offset)
+        assert result is not None
+        below = cleanable_end(log)
+        assert consumed(log) == compacted(appended, below)
+        # Only the newest value of each key is left below the cut: 5 keys.
+        assert len([r for r in consumed(log) if r[0] < below]) <= 5
+
+
+def test_only_below_the_high_watermark_and_only_when_dirty_enough(tmp_path: Path) -> None:
+    config = LogConfig(
+        segment_bytes=2048,
+        index_interval_bytes=256,
+        cleanup_policy="compact",
+        min_cleanable_dirty_ratio=0.9,
+    )
+    with Log.open(tmp_path, config) as log:
+        appended = fill(log, 40, keys=3)
+        second = log._bases[2]
+        # The high watermark allows only the first two segments.
+        result = log.clean(now_ms=10_000, high_watermark=second + 1)
+        assert result is not None and result.end_offset == second
+        assert consumed(log) == compacted(appended, second)
+        # Dirty part below 90% of the cleanable bytes: not due, nothing done.
+        log.clean(now_ms=10_000, high_watermark=log.log_end_offset, force=True)
+        appended += fill(log, 2, keys=3)
+        assert not log.cleaning_due(10_000, log.log_end_offset)
+        assert log.clean(now_ms=10_000, high_watermark=log.log_end_offset) is None
+
+
+def test_min_compaction_lag_leaves_young_segments(tmp_path: Path) -> None:
+    config = compact(min_compaction_lag_ms=5_000)
+    with Log.open(tmp_path, config) as log:
+        fill(log, 30, keys=3)  # timestamps around 1_000
+        assert log.clean(now_ms=3_000, high_watermark=log.log_end_offset) is None
+        assert log.clean(now_ms=60_000, high_watermark=log.log_end_offset) is not None
+
+
+def test_tombstones_stay_for_delete_retention_then_go(tmp_path: Path) -> None:
+    config = compact(delete_retention_ms=DAY)
+    with Log.open(tmp_path, config) as log:
+        appended = fill(log, 10, keys=4)
+        appended += append(log, [(b"key-2", None)], ts=5_000)  # delete key-2
+        appended += fill(log, 30, keys=1)  # push the tombstone out of the active segment
+        below = cleanable_end(log)
+        now = 100_000
+        log.clean(now_ms=now, high_watermark=log.log_end_offset)
+        after_first = consumed(log)
+        assert after_first == compacted(appended, below)
+        tombstone = [r for r in after_first if r[1] == b"key-2"]
+        assert len(tombstone) == 1 and tombstone[0][2] is None
+        # The pass set the batch's delete horizon and kept every record's timestamp.
+        data = log.read(tombstone[0][0], 1 << 20)
+        header = rb.parse_header(data)
+        assert header.attributes & DELETE_HORIZON_FLAG
+        assert header.base_timestamp == now + DAY
+        table = R.decode_batches(data, topic="t", partition=0).to_pylist()
+        assert table[0]["timestamp"].timestamp() * 1000 == pytest.approx(5_000)
+        # Before the horizon: still there; after it: gone (the pass is due by itself).
+        assert not log.cleaning_due(now + DAY - 1, log.log_end_offset)
+        assert log.cleaning_due(now + DAY, log.log_end_offset)
+        log.clean(now_ms=now + DAY, high_watermark=log.log_end_offset)
+        assert [r for r in consumed(log) if r[1] == b"key-2"] == []
+        assert consumed(log) == compacted(appended, below, horizon_passed=True)
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_compressed_batches_are_recompressed_with_their_codec(tmp_path: Path, codec: str) -> None:
+    codes = {
+        "gzip": kdr.DefaultRecordBatch.CODEC_GZIP,
+        "snappy": kdr.DefaultRecordBatch.CODEC_SNAPPY,
+        "lz4": kdr.DefaultRecordBatch.CODEC_LZ4,
+        "zstd": kdr.DefaultRecordBatch.CODEC_ZSTD,
+    }
+    appended: Appended = []
+    with kafka_codecs(), Log.open(tmp_path, COMPACT) as log:
+        n = 0
+        for _ in range(40):
+            recs = [
+                {
+                    "key": b"k%d" % ((n + i) % 6),
+                    "value": b"value %d " % (n + i) * 4,
+                    "timestamp": 1_000 + n + i,
+                    "headers": [("h", b"x")],
+                }
+                for i in range(5)
+            ]
+            info = log.append(kafka_batch(recs, codes[codec]), 0)
+            appended += [(info.base_offset + i, r["key"], r["value"]) for i, r in enumerate(recs)]
+            n += 5
+        log.clean(now_ms=10_000, high_watermark=log.log_end_offset)
+        below = cleanable_end(log)
+        assert consumed(log) == compacted(appended, below)
+        for _, header in rb.iter_batches(log.read(0, 1 << 30)):
+            assert header.compression == codes[codec]
+
+
+def test_the_last_batch_of_a_producer_stays_even_when_empty(tmp_path: Path) -> None:
+    with Log.open(tmp_path, COMPACT) as log:
+        idem = build_batch(
+            [Record(b"a", b"1", 1_000), Record(b"b", b"2", 1_001)],
+            producer_id=42,
+            producer_epoch=3,
+            base_sequence=17,
+        )
+        first = log.append(idem, 0)
+        fill(log, 40, keys=2, value=b"x" * 40)  # key-0/key-1: not a, b
+        append(log, [(b"a", b"3"), (b"b", b"4")])
+        fill(log, 30, keys=2)
+        log.clean(now_ms=10_000, high_watermark=log.log_end_offset)
+        data = log.read(first.base_offset, 1 << 20)
+        header = rb.parse_header(data)
+        assert header.base_offset == first.base_offset
+        assert header.records_count == 0 and header.last_offset_delta == 1
+        assert (header.producer_id, header.producer_epoch, header.base_sequence) == (42, 3, 17)
+        assert rb.crc_ok(data, 0, header)
+        # Replica start-up rebuilds producer state from headers: the batch is there.
+        assert [h.base_sequence for h in log.batch_headers() if h.producer_id == 42] == [17]
+
+
+def test_records_without_a_key_are_removed(tmp_path: Path) -> None:
+    with Log.open(tmp_path, LogConfig(segment_bytes=2048, index_interval_bytes=256)) as log:
+        appended = append(log, [(None, b"no key"), (b"k", b"keyed")])
+        appended += fill(log, 30, keys=3)
+        log.reconfigure(COMPACT)  # delete -> compact: old unkeyed records go
+        log.clean(now_ms=10_000, high_watermark=log.log_end_offset)
+        assert (0, None, b"no key") not in consumed(log)
+        assert consumed(log) == compacted(appended, cleanable_end(log))
+
+
+def test_a_crash_between_the_swap_steps_recovers_the_cleaned_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    log_dir = tmp_path / "log"
+    with Log.open(log_dir, COMPACT) as log:
+        appended = fill(log, 60, keys=7)
+        log.clean(now_ms=10_000, high_watermark=log.log_end_offset)
+        before = {p.name: p.read_bytes() for p in log_dir.glob("*.log")}
+        result = log.clean(now_ms=10_000, high_watermark=log.log_end_offset, force=True)
+        assert result is not None and result.segments_after < result.segments_before
+        below = cleanable_end(log)
+        expected = consumed(log)
+    # Put back the merged segments the swap unlinked (step 3 not reached), drop the cleaned
+    # segments' index files (step 4 not reached), and leave a stray .cleaned file.
+    cleaned = {p.name for p in log_dir.glob("*.log")}
+    for name, data in before.items():
+        if name not in cleaned:
+            (log_dir / name).write_bytes(data)
+    for name in cleaned:
+        (log_dir / name).with_suffix(".index").unlink(missing_ok=True)
+    stray = log_dir / ("00000000000000000000.log" + CLEANED_SUFFIX)
+    stray.write_bytes(b"partial")
+    with caplog.at_level(logging.WARNING), Log.open(log_dir, COMPACT) as log:
+        assert consumed(log) == expected == compacted(appended, below)
+        assert "interrupted cleaning" in caplog.text
+    assert not stray.exists()
+    assert {p.name for p in log_dir.glob("*.log")} == cleaned
+
+
+def test_a_pass_gives_up_when_the_log_is_truncated_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from raylog.storage import cleaner
+
+    with Log.open(tmp_path, COMPACT) as log:
+        appended = fill(log, 40, keys=5)
+        cut = log._bases[2] + 1
+        real = cleaner.clean_batch
+        calls = []
+
+        def truncating(*args: Any, **kwargs: Any) -> Any:
+            if not calls:
+                log.truncate_to(cut)  # as an unclean election would, during the rewrite
+            calls.append(1)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(cleaner, "clean_batch", truncating)
+        assert log.clean(now_ms=10_000, high_watermark=log.log_end_offset, force=True) is None
+        assert not list(tmp_path.glob("*" + CLEANED_SUFFIX))
+        kept = [r for r in appended if r[0] < log.log_end_offset]
+        assert consumed(log) == kept
+
+
+def test_a_follower_copies_a_compacted_log_with_its_gaps(tmp_path: Path) -> None:
+    with Log.open(tmp_path / "leader", COMPACT) as leader:
+        appended = fill(leader, 50, keys=4)
+        leader.clean(now_ms=10_000, high_watermark=leader.log_end_offset)
+        data = leader.read(0, 1 << 30)
+        with Log.open(tmp_path / "follower", COMPACT) as follower:
+            follower.append_replicated(data)
+            assert follower.read(0, 1 << 30) == data
+            assert follower.log_end_offset == leader.log_end_offset
+        with Log.open(tmp_path / "follower", COMPACT) as follower:
+            assert follower.read(0, 1 << 30) == data
+        assert consumed(leader) == compacted(appended, cleanable_end(leader))
+
+
+def test_delete_policy_logs_are_never_cleaned_and_compact_ones_never_expire(
+    tmp_path: Path,
+) -> None:
+    with Log.open(tmp_path / "d", LogConfig(segment_bytes=2048)) as log:
+        fill(log, 30, keys=2)
+        assert log.clean(now_ms=10_000, high_watermark=log.log_end_offset, force=True) is None
+    config = LogConfig(segment_bytes=2048, cleanup_policy="compact", retention_ms=1)
+    with Log.open(tmp_path / "c", config) as log:
+        fill(log, 30, keys=2)
+        assert log.enforce_retention(now_ms=10**12) == 0
+    both = LogConfig(segment_bytes=2048, cleanup_policy="compact,delete", retention_ms=1)
+    with Log.open(tmp_path / "b", both) as log:
+        fill(log, 30, keys=2)
+        assert log.enforce_retention(now_ms=10**12) > 0
+
+
+def test_record_walker_rejects_corrupt_records() -> None:
+    batch = build_batch([Record(b"k", b"v", 1), Record(None, b"w", 2)])
+    header = rb.parse_header(batch)
+    assert first_record_without_key(batch) == 1
+    section = bytearray(batch[rb.HEADER_SIZE :])
+    with pytest.raises(CorruptRecordError):
+        list(iter_records(section, header.records_count + 1))
+    section[0] = 0x7E  # a record length far past the section
+    with pytest.raises(CorruptRecordError):
+        list(iter_records(section, header.records_count))
+
+
+def test_bad_cleaner_checkpoint_is_ignored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with Log.open(tmp_path, COMPACT) as log:
+        fill(log, 30, keys=3)
+        log.clean(now_ms=10_000, high_watermark=log.log_end_offset)
+    (tmp_path / "cleaner-offset-checkpoint").write_text("garbage")
+    with caplog.at_level(logging.WARNING), Log.open(tmp_path, COMPACT) as log:
+        assert log.first_dirty_offset == log.log_start_offset
+        assert "cleaner-offset-checkpoint" in caplog.text
+    shutil.rmtree(tmp_path)
