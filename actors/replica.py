@@ -102,6 +102,7 @@ _CHANNEL_CALL_ARGS: dict[str, Any] = {
     "list_offsets": tuple[int, int],
 }
 RETENTION_CHECK_INTERVAL_MS_DEFAULT = 300_000  # log.retention.check.interval.ms (Kafka's)
+CLEANER_BACKOFF_MS_DEFAULT = 15_000  # log.cleaner.backoff.ms (Kafka's)
 HW_CHECKPOINT_INTERVAL_MS = 1_000  # the HW checkpoint is lazy; recovery clamps it
 CONSUMER_WAIT_MS_MAX = 30_000  # bound on a consumer long poll
 REQUEST_TIMEOUT_MS_MAX = 300_000  # bound on a produce request's timeout
@@ -160,7 +161,7 @@ def _batch_meta(header: rb.BatchHeader) -> BatchMeta:
     """What the state machine knows of a stored batch, from its header."""
     return BatchMeta(
         header.base_offset,
-        header.records_count,
+        header.last_offset_delta + 1,  # offsets spanned: a compacted batch holds fewer records
         header.size,
         header.partition_leader_epoch,
         header.producer_id,
@@ -233,6 +234,7 @@ class ReplicaActor:
         session_lease: bool = False,
         retention_check_interval_ms: int = RETENTION_CHECK_INTERVAL_MS_DEFAULT,
         replication_channel: bool = True,
+        cleaner_backoff_ms: int = CLEANER_BACKOFF_MS_DEFAULT,
         tls: LeafCertificate | None = None,
     ) -> None:
         self.topic = topic
@@ -278,6 +280,12 @@ class ReplicaActor:
         self._ticker: asyncio.Task[None] | None = None
         self._retention_interval_ms = max(1, retention_check_interval_ms)
         self._retention_checked_ms = now_ms()
+        # Log compaction: checked every log.cleaner.backoff.ms, one pass at a time, off the
+        # event loop (a pass reads and rewrites segments; only its swap takes the log's lock).
+        self._cleaner_backoff_ms = max(1, cleaner_backoff_ms)
+        self._cleaner_checked_ms = now_ms()
+        self._cleaning: asyncio.Task[None] | None = None
+        self._cleaner_stats = {"passes": 0, "records_removed": 0, "bytes_freed": 0}
         self._throttle: ByteRateThrottle | None = None  # see set_replication_throttle
         # Replication messages go over direct TCP links (see actors/channel.py) when enabled.
         self._use_channel = replication_channel
@@ -361,6 +369,7 @@ class ReplicaActor:
                 self._maybe_flush_by_time()
                 await self._maybe_checkpoint_hw()
                 self._maybe_enforce_retention()
+                self._maybe_clean()
             except Exception as exc:
                 log.exception(
                     "replica %s-%d@%d: tick failed", self.topic, self.partition, self.replica_id
@@ -385,6 +394,37 @@ class ReplicaActor:
             return
         if deleted:
             self._step(LocalLogStartAdvanced(self._log.log_start_offset))
+
+    def _maybe_clean(self) -> None:
+        """Every ``log.cleaner.backoff.ms``: start a compaction pass of a compacted topic's log
+        when one is due (see Log.clean), below the high watermark only. Each replica compacts
+        its own log, as Kafka's do; offsets never change, so replicas still agree on them."""
+        now = now_ms()
+        if self._cleaning is not None or now - self._cleaner_checked_ms < self._cleaner_backoff_ms:
+            return
+        self._cleaner_checked_ms = now
+        wall = time.time_ns() // 1_000_000
+        high_watermark = self._sm.high_watermark
+        if self._log.config.compact and self._log.cleaning_due(wall, high_watermark):
+            self._cleaning = self._loop.create_task(self._clean(wall, high_watermark))
+
+    async def _clean(self, wall_ms: int, high_watermark: int) -> None:
+        try:
+            result = await asyncio.to_thread(self._log.clean, wall_ms, high_watermark)
+        except KafkaStorageError as exc:  # as Kafka on a failed log dir: this replica goes offline
+            self._go_offline(str(exc))
+            return
+        finally:
+            self._cleaning = None
+        if result is not None:
+            self._cleaner_stats["passes"] += 1
+            self._cleaner_stats["records_removed"] += result.records_removed
+            self._cleaner_stats["bytes_freed"] += result.bytes_before - result.bytes_after
+
+    async def cleaner_stats(self) -> dict[str, int]:
+        """What the log cleaner did: passes, records removed, bytes freed, and where the
+        cleaned part of the log ends (the first dirty offset)."""
+        return {**self._cleaner_stats, "first_dirty_offset": self._log.first_dirty_offset}
 
     async def ping(self) -> int:
         """Liveness check; returns the replica id."""
