@@ -5,8 +5,9 @@
 - SET (0) overrides the key; DELETE (1) removes the override (the default applies again; a key
   that is not overridden is a no-op);
 - APPEND (2) / SUBTRACT (3) only for list configs (``cleanup.policy``): the current list, the
-  override or else the default, gains the given items not already in it / loses them. On any
-  other config they are INVALID_CONFIG (40), naming the key;
+  override or else the default, gains the given items not already in it / loses them (then
+  stored sorted, as ``topic_config`` stores every list: APPEND compact to delete stores
+  ``compact,delete``). On any other config they are INVALID_CONFIG (40), naming the key;
 - a key named twice in one resource, an unknown operation, or a null value for SET, APPEND or
   SUBTRACT is INVALID_REQUEST (42); an unknown key is INVALID_CONFIG.
 
