@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -29,7 +30,7 @@ from raylog.actors.replica import NAMESPACE
 from raylog.storage.errors import RaylogError
 
 if TYPE_CHECKING:
-    from raylog.gateway.backend import Broker, TopicState
+    from raylog.gateway.backend import AdminBackend, Broker, TopicState
     from raylog.gateway.group_coordinator import GroupCoordinator
     from raylog.gateway.replica_backend import MetadataView, ReplicaBackend
     from raylog.gateway.server import GatewayServer
@@ -53,6 +54,21 @@ def gateway_actor_name(broker_id: int) -> str:
 
 class GatewayStartError(Exception):
     """The listener could not be opened (e.g. the port is in use); the message says why."""
+
+
+async def _set_topic_configs(backend: AdminBackend, name: str, configs: Mapping[str, str]) -> None:
+    """Set ``configs`` among the topic's overrides, the others kept (DescribeConfigs, then
+    AlterConfigs, as an admin client does); nothing is written when they are set already."""
+    current = await backend.topic_configs(name)
+    if current.error_code:
+        raise RaylogError(f"configs of {name}: error {current.error_code} {current.message}")
+    wanted = {**current.overrides, **configs}
+    if wanted == dict(current.overrides):
+        return
+    done = await backend.alter_topic_configs(name, wanted, validate_only=False)
+    if done.error_code:
+        raise RaylogError(f"altering {name}: error {done.error_code} {done.message}")
+    log.info("%s: configs %s set", name, ", ".join(f"{k}={v}" for k, v in configs.items()))
 
 
 def client_view(md: md_.ClusterMetadata) -> tuple[list[Broker], dict[str, TopicState]]:
@@ -141,9 +157,10 @@ class GatewayActor:
         groups.start()
         return self.port
 
-    def _group_coordinator(self, backend: Any) -> GroupCoordinator:
+    def _group_coordinator(self, backend: ReplicaBackend) -> GroupCoordinator:
         """This broker's group coordinator; it creates ``__consumer_offsets`` through the
-        active controller on the first FindCoordinator."""
+        active controller on the first FindCoordinator, and sets configs of an existing one
+        through the admin path (AlterConfigs) as any client would."""
         from raylog.actors import topic_config
         from raylog.gateway.group_coordinator import GroupCoordinator
 
@@ -154,6 +171,7 @@ class GatewayActor:
             offsets_topic_num_partitions=config.offsets_topic_num_partitions,
             offsets_topic_replication_factor=config.offsets_topic_replication_factor,
             create_topic=self._create_internal_topic,
+            configure_topic=lambda name, configs: _set_topic_configs(backend, name, configs),
             initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
             offsets_retention_ms=config.offsets_retention_minutes * 60_000,
             offsets_retention_check_interval_ms=config.offsets_retention_check_interval_ms,

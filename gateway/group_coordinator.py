@@ -11,7 +11,10 @@ Ownership, as Kafka's brokers do it:
 1. A group lives in partition ``abs(java_hash(group_id)) % partitions`` of ``__consumer_offsets``
    (:func:`partition_for`); the broker leading that partition is its coordinator. Every gateway
    answers FindCoordinator with that leader; the topic is created through the controller on the
-   first FindCoordinator (RF = min(``offsets.topic.replication.factor``, live brokers)).
+   first FindCoordinator (RF = min(``offsets.topic.replication.factor``, live brokers)) with
+   Kafka's configs (:data:`OFFSETS_TOPIC_CONFIGS`: compacted). A topic an older raylog created
+   without compaction (``retention.ms=-1`` instead) is given ``cleanup.policy=compact``
+   through AlterConfigs once the coordinator sees it, its other overrides kept.
 2. Every ``TICK_MS`` the coordinator compares the partitions this broker leads (the gateway's
    metadata view) with those it has loaded. On gaining one (or a new leader epoch of one) it
    loads it; until loaded, requests for its groups get COORDINATOR_LOAD_IN_PROGRESS (14). On
@@ -39,8 +42,9 @@ Ownership, as Kafka's brokers do it:
    (:meth:`Group.plan_offset_expiry`: a group Empty that long loses them all, and then itself)
    with acks=all, and applies that once acknowledged, as OffsetDelete does.
 
-There is no log compaction in raylog yet, so loading reads the whole partition, and the topic is
-created with ``retention.ms=-1`` so that retention never deletes live offsets.
+The log cleaner compacts the topic: a key's older records and, after ``delete.retention.ms``, its
+tombstones are removed, so loading reads little more than the live groups and offsets. A
+compact-only topic is never shrunk by retention, so no live offset is lost to it.
 """
 
 from __future__ import annotations
@@ -92,10 +96,18 @@ APPEND_TIMEOUT_MS = 5_000  # acks=all wait for a coordinator write (offsets.comm
 LOAD_FETCH_BYTES = 1 << 20
 LOAD_RETRY_MS = 500
 WAIT_MARGIN_MS = 5_000  # beyond a rebalance timeout, the most a JoinGroup/SyncGroup waits
-CREATE_RETRY_MS = 2_000  # the least time between two attempts to create the topic
+CREATE_RETRY_MS = 2_000  # the least time between two attempts to create or configure the topic
 BARRIER_GROUP = ""  # the group of the load barrier's tombstone: no group has an empty id
 
+# Kafka's __consumer_offsets configs (offsets.topic.segment.bytes: 100 MiB, compacted).
+OFFSETS_TOPIC_CONFIGS: Mapping[str, str] = {
+    "cleanup.policy": "compact",
+    "segment.bytes": "104857600",
+}
+
 CreateTopic = Callable[[str, int, int, dict[str, str]], Awaitable[None]]
+# Set these configs among a topic's overrides (the others kept); raises when it cannot.
+ConfigureTopic = Callable[[str, Mapping[str, str]], Awaitable[None]]
 
 # Produce errors -> what a group client is told (Kafka's GroupMetadataManager mapping).
 _STORE_ERRORS: Mapping[int, int] = {
@@ -172,6 +184,7 @@ class GroupCoordinator:
         offsets_topic_num_partitions: int = 3,
         offsets_topic_replication_factor: int = 3,
         create_topic: CreateTopic | None = None,
+        configure_topic: ConfigureTopic | None = None,
         initial_rebalance_delay_ms: int = 0,
         offsets_retention_ms: int = OFFSETS_RETENTION_MS_DEFAULT,
         offsets_retention_check_interval_ms: int = OFFSETS_RETENTION_CHECK_INTERVAL_MS_DEFAULT,
@@ -183,6 +196,9 @@ class GroupCoordinator:
         self._num_partitions = offsets_topic_num_partitions
         self._replication_factor = offsets_topic_replication_factor
         self._create_topic = create_topic
+        self._configure_topic = configure_topic
+        # The existing topic's cleanup.policy is compact (or there is no way to set it).
+        self._topic_compacted = configure_topic is None
         self._initial_rebalance_delay_ms = initial_rebalance_delay_ms
         self._retention_ms = offsets_retention_ms
         self._retention_check_ms = offsets_retention_check_interval_ms
@@ -194,8 +210,8 @@ class GroupCoordinator:
         self._group_locks: dict[str, asyncio.Lock] = {}
         # (group, member, "join" | "sync") -> the request waiting for that answer.
         self._waiters: dict[tuple[str, str, str], asyncio.Future[Any]] = {}
-        self._creating: asyncio.Task[None] | None = None
-        self._last_create_ms = -CREATE_RETRY_MS
+        self._setting_up: asyncio.Task[None] | None = None
+        self._last_set_up_ms = -CREATE_RETRY_MS
         self._ticker: asyncio.Task[None] | None = None
         self._topics_snapshot: Mapping[str, TopicState] = {}
 
@@ -206,7 +222,7 @@ class GroupCoordinator:
             self._ticker = asyncio.get_running_loop().create_task(self._tick_loop())
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._ticker, self._creating, self._expiring) if t is not None]
+        tasks = [t for t in (self._ticker, self._setting_up, self._expiring) if t is not None]
         tasks += [p.loader for p in self._owned.values() if p.loader is not None]
         for task in tasks:
             task.cancel()
@@ -226,7 +242,7 @@ class GroupCoordinator:
         topics = await self._backend.topics([OFFSETS_TOPIC])
         state = topics.get(OFFSETS_TOPIC)
         if state is None or not state.partitions:
-            self._maybe_create_topic()
+            self._maybe_set_up_topic()
             return CoordinatorNode(ErrorCode.COORDINATOR_NOT_AVAILABLE)
         leader = state.partitions[partition_for(group_id, len(state.partitions))].leader
         cluster = await self._backend.cluster()
@@ -235,27 +251,37 @@ class GroupCoordinator:
             return CoordinatorNode(ErrorCode.COORDINATOR_NOT_AVAILABLE)
         return CoordinatorNode(ErrorCode.NONE, broker.node_id, broker.host, broker.port)
 
-    def _maybe_create_topic(self) -> None:
+    def _maybe_set_up_topic(self) -> None:
+        """Start :meth:`_set_up_topic` unless it runs or ran less than CREATE_RETRY_MS ago."""
         now = self._now()
-        if self._create_topic is None or (self._creating and not self._creating.done()):
+        if self._create_topic is None and self._configure_topic is None:
             return
-        if now - self._last_create_ms < CREATE_RETRY_MS:
+        if (self._setting_up and not self._setting_up.done()) or (
+            now - self._last_set_up_ms < CREATE_RETRY_MS
+        ):
             return
-        self._last_create_ms = now
-        self._creating = asyncio.get_running_loop().create_task(self._create())
+        self._last_set_up_ms = now
+        self._setting_up = asyncio.get_running_loop().create_task(self._set_up_topic())
 
-    async def _create(self) -> None:
-        assert self._create_topic is not None
-        cluster = await self._backend.cluster()
-        rf = max(1, min(self._replication_factor, len(cluster.brokers)))
+    async def _set_up_topic(self) -> None:
+        """Create the topic with OFFSETS_TOPIC_CONFIGS; or, when it exists, make sure its
+        cleanup.policy is compact (module docstring, step 1)."""
         try:
-            # retention.ms=-1: without compaction, retention would delete live offsets.
-            await self._create_topic(
-                OFFSETS_TOPIC, self._num_partitions, rf, {"retention.ms": "-1"}
-            )
-            log.info("created %s: %d partitions, RF %d", OFFSETS_TOPIC, self._num_partitions, rf)
-        except Exception as exc:  # already created by another gateway, or no controller yet
-            log.info("creating %s: %s", OFFSETS_TOPIC, exc)
+            if OFFSETS_TOPIC not in await self._backend.topics([OFFSETS_TOPIC]):
+                if self._create_topic is not None:
+                    cluster = await self._backend.cluster()
+                    rf = max(1, min(self._replication_factor, len(cluster.brokers)))
+                    configs = dict(OFFSETS_TOPIC_CONFIGS)
+                    await self._create_topic(OFFSETS_TOPIC, self._num_partitions, rf, configs)
+                    log.info(
+                        "created %s: %d partitions, RF %d", OFFSETS_TOPIC, self._num_partitions, rf
+                    )
+            elif self._configure_topic is not None:
+                policy = {"cleanup.policy": OFFSETS_TOPIC_CONFIGS["cleanup.policy"]}
+                await self._configure_topic(OFFSETS_TOPIC, policy)
+                self._topic_compacted = True
+        except Exception as exc:  # created by another gateway meanwhile, or no controller yet
+            log.info("setting up %s: %s", OFFSETS_TOPIC, exc)
 
     # --- JoinGroup / SyncGroup / Heartbeat / LeaveGroup ----------------------------------------
 
@@ -658,6 +684,8 @@ class GroupCoordinator:
         for partition in list(self._owned):
             if self._owned[partition].leader_epoch != led.get(partition):
                 self._unload(partition)
+        if state is not None and not self._topic_compacted:
+            self._maybe_set_up_topic()
         for partition, epoch in led.items():
             if partition not in self._owned:
                 owned = self._owned[partition] = _Partition(epoch)

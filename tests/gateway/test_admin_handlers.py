@@ -17,7 +17,9 @@ Proves:
   this broker; unknown topics 3; unsupported types 42;
 - AlterConfigs replaces the overrides (keys left out return to their defaults), bad values are
   40, broker resources 42; IncrementalAlterConfigs SET / DELETE / APPEND / SUBTRACT, list
-  operations on a non-list key 40, duplicate keys 42;
+  operations on a non-list key 40, duplicate keys 42; APPEND compact to cleanup.policy's
+  default stores compact,delete; the group coordinator's set-these-configs path (DescribeConfigs
+  then AlterConfigs) keeps the other overrides and writes nothing when they are set;
 - CreatePartitions grows a topic (validate_only does not), fewer partitions is 37, manual
   assignments 42; ElectLeaders v0/v1 returns the controller's per-partition codes (84 when the
   preferred leader already leads), leaves out 84 when every partition was asked for;
@@ -55,7 +57,7 @@ from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 
 from raylog.actors import election, placement, topic_config
 from raylog.actors import metadata as md_
-from raylog.actors.gateway_actor import client_view
+from raylog.actors.gateway_actor import _set_topic_configs, client_view
 from raylog.gateway.backend import AdminBackend, AdminResult, TopicConfigsResult, TopicState
 from raylog.gateway.handlers import HANDLERS, RequestContext, advertised_versions
 from raylog.gateway.handlers.incremental_alter_configs import (
@@ -142,7 +144,7 @@ class AdminMemory(InMemoryBackend):
         self, election_type: str, partitions: Sequence[tuple[str, int]] | None
     ) -> Mapping[tuple[str, int], AdminResult]:
         wanted = None if partitions is None else [md_.TopicPartition(t, p) for t, p in partitions]
-        out = election.elect_leaders(self.md, election_type, wanted)  # type: ignore[arg-type]
+        out = election.elect_leaders(self.md, election_type, wanted)
         self.md = out.metadata
         results = {(c.topic, c.partition): AdminResult(0) for c in out.changes}
         for tp, error in out.errors.items():
@@ -449,6 +451,22 @@ def test_incremental_alter_configs_appends_to_and_subtracts_from_cleanup_policy(
     code, message = incremental(backend, "t", [("cleanup.policy", APPEND, "shred")])
     assert code == 40 and "shred" in message
     assert backend.md.topics["t"].configs == {"cleanup.policy": "compact"}
+
+
+def test_set_topic_configs_keeps_the_other_overrides_and_writes_only_a_change() -> None:
+    backend = AdminMemory()
+    create(backend, _topic("legacy", configs={"retention.ms": "-1"}))
+    compact = {"cleanup.policy": "compact"}
+    asyncio.run(_set_topic_configs(backend, "legacy", compact))
+    assert backend.md.topics["legacy"].configs == {
+        "cleanup.policy": "compact",
+        "retention.ms": "-1",
+    }
+    epoch = backend.md.metadata_epoch
+    asyncio.run(_set_topic_configs(backend, "legacy", compact))
+    assert backend.md.metadata_epoch == epoch
+    with pytest.raises(RaylogError, match="configs of missing"):
+        asyncio.run(_set_topic_configs(backend, "missing", compact))
 
 
 class _ListStruct(msgspec.Struct, frozen=True, kw_only=True):

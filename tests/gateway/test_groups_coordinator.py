@@ -1,7 +1,9 @@
 """The asyncio group coordinator over an in-memory ``__consumer_offsets`` log.
 
-Proves: FindCoordinator creates the topic once (RF capped by live brokers) and answers
-COORDINATOR_NOT_AVAILABLE until a leader exists, then the leader's node; requests for a
+Proves: FindCoordinator creates the topic once (RF capped by live brokers, compacted, Kafka's
+segment size) and answers COORDINATOR_NOT_AVAILABLE until a leader exists, then the leader's
+node; an existing topic is given cleanup.policy=compact once (retried while that fails);
+requests for a
 partition being loaded get COORDINATOR_LOAD_IN_PROGRESS, for one not led here NOT_COORDINATOR;
 JoinGroup answers wait for the rebalance and SyncGroup for the leader; commits are written as
 records and a second coordinator reading the same log (failover) rebuilds the group (Stable,
@@ -36,9 +38,15 @@ from raylog.gateway.backend import (
     TopicState,
 )
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.group_coordinator import OFFSETS_TOPIC, GroupCoordinator, partition_for
+from raylog.gateway.group_coordinator import (
+    CREATE_RETRY_MS,
+    OFFSETS_TOPIC,
+    GroupCoordinator,
+    partition_for,
+)
 from raylog.gateway.groups import GroupState, JoinResult, MemberIdentity
 from raylog.storage import batch as rb
+from raylog.storage.errors import RaylogError
 
 GROUP = "g"
 PARTITION = partition_for(GROUP, 3)
@@ -159,15 +167,46 @@ def test_find_coordinator_creates_the_topic_once() -> None:
         node = await coordinator.find_coordinator(GROUP)
         assert node.error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE
         await coordinator.find_coordinator(GROUP)  # within the retry interval: no second try
-        assert coordinator._creating is not None
-        await coordinator._creating
-        assert created == [(OFFSETS_TOPIC, 3, 2, {"retention.ms": "-1"})]  # RF 3 capped at 2
+        assert coordinator._setting_up is not None
+        await coordinator._setting_up
+        configs = {"cleanup.policy": "compact", "segment.bytes": "104857600"}
+        assert created == [(OFFSETS_TOPIC, 3, 2, configs)]  # RF 3 capped at 2
         backend.exists = True
         backend.leaders[PARTITION] = -1
         assert (await coordinator.find_coordinator(GROUP)).error_code == 15
         backend.leaders[PARTITION] = 2
         node = await coordinator.find_coordinator(GROUP)
         assert (node.error_code, node.node_id, node.port) == (0, 2, 9002)
+
+    asyncio.run(run())
+
+
+def test_an_existing_topic_is_given_cleanup_policy_compact_once() -> None:
+    async def run() -> None:
+        backend, clock = LogBackend(), Clock()
+        calls: list[tuple[str, Mapping[str, str]]] = []
+
+        async def configure(name: str, configs: Mapping[str, str]) -> None:
+            calls.append((name, configs))
+            if len(calls) == 1:
+                raise RaylogError("no active controller")
+
+        coordinator = GroupCoordinator(backend, 1, monotonic_ms=clock, configure_topic=configure)
+
+        async def tick() -> None:
+            await coordinator._tick()
+            if coordinator._setting_up is not None:
+                await coordinator._setting_up
+
+        await tick()  # fails: tried again only CREATE_RETRY_MS later
+        await tick()
+        assert calls == [(OFFSETS_TOPIC, {"cleanup.policy": "compact"})]
+        clock.ms += CREATE_RETRY_MS
+        await tick()
+        clock.ms += CREATE_RETRY_MS
+        await tick()  # done: not again
+        assert calls == [(OFFSETS_TOPIC, {"cleanup.policy": "compact"})] * 2
+        await coordinator.stop()
 
     asyncio.run(run())
 
