@@ -247,8 +247,6 @@ class ReplicaActor:
         self.replica_id = replica_id
         log_config, self._flush_messages, self._flush_ms = _log_and_flush_configs(topic_config)
         self._max_message_bytes = log_config.max_message_bytes
-        # cleanup.policy includes compact: produce refuses records without a key.
-        self._compacted = "compact" in (topic_config or {}).get("cleanup.policy", "").split(",")
         # Recovery happens here, also when Ray restarts a killed actor.
         self._log = Log.open(Path(log_dir), log_config)
         self._sm = PartitionReplica(
@@ -481,7 +479,6 @@ class ReplicaActor:
         self._sm.reconfigure(replica_config)  # validates before it changes anything
         self._log.reconfigure(log_config)
         self._max_message_bytes = log_config.max_message_bytes
-        self._compacted = "compact" in topic_config.get("cleanup.policy", "").split(",")
         self._flush_messages = flush_messages
         self._flush_ms = flush_ms
         if flush_messages <= 1 and self._unflushed_records:
@@ -534,7 +531,7 @@ class ReplicaActor:
             header = rb.validate_client_batch(batch, self._max_message_bytes)
             # Kafka's LogValidator: compaction keeps the latest record of each key, so a record
             # without one has no place in a compacted log. Decodes (and decompresses) the batch.
-            keyless = first_record_without_key(batch) if self._compacted else None
+            keyless = first_record_without_key(batch) if self._log.config.compact else None
         except RaylogError as exc:
             return ProduceOutcome(exc.error_code, -1, start, str(exc))
         if keyless is not None:
