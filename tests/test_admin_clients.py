@@ -18,7 +18,11 @@ Proves:
   partition its preferred replica already leads;
 - DeleteTopics: Metadata stops listing the topic and producing to it fails;
 - kafka-python's KafkaAdminClient does the same round: create with configs, describe,
-  alter (it uses IncrementalAlterConfigs), errors, delete.
+  alter (it uses IncrementalAlterConfigs), errors, delete;
+- a topic created with cleanup.policy=delete,compact describes it as compact,delete with the
+  compaction keys (a double among them); its replicas take keyed records (also tombstones) and
+  refuse a record without a key with INVALID_RECORD, from confluent-kafka and from kafka-python
+  with gzip and lz4 batches; SUBTRACT compact lifts the refusal in place, APPEND brings it back.
 """
 
 from __future__ import annotations
@@ -189,7 +193,7 @@ def _cli_isr(up: UpProcess, name: str) -> list[int]:
     return sorted(json.loads(done.stdout)[0]["partitions"][0]["isr"])
 
 
-def _produce_errors(bootstrap: str, topic: str) -> list[KafkaError]:
+def _produce_errors(bootstrap: str, topic: str, key: bytes | None = None) -> list[KafkaError]:
     # A topic missing from Metadata fails after topic.metadata.propagation.max.ms with the
     # broker's own UNKNOWN_TOPIC_OR_PART. A new topic's replica actors may take a while to
     # start on a loaded machine (NOT_LEADER_OR_FOLLOWER until then, retried by the client):
@@ -203,7 +207,7 @@ def _produce_errors(bootstrap: str, topic: str) -> list[KafkaError]:
         }
     )
     errors: list[KafkaError] = []
-    producer.produce(topic, b"v", on_delivery=lambda err, _msg: errors.append(err))
+    producer.produce(topic, b"v", key=key, on_delivery=lambda err, _msg: errors.append(err))
     assert producer.flush(PRODUCE_TIMEOUT_S + TIMEOUT_S) == 0
     return [e for e in errors if e is not None]
 
@@ -247,3 +251,64 @@ def test_kafka_python_admin_client(up: UpProcess) -> None:
         wait_until(lambda: "kp" not in client.list_topics(), timeout_s=30, message="kp deleted")
     finally:
         client.close()
+
+
+def test_a_compacted_topic_refuses_records_without_a_key(up: UpProcess, admin: AdminClient) -> None:
+    from kafka import KafkaProducer
+    from kafka.errors import InvalidRecordError
+
+    configs = {"cleanup.policy": "delete,compact", "min.cleanable.dirty.ratio": "0.25"}
+    admin.create_topics([NewTopic("keyed", 1, 3, config=configs)])["keyed"].result(
+        timeout=TIMEOUT_S
+    )
+    entries = _topic_configs(admin, "keyed")
+    assert entries["cleanup.policy"].value == "compact,delete"
+    assert entries["min.cleanable.dirty.ratio"].value == "0.25"
+    assert not entries["min.cleanable.dirty.ratio"].is_default
+    assert (entries["delete.retention.ms"].value, entries["delete.retention.ms"].is_default) == (
+        "86400000",
+        True,
+    )
+    assert _produce_errors(up.bootstrap, "keyed", key=b"k") == []
+    assert [e.code() for e in _produce_errors(up.bootstrap, "keyed")] == [KafkaError.INVALID_RECORD]
+
+    for codec in ("gzip", "lz4"):  # the replica decompresses the batch to look at the keys
+        producer = KafkaProducer(bootstrap_servers=up.bootstrap, acks="all", compression_type=codec)
+        try:
+            producer.send("keyed", key=b"k", value=b"v").get(timeout=TIMEOUT_S)
+            producer.send("keyed", key=b"k", value=None).get(timeout=TIMEOUT_S)  # a tombstone
+            with pytest.raises(InvalidRecordError):
+                producer.send("keyed", value=b"no key").get(timeout=TIMEOUT_S)
+        finally:
+            producer.close(timeout=TIMEOUT_S)
+
+    def patch(op: AlterConfigOpType) -> None:
+        resource = ConfigResource(
+            ResourceType.TOPIC,
+            "keyed",
+            incremental_configs=[
+                ConfigEntry("cleanup.policy", "compact", incremental_operation=op)
+            ],
+        )
+        admin.incremental_alter_configs([resource])[resource].result(timeout=TIMEOUT_S)
+
+    # Brokers apply a config change to their running replicas after the controller stored it.
+    patch(AlterConfigOpType.SUBTRACT)
+    assert _topic_configs(admin, "keyed")["cleanup.policy"].value == "delete"
+    wait_until(
+        lambda: _produce_errors(up.bootstrap, "keyed") == [],
+        timeout_s=TIMEOUT_S,
+        interval_s=0.5,
+        message="a record without a key accepted once compact is subtracted",
+    )
+    patch(AlterConfigOpType.APPEND)
+    assert _topic_configs(admin, "keyed")["cleanup.policy"].value == "compact,delete"
+    wait_until(
+        lambda: (
+            [e.code() for e in _produce_errors(up.bootstrap, "keyed")]
+            == [KafkaError.INVALID_RECORD]
+        ),
+        timeout_s=TIMEOUT_S,
+        interval_s=0.5,
+        message="a record without a key refused again once compact is appended",
+    )
