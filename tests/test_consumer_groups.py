@@ -17,7 +17,7 @@ Proves, on the session's shared `raylog up` cluster (3 brokers) and one 4-partit
     closed too, its (shorter) session expires and the other member is given every partition.
 
 Also: ``__consumer_offsets`` exists once a group request was made (the first FindCoordinator
-creates it) and is internal in Metadata.
+creates it), is internal in Metadata, and has Kafka's configs (compacted, 100 MiB segments).
 """
 
 from __future__ import annotations
@@ -203,6 +203,7 @@ def test_confluent_commit_close_and_resume(cluster: UpProcess) -> None:
 
 def test_offsets_topic_is_internal_and_created_once(cluster: UpProcess) -> None:
     from kafka import KafkaAdminClient
+    from kafka.admin import ConfigResource, ConfigResourceType
 
     # Any group request creates the topic (here FindCoordinator, from committed()).
     wait_until(
@@ -214,8 +215,12 @@ def test_offsets_topic_is_internal_and_created_once(cluster: UpProcess) -> None:
     admin = KafkaAdminClient(bootstrap_servers=cluster.bootstrap)
     try:
         topics = {t["name"]: t for t in admin.describe_topics(["__consumer_offsets"])}
+        resource = ConfigResource(ConfigResourceType.TOPIC, "__consumer_offsets")
+        described = admin.describe_configs([resource])  # the overrides only
     finally:
         admin.close()
+    overrides = {k: c["value"] for k, c in described["topic"]["__consumer_offsets"].items()}
+    assert overrides == {"cleanup.policy": "compact", "segment.bytes": "104857600"}
     offsets = topics["__consumer_offsets"]
     assert offsets["is_internal"] is True
     assert len(offsets["partitions"]) == 3  # offsets.topic.num.partitions in raylog
