@@ -485,6 +485,7 @@ class BrokerActor:
                     replica_config,
                     session_lease=True,
                     retention_check_interval_ms=self._config.log_retention_check_interval_ms,
+                    cleaner_backoff_ms=self._config.log_cleaner_backoff_ms,
                     tls=self._leaf,
                 )
                 break

@@ -43,6 +43,7 @@ from typing import Any, Literal
 import msgspec
 
 from raylog.storage.errors import InvalidConfigError
+from raylog.storage.log import cleanup_policies
 
 ConfigType = Literal["boolean", "string", "int", "long", "double", "list"]
 
@@ -301,12 +302,12 @@ class TopicConfig(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def compact(self) -> bool:
         """The log cleaner compacts the topic (and produce refuses records without a key)."""
-        return "compact" in self.cleanup_policy.split(",")
+        return "compact" in cleanup_policies(self.cleanup_policy)
 
     @property
     def delete(self) -> bool:
         """Retention deletes old segments (retention.ms / retention.bytes)."""
-        return "delete" in self.cleanup_policy.split(",")
+        return "delete" in cleanup_policies(self.cleanup_policy)
 
 
 TOPIC_CONFIG_DEFS: tuple[ConfigDef, ...] = (
@@ -506,6 +507,7 @@ class BrokerConfig(msgspec.Struct, frozen=True, kw_only=True):
     broker_session_timeout_ms: int
     replica_lag_time_max_ms: int
     log_retention_check_interval_ms: int
+    log_cleaner_backoff_ms: int
     leader_replication_throttled_rate: int
 
 
@@ -633,6 +635,14 @@ BROKER_CONFIG_DEFS: tuple[ConfigDef, ...] = (
         default="300000",
         minimum=1,
         doc="How often each replica deletes segments past retention.ms / retention.bytes.",
+    ),
+    ConfigDef(
+        name="log.cleaner.backoff.ms",
+        type="long",
+        default="15000",
+        minimum=1,
+        doc="How often each replica of a compacted topic checks whether a cleaning pass is due "
+        "(min.cleanable.dirty.ratio, max.compaction.lag.ms, a tombstone's delete horizon).",
     ),
     ConfigDef(
         name="leader.replication.throttled.rate",

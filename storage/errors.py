@@ -123,7 +123,8 @@ class UnsupportedCompressionTypeError(RaylogError):
 
 
 class InvalidRecordError(RaylogError):
-    """A batch whose header breaks a v2 rule (bad magic, counts, control batch, sequence)."""
+    """A batch whose header breaks a v2 rule (bad magic, counts, control batch, sequence), or
+    a record without a key produced to a compacted topic."""
 
     error_code = 87
 

@@ -114,6 +114,11 @@ _LONG_MAX = (1 << 63) - 1
 _SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex)$")
 
 
+def cleanup_policies(value: str) -> frozenset[str]:
+    """The policies a cleanup.policy value names (a comma-separated list)."""
+    return frozenset(p.strip() for p in value.split(",") if p.strip())
+
+
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -157,8 +162,8 @@ class LogConfig(msgspec.Struct, frozen=True, kw_only=True):
                 f"message.timestamp.type={self.message_timestamp_type!r}: "
                 "expected CreateTime or LogAppendTime"
             )
-        policies = self.cleanup_policy.split(",")
-        if not policies or any(p not in ("delete", "compact") for p in policies):
+        policies = cleanup_policies(self.cleanup_policy)
+        if not policies or not policies <= {"delete", "compact"}:
             raise InvalidConfigError(
                 f"cleanup.policy={self.cleanup_policy!r}: expected delete, compact or both"
             )
@@ -176,12 +181,12 @@ class LogConfig(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def compact(self) -> bool:
         """cleanup.policy includes compact: the log cleaner keeps the latest record per key."""
-        return "compact" in self.cleanup_policy.split(",")
+        return "compact" in cleanup_policies(self.cleanup_policy)
 
     @property
     def delete(self) -> bool:
         """cleanup.policy includes delete: retention.ms / retention.bytes delete segments."""
-        return "delete" in self.cleanup_policy.split(",")
+        return "delete" in cleanup_policies(self.cleanup_policy)
 
     @classmethod
     def from_kafka(cls, configs: Mapping[str, str | int]) -> LogConfig:

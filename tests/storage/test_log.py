@@ -5,6 +5,7 @@ lost index files, a full disk, failed fsyncs, and group commit."""
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import logging
 import os
@@ -541,7 +542,7 @@ def test_a_crash_inside_a_truncation_leaves_a_prefix_of_the_old_log(
         assert log.log_end_offset == old_end
         spans = offsets(log.read(0, 1 << 20))
         assert spans[0][0] == 0 and spans[-1][1] == old_end - 1
-        assert all(a[1] + 1 == b[0] for a, b in zip(spans, spans[1:], strict=False))
+        assert all(a[1] + 1 == b[0] for a, b in itertools.pairwise(spans))
         assert "cut" not in caplog.text and "interrupted" not in caplog.text
 
 
