@@ -57,11 +57,17 @@ class RaylogDatasource(Datasource):
         for r in self._ranges:
 
             def read_fn(r: reading.OffsetRange = r) -> Iterable[pa.Table]:
+                rows = 0
                 for batch in reading.read_range(
                     r, include_headers=include_headers, fail_on_data_loss=fail_on_data_loss
                 ):
                     if batch.num_rows:
+                        rows += batch.num_rows
                         yield pa.Table.from_batches([batch])
+                if not rows:
+                    # A range compaction emptied: one empty block with the schema, so that
+                    # every block of the dataset has the same columns.
+                    yield records.schema(include_headers).empty_table()
 
             metadata = BlockMetadata(
                 num_rows=r.size,  # an upper bound: compacted or control offsets have no row

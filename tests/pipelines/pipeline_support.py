@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -188,19 +188,46 @@ def start_trimmed_partition(log_dir: Path, topic: str, batches: list[bytes]) -> 
 
     Returns ``(leader handle, log start offset)``.
     """
-    log = Log.open(log_dir, LogConfig(segment_bytes=2048, retention_bytes=1))
+
+    def trim(log: Log) -> None:
+        log.enforce_retention(int(time.time() * 1000), log.high_watermark)
+        assert log.log_start_offset > 0, "retention deleted nothing: bigger batches or segments"
+
+    actor, log = start_partition_from_log(
+        log_dir, topic, batches, LogConfig(segment_bytes=2048, retention_bytes=1), trim
+    )
+    return actor, log.log_start_offset
+
+
+def start_partition_from_log(
+    log_dir: Path,
+    topic: str,
+    batches: list[bytes],
+    config: LogConfig,
+    prepare: Callable[[Log], None],
+    topic_config: dict[str, str] | None = None,
+) -> tuple[Any, Log]:
+    """A one-replica partition whose log holds ``batches``, all committed, then ``prepare``d
+    (retention, compaction) before its replica actor starts; returns the leader handle and the
+    (closed) log as ``prepare`` left it."""
+    log = Log.open(log_dir, config)
     try:
         for b in batches:
             log.append(b, 0)  # epoch 0: the actor then leads in epoch 1
         log.checkpoint_high_watermark(log.log_end_offset)
-        log.enforce_retention(int(time.time() * 1000), log.high_watermark)
-        log_start = log.log_start_offset
+        prepare(log)
     finally:
         log.close()
-    assert log_start > 0, "retention deleted nothing: make the batches or segments bigger"
     actor = ReplicaActor.options(  # type: ignore[attr-defined]
         name=replica_actor_name(topic, 0, 0), namespace=NAMESPACE
-    ).remote(topic, 0, 0, str(log_dir), {"min.insync.replicas": "1"}, ReplicaConfig())
+    ).remote(
+        topic,
+        0,
+        0,
+        str(log_dir),
+        {"min.insync.replicas": "1", **(topic_config or {})},
+        ReplicaConfig(),
+    )
     ray.get(
         actor.become_leader.remote(
             BecomeLeader(
@@ -209,7 +236,7 @@ def start_trimmed_partition(log_dir: Path, topic: str, batches: list[bytes]) -> 
         ),
         timeout=CALL_TIMEOUT_S,
     )
-    return actor, log_start
+    return actor, log
 
 
 def produce_topic(

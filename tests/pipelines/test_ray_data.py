@@ -18,16 +18,20 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 import ray
 from pipeline_support import (
+    CODECS,
     ProducedTopic,
+    expected_rows,
     kafka_batch,
     kafka_codecs,
     make_records,
+    start_partition_from_log,
     start_trimmed_partition,
     table_rows,
 )
@@ -52,6 +56,7 @@ from raylog.pipelines.reading import (
     plan,
     split,
 )
+from raylog.storage.log import Log, LogConfig
 
 
 def _collect(ds: ray.data.Dataset) -> list[dict]:
@@ -214,6 +219,56 @@ def test_fail_on_data_loss_both_ways_after_retention(
         # Earliest is the log start, not a loss.
         earliest = _collect(read_topic(topic, catalog=catalog))
         assert [r["offset"] for r in earliest] == list(range(log_start, 12 * 20))
+    finally:
+        ray.kill(actor)
+
+
+@pytest.mark.slow
+def test_read_topic_returns_a_compacted_partition_as_consumers_see_it(
+    ray_local: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A compacted log (gaps between batches, batches holding fewer records than offsets,
+    recompressed batches of every codec): Ray Data returns exactly the records the cleaner
+    kept, at their original offsets, also when minPartitions splits ranges inside the gaps."""
+    topic = "compacted-read"
+    recs = [make_records(20, seed=s) for s in range(24)]
+    for batch_recs in recs:
+        for i, r in enumerate(batch_recs):
+            if r["key"] is not None:
+                r["key"] = b"key-%d" % (i % 5)  # five keys, written again and again
+    codecs = list(CODECS.values())
+    with kafka_codecs():
+        batches = [kafka_batch(r, codecs[i % len(codecs)]) for i, r in enumerate(recs)]
+
+    def clean(log: Log) -> None:
+        assert log.clean(int(time.time() * 1000), log.high_watermark) is not None
+
+    config = LogConfig(segment_bytes=4096, cleanup_policy="compact")
+    actor, log = start_partition_from_log(
+        tmp_path_factory.mktemp("compacted"),
+        topic,
+        batches,
+        config,
+        clean,
+        {"cleanup.policy": "compact"},
+    )
+    try:
+        cut = log.first_dirty_offset
+        produced = [row for i, r in enumerate(recs) for row in expected_rows(r, topic, 0, 20 * i)]
+        latest = {row["key"]: row["offset"] for row in produced if row["offset"] < cut}
+        expected = [
+            row
+            for row in produced
+            if row["offset"] >= cut
+            or (row["key"] is not None and latest[row["key"]] == row["offset"])
+        ]
+        assert cut > 0 and len(expected) < len(produced)
+        catalog = StaticCatalog.from_json({topic: [{"partition": 0, "leader": 0, "replicas": [0]}]})
+        for min_partitions in (0, 7):
+            dataset = read_topic(
+                topic, catalog=catalog, start=0, min_partitions=min_partitions, include_headers=True
+            )
+            assert _collect(dataset) == expected
     finally:
         ray.kill(actor)
 
