@@ -77,27 +77,52 @@ def records_section(batch: Buffer, header: rb.BatchHeader) -> bytes | memoryview
 
 
 def iter_records(section: Buffer, count: int) -> Iterator[StoredRecord]:
-    """The ``count`` records of an uncompressed records section, which they must fill exactly."""
-    end = len(section)
+    """The ``count`` records of an uncompressed records section, which they must fill exactly.
+
+    The hot loop of the log cleaner: each varint takes a one-byte fast path inline (nearly
+    every length and delta fits in one byte) and calls :func:`read_varint` otherwise.
+    """
+    data = bytes(section)  # indexing bytes is faster than a memoryview
+    end = len(data)
     pos = 0
     for _ in range(count):  # bounded by the header's count
-        length, body = read_varint(section, pos, end)
+        b = data[pos] if pos < end else 0x80
+        if b < 0x80:
+            length, body = (b >> 1) ^ -(b & 1), pos + 1
+        else:
+            length, body = read_varint(data, pos, end)
         record_end = body + length
         if length < 6 or record_end > end:  # attributes + 5 one-byte varints at least
             raise CorruptRecordError(f"record of {length} bytes at byte {pos} of {end}")
         at = body + 1  # attributes: unused
-        ts_delta, at = read_varint(section, at, record_end)
-        offset_delta, tail = read_varint(section, at, record_end)
-        key_len, at = read_varint(section, tail, record_end)
+        b = data[at]
+        if b < 0x80:
+            ts_delta, at = (b >> 1) ^ -(b & 1), at + 1
+        else:
+            ts_delta, at = read_varint(data, at, record_end)
+        b = data[at] if at < record_end else 0x80
+        if b < 0x80:
+            offset_delta, tail = (b >> 1) ^ -(b & 1), at + 1
+        else:
+            offset_delta, tail = read_varint(data, at, record_end)
+        b = data[tail] if tail < record_end else 0x80
+        if b < 0x80:
+            key_len, at = (b >> 1) ^ -(b & 1), tail + 1
+        else:
+            key_len, at = read_varint(data, tail, record_end)
         key: bytes | None = None
         if key_len >= 0:
             if at + key_len > record_end:
                 raise CorruptRecordError(f"key of {key_len} bytes overruns the record at {pos}")
-            key = bytes(section[at : at + key_len])
+            key = data[at : at + key_len]
             at += key_len
         elif key_len != -1:
             raise CorruptRecordError(f"key length {key_len} at byte {pos}")
-        value_len, _ = read_varint(section, at, record_end)
+        b = data[at] if at < record_end else 0x80
+        if b < 0x80:
+            value_len = (b >> 1) ^ -(b & 1)
+        else:
+            value_len, _ = read_varint(data, at, record_end)
         if value_len < -1:
             raise CorruptRecordError(f"value length {value_len} at byte {pos}")
         yield StoredRecord(offset_delta, ts_delta, key, value_len == -1, pos, record_end, tail)

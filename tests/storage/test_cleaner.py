@@ -361,3 +361,14 @@ def test_bad_cleaner_checkpoint_is_ignored(
         assert log.first_dirty_offset == log.log_start_offset
         assert "cleaner-offset-checkpoint" in caplog.text
     shutil.rmtree(tmp_path)
+
+
+def test_long_keys_are_mapped_by_digest(tmp_path: Path) -> None:
+    long_keys = [b"long-key-%d-" % k + b"x" * 60 for k in range(4)]
+    with Log.open(tmp_path, COMPACT) as log:
+        appended: Appended = []
+        for i in range(40):
+            appended += append(log, [(long_keys[(3 * i + j) % 4], b"v%d" % i) for j in range(3)])
+            appended += append(log, [(long_keys[i % 4][:20], b"short %d" % i)])  # a prefix
+        log.clean(now_ms=10_000, high_watermark=log.log_end_offset)
+        assert consumed(log) == compacted(appended, cleanable_end(log))
