@@ -786,14 +786,19 @@ class Log:
         one (segment.bytes, segment.ms, or int32 relative offsets).
 
         segment.ms is judged as Kafka does: the incoming batch's maxTimestamp minus the first
-        batch's, so replaying old timestamps does not roll on every append.
+        batch's, so replaying old timestamps does not roll on every append. On a compacted log
+        max.compaction.lag.ms caps it (KIP-354), so no record stays in the active segment, out
+        of the cleaner's reach, for longer.
         """
         active = self._segments[-1]
         if active.size == 0:
             return
         size, records = header.size, header.records_count
         full = active.size + size > self.config.segment_bytes
-        aged = header.max_timestamp - active.first_batch_timestamp > self.config.segment_ms
+        segment_ms = self.config.segment_ms
+        if self.config.compact:  # KIP-354: a record waits at most max.compaction.lag.ms
+            segment_ms = min(segment_ms, self.config.max_compaction_lag_ms)
+        aged = header.max_timestamp - active.first_batch_timestamp > segment_ms
         overflow = active.next_offset + records - active.base_offset > MAX_RELATIVE_OFFSET
         if full or aged or overflow:
             self._roll()

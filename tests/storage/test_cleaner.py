@@ -372,3 +372,20 @@ def test_long_keys_are_mapped_by_digest(tmp_path: Path) -> None:
             appended += append(log, [(long_keys[i % 4][:20], b"short %d" % i)])  # a prefix
         log.clean(now_ms=10_000, high_watermark=log.log_end_offset)
         assert consumed(log) == compacted(appended, cleanable_end(log))
+
+
+def test_max_compaction_lag_rolls_the_active_segment(tmp_path: Path) -> None:
+    # segment.ms is a week; max.compaction.lag.ms of 5 s rolls at the first append 5 s later.
+    with Log.open(tmp_path, compact(max_compaction_lag_ms=5_000)) as log:
+        appended = append(log, [(b"a", b"1"), (b"a", b"2")], ts=1_000)
+        appended += append(log, [(b"a", b"3")], ts=3_000)
+        assert log.segment_count == 1
+        appended += append(log, [(b"b", b"4")], ts=7_000)
+        assert log.segment_count == 2
+        assert log.cleaning_due(now_ms=60_000, high_watermark=log.log_end_offset)
+        log.clean(now_ms=60_000, high_watermark=log.log_end_offset)
+        assert consumed(log) == [(2, b"a", b"3"), (3, b"b", b"4")]
+    with Log.open(tmp_path / "delete", LogConfig(max_compaction_lag_ms=5_000)) as log:
+        append(log, [(b"a", b"1")], ts=1_000)
+        append(log, [(b"a", b"2")], ts=7_000)
+        assert log.segment_count == 1  # only compacted logs roll for it
