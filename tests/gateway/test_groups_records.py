@@ -11,6 +11,7 @@ key and honours tombstones.
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -20,6 +21,7 @@ from raylog.gateway import group_records as gr
 from raylog.gateway.group_coordinator import _Replay, java_string_hash, partition_for
 from raylog.gateway.groups import GroupState
 from raylog.storage import batch as rb
+from raylog.storage.log import Log, LogConfig
 
 texts = st.text(max_size=40)
 int32 = st.integers(-(2**31), 2**31 - 1)
@@ -156,3 +158,36 @@ def test_replay_last_value_wins_and_tombstones_delete() -> None:
     again = _Replay()
     assert again.apply(data, 5) == 8
     assert set(again.groups(0)) == set()
+
+
+def test_replay_of_a_compacted_offsets_log_rebuilds_the_same_groups(tmp_path: Path) -> None:
+    """A coordinator that loads ``__consumer_offsets`` after the log cleaner ran (gaps between
+    batches, batches holding fewer records than offsets, tombstones kept with a delete
+    horizon) rebuilds exactly the groups and offsets it would from the whole log."""
+    off = gr.OffsetCommitKey
+    config = LogConfig(segment_bytes=2048, cleanup_policy="compact")
+    with Log.open(tmp_path, config) as log:
+        for i in range(60):
+            records = [
+                (off("g", "t", p), gr.OffsetCommitValue(i * 10 + p, -1, "", i)) for p in range(3)
+            ]
+            if i % 7 == 0:
+                records.append((off("other", "t", i % 2), gr.OffsetCommitValue(i, -1, "", i)))
+            if i == 40:
+                records.append((off("g", "t", 2), None))  # OffsetDelete
+                records.append((off("other", "t", 0), None))
+            log.append(_batch(*records), 0)
+        whole = log.read(0, 1 << 30)
+        result = log.clean(now_ms=1_000, high_watermark=log.log_end_offset)
+        assert result is not None and result.records_removed > 0
+        compacted = log.read(0, 1 << 30)
+        assert len(compacted) < len(whole)
+    full, cleaned = _Replay(), _Replay()
+    assert full.apply(whole, 0) == cleaned.apply(compacted, 0)
+    expected = {g: dict(v.offsets) for g, v in full.groups(0).items()}
+    assert {g: dict(v.offsets) for g, v in cleaned.groups(0).items()} == expected
+    assert {tp: c.offset for tp, c in expected["g"].items()} == {
+        ("t", 0): 590,
+        ("t", 1): 591,
+        ("t", 2): 592,
+    }
