@@ -389,3 +389,20 @@ def test_max_compaction_lag_rolls_the_active_segment(tmp_path: Path) -> None:
         append(log, [(b"a", b"1")], ts=1_000)
         append(log, [(b"a", b"2")], ts=7_000)
         assert log.segment_count == 1  # only compacted logs roll for it
+
+
+def test_a_full_offset_map_cleans_up_to_where_it_filled(tmp_path: Path) -> None:
+    with Log.open(tmp_path, COMPACT) as log:
+        appended: Appended = []
+        for i in range(60):  # fresh keys in every batch: the map fills quickly
+            appended += append(log, [(b"k%d-%d" % (i // 4, j), b"v%d" % i) for j in range(3)])
+        end = cleanable_end(log)
+        first = log.clean(now_ms=10_000, high_watermark=log.log_end_offset, max_map_entries=10)
+        assert first is not None and 0 < first.end_offset < end
+        assert log.first_dirty_offset == first.end_offset
+        assert consumed(log) == compacted(appended, first.end_offset)
+        while log.first_dirty_offset < end:  # each pass moves on (bounded: a segment or more)
+            before = log.first_dirty_offset
+            log.clean(now_ms=10_000, high_watermark=log.log_end_offset, max_map_entries=10)
+            assert log.first_dirty_offset > before
+        assert consumed(log) == compacted(appended, end)
