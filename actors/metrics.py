@@ -23,7 +23,11 @@ Names (all prefixed ``raylog_``; Kafka's MBean in brackets):
   RequestMetrics TotalTimeMs), ``bytes_in_total{broker}``, ``bytes_out_total{broker}``
   (BytesInPerSec / BytesOutPerSec: take ``rate()``);
 - ``log_end_offset{topic,partition}``, ``high_watermark{topic,partition}`` (from the leader),
-  ``follower_lag{topic,partition,replica}`` (messages behind the leader's log end).
+  ``follower_lag{topic,partition,replica}`` (messages behind the leader's log end);
+- ``log_size_bytes{topic,partition,replica}`` (Log Size), and for compacted topics
+  ``log_cleaner_passes_total{topic,partition,replica}`` and
+  ``log_cleaner_records_removed_total{topic,partition,replica}`` (each replica compacts its own
+  log; counted since the replica started).
 """
 
 from __future__ import annotations
@@ -221,6 +225,27 @@ class ClusterCollector(Collector):
         for (topic, partition, replica), value in sorted(health.follower_lags(states).items()):
             lag.add_metric([topic, str(partition), str(replica)], value)
         yield from (leo, hw, lag)
+        per_replica = ["topic", "partition", "replica"]
+        size = GaugeMetricFamily(
+            PREFIX + "log_size_bytes", "Bytes in a replica's log segments", labels=per_replica
+        )
+        passes = CounterMetricFamily(
+            PREFIX + "log_cleaner_passes",
+            "Log compaction passes a replica ran since it started",
+            labels=per_replica,
+        )
+        removed = CounterMetricFamily(
+            PREFIX + "log_cleaner_records_removed",
+            "Records log compaction removed from a replica's log since it started",
+            labels=per_replica,
+        )
+        for s in sorted(states, key=lambda s: (s.topic, s.partition, s.replica_id)):
+            labels = [s.topic, str(s.partition), str(s.replica_id)]
+            size.add_metric(labels, s.log_size_bytes)
+            if s.cleaner_passes:
+                passes.add_metric(labels, s.cleaner_passes)
+                removed.add_metric(labels, s.cleaner_records_removed)
+        yield from (size, passes, removed)
 
 
 def _value(ref: Any) -> Any:

@@ -207,6 +207,9 @@ class ReplicaState(msgspec.Struct, frozen=True):
     log_end_offset: int
     durable_end_offset: int
     offline: str | None
+    log_size_bytes: int = 0  # every segment's bytes (Kafka's Log Size)
+    cleaner_passes: int = 0  # log compaction passes this replica ran since it started
+    cleaner_records_removed: int = 0
 
 
 @dataclass
@@ -446,6 +449,9 @@ class ReplicaActor:
             log_end_offset=sm.log_end_offset,
             durable_end_offset=sm.durable_end_offset,
             offline=self._offline,
+            log_size_bytes=self._log.size_bytes,
+            cleaner_passes=self._cleaner_stats["passes"],
+            cleaner_records_removed=self._cleaner_stats["records_removed"],
         )
 
     def set_session_lease(self, until_ms: int) -> None:

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -141,6 +142,16 @@ class UpProcess:
         self.proc: subprocess.Popen[str] | None = None
         self.lines: Lines | None = None
         self.bootstrap = ""
+
+    @property
+    def metrics_url(self) -> str:
+        """The Prometheus endpoint `raylog up` printed (``metrics: URL``)."""
+        assert self.lines is not None
+        for line in self.lines.seen:
+            words = line.split()
+            if len(words) == 2 and words[0] == "metrics:":
+                return words[1]
+        raise AssertionError("raylog up printed no metrics URL")
 
     def start(self) -> str:
         """Start `raylog up` and wait until it is ready; returns the bootstrap servers."""
@@ -368,3 +379,25 @@ class ClusterUp:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=STOP_DEADLINE_S)
+
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(url: str) -> Samples:
+    """One scrape of a Prometheus endpoint, parsed by prometheus-client: (name, labels) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(url, timeout=30) as response:
+        assert response.headers["Content-Type"].startswith("text/plain")
+        text = response.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def total(samples: Samples, name: str, **labels: str) -> float:
+    """Sum over every label set that includes ``labels``."""
+    return sum(v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= set(ls))

@@ -9,7 +9,9 @@ get:
   with the key and value produced there, in offset order;
 - for every key, the last value produced, or its tombstone (delete.retention.ms keeps
   tombstones a day);
-- no record that is the latest of its key is missing: only superseded ones are.
+- no record that is the latest of its key is missing: only superseded ones are;
+
+and the metrics endpoint counts the cleaner's passes and the records they removed.
 
 Consumers skip the offsets compaction removed (gaps between batches, and records missing
 inside a batch whose offsets are kept), as they do against Kafka.
@@ -21,7 +23,7 @@ import os
 from typing import Any
 
 import pytest
-from cluster_support import UpProcess
+from cluster_support import UpProcess, scrape, total
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka import KafkaConsumer
@@ -159,3 +161,8 @@ def test_consumers_read_the_compacted_topic(cluster: UpProcess) -> None:
         # Only superseded records are gone: each has a later record with its key.
         missing = set(produced) - set(offsets)
         assert missing and all(latest[produced[o][0]] > o for o in missing)
+    # The leader's passes show on the metrics endpoint (followers compact on their own too).
+    samples = scrape(cluster.metrics_url)
+    assert total(samples, "raylog_log_cleaner_passes_total", topic=TOPIC) >= 1
+    assert total(samples, "raylog_log_cleaner_records_removed_total", topic=TOPIC) >= len(missing)
+    assert total(samples, "raylog_log_size_bytes", topic=TOPIC) > 0

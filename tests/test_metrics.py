@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import urllib.request
 from pathlib import Path
 
 import pytest
-from cluster_support import RAYLOG, UpProcess, cli_env, free_port_block
+from cluster_support import RAYLOG, Samples, UpProcess, cli_env, free_port_block, scrape, total
 from confluent_kafka import Producer
-from prometheus_client.parser import text_string_to_metric_families
 from waiting import wait_until
 
 TOPIC = "m"
@@ -25,27 +23,9 @@ PARTITIONS = 2
 RECORDS_PER_PARTITION = {0: 7, 1: 12}
 WAIT_S = 60.0
 
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(url: str) -> Samples:
-    with urllib.request.urlopen(url, timeout=30) as response:
-        assert response.headers["Content-Type"].startswith("text/plain")
-        text = response.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
 
 def value(samples: Samples, name: str, **labels: str) -> float:
     return samples[(name, tuple(sorted(labels.items())))]
-
-
-def total(samples: Samples, name: str, **labels: str) -> float:
-    """Sum over every label set that includes ``labels``."""
-    return sum(v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= set(ls))
 
 
 def produce(bootstrap: str) -> None:
