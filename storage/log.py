@@ -1390,8 +1390,11 @@ class Log:
         unlinked; 2. the ``B.log.cleaned`` file (fsync'd) is renamed over ``B.log`` and the
         directory fsync'd: the commit point; 3. the group's other segments are unlinked;
         4. B's index files are written. Recovery deletes ``.cleaned`` files, and a segment
-        starting below where the one before it ends is one that step 3 did not reach.
-        Offsets never change, so a crash at any point leaves every offset readable.
+        starting below where the one before it ends is one that step 3 did not reach. (One
+        starting past the cleaned segment's last batch survives: it holds only records this
+        pass removed, superseded ones, which read before their newer values and go at the
+        next pass.) Offsets never change, so a crash at any point leaves every offset
+        readable.
         """
         if not self._cleaning.acquire(blocking=False):
             return None  # another pass is running
