@@ -423,9 +423,14 @@ class ReplicaActor:
             self._cleaner_stats["bytes_freed"] += result.bytes_before - result.bytes_after
 
     async def cleaner_stats(self) -> dict[str, int]:
-        """What the log cleaner did: passes, records removed, bytes freed, and where the
-        cleaned part of the log ends (the first dirty offset)."""
-        return {**self._cleaner_stats, "first_dirty_offset": self._log.first_dirty_offset}
+        """What the log cleaner did: passes, records removed, bytes freed, where the cleaned
+        part of the log ends (the first dirty offset), and whether it gave up on corrupt
+        bytes (uncleanable: 1)."""
+        return {
+            **self._cleaner_stats,
+            "first_dirty_offset": self._log.first_dirty_offset,
+            "uncleanable": int(self._log.uncleanable is not None),
+        }
 
     async def ping(self) -> int:
         """Liveness check; returns the replica id."""

@@ -65,6 +65,7 @@ import msgspec
 from raylog.storage import batch as rb
 from raylog.storage import cleaner
 from raylog.storage.errors import (
+    CorruptRecordError,
     FencedLeaderEpochError,
     InvalidConfigError,
     InvalidRecordError,
@@ -72,6 +73,7 @@ from raylog.storage.errors import (
     OffsetOutOfRangeError,
     RaylogError,
     RecordTooLargeError,
+    UnsupportedCompressionTypeError,
 )
 from raylog.storage.segment import (
     LOG_SUFFIX,
@@ -419,6 +421,7 @@ class Log:
         self._next_delete_horizon_ms = -1
         self._cleaning = threading.Lock()
         self._layout_generation = 0
+        self._uncleanable: str | None = None  # why the cleaner gave up on this log
 
     # -- opening and recovery ------------------------------------------------------------------
 
@@ -1311,6 +1314,11 @@ class Log:
         fsync_directory(self.directory)
 
     @property
+    def uncleanable(self) -> str | None:
+        """Why the cleaner gave up on this log (corrupt bytes), None while it is cleanable."""
+        return self._uncleanable
+
+    @property
     def first_dirty_offset(self) -> int:
         """The cleaner checkpoint: offsets below it were compacted by an earlier pass."""
         return self._first_dirty_offset
@@ -1325,7 +1333,7 @@ class Log:
         has passed.
         """
         config = self.config
-        if not config.compact or self._failure is not None or self._closed:
+        if not config.compact or self._failure or self._closed or self._uncleanable:
             return None
         segs = self._segments
         count = 0
@@ -1407,6 +1415,14 @@ class Log:
                 return None
             try:
                 return self._clean(plan, config, now_ms, max_map_entries)
+            except (CorruptRecordError, UnsupportedCompressionTypeError, KafkaStorageError) as exc:
+                if self._failure is not None or self._closed:
+                    raise
+                # Bytes the cleaner cannot read (reads of them fail too): as Kafka marks such a
+                # partition uncleanable, this log is not cleaned again until it is reopened.
+                self._uncleanable = str(exc)
+                logger.error("log %s is uncleanable until it is reopened: %s", self.directory, exc)
+                return None
             except FileNotFoundError:
                 # Retention or a truncation removed a segment this pass was reading.
                 logger.info("log %s: cleaning pass abandoned (segment gone)", self.directory)
@@ -1450,9 +1466,18 @@ class Log:
         horizon = -1
         try:
             for group in groups:
-                out, group_removed, group_horizon = self._write_cleaned(
-                    group, targets, sizes, offset_map, last_of_producer, config, now_ms
-                )
+                try:
+                    out, group_removed, group_horizon = self._write_cleaned(
+                        group, targets, sizes, offset_map, last_of_producer, config, now_ms
+                    )
+                except FileNotFoundError:
+                    raise  # a segment went meanwhile: abandoned by clean()
+                except OSError as exc:
+                    # Only new files were written (a full disk, say): the log is untouched and
+                    # keeps serving; the next pass tries again.
+                    logger.warning("log %s: cleaning pass failed, nothing changed: %s",
+                                   self.directory, exc)  # fmt: skip
+                    return None
                 written.append(out)
                 removed += group_removed
                 if group_horizon >= 0 and (horizon < 0 or group_horizon < horizon):

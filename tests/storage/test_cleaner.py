@@ -8,7 +8,9 @@ computed independently from what was appended.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -406,3 +408,48 @@ def test_a_full_offset_map_cleans_up_to_where_it_filled(tmp_path: Path) -> None:
             log.clean(now_ms=10_000, high_watermark=log.log_end_offset, max_map_entries=10)
             assert log.first_dirty_offset > before
         assert consumed(log) == compacted(appended, end)
+
+
+def test_a_full_disk_during_the_rewrite_changes_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    failing = [False]
+
+    def fsync(fd: int) -> None:
+        if failing[0]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        os.fdatasync(fd)
+
+    with Log.open(tmp_path, COMPACT, fsync=fsync) as log:
+        appended = fill(log, 40, keys=5)
+        before = log.read(0, 1 << 30)
+        failing[0] = True
+        with caplog.at_level(logging.WARNING):
+            assert log.clean(now_ms=10_000, high_watermark=log.log_end_offset) is None
+        assert "No space left" in caplog.text
+        failing[0] = False
+        assert not list(tmp_path.glob("*" + CLEANED_SUFFIX))
+        assert log.read(0, 1 << 30) == before  # untouched, and still serving
+        appended += append(log, [(b"key-1", b"after")])
+        assert log.clean(now_ms=10_000, high_watermark=log.log_end_offset) is not None
+        assert consumed(log) == compacted(appended, cleanable_end(log))
+
+
+def test_corrupt_bytes_make_the_log_uncleanable_not_offline(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with Log.open(tmp_path, COMPACT) as log:
+        fill(log, 40, keys=5)
+        first = sorted(tmp_path.glob("*.log"))[0]
+        data = bytearray(first.read_bytes())
+        data[200] ^= 0xFF  # inside the first batch's records: under its CRC
+        first.write_bytes(data)
+        with caplog.at_level(logging.ERROR):
+            assert log.clean(now_ms=10_000, high_watermark=log.log_end_offset) is None
+        assert log.uncleanable and "CRC" in log.uncleanable
+        assert "uncleanable" in caplog.text
+        assert not log.cleaning_due(10_000, log.log_end_offset)
+        # Still serving: appends, and reads of intact batches.
+        end = log.log_end_offset
+        append(log, [(b"k", b"v")])
+        assert consumed(log, end) == [(end, b"k", b"v")]
