@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -241,3 +242,26 @@ def pytest_collection_modifyitems(
             item.path.parent.name == "pipelines",
         )
     )
+
+
+KAFKAJS_DIR = Path(__file__).resolve().parent / "clients" / "kafkajs"
+NPM_TIMEOUT_S = 300
+
+
+@pytest.fixture(scope="session")
+def kafkajs() -> Path:
+    """The ``node`` binary, with kafkajs installed by npm from ``clients/kafkajs``'s lock file;
+    skips (saying so) only where Node.js or npm is missing."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None or npm is None:
+        pytest.skip("Node.js and npm are not installed here: kafkajs cannot run")
+    if not (KAFKAJS_DIR / "node_modules" / "kafkajs").is_dir():
+        installed = subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund"],
+            cwd=KAFKAJS_DIR,
+            capture_output=True,
+            text=True,
+            timeout=NPM_TIMEOUT_S,
+        )
+        assert installed.returncode == 0, installed.stderr[-2000:]
+    return Path(node)

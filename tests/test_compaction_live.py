@@ -1,9 +1,10 @@
 """Log compaction on `raylog up`, through real clients (cleanup.policy=compact).
 
-A confluent-kafka producer writes keyed records (lz4-compressed) and tombstones to a compacted
-RF=3 topic with small segments; the leader's log cleaner compacts the closed segments. Then a
-confluent-kafka consumer and a kafka-python consumer, each reading from the beginning, must
-get:
+A confluent-kafka producer writes keyed records (gzip-compressed) and tombstones to a compacted
+RF=3 topic with small segments, after one batch of an idempotent producer whose keys it all
+writes again (the cleaner empties that batch and keeps it: the producer's last). The leader's
+log cleaner compacts the closed segments. Then confluent-kafka, kafka-python, aiokafka and
+kafkajs consumers, each reading from the beginning, must get:
 
 - fewer records than were produced (the cleaner ran), each at the offset it was produced at
   with the key and value produced there, in offset order;
@@ -19,7 +20,12 @@ inside a batch whose offsets are kept), as they do against Kafka.
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import json
 import os
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,7 +36,11 @@ from kafka import KafkaConsumer
 from kafka import TopicPartition as KTopicPartition
 from waiting import wait_until
 
+from raylog.storage import batch as rb
+
 pytestmark = pytest.mark.slow
+
+KAFKAJS_DIR = Path(__file__).resolve().parent / "clients" / "kafkajs"
 
 TOPIC = "compacted-live"
 KEYS = 12
@@ -53,7 +63,7 @@ def _produce(bootstrap: str) -> dict[int, tuple[bytes, bytes | None]]:
             "bootstrap.servers": bootstrap,
             "acks": "all",
             "linger.ms": 5,
-            "compression.type": "lz4",
+            "compression.type": "gzip",  # kafkajs decodes gzip only (others need plugins)
             "batch.size": 4096,  # several batches per 8 KiB segment
             "message.timeout.ms": 120000,
         }
@@ -67,6 +77,14 @@ def _produce(bootstrap: str) -> dict[int, tuple[bytes, bytes | None]]:
         else:
             produced[msg.offset()] = (msg.key(), msg.value())
 
+    # One batch of an idempotent producer, every key of it written again later: the cleaner
+    # empties it and keeps it (the producer's last batch), and readers must step over it.
+    idempotent = Producer(
+        {"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 50}
+    )
+    for k in range(3):
+        idempotent.produce(TOPIC, b"first", key=b"key-%d" % k, on_delivery=delivered)
+    assert idempotent.flush(120) == 0 and not failed, failed
     for round_ in range(ROUNDS):
         for k in range(KEYS):
             value = b"value-%d-%d-" % (k, round_) + os.urandom(150)  # incompressible
@@ -126,7 +144,58 @@ def _consume_kafka_python(bootstrap: str, end: int) -> list[tuple[int, bytes, by
         consumer.close()
 
 
-def test_consumers_read_the_compacted_topic(cluster: UpProcess) -> None:
+def _consume_aiokafka(bootstrap: str, end: int) -> list[tuple[int, bytes, bytes | None]]:
+    from aiokafka import AIOKafkaConsumer
+    from aiokafka.structs import TopicPartition as AioTP
+
+    async def run() -> list[tuple[int, bytes, bytes | None]]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        await consumer.start()
+        try:
+            tp = AioTP(TOPIC, 0)
+            consumer.assign([tp])
+            consumer.seek(tp, 0)
+            out: list[tuple[int, bytes, bytes | None]] = []
+            async with asyncio.timeout(TIMEOUT_S):
+                while not out or out[-1][0] < end - 1:
+                    for records in (await consumer.getmany(timeout_ms=500)).values():
+                        out += [(r.offset, r.key, r.value) for r in records]
+            return out
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(run())
+
+
+def _consume_kafkajs(node: Path, bootstrap: str, end: int) -> list[tuple[int, bytes, bytes | None]]:
+    run = subprocess.run(
+        [str(node), "read_all.mjs", bootstrap, TOPIC, str(end)],
+        cwd=KAFKAJS_DIR,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S + 30,
+    )
+    assert run.returncode == 0, (run.stdout[-1000:], run.stderr[-2000:])
+    lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith(("[", "{"))]
+    assert lines[-1] == {"done": True}
+
+    def raw(text: str | None) -> bytes | None:
+        return None if text is None else base64.b64decode(text)
+
+    return [(int(offset), raw(key), raw(value)) for offset, key, value in lines[:-1]]
+
+
+def _empty_kept_batches(cluster: UpProcess) -> int:
+    """Batches the cleaner emptied and kept (an idempotent producer's last) in the leader's log."""
+    leader = cluster.document("topics", "describe", TOPIC)[0]["partitions"][0]["leader"]
+    found = 0
+    for segment in sorted((cluster.data_dir / f"broker-{leader}" / f"{TOPIC}-0").glob("*.log")):
+        for _, header in rb.iter_batches(segment.read_bytes()):
+            found += header.records_count == 0 and header.producer_id >= 0
+    return found
+
+
+def test_consumers_read_the_compacted_topic(cluster: UpProcess, kafkajs: Path) -> None:
     bootstrap = cluster.bootstrap
     admin = AdminClient({"bootstrap.servers": bootstrap})
     configs = {
@@ -149,7 +218,14 @@ def test_consumers_read_the_compacted_topic(cluster: UpProcess) -> None:
         return rows if len(rows) < len(produced) else None
 
     rows = wait_until(compacted, timeout_s=CLEANED_DEADLINE_S)
-    for reader_rows in (rows, _consume_kafka_python(bootstrap, end)):
+    assert _empty_kept_batches(cluster) >= 1
+    readers = {
+        "confluent-kafka": rows,
+        "kafka-python": _consume_kafka_python(bootstrap, end),
+        "aiokafka": _consume_aiokafka(bootstrap, end),
+        "kafkajs": _consume_kafkajs(kafkajs, bootstrap, end),
+    }
+    for reader_rows in readers.values():
         offsets = [offset for offset, _, _ in reader_rows]
         assert offsets == sorted(set(offsets)) and offsets[-1] == end - 1
         for offset, key, value in reader_rows:

@@ -13,7 +13,6 @@ test is skipped, saying so, only where Node.js or npm is missing.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -23,25 +22,7 @@ from cluster_support import UpProcess
 pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent / "kafkajs"
-NPM_TIMEOUT_S = 300
 RUN_TIMEOUT_S = 240
-
-
-@pytest.fixture(scope="module")
-def kafkajs() -> Path:
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        pytest.skip("Node.js and npm are not installed here: kafkajs cannot run")
-    if not (HERE / "node_modules" / "kafkajs").is_dir():
-        installed = subprocess.run(
-            [npm, "ci", "--no-audit", "--no-fund"],
-            cwd=HERE,
-            capture_output=True,
-            text=True,
-            timeout=NPM_TIMEOUT_S,
-        )
-        assert installed.returncode == 0, installed.stderr[-2000:]
-    return Path(node)
 
 
 def test_kafkajs_admin_produce_group_offsets_configs(kafkajs: Path, shared_up: UpProcess) -> None:
