@@ -350,7 +350,7 @@ def _file_batches(path: Path, size: int) -> Iterator[tuple[int, rb.BatchHeader, 
 
 
 def _group_segments(
-    targets: list[Segment], sizes: list[int], cut: int, segment_bytes: int
+    bases: list[int], sizes: list[int], cut: int, segment_bytes: int
 ) -> list[range]:
     """Consecutive runs of segments the cleaner merges into one: at most segment.bytes of
     (uncleaned) data, and offsets within int32 of the run's base."""
@@ -358,15 +358,157 @@ def _group_segments(
     start = 0
     total = 0
     for i, size in enumerate(sizes):
-        end = targets[i + 1].base_offset if i + 1 < len(targets) else cut
+        end = bases[i + 1] if i + 1 < len(bases) else cut
         too_big = total + size > segment_bytes
-        too_wide = end - targets[start].base_offset > MAX_RELATIVE_OFFSET
+        too_wide = end - bases[start] > MAX_RELATIVE_OFFSET
         if i > start and (too_big or too_wide):
             groups.append(range(start, i))
             start, total = i, 0
         total += size
     groups.append(range(start, len(sizes)))
     return groups
+
+
+class RewriteJob(NamedTuple):
+    """What a cleaning pass reads and writes (files only: it may run in another process)."""
+
+    directory: Path
+    segments: list[tuple[int, Path, int]]  # the cleanable segments: (base offset, path, size)
+    dirty_index: int  # segments[dirty_index:] are dirty
+    cut: int  # the first offset not cleanable
+    later: list[tuple[Path, int]]  # the segments after them (their headers only are read)
+    config: LogConfig
+    now_ms: int
+    max_map_entries: int
+
+
+class Rewritten(NamedTuple):
+    """What :func:`rewrite_segments` wrote: ``.cleaned`` files for ``segments[:count]``."""
+
+    count: int  # the segments cleaned (fewer than asked when the offset map filled)
+    cut: int  # the first offset not cleaned: the next first dirty offset
+    groups: list[_CleanedGroup]
+    removed: int  # records removed
+    horizon: int  # the earliest delete horizon of a kept batch, -1: none
+    failure: str | None = None  # a write failed (nothing to swap in; files removed)
+
+
+RewriteRunner = Callable[[RewriteJob], Rewritten]
+
+
+def rewrite_segments(job: RewriteJob, fsync: Callable[[int], None] = os.fdatasync) -> Rewritten:
+    """Phases 1-3 of a cleaning pass: the offset map of the dirty part, each producer's last
+    batch, and a ``.cleaned`` file per merged group (fsync'd). Reads the segment files and
+    writes new files only, never the log's state, so it can run in a child process.
+
+    Raises FileNotFoundError (a segment went meanwhile), KafkaStorageError or
+    CorruptRecordError (bytes it cannot read); a failed write (OSError) removes what it wrote
+    and is returned as ``failure``.
+    """
+    segments, config = job.segments, job.config
+    # 1. The offset map of the dirty part, segment by segment, while it has room.
+    offset_map = cleaner.OffsetMap(job.max_map_entries)
+    count = len(segments)
+    for i in range(job.dirty_index, len(segments)):
+        if offset_map.full and i > job.dirty_index:
+            count = i  # the map is full: clean up to here, the rest next time
+            break
+        _, path, size = segments[i]
+        for _, header, data in _file_batches(path, size):
+            offset_map.add_batch(data, header)
+    cut = job.cut if count == len(segments) else segments[count][0]
+    later = [(path, size) for _, path, size in segments[count:]] + job.later
+    # 2. Each producer's last batch in the log: kept (maybe empty) for its sequence.
+    last_of_producer: dict[int, int] = {}
+    for _, path, size in segments[:count]:
+        for _, header in _file_headers(path, size):
+            if header.producer_id >= 0:
+                last_of_producer[header.producer_id] = header.base_offset
+    for path, size in later:
+        for _, header in _file_headers(path, size):
+            last_of_producer.pop(header.producer_id, None)
+    # 3. Rewrite, group by group.
+    bases = [base for base, _, _ in segments[:count]]
+    sizes = [size for _, _, size in segments[:count]]
+    written: list[_CleanedGroup] = []
+    removed = 0
+    horizon = -1
+    for group in _group_segments(bases, sizes, cut, config.segment_bytes):
+        try:
+            out, group_removed, group_horizon = _write_group(
+                job, group, offset_map, last_of_producer, fsync
+            )
+        except FileNotFoundError:
+            for done in written:
+                done.path.unlink(missing_ok=True)
+            raise
+        except OSError as exc:
+            for done in written:
+                done.path.unlink(missing_ok=True)
+            return Rewritten(count, cut, [], 0, -1, failure=str(exc))
+        written.append(out)
+        removed += group_removed
+        if group_horizon >= 0 and (horizon < 0 or group_horizon < horizon):
+            horizon = group_horizon
+    return Rewritten(count, cut, written, removed, horizon)
+
+
+def _write_group(
+    job: RewriteJob,
+    group: range,
+    offset_map: cleaner.OffsetMap,
+    last_of_producer: dict[int, int],
+    fsync: Callable[[int], None],
+) -> tuple[_CleanedGroup, int, int]:
+    """Write one group's cleaned ``.cleaned`` file (fsync'd); returns it, the records
+    removed and the earliest delete horizon its kept batches carry (-1: none)."""
+    base = job.segments[group.start][0]
+    path = job.directory / (f"{base:020d}" + LOG_SUFFIX + CLEANED_SUFFIX)
+    headers: list[tuple[int, rb.BatchHeader]] = []
+    removed = 0
+    horizon = -1
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        pending: list[bytes | memoryview] = []
+        pending_bytes = 0
+        pos = 0
+        for i in group:
+            _, segment_path, size = job.segments[i]
+            for _, header, data in _file_batches(segment_path, size):
+                keep_if_empty = last_of_producer.get(header.producer_id) == header.base_offset
+                result = cleaner.clean_batch(
+                    data,
+                    header,
+                    offset_map,
+                    now_ms=job.now_ms,
+                    delete_retention_ms=job.config.delete_retention_ms,
+                    keep_if_empty=keep_if_empty,
+                )
+                removed += result.records_removed
+                if result.data is None:
+                    continue
+                out = result.data
+                new_header = rb.parse_header(out) if out is not data else header
+                headers.append((pos, new_header))
+                pos += new_header.size
+                if result.delete_horizon_ms >= 0 and (
+                    horizon < 0 or result.delete_horizon_ms < horizon
+                ):
+                    horizon = result.delete_horizon_ms
+                pending.append(out)
+                pending_bytes += len(out)
+                if pending_bytes >= SCAN_CHUNK_BYTES:
+                    pwrite_all(fd, pending, pos - pending_bytes)
+                    pending, pending_bytes = [], 0
+        if pending:
+            pwrite_all(fd, pending, pos - pending_bytes)
+        fsync(fd)
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    finally:
+        os.close(fd)
+    return _CleanedGroup(base, path, group, headers, pos), removed, horizon
 
 
 @dataclass
@@ -1384,6 +1526,7 @@ class Log:
         *,
         force: bool = False,
         max_map_entries: int = cleaner.MAX_OFFSET_MAP_ENTRIES,
+        runner: RewriteRunner | None = None,
     ) -> CleanResult | None:
         """Compact the log (cleanup.policy=compact): one pass of Kafka's log cleaner.
 
@@ -1391,8 +1534,11 @@ class Log:
         ``.cleaned`` files (consecutive segments merged up to segment.bytes) without holding
         the log's lock, then swaps them in under it. Appends, reads and fsyncs go on during
         the rewrite; a truncation or retention meanwhile makes the pass give up (nothing
-        swapped). Returns what it did, or None when no pass was due (``force``: run anyway
-        if anything is cleanable). See :mod:`raylog.storage.cleaner` for the rules.
+        swapped). ``runner`` runs the rewrite (:func:`rewrite_segments`, files only) elsewhere,
+        e.g. in a child process so that its Python work does not hold this process's GIL;
+        by default it runs in the calling thread. Returns what it did, or None when no pass
+        was due (``force``: run anyway if anything is cleanable). See
+        :mod:`raylog.storage.cleaner` for the rules.
 
         Crash safety of a swap, per merged group with base offset B: 1. B's index files are
         unlinked; 2. the ``B.log.cleaned`` file (fsync'd) is renamed over ``B.log`` and the
@@ -1414,7 +1560,7 @@ class Log:
             if plan is None:
                 return None
             try:
-                return self._clean(plan, config, now_ms, max_map_entries)
+                return self._clean(plan, config, now_ms, max_map_entries, runner)
             except (CorruptRecordError, UnsupportedCompressionTypeError, KafkaStorageError) as exc:
                 if self._failure is not None or self._closed:
                     raise
@@ -1433,55 +1579,37 @@ class Log:
             self._cleaning.release()
 
     def _clean(
-        self, plan: _CleanPlan, config: LogConfig, now_ms: int, max_map_entries: int
+        self,
+        plan: _CleanPlan,
+        config: LogConfig,
+        now_ms: int,
+        max_map_entries: int,
+        runner: RewriteRunner | None,
     ) -> CleanResult | None:
-        # 1. The offset map of the dirty part, segment by segment, while it has room.
-        offset_map = cleaner.OffsetMap(max_map_entries)
-        count = len(plan.targets)
-        for i in range(plan.dirty_index, len(plan.targets)):
-            if offset_map.full and i > plan.dirty_index:
-                count = i  # the map is full: clean up to here, the rest next time
-                break
-            for _, header, data in _file_batches(plan.targets[i].log_path, plan.sizes[i]):
-                offset_map.add_batch(data, header)
-        targets, sizes = plan.targets[:count], plan.sizes[:count]
-        cut = plan.cut if count == len(plan.targets) else plan.targets[count].base_offset
-        later: list[tuple[Path, int]] = [
-            (seg.log_path, size)
-            for seg, size in zip(plan.targets[count:], plan.sizes[count:], strict=True)
-        ] + plan.later
-        # 2. Each producer's last batch in the log: kept (maybe empty) for its sequence.
-        last_of_producer: dict[int, int] = {}
-        for seg, size in zip(targets, sizes, strict=True):
-            for _, header in _file_headers(seg.log_path, size):
-                if header.producer_id >= 0:
-                    last_of_producer[header.producer_id] = header.base_offset
-        for path, size in later:
-            for _, header in _file_headers(path, size):
-                last_of_producer.pop(header.producer_id, None)
-        # 3. Rewrite, group by group.
-        groups = _group_segments(targets, sizes, cut, config.segment_bytes)
-        written: list[_CleanedGroup] = []
-        removed = 0
-        horizon = -1
+        job = RewriteJob(
+            directory=self.directory,
+            segments=[
+                (seg.base_offset, seg.log_path, size)
+                for seg, size in zip(plan.targets, plan.sizes, strict=True)
+            ],
+            dirty_index=plan.dirty_index,
+            cut=plan.cut,
+            later=plan.later,
+            config=config,
+            now_ms=now_ms,
+            max_map_entries=max_map_entries,
+        )
+        # Phases 1-3 read and write files only: inline, or wherever ``runner`` runs them.
+        out = rewrite_segments(job, self._fsync) if runner is None else runner(job)
         try:
-            for group in groups:
-                try:
-                    out, group_removed, group_horizon = self._write_cleaned(
-                        group, targets, sizes, offset_map, last_of_producer, config, now_ms
-                    )
-                except FileNotFoundError:
-                    raise  # a segment went meanwhile: abandoned by clean()
-                except OSError as exc:
-                    # Only new files were written (a full disk, say): the log is untouched and
-                    # keeps serving; the next pass tries again.
-                    logger.warning("log %s: cleaning pass failed, nothing changed: %s",
-                                   self.directory, exc)  # fmt: skip
-                    return None
-                written.append(out)
-                removed += group_removed
-                if group_horizon >= 0 and (horizon < 0 or group_horizon < horizon):
-                    horizon = group_horizon
+            if out.failure is not None:
+                # Only new files were written (a full disk, say): the log is untouched and
+                # keeps serving; the next pass tries again.
+                logger.warning(
+                    "log %s: cleaning pass failed, nothing changed: %s", self.directory, out.failure
+                )
+                return None
+            targets, sizes = plan.targets[: out.count], plan.sizes[: out.count]
             # 4. Swap in, under the lock, unless the segment list changed meanwhile.
             with self._lock:
                 self._check_usable()
@@ -1493,103 +1621,44 @@ class Log:
                     logger.info("log %s: cleaning pass abandoned (log changed)", self.directory)
                     return None
                 try:
-                    self._swap_cleaned(written, len(targets), cut)
+                    self._swap_cleaned(out.groups, len(targets), out.cut)
                 except OSError as exc:
                     # The directory is between states a crash could leave: recovery settles
                     # it, so the log stops serving until it is reopened.
                     self._failure = f"cleaner swap failed: {exc}"
                     raise
-                self._first_dirty_offset = cut
-                self._next_delete_horizon_ms = horizon
+                self._first_dirty_offset = out.cut
+                self._next_delete_horizon_ms = out.horizon
                 self._write_cleaner_checkpoint()
                 self.stats.cleanings += 1
-                self.stats.records_cleaned += removed
-                after = sum(seg.size for seg in self._segments[: len(written)])
+                self.stats.records_cleaned += out.removed
+                after = sum(seg.size for seg in self._segments[: len(out.groups)])
         finally:
-            for out in written:
-                out.path.unlink(missing_ok=True)  # gone already when swapped in
+            for group in out.groups:
+                group.path.unlink(missing_ok=True)  # gone already when swapped in
         result = CleanResult(
-            first_dirty_offset=targets[plan.dirty_index].base_offset
-            if plan.dirty_index < len(targets)
-            else cut,
-            end_offset=cut,
+            first_dirty_offset=job.segments[plan.dirty_index][0]
+            if plan.dirty_index < out.count
+            else out.cut,
+            end_offset=out.cut,
             segments_before=len(targets),
-            segments_after=len(written),
+            segments_after=len(out.groups),
             bytes_before=sum(sizes),
             bytes_after=after,
-            records_removed=removed,
+            records_removed=out.removed,
         )
         logger.info(
             "log %s cleaned offsets below %d: %d segment(s) of %d bytes -> %d of %d bytes, "
             "%d record(s) removed",
             self.directory,
-            cut,
+            out.cut,
             result.segments_before,
             result.bytes_before,
             result.segments_after,
             result.bytes_after,
-            removed,
+            out.removed,
         )
         return result
-
-    def _write_cleaned(
-        self,
-        group: range,
-        targets: list[Segment],
-        sizes: list[int],
-        offset_map: cleaner.OffsetMap,
-        last_of_producer: dict[int, int],
-        config: LogConfig,
-        now_ms: int,
-    ) -> tuple[_CleanedGroup, int, int]:
-        """Write one group's cleaned ``.cleaned`` file (fsync'd); returns it, the records
-        removed and the earliest delete horizon its kept batches carry (-1: none)."""
-        base = targets[group.start].base_offset
-        path = self.directory / (f"{base:020d}" + LOG_SUFFIX + CLEANED_SUFFIX)
-        headers: list[tuple[int, rb.BatchHeader]] = []
-        removed = 0
-        horizon = -1
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            pending: list[bytes | memoryview] = []
-            pending_bytes = 0
-            pos = 0
-            for i in group:
-                for _, header, data in _file_batches(targets[i].log_path, sizes[i]):
-                    keep_if_empty = last_of_producer.get(header.producer_id) == header.base_offset
-                    result = cleaner.clean_batch(
-                        data,
-                        header,
-                        offset_map,
-                        now_ms=now_ms,
-                        delete_retention_ms=config.delete_retention_ms,
-                        keep_if_empty=keep_if_empty,
-                    )
-                    removed += result.records_removed
-                    if result.data is None:
-                        continue
-                    out = result.data
-                    new_header = rb.parse_header(out) if out is not data else header
-                    headers.append((pos, new_header))
-                    pos += new_header.size
-                    if result.delete_horizon_ms >= 0 and (
-                        horizon < 0 or result.delete_horizon_ms < horizon
-                    ):
-                        horizon = result.delete_horizon_ms
-                    pending.append(out)
-                    pending_bytes += len(out)
-                    if pending_bytes >= SCAN_CHUNK_BYTES:
-                        pwrite_all(fd, pending, pos - pending_bytes)
-                        pending, pending_bytes = [], 0
-            if pending:
-                pwrite_all(fd, pending, pos - pending_bytes)
-            self._fsync(fd)
-        except BaseException:
-            path.unlink(missing_ok=True)
-            raise
-        finally:
-            os.close(fd)
-        return _CleanedGroup(base, path, group, headers, pos), removed, horizon
 
     def _swap_cleaned(self, groups: list[_CleanedGroup], count: int, cut: int) -> None:
         """Under _lock: replace the first ``count`` segments by the cleaned groups."""

@@ -12,6 +12,7 @@ import errno
 import logging
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from raylog.pipelines import records as R
 from raylog.storage import batch as rb
 from raylog.storage.batch import Record, build_batch
 from raylog.storage.cleaner import DELETE_HORIZON_FLAG
+from raylog.storage.cleaner_process import run_in_child
 from raylog.storage.errors import CorruptRecordError
 from raylog.storage.log import CLEANED_SUFFIX, Log, LogConfig
 from raylog.storage.records import first_record_without_key, iter_records
@@ -453,3 +455,39 @@ def test_corrupt_bytes_make_the_log_uncleanable_not_offline(
         end = log.log_end_offset
         append(log, [(b"k", b"v")])
         assert consumed(log, end) == [(end, b"k", b"v")]
+
+
+def test_a_pass_rewrites_in_a_child_process_exactly_as_inline(tmp_path: Path) -> None:
+    with Log.open(tmp_path / "a", COMPACT) as log:
+        appended = fill(log, 50, keys=6)
+        appended += append(log, [(b"key-2", None)], ts=5_000)
+        appended += fill(log, 20, keys=1)
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    results = {}
+    for name, runner in (("a", None), ("b", run_in_child)):
+        with Log.open(tmp_path / name, COMPACT) as log:
+            results[name] = log.clean(100_000, log.log_end_offset, runner=runner)
+            assert results[name] is not None
+            assert consumed(log) == compacted(appended, cleanable_end(log))
+    assert results["a"] == results["b"]
+    for path in sorted((tmp_path / "a").glob("*.log")):
+        assert (tmp_path / "b" / path.name).read_bytes() == path.read_bytes()
+
+
+def test_a_child_that_fails_or_dies_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Log.open(tmp_path, COMPACT) as log:
+        fill(log, 40, keys=5)
+        before = log.read(0, 1 << 30)
+        first = sorted(tmp_path.glob("*.log"))[0]
+        with monkeypatch.context() as mp:
+            mp.setattr(sys, "executable", "/bin/false")  # exits 1, answers nothing
+            assert log.clean(10_000, log.log_end_offset, runner=run_in_child) is None
+        assert log.read(0, 1 << 30) == before and log.uncleanable is None
+        # Corrupt bytes: the child's error reaches the parent, which stops cleaning this log.
+        data = bytearray(first.read_bytes())
+        data[200] ^= 0xFF
+        first.write_bytes(data)
+        assert log.clean(10_000, log.log_end_offset, runner=run_in_child) is None
+        assert log.uncleanable and "CRC" in log.uncleanable
