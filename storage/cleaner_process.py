@@ -14,7 +14,11 @@ stdout and exits. Both ends are this module, from the same installation.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import os
 import pickle
+import signal
 import subprocess
 import sys
 
@@ -23,6 +27,7 @@ from raylog.storage.log import RewriteJob, Rewritten, rewrite_segments
 # A pass over a full 1 GiB segment group of small records takes about a minute here; this only
 # bounds a child that hangs.
 CHILD_TIMEOUT_S = 3600.0
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def run_in_child(job: RewriteJob) -> Rewritten:
@@ -49,7 +54,19 @@ def run_in_child(job: RewriteJob) -> Rewritten:
     return value
 
 
+def _die_with_parent() -> None:
+    """Ask Linux to kill this process when its parent dies (a replica killed mid-pass), so no
+    orphan goes on rewriting segments; elsewhere, or if the parent is already gone, exit."""
+    parent = os.getppid()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
 def main() -> int:
+    _die_with_parent()
     job = pickle.loads(sys.stdin.buffer.read())
     try:
         answer: tuple[str, object] = ("ok", rewrite_segments(job))

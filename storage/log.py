@@ -380,6 +380,9 @@ class RewriteJob(NamedTuple):
     config: LogConfig
     now_ms: int
     max_map_entries: int
+    # Names this pass's files (``B.log.<token>.cleaned``): a pass never writes into a file of
+    # another one, e.g. of an orphaned child still running after its replica was killed.
+    token: str = ""
 
 
 class Rewritten(NamedTuple):
@@ -463,7 +466,7 @@ def _write_group(
     """Write one group's cleaned ``.cleaned`` file (fsync'd); returns it, the records
     removed and the earliest delete horizon its kept batches carry (-1: none)."""
     base = job.segments[group.start][0]
-    path = job.directory / (f"{base:020d}" + LOG_SUFFIX + CLEANED_SUFFIX)
+    path = job.directory / f"{base:020d}{LOG_SUFFIX}.{job.token}{CLEANED_SUFFIX}"
     headers: list[tuple[int, rb.BatchHeader]] = []
     removed = 0
     horizon = -1
@@ -1541,8 +1544,8 @@ class Log:
         :mod:`raylog.storage.cleaner` for the rules.
 
         Crash safety of a swap, per merged group with base offset B: 1. B's index files are
-        unlinked; 2. the ``B.log.cleaned`` file (fsync'd) is renamed over ``B.log`` and the
-        directory fsync'd: the commit point; 3. the group's other segments are unlinked;
+        unlinked; 2. the ``B.log.<token>.cleaned`` file (fsync'd) is renamed over ``B.log``,
+        the directory fsync'd: the commit point; 3. the group's other segments are unlinked;
         4. B's index files are written. Recovery deletes ``.cleaned`` files, and a segment
         starting below where the one before it ends is one that step 3 did not reach. (One
         starting past the cleaned segment's last batch survives: it holds only records this
@@ -1598,6 +1601,7 @@ class Log:
             config=config,
             now_ms=now_ms,
             max_map_entries=max_map_entries,
+            token=os.urandom(6).hex(),
         )
         # Phases 1-3 read and write files only: inline, or wherever ``runner`` runs them.
         out = rewrite_segments(job, self._fsync) if runner is None else runner(job)

@@ -12,6 +12,8 @@ import errno
 import logging
 import os
 import shutil
+import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from typing import Any
 import msgspec
 import pytest
 from kafka.record import default_records as kdr
+from waiting import wait_until
 
 from raylog.pipelines import records as R
 from raylog.storage import batch as rb
@@ -491,3 +494,34 @@ def test_a_child_that_fails_or_dies_changes_nothing(
         first.write_bytes(data)
         assert log.clean(10_000, log.log_end_offset, runner=run_in_child) is None
         assert log.uncleanable and "CRC" in log.uncleanable
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_cleaning_child_dies_with_its_parent(tmp_path: Path) -> None:
+    """A replica killed mid-pass leaves no child rewriting its segments."""
+    parent_code = (
+        "import subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; "
+        "import raylog.storage.cleaner_process as c; c._die_with_parent(); time.sleep(60)'])\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+
+        def child_state() -> str:
+            try:
+                return Path(f"/proc/{child}/status").read_text().split("\n")[2]
+            except FileNotFoundError:
+                return "gone"
+
+        wait_until(lambda: "S (sleeping)" in child_state(), timeout_s=30)  # prctl done, asleep
+    finally:
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=30)
+    # Dead: gone, or a zombie its new parent has not reaped yet.
+    wait_until(lambda: child_state() in ("gone",) or "zombie" in child_state(), timeout_s=30)
