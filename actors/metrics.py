@@ -27,7 +27,8 @@ Names (all prefixed ``raylog_``; Kafka's MBean in brackets):
 - ``log_size_bytes{topic,partition,replica}`` (Log Size), and for compacted topics
   ``log_cleaner_passes_total{topic,partition,replica}`` and
   ``log_cleaner_records_removed_total{topic,partition,replica}`` (each replica compacts its own
-  log; counted since the replica started).
+  log; counted since the replica started) and ``log_cleaner_dirty_ratio`` (max-dirty-percent,
+  per replica, as a ratio).
 """
 
 from __future__ import annotations
@@ -239,13 +240,20 @@ class ClusterCollector(Collector):
             "Records log compaction removed from a replica's log since it started",
             labels=per_replica,
         )
+        dirty = GaugeMetricFamily(
+            PREFIX + "log_cleaner_dirty_ratio",
+            "Share of a compacted replica's closed segment bytes not cleaned yet",
+            labels=per_replica,
+        )
         for s in sorted(states, key=lambda s: (s.topic, s.partition, s.replica_id)):
             labels = [s.topic, str(s.partition), str(s.replica_id)]
             size.add_metric(labels, s.log_size_bytes)
             if s.cleaner_passes:
                 passes.add_metric(labels, s.cleaner_passes)
                 removed.add_metric(labels, s.cleaner_records_removed)
-        yield from (size, passes, removed)
+            if s.cleaner_dirty_ratio:
+                dirty.add_metric(labels, s.cleaner_dirty_ratio)
+        yield from (size, passes, removed, dirty)
 
 
 def _value(ref: Any) -> Any:

@@ -211,6 +211,7 @@ class ReplicaState(msgspec.Struct, frozen=True):
     log_size_bytes: int = 0  # every segment's bytes (Kafka's Log Size)
     cleaner_passes: int = 0  # log compaction passes this replica ran since it started
     cleaner_records_removed: int = 0
+    cleaner_dirty_ratio: float = 0.0  # closed segments' bytes not compacted yet, as a share
 
 
 @dataclass
@@ -462,6 +463,7 @@ class ReplicaActor:
             log_size_bytes=self._log.size_bytes,
             cleaner_passes=self._cleaner_stats["passes"],
             cleaner_records_removed=self._cleaner_stats["records_removed"],
+            cleaner_dirty_ratio=self._log.dirty_ratio(),
         )
 
     def set_session_lease(self, until_ms: int) -> None:

@@ -1493,10 +1493,7 @@ class Log:
         if not count:
             return None
         cut = segs[count].base_offset
-        first_dirty = min(max(self._first_dirty_offset, self.log_start_offset), cut)
-        dirty_index = bisect.bisect_right(self._bases, first_dirty) - 1
-        dirty = sum(seg.size for seg in segs[dirty_index:count])
-        clean = sum(seg.size for seg in segs[:dirty_index])
+        dirty_index, dirty, clean = self._dirty_part(count)
         due = (
             force
             or (dirty and dirty / (dirty + clean) >= config.min_cleanable_dirty_ratio)
@@ -1516,6 +1513,26 @@ class Log:
             later=[(seg.log_path, seg.size) for seg in segs[count:]],
             generation=self._layout_generation,
         )
+
+    def _dirty_part(self, count: int) -> tuple[int, int, int]:
+        """Under _lock, for the first ``count`` segments: the index of the first dirty one,
+        the dirty bytes and the clean bytes."""
+        segs = self._segments
+        cut = segs[count].base_offset if count < len(segs) else self.log_end_offset
+        first_dirty = min(max(self._first_dirty_offset, self.log_start_offset), cut)
+        dirty_index = min(bisect.bisect_right(self._bases, first_dirty) - 1, count)
+        dirty = sum(seg.size for seg in segs[dirty_index:count])
+        clean = sum(seg.size for seg in segs[:dirty_index])
+        return dirty_index, dirty, clean
+
+    def dirty_ratio(self) -> float:
+        """The share of the closed segments' bytes not cleaned yet (Kafka's max-dirty-percent,
+        per log, as a ratio); 0.0 for a log that is not compacted or has no closed segment."""
+        with self._lock:
+            if not self.config.compact or len(self._segments) < 2:
+                return 0.0
+            _, dirty, clean = self._dirty_part(len(self._segments) - 1)
+            return dirty / (dirty + clean) if dirty + clean else 0.0
 
     def cleaning_due(self, now_ms: int, high_watermark: int) -> bool:
         """Whether :meth:`clean` would run a pass now (cheap: sizes and timestamps only)."""

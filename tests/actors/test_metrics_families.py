@@ -10,7 +10,7 @@ from raylog.actors.metrics import ClusterCollector
 from raylog.actors.replica import ReplicaState
 
 
-def _state(replica: int, role: str, **extra: int) -> ReplicaState:
+def _state(replica: int, role: str, **extra: float) -> ReplicaState:
     return ReplicaState(
         topic="t",
         partition=0,
@@ -31,7 +31,14 @@ def _state(replica: int, role: str, **extra: int) -> ReplicaState:
 
 def test_log_size_and_cleaner_counters_per_replica() -> None:
     states = [
-        _state(1, "leader", log_size_bytes=4096, cleaner_passes=2, cleaner_records_removed=70),
+        _state(
+            1,
+            "leader",
+            log_size_bytes=4096,
+            cleaner_passes=2,
+            cleaner_records_removed=70,
+            cleaner_dirty_ratio=0.25,
+        ),
         _state(2, "follower", log_size_bytes=8192),
     ]
     samples = {
@@ -49,4 +56,6 @@ def test_log_size_and_cleaner_counters_per_replica() -> None:
     assert at("raylog_log_cleaner_passes_total", 1) == 2
     assert at("raylog_log_cleaner_records_removed_total", 1) == 70
     assert at("raylog_log_cleaner_passes_total", 2) is None
+    assert at("raylog_log_cleaner_dirty_ratio", 1) == 0.25
+    assert at("raylog_log_cleaner_dirty_ratio", 2) is None
     assert samples[("raylog_log_end_offset", (("partition", "0"), ("topic", "t")))] == 100

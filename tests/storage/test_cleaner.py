@@ -525,3 +525,18 @@ def test_a_cleaning_child_dies_with_its_parent(tmp_path: Path) -> None:
         parent.wait(timeout=30)
     # Dead: gone, or a zombie its new parent has not reaped yet.
     wait_until(lambda: child_state() in ("gone",) or "zombie" in child_state(), timeout_s=30)
+
+
+def test_dirty_ratio_is_the_share_of_closed_bytes_not_cleaned(tmp_path: Path) -> None:
+    with Log.open(tmp_path, COMPACT) as log:
+        assert log.dirty_ratio() == 0.0  # no closed segment yet
+        fill(log, 40, keys=5)
+        assert log.dirty_ratio() == 1.0
+        log.clean(now_ms=10_000, high_watermark=log.log_end_offset)
+        assert log.dirty_ratio() == 0.0
+        fill(log, 40, keys=5)
+        ratio = log.dirty_ratio()
+        assert 0.5 < ratio < 1.0  # the new closed segments outweigh the compacted ones
+    with Log.open(tmp_path / "d", LogConfig(segment_bytes=2048)) as log:
+        fill(log, 40, keys=5)
+        assert log.dirty_ratio() == 0.0  # not compacted
