@@ -132,7 +132,13 @@ def test_a_new_follower_copies_a_compacted_leader_and_can_lead(
     ).remote(topic, 0, 1, str(tmp_path / "r1"), CONFIGS, cleaner_backoff_ms=3_600_000)
     try:
         produced = _produce_keyed(leader, BATCHES)
-        _check_compacted(leader, produced)  # the leader compacted its log
+        _check_compacted(leader, produced)
+
+        def fully_compacted() -> bool:  # every closed segment cleaned: no pass is due any more
+            state = ray.get(leader.state.remote(), timeout=CALL_TIMEOUT_S)  # type: ignore[attr-defined]
+            return state.cleaner_dirty_ratio == 0.0
+
+        wait_until(fully_compacted, timeout_s=CALL_TIMEOUT_S)
         end = len(produced)
         ray.get(
             follower.become_follower.remote(
