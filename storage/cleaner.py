@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Iterable
 from typing import NamedTuple
 
 from raylog.storage import batch as rb
@@ -65,7 +64,6 @@ class OffsetMap:
         self.max_entries = max_entries
         self._short: dict[bytes, int] = {}
         self._long: dict[bytes, int] = {}
-        self.latest_offset = -1  # the highest offset put
 
     def __len__(self) -> int:
         return len(self._short) + len(self._long)
@@ -73,13 +71,6 @@ class OffsetMap:
     @property
     def full(self) -> bool:
         return len(self) >= self.max_entries
-
-    def put(self, key: bytes, offset: int) -> None:
-        if len(key) <= SHORT_KEY_BYTES:
-            self._short[key] = offset
-        else:
-            self._long[key_digest(key)] = offset
-        self.latest_offset = max(self.latest_offset, offset)
 
     def get(self, key: bytes) -> int:
         if len(key) <= SHORT_KEY_BYTES:
@@ -93,17 +84,14 @@ class OffsetMap:
         section = records_section(batch, header)
         base = header.base_offset
         short, long_ = self._short, self._long
-        last = -1
         for record in iter_records(section, header.records_count):
             key = record.key
             if key is None:
                 continue
-            last = base + record.offset_delta
             if len(key) <= SHORT_KEY_BYTES:
-                short[key] = last
+                short[key] = base + record.offset_delta
             else:
-                long_[key_digest(key)] = last
-        self.latest_offset = max(self.latest_offset, last)
+                long_[key_digest(key)] = base + record.offset_delta
 
 
 class CleanedBatch(NamedTuple):
@@ -219,15 +207,6 @@ def _rebuild(
     return bytes(buf)
 
 
-def last_batches_of_producers(headers: Iterable[tuple[int, rb.BatchHeader]]) -> dict[int, int]:
-    """Producer id -> base offset of its last batch, over ``(position, header)`` in log order."""
-    last: dict[int, int] = {}
-    for _, header in headers:
-        if header.producer_id >= 0:
-            last[header.producer_id] = header.base_offset
-    return last
-
-
 __all__ = [
     "DELETE_HORIZON_FLAG",
     "MAX_OFFSET_MAP_ENTRIES",
@@ -236,5 +215,4 @@ __all__ = [
     "clean_batch",
     "delete_horizon_ms",
     "key_digest",
-    "last_batches_of_producers",
 ]
