@@ -195,7 +195,13 @@ def _empty_kept_batches(cluster: UpProcess) -> int:
     return found
 
 
-def test_consumers_read_the_compacted_topic(cluster: UpProcess, kafkajs: Path) -> None:
+def test_consumers_read_the_compacted_topic(
+    cluster: UpProcess, request: pytest.FixtureRequest
+) -> None:
+    try:  # kafkajs joins where Node.js is installed; the other readers run anyway
+        node: Path | None = request.getfixturevalue("kafkajs")
+    except pytest.skip.Exception:
+        node = None
     bootstrap = cluster.bootstrap
     admin = AdminClient({"bootstrap.servers": bootstrap})
     configs = {
@@ -223,8 +229,9 @@ def test_consumers_read_the_compacted_topic(cluster: UpProcess, kafkajs: Path) -
         "confluent-kafka": rows,
         "kafka-python": _consume_kafka_python(bootstrap, end),
         "aiokafka": _consume_aiokafka(bootstrap, end),
-        "kafkajs": _consume_kafkajs(kafkajs, bootstrap, end),
     }
+    if node is not None:
+        readers["kafkajs"] = _consume_kafkajs(node, bootstrap, end)
     for reader_rows in readers.values():
         offsets = [offset for offset, _, _ in reader_rows]
         assert offsets == sorted(set(offsets)) and offsets[-1] == end - 1
