@@ -7,10 +7,21 @@ Directory layout (Kafka's)::
     00000000000000000000.timeindex  sparse time index     (see segment.py)
     leader-epoch-checkpoint         "0\\n<count>\\n" then "<epoch> <startOffset>" lines
     high-watermark-checkpoint       "0\\n<high watermark>\\n"
+    log-start-offset-checkpoint     "0\\n<log start offset>\\n" (DeleteRecords, see below)
 
 The Log owns offset assignment on the leader path (:meth:`Log.append`), contiguity checks on
 the follower path (:meth:`Log.append_replicated`), reads of whole batches, the leader-epoch
 cache (KIP-101/279), retention, truncation and crash recovery.
+
+The log start offset (Kafka's). It starts as the first segment's base offset and moves up when
+retention deletes segments, or, through :meth:`Log.advance_log_start` (DeleteRecords, or a
+follower learning its leader's), to any offset up to the high watermark, also inside a
+segment. Invariants: first segment's base offset <= log start offset <= log end offset, and no
+segment lies wholly below the log start offset (the next segment's base offset is above it).
+Offsets below it are never served (OffsetOutOfRangeError), even where their bytes still sit in
+the first segment. Only a value set by advance_log_start (or a truncation that lowers it) is
+checkpointed: recovery takes the larger of the checkpoint and the first segment's base
+offset, clamped to the log end offset.
 
 Durability (group commit). Appends write under ``_lock`` and fsync outside it. Every write
 gets a sequence number; an appender that needs durability waits until ``_synced_seq`` covers
@@ -90,6 +101,7 @@ logger = logging.getLogger(__name__)
 
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 HIGH_WATERMARK_CHECKPOINT = "high-watermark-checkpoint"
+LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
 CLEANER_CHECKPOINT = "cleaner-offset-checkpoint"
 CLEANED_SUFFIX = ".cleaned"  # a segment the cleaner is writing; deleted by recovery
 CHECKPOINT_VERSION = 0
@@ -550,6 +562,8 @@ class Log:
         self._open_inactive: OrderedDict[int, Segment] = OrderedDict()
         self._epochs: list[EpochEntry] = []
         self._high_watermark = 0
+        # Invariant: _segments[0].base_offset <= _log_start_offset <= log_end_offset.
+        self._log_start_offset = 0
         # Group commit state (under _flush_cond): writes numbered by _written_seq.
         self._written_seq = 0  # also read under _lock, written under both
         self._synced_seq = 0
@@ -668,8 +682,12 @@ class Log:
         self._bases = [s.base_offset for s in segments]
         # Invariant: the active (last) segment was rescanned, so its indexes are in memory.
         fsync_directory(self.directory)
+        self._log_start_offset = self._load_log_start_offset()
+        # Segments a crash left below a checkpointed log start (see advance_log_start).
+        if self._delete_segments_below_log_start():
+            fsync_directory(self.directory)
 
-        self._load_epochs(segments)
+        self._load_epochs(self._segments)
         self._high_watermark = self._load_high_watermark()
         self._load_cleaner_checkpoint()
         if cut:
@@ -744,25 +762,48 @@ class Log:
         except OSError as exc:
             raise KafkaStorageError(f"leader epoch checkpoint failed: {exc}") from exc
 
-    def _load_high_watermark(self) -> int:
-        path = self.directory / HIGH_WATERMARK_CHECKPOINT
+    def _read_offset_checkpoint(self, name: str) -> int | None:
+        """The offset in a ``"0\\n<offset>\\n"`` checkpoint file; None when it is missing or
+        unreadable (a warning: the caller falls back to what the segments say)."""
+        path = self.directory / name
         try:
             version, value = path.read_text().split("\n")[:2]
             if int(version) != CHECKPOINT_VERSION:
                 raise ValueError(f"version {version}")
-            hw = int(value)
+            return int(value)
         except FileNotFoundError:
-            hw = 0
+            return None
         except ValueError as exc:
             logger.warning("ignoring unreadable %s: %s", path, exc)
-            hw = 0
+            return None
+
+    def _write_offset_checkpoint(self, name: str, offset: int) -> None:
+        """Write a ``"0\\n<offset>\\n"`` checkpoint: temp file, fsync, rename, fsync the
+        directory."""
+        try:
+            write_file_atomically(
+                self.directory / name, f"{CHECKPOINT_VERSION}\n{offset}\n".encode()
+            )
+            fsync_directory(self.directory)
+        except OSError as exc:
+            raise KafkaStorageError(f"{name} failed: {exc}") from exc
+
+    def _load_high_watermark(self) -> int:
+        hw = self._read_offset_checkpoint(HIGH_WATERMARK_CHECKPOINT) or 0
         return min(max(hw, self.log_start_offset), self.log_end_offset)
+
+    def _load_log_start_offset(self) -> int:
+        """The checkpointed log start offset, clamped into the segments (retention may have
+        passed it; a cut torn tail may have ended the log below it)."""
+        start = self._read_offset_checkpoint(LOG_START_OFFSET_CHECKPOINT) or 0
+        return min(max(start, self._segments[0].base_offset), self.log_end_offset)
 
     # -- state ---------------------------------------------------------------------------------
 
     @property
     def log_start_offset(self) -> int:
-        return self._segments[0].base_offset
+        """The first offset served (see the module docstring); may lie inside a segment."""
+        return self._log_start_offset
 
     @property
     def log_end_offset(self) -> int:
@@ -864,6 +905,13 @@ class Log:
         offset and each next one at or above where the previous ended (a leader whose log the
         cleaner compacted serves batches with gaps between them, as Kafka's do), and that
         leader epochs never go backwards.
+
+        One exception to "at or above the log end": a log that holds nothing at or above its
+        log start offset (log start = log end, e.g. just started there by
+        truncate_fully_and_start_at) accepts a first batch that starts below its log end and
+        ends above it. A leader whose log start offset lies inside a batch (DeleteRecords)
+        serves that whole batch; the log then restarts at the batch's base offset, keeping its
+        log start offset (Kafka's follower does the same on UnexpectedAppendOffsetException).
         Returns None for an empty buffer.
         """
         view = memoryview(batches).cast("B")
@@ -878,6 +926,12 @@ class Log:
         with self._lock:
             self._check_usable()
             expected = self.log_end_offset
+            first = headers[0]
+            restart = first.base_offset < expected < first.next_offset and (
+                expected == self._log_start_offset
+            )
+            if restart:
+                expected = first.base_offset
             epoch = self._epochs[-1].epoch if self._epochs else UNDEFINED_EPOCH
             for h in headers:
                 if h.base_offset < expected:  # gaps are a compacted leader log's
@@ -895,6 +949,8 @@ class Log:
             new_epochs = False
             records = 0
             try:
+                if restart:
+                    self._start_empty_at(first.base_offset)
                 for h in headers:
                     # One batch per write keeps rolls exact; the fsync is still shared.
                     self._maybe_roll(h)
@@ -903,7 +959,10 @@ class Log:
                     records += h.records_count
                     e = h.partition_leader_epoch
                     if e >= 0 and (not self._epochs or e > self._epochs[-1].epoch):
-                        self._epochs.append(EpochEntry(e, h.base_offset))
+                        # Invariant: no epoch entry starts below the log start offset.
+                        self._epochs.append(
+                            EpochEntry(e, max(h.base_offset, self.log_start_offset))
+                        )
                         new_epochs = True
             except (OSError, KafkaStorageError) as exc:
                 # The batches before the failing one are stored (a contiguous prefix): account
@@ -1171,6 +1230,9 @@ class Log:
         Returns (its maxTimestamp, its base offset), or None when no batch is that late.
         Precision is one batch: records are not decoded here, so the offset is the batch's base
         offset (the replica then reads the batch's records for Kafka's record precision).
+        Batches wholly below the log start offset are not considered, and a batch holding it
+        answers with the log start offset instead of its base offset (Kafka searches from the
+        log start offset too).
         -1 (latest) and -2 (earliest) return the log end / start offset with timestamp -1, as
         Kafka does.
         """
@@ -1188,8 +1250,9 @@ class Log:
                 while pos < seg.size:
                     header = rb.parse_header(seg.read(pos, rb.HEADER_SIZE))
                     self._check_stored(seg, pos, header, -1)
-                    if header.max_timestamp >= timestamp_ms:
-                        return TimestampOffset(header.max_timestamp, header.base_offset)
+                    start = self.log_start_offset
+                    if header.last_offset >= start and header.max_timestamp >= timestamp_ms:
+                        return TimestampOffset(header.max_timestamp, max(header.base_offset, start))
                     pos += header.size
             return None
 
@@ -1260,7 +1323,9 @@ class Log:
         removed batch, which is <= ``offset`` (the replication layer truncates at batch
         boundaries, where the two agree). No-op at or above the log end offset. Raises
         OffsetOutOfRangeError below the log start offset (see truncate_fully_and_start_at).
-        The result is durable before returning.
+        When the cut lands below a log start offset inside a batch, the log start offset
+        comes down to the new log end (Kafka's ``min(targetOffset, logStartOffset)``), and is
+        checkpointed. The result is durable before returning.
         """
         with self._lock:
             self._check_usable()
@@ -1302,10 +1367,10 @@ class Log:
                 self.stats.fsyncs += 1
                 self._synced_seq = max(self._synced_seq, self._written_seq)
                 self._flush_cond.notify_all()
-            before = list(self._epochs)
-            self._trim_epochs()
-            if self._epochs != before:
-                self._write_epochs()
+            if self._log_start_offset > self.log_end_offset:
+                self._log_start_offset = self.log_end_offset
+                self._write_offset_checkpoint(LOG_START_OFFSET_CHECKPOINT, self._log_start_offset)
+            self._trim_epochs_and_persist()
             self._high_watermark = min(self._high_watermark, self.log_end_offset)
             self._layout_generation += 1
             if self._first_dirty_offset > self.log_end_offset:
@@ -1332,92 +1397,174 @@ class Log:
 
     def truncate_fully_and_start_at(self, offset: int) -> None:
         """Drop every segment and start empty at ``offset`` (follower behind the leader's
-        log start offset). The epoch cache is cleared; the high watermark becomes ``offset``."""
+        log start offset), which is also the new log start offset (checkpointed). The epoch
+        cache is cleared; the high watermark becomes ``offset``."""
         with self._lock:
             self._check_usable()
             try:
-                for seg in self._segments:
-                    seg.delete_files()
-                self._open_inactive.clear()
-                # The old segments are gone for good before the new one exists: a crash never
-                # leaves an old segment below the new start (a gap would look like compaction).
-                fsync_directory(self.directory)
-                new = Segment.create(self.directory, offset, self.config.index_interval_bytes)
-                fsync_directory(self.directory)
+                # 1. The log start first: a crash after it leaves old segments wholly below
+                #    it, which recovery deletes, never a log that starts below ``offset``.
+                self._write_offset_checkpoint(LOG_START_OFFSET_CHECKPOINT, offset)
+                self._start_empty_at(offset)
             except OSError as exc:
                 self._failure = f"truncation failed: {exc}"
                 raise KafkaStorageError(f"truncate of {self.directory} failed: {exc}") from exc
-            self._segments = [new]
-            self._bases = [offset]
-            with self._flush_cond:
-                self._synced_seq = max(self._synced_seq, self._written_seq)
-                self._flush_cond.notify_all()
+            self._log_start_offset = offset
             self._epochs = []
             self._write_epochs()
             self._high_watermark = offset
             self._write_high_watermark(offset)
-            self._layout_generation += 1
             self._first_dirty_offset = offset
             self._next_delete_horizon_ms = -1
             self._write_cleaner_checkpoint()
 
+    def _start_empty_at(self, base_offset: int) -> None:
+        """Under _lock: replace every segment by one empty segment at ``base_offset``; the
+        log start offset is the caller's to set. Raises OSError."""
+        for seg in self._segments:
+            seg.delete_files()
+        self._open_inactive.clear()
+        # The old segments are gone for good before the new one exists: a crash never leaves
+        # an old segment below the new start (a gap would look like compaction).
+        fsync_directory(self.directory)
+        new = Segment.create(self.directory, base_offset, self.config.index_interval_bytes)
+        fsync_directory(self.directory)
+        self._segments = [new]
+        self._bases = [base_offset]
+        self._layout_generation += 1
+        with self._flush_cond:
+            self._synced_seq = max(self._synced_seq, self._written_seq)
+            self._flush_cond.notify_all()
+
     def enforce_retention(self, now_ms: int, high_watermark: int | None = None) -> int:
         """Delete whole inactive segments past retention.ms (by their largest timestamp) or
         beyond retention.bytes, oldest first; returns how many were deleted. Only when
-        cleanup.policy includes delete.
+        cleanup.policy includes delete. (Segments wholly below the log start offset need no
+        check here: advance_log_start and recovery delete them.)
 
         Never the active segment; with ``high_watermark``, only segments wholly below it
         (uncommitted data is never deleted). The log start offset advances to the base offset
-        of the first remaining segment.
+        of the first remaining segment when that is above it.
         """
         with self._lock:
             self._check_usable()
             if not self.config.delete:
                 return 0  # cleanup.policy=compact: the cleaner, not retention, shrinks it
-            total = sum(s.size for s in self._segments)
-            deleted = 0
-            while len(self._segments) > 1:
-                seg = self._segments[0]
-                end = self._segments[1].base_offset
-                if high_watermark is not None and end > high_watermark:
-                    break
-                expired = (
-                    self.config.retention_ms >= 0
-                    and now_ms - seg.max_timestamp > self.config.retention_ms
-                )
-                oversized = (
-                    self.config.retention_bytes >= 0
-                    and total - seg.size >= self.config.retention_bytes
-                )
-                if not (expired or oversized):
-                    break
-                # Order: leave the in-memory log first, then unlink (a crash in between
-                # leaves either a whole old segment, or index files that open() removes).
-                self._segments.pop(0)
-                self._bases.pop(0)
-                self._open_inactive.pop(seg.base_offset, None)
-                try:
-                    seg.delete_files()
-                except OSError as exc:
-                    raise KafkaStorageError(f"deleting {seg.log_path} failed: {exc}") from exc
-                total -= seg.size
-                deleted += 1
+            deleted = self._delete_retained_segments(now_ms, high_watermark)
             if deleted:
-                fsync_directory(self.directory)
-                self._layout_generation += 1
-                self.stats.segments_deleted += deleted
-                before = list(self._epochs)
-                self._trim_epochs()
-                if self._epochs != before:
-                    self._write_epochs()
-                self._high_watermark = max(self._high_watermark, self.log_start_offset)
-                logger.info(
-                    "log %s retention deleted %d segment(s); log start offset %d",
-                    self.directory,
-                    deleted,
-                    self.log_start_offset,
-                )
+                self._after_head_deleted(deleted)
             return deleted
+
+    def _delete_retained_segments(self, now_ms: int, high_watermark: int | None) -> int:
+        """Under _lock: retention.ms / retention.bytes; returns segments deleted."""
+        total = sum(s.size for s in self._segments)
+        deleted = 0
+        while len(self._segments) > 1:
+            seg = self._segments[0]
+            end = self._segments[1].base_offset
+            if high_watermark is not None and end > high_watermark:
+                break
+            expired = (
+                self.config.retention_ms >= 0
+                and now_ms - seg.max_timestamp > self.config.retention_ms
+            )
+            oversized = (
+                self.config.retention_bytes >= 0 and total - seg.size >= self.config.retention_bytes
+            )
+            if not (expired or oversized):
+                break
+            self._delete_first_segment()
+            total -= seg.size
+            deleted += 1
+        self._log_start_offset = max(self._log_start_offset, self._segments[0].base_offset)
+        return deleted
+
+    def _delete_segments_below_log_start(self) -> int:
+        """Under _lock (or in recovery): delete the segments wholly below the log start offset
+        (the next one starts at or below it); returns how many. The caller fsyncs the
+        directory."""
+        deleted = 0
+        while len(self._segments) > 1 and self._segments[1].base_offset <= self._log_start_offset:
+            self._delete_first_segment()
+            deleted += 1
+        return deleted
+
+    def _delete_first_segment(self) -> None:
+        # Order: leave the in-memory log first, then unlink (a crash in between leaves either
+        # a whole old segment, or index files that open() removes).
+        seg = self._segments.pop(0)
+        self._bases.pop(0)
+        self._open_inactive.pop(seg.base_offset, None)
+        try:
+            seg.delete_files()
+        except OSError as exc:
+            raise KafkaStorageError(f"deleting {seg.log_path} failed: {exc}") from exc
+
+    def _after_head_deleted(self, deleted: int) -> None:
+        """Under _lock, after segments left the head of the log: make the unlinks durable,
+        let a cleaning pass that read them give up, and move the epoch cache and the high
+        watermark up to the log start offset."""
+        fsync_directory(self.directory)
+        self._layout_generation += 1
+        self.stats.segments_deleted += deleted
+        self._trim_epochs_and_persist()
+        self._high_watermark = max(self._high_watermark, self.log_start_offset)
+        logger.info(
+            "log %s deleted %d segment(s) at its head; log start offset %d",
+            self.directory,
+            deleted,
+            self.log_start_offset,
+        )
+
+    def _trim_epochs_and_persist(self) -> None:
+        before = list(self._epochs)
+        self._trim_epochs()
+        if self._epochs != before:
+            self._write_epochs()
+
+    def advance_log_start(self, offset: int, high_watermark: int) -> int:
+        """Move the log start offset up to ``offset`` (Kafka's maybeIncrementLogStartOffset:
+        DeleteRecords on a leader, or a follower adopting its leader's log start offset), and
+        delete the segments wholly below it. Never moves it backwards (then a no-op). Returns
+        the log start offset.
+
+        Raises OffsetOutOfRangeError when ``offset`` is above ``high_watermark`` (the caller's,
+        which the log does not track) or the log end offset: only committed data goes.
+
+        Order, for a crash at any point: 1. the checkpoint (atomic, fsync'd): from here on the
+        offsets below are gone, whatever files remain; 2. when the whole log is below the new
+        start, roll, so that the active segment is empty and the old one can go (as Kafka rolls
+        before retention deletes every segment); 3. unlink the segments wholly below (recovery
+        does it again if a crash interrupts it).
+        """
+        with self._lock:
+            self._check_usable()
+            leo = self.log_end_offset
+            if offset > min(high_watermark, leo):
+                raise OffsetOutOfRangeError(
+                    f"log start offset {offset} above the high watermark {high_watermark} "
+                    f"or the log end offset {leo} of {self.directory}"
+                )
+            if offset <= self._log_start_offset:
+                return self._log_start_offset
+            try:
+                self._write_offset_checkpoint(LOG_START_OFFSET_CHECKPOINT, offset)
+                self._log_start_offset = offset
+                if offset == leo and self._segments[-1].size:
+                    self._roll()
+                deleted = self._delete_segments_below_log_start()
+                if deleted:
+                    self._after_head_deleted(deleted)
+                else:
+                    self._trim_epochs_and_persist()
+                    self._high_watermark = max(self._high_watermark, offset)
+            except OSError as exc:
+                self._failure = f"advancing the log start offset failed: {exc}"
+                raise KafkaStorageError(
+                    f"advancing the log start offset of {self.directory} failed: {exc}"
+                ) from exc
+            logger.info("log %s: log start offset now %d", self.directory, offset)
+            return offset
 
     def checkpoint_high_watermark(self, high_watermark: int) -> None:
         """Persist the high watermark (atomically, fsync'd); clamped to the log."""
@@ -1428,13 +1575,7 @@ class Log:
             self._high_watermark = hw
 
     def _write_high_watermark(self, hw: int) -> None:
-        try:
-            write_file_atomically(
-                self.directory / HIGH_WATERMARK_CHECKPOINT, f"{CHECKPOINT_VERSION}\n{hw}\n".encode()
-            )
-            fsync_directory(self.directory)
-        except OSError as exc:
-            raise KafkaStorageError(f"high watermark checkpoint failed: {exc}") from exc
+        self._write_offset_checkpoint(HIGH_WATERMARK_CHECKPOINT, hw)
 
     # -- compaction (the log cleaner) -------------------------------------------------------------
 
