@@ -89,6 +89,17 @@ class ProduceRequest(msgspec.Struct, frozen=True):
     base_sequence: int = -1
 
 
+class DeleteRecordsRequest(msgspec.Struct, frozen=True):
+    """DeleteRecords for one partition: move the log start offset up to ``offset`` (-1: the
+    high watermark), and answer once every in-sync replica's log starts there too, or after
+    ``timeout_ms`` (Kafka's DelayedDeleteRecords). ``request_id`` is the shell's handle, from
+    the same numbering as produce requests."""
+
+    request_id: int
+    offset: int
+    timeout_ms: int
+
+
 # --- replica ↔ replica and consumer → replica -------------------------------------------------
 
 
@@ -107,6 +118,9 @@ class FetchRequest(msgspec.Struct, frozen=True):
     last_fetched_epoch: int
     max_bytes: int
     max_wait_ms: int = 0
+    # A replica's own log start offset (Kafka's FetchPartition.logStartOffset): the leader's
+    # low watermark for DeleteRecords. UNDEFINED_OFFSET from a consumer.
+    log_start_offset: int = UNDEFINED_OFFSET
 
 
 class FetchResponse(msgspec.Struct, frozen=True):
@@ -141,6 +155,7 @@ class ReplicateRequest(msgspec.Struct, frozen=True):
     high_watermark: int
     prev_epoch: int
     batches: tuple[RecordBatch, ...]
+    log_start_offset: int = UNDEFINED_OFFSET  # the leader's, which the follower adopts
 
 
 class ReplicateAck(msgspec.Struct, frozen=True):
@@ -155,6 +170,7 @@ class ReplicateAck(msgspec.Struct, frozen=True):
     durable_end_offset: int
     error_code: int = 0
     in_push: bool = True
+    log_start_offset: int = UNDEFINED_OFFSET  # the follower's, as in its fetches
 
 
 # --- replica ↔ controller ---------------------------------------------------------------------
@@ -252,6 +268,7 @@ class LocalLogStartAdvanced(msgspec.Struct, frozen=True):
 
 InboundMessage = (
     ProduceRequest
+    | DeleteRecordsRequest
     | FetchRequest
     | FetchResponse
     | ReplicateRequest

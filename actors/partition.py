@@ -12,7 +12,8 @@ messages and the current time, and carries out what it returns, in the shape of 
     ready = replica.ready()           # drains the effects produced so far (a Ready)
 
 The shell carries out a Ready in this order (never another):
-  1. ``log_ops`` in order (``TruncateTo``, ``AppendBatch``) on the real log (the log must
+  1. ``log_ops`` in order (``TruncateTo``, ``AppendBatch``, ``AdvanceLogStart``) on the real
+     log (the log must
      assign exactly ``batch.base_offset``; the shell asserts it). Then fsync, possibly
      asynchronously, and step ``LocalAppendDurable(end_offset, generation)`` when it is done.
   2. ``checkpoint_high_watermark`` (lazily persisted; recovery clamps it to the log end).
@@ -27,6 +28,7 @@ The shell carries out a Ready in this order (never another):
   4. ``produce_results``. A result is only ever produced after the data it acknowledges is
      durable (acks 0/1: locally; acks=all: on every member of the ISR), so "persist, then send,
      then acknowledge" holds even though the leader's fsync runs in parallel with the sends.
+     Then ``delete_records_results``.
 
 Decisions:
 - High watermark. The leader's HW is the minimum of the log end offsets over the *maximal* ISR
@@ -68,6 +70,17 @@ Decisions:
   replica updates the producer state from the header of every batch it appends, so a follower
   elected leader deduplicates as its predecessor did; a truncation drops the state above the
   cut; recovery rebuilds it from the log's batch headers (``producer_batches``).
+- DeleteRecords (Kafka's Partition.deleteRecordsOnLeader and DelayedDeleteRecords): the leader
+  moves its log start offset up to the requested offset (-1: the high watermark; negative or
+  above the high watermark: OFFSET_OUT_OF_RANGE) at once (``AdvanceLogStart``), and answers
+  when the low watermark, the lowest log start offset over the committed ISR, reaches it, or
+  with REQUEST_TIMED_OUT at its timeout. Followers report their log start offset in fetches and
+  push acks, and adopt the leader's from every fetch answer and push, bounded by their own
+  high watermark (Kafka's maybeIncrementLogStartOffset on the follower). The leader answers
+  parked fetches at once when its log start moves, so followers learn it without waiting out
+  a long poll. A follower started (by a full truncation) at a log start inside one of the
+  leader's batches takes that whole batch as its first one. The cleanup.policy check
+  (POLICY_VIOLATION) is the shell's: the state machine does not know topic configs.
 - Truncation is synchronous from the state machine's view: the shell applies ``TruncateTo``
   before anything that follows it in the Ready. A log ``generation`` counter, bumped on every
   truncation, lets fsync reports from before a truncation be recognised and dropped.
@@ -100,6 +113,7 @@ from raylog.actors.messages import (
     BecomeFollower,
     BecomeLeader,
     BecomeObserver,
+    DeleteRecordsRequest,
     EpochEndOffset,
     FetchRequest,
     FetchResponse,
@@ -113,7 +127,9 @@ from raylog.actors.messages import (
 )
 from raylog.actors.producer_state import DUPLICATE, ERROR, ProducerStateTable
 from raylog.actors.replication_types import (
+    AdvanceLogStart,
     AppendBatch,
+    DeleteRecordsResult,
     InvariantViolation,
     ProduceResult,
     Ready,
@@ -156,6 +172,8 @@ NONE = 0
 # Upper bounds that keep every loop in this module finite even on bad input.
 MAX_REPLICAS = 64
 MAX_BATCHES_PER_MESSAGE = 10_000
+MAX_PENDING_DELETE_RECORDS = 1_000  # DeleteRecords requests waiting for the low watermark
+DELETE_RECORDS_HIGH_WATERMARK = -1  # DeleteRecords' offset -1: up to the high watermark
 
 
 # --- internal state ---------------------------------------------------------------------------
@@ -172,6 +190,7 @@ class FollowerState:
     # Push mode: where the follower's log ends once every push sent so far lands; None while
     # it catches up by fetching.
     pushed_end_offset: int | None = None
+    log_start_offset: int = UNDEFINED_OFFSET  # unknown until it fetches or acks in this epoch
 
 
 @dataclass
@@ -180,6 +199,13 @@ class PendingProduce:
     acks: int
     base_offset: int
     end_offset: int  # the batch's last offset + 1
+    deadline_ms: int
+
+
+@dataclass
+class PendingDeleteRecords:
+    request_id: int
+    offset: int  # answered once the low watermark reaches it
     deadline_ms: int
 
 
@@ -234,6 +260,7 @@ class PartitionReplica:
             for b in producer_batches
             if b.producer_id >= 0
         )
+        self.producers.remove_before(log_start_offset)  # batches below it may still be on disk
         # Leader state.
         self.isr: tuple[int, ...] = ()
         self.replicas: tuple[int, ...] = ()
@@ -245,6 +272,7 @@ class PartitionReplica:
         self.alter_not_before_ms = 0
         self.pending: dict[int, PendingProduce] = {}
         self.pending_acks_all = 0
+        self.pending_deletes: dict[int, PendingDeleteRecords] = {}
         self.parked: dict[int, ParkedFetch] = {}
         # Follower state.
         self.fetch_in_flight: FetchRequest | None = None
@@ -312,6 +340,16 @@ class PartitionReplica:
         higher_start = self.epoch_cache[index][1]
         floor_epoch = self.epoch_cache[index - 1][0] if index > 0 else epoch
         return EpochEndOffset(floor_epoch, higher_start)
+
+    @property
+    def low_watermark(self) -> int:
+        """The leader's lowest log start offset over the committed ISR (Kafka's
+        lowWatermarkIfLeader); UNDEFINED_OFFSET while a member's is unknown."""
+        low = self.log_start_offset
+        for rid in self.isr:
+            if rid != self.replica_id:
+                low = min(low, self.followers[rid].log_start_offset)
+        return low
 
     def maximal_isr(self) -> tuple[int, ...]:
         """The committed ISR plus the members an in-flight AlterPartition would add."""
@@ -471,6 +509,7 @@ class PartitionReplica:
                 f"{self.config.min_insync_replicas} after the append",
             )
         self._maybe_advance_high_watermark()
+        self._maybe_complete_deletes()  # a member that left no longer holds the low watermark
 
     # --- produce ------------------------------------------------------------------------------
 
@@ -547,7 +586,12 @@ class PartitionReplica:
                 # The shell fills the batch from its log: the bytes as stored, with the base
                 # offset and leader epoch (and LogAppendTime) that the log stamped in them.
                 request = ReplicateRequest(
-                    self.replica_id, self.leader_epoch, self.high_watermark, prev_epoch, ()
+                    self.replica_id,
+                    self.leader_epoch,
+                    self.high_watermark,
+                    prev_epoch,
+                    (),
+                    log_start_offset=self.log_start_offset,
                 )
                 self._ready.messages.append(
                     SendPushData(rid, request, batch.base_offset, batch.next_offset)
@@ -574,6 +618,71 @@ class PartitionReplica:
         if msg.acks == -1:
             self.pending_acks_all += 1
 
+    # --- DeleteRecords ------------------------------------------------------------------------
+
+    def _on_delete_records(self, msg: DeleteRecordsRequest, now_ms: int) -> None:
+        if msg.request_id in self.pending_deletes:
+            return  # a duplicate delivery of a request still waiting: answered once
+        if self.role is not Role.LEADER:
+            self._delete_result(msg.request_id, NotLeaderOrFollowerError.error_code, "not leader")
+            return
+        offset = self.high_watermark if msg.offset == DELETE_RECORDS_HIGH_WATERMARK else msg.offset
+        if not 0 <= offset <= self.high_watermark:
+            self._delete_result(
+                msg.request_id,
+                OffsetOutOfRangeError.error_code,
+                f"offset {msg.offset} is not in [0, high watermark {self.high_watermark}]",
+            )
+            return
+        if len(self.pending_deletes) >= MAX_PENDING_DELETE_RECORDS:
+            self._delete_result(
+                msg.request_id, RequestTimedOutError.error_code, "too many DeleteRecords waiting"
+            )
+            return
+        if offset > self.log_start_offset:
+            self._advance_log_start(offset)
+            # Followers learn the new start from the answers to their parked fetches now.
+            self._answer_parked(now_ms, only_expired=False)
+        self.pending_deletes[msg.request_id] = PendingDeleteRecords(
+            msg.request_id, offset, now_ms + max(0, msg.timeout_ms)
+        )
+        self._maybe_complete_deletes()
+
+    def _advance_log_start(self, offset: int) -> None:
+        """Move our log start up to ``offset`` (<= the HW) and have the shell do it on disk."""
+        check_invariant(offset <= self.high_watermark, "the log start never passes the HW")
+        self._move_log_start(offset)
+        self._ready.log_ops.append(AdvanceLogStart(offset))
+
+    def _adopt_leader_log_start(self, leader_log_start_offset: int) -> None:
+        """Follower: Kafka's maybeIncrementLogStartOffset(leaderLogStartOffset), bounded by our
+        high watermark (so also by our log end)."""
+        start = min(leader_log_start_offset, self.high_watermark)
+        if start > self.log_start_offset:
+            self._advance_log_start(start)
+
+    def _maybe_complete_deletes(self) -> None:
+        if not self.pending_deletes or self.role is not Role.LEADER:
+            return
+        low = self.low_watermark
+        for p in [p for p in self.pending_deletes.values() if p.offset <= low]:
+            del self.pending_deletes[p.request_id]
+            self._delete_result(p.request_id, NONE, "", low)
+
+    def _delete_result(
+        self, request_id: int, error_code: int, message: str, low_watermark: int = -1
+    ) -> None:
+        self._ready.delete_records_results.append(
+            DeleteRecordsResult(request_id, error_code, low_watermark, message)
+        )
+
+    def _fail_pending_deletes(self, error_code: int, message: str, now_ms: int | None) -> None:
+        """Answer the waiting DeleteRecords with an error: all, or (``now_ms``) the expired."""
+        for p in list(self.pending_deletes.values()):
+            if now_ms is None or p.deadline_ms <= now_ms:
+                del self.pending_deletes[p.request_id]
+                self._delete_result(p.request_id, error_code, message)
+
     def _on_local_append_durable(self, msg: LocalAppendDurable, now_ms: int) -> None:
         if msg.generation != self.generation:
             return  # reported before a truncation: those offsets may hold other batches now
@@ -595,7 +704,12 @@ class PartitionReplica:
                 self.push_ack_owed = self.durable_end_offset < self.log_end_offset
                 self._send(
                     self.leader_id,
-                    ReplicateAck(self.replica_id, self.leader_epoch, self.durable_end_offset),
+                    ReplicateAck(
+                        self.replica_id,
+                        self.leader_epoch,
+                        self.durable_end_offset,
+                        log_start_offset=self.log_start_offset,
+                    ),
                 )
             self._maybe_fetch(now_ms)
 
@@ -689,6 +803,7 @@ class PartitionReplica:
             self._reply_fetch_data(msg)
             return
         state = self.followers[msg.replica_id]
+        state.log_start_offset = max(state.log_start_offset, msg.log_start_offset)
         self._record_follower_progress(msg.replica_id, state, msg.fetch_offset, now_ms)
         if self.config.replication_mode == "push" and msg.replica_id not in self.observers:
             # Caught up: pushes carry it from here. Behind: it pulls, and we stop pushing.
@@ -712,6 +827,7 @@ class PartitionReplica:
             return
         if msg.durable_end_offset > self.log_end_offset:
             return  # cannot be from this epoch's log: ignore rather than trust it
+        state.log_start_offset = max(state.log_start_offset, msg.log_start_offset)
         if not msg.in_push:
             state.pushed_end_offset = None
         if msg.durable_end_offset < state.log_end_offset:
@@ -732,6 +848,7 @@ class PartitionReplica:
         state.last_fetch_ms = now_ms
         self._maybe_expand_isr(replica_id, state, now_ms)
         self._maybe_advance_high_watermark()
+        self._maybe_complete_deletes()
 
     # --- leader: ISR and high watermark -------------------------------------------------------
 
@@ -800,6 +917,9 @@ class PartitionReplica:
         expired = [p for p in self.pending.values() if p.deadline_ms <= now_ms]
         for p in expired:
             self._complete(p, RequestTimedOutError.error_code, "not replicated within timeout")
+        self._fail_pending_deletes(
+            RequestTimedOutError.error_code, "low watermark not reached within timeout", now_ms
+        )
         self._answer_parked(now_ms, only_expired=True)
         if (
             self.alter_in_flight is not None
@@ -852,6 +972,7 @@ class PartitionReplica:
     def _fail_all_pending(self, error_code: int, message: str) -> None:
         for p in list(self.pending.values()):
             self._complete(p, error_code, message)
+        self._fail_pending_deletes(error_code, message, None)
 
     def _fail_pending_acks_all(self, error_code: int, message: str) -> None:
         for p in [p for p in self.pending.values() if p.acks == -1]:
@@ -885,6 +1006,7 @@ class PartitionReplica:
             last_fetched_epoch=self.last_epoch,
             max_bytes=self.config.fetch_max_bytes,
             max_wait_ms=0 if push else self.config.fetch_max_wait_ms,
+            log_start_offset=self.log_start_offset,
         )
         self.next_request_id += 1
         self.fetch_in_flight = request
@@ -915,6 +1037,7 @@ class PartitionReplica:
         else:
             appended = self._append_from_leader(msg.batches, request.fetch_offset)
             self._update_follower_high_watermark(msg.high_watermark)
+            self._adopt_leader_log_start(msg.log_start_offset)
             if self._receives_pushes():
                 caught_up = not appended and msg.log_end_offset == request.fetch_offset
                 self.push_active = caught_up
@@ -954,13 +1077,18 @@ class PartitionReplica:
             self._send(
                 self.leader_id,
                 ReplicateAck(
-                    self.replica_id, self.leader_epoch, self.durable_end_offset, in_push=False
+                    self.replica_id,
+                    self.leader_epoch,
+                    self.durable_end_offset,
+                    in_push=False,
+                    log_start_offset=self.log_start_offset,
                 ),
             )
             self._maybe_fetch(now_ms)
             return
         self._append_from_leader(msg.batches, self.log_end_offset)
         self._update_follower_high_watermark(msg.high_watermark)
+        self._adopt_leader_log_start(msg.log_start_offset)
         self.push_active = True
         self.last_push_ms = now_ms
         self.push_ack_owed = True  # acknowledged once LocalAppendDurable covers it
@@ -976,7 +1104,7 @@ class PartitionReplica:
             if meta.next_offset <= self.log_end_offset:
                 continue  # the first batch may start before the fetch offset
             check_invariant(
-                meta.base_offset >= self.log_end_offset,
+                meta.base_offset >= self.log_end_offset or self._empty_above_log_start(),
                 "fetched batches never go back (gaps are a compacted leader log's)",
             )
             check_invariant(meta.leader_epoch <= self.leader_epoch, "a batch from a future epoch")
@@ -1022,16 +1150,27 @@ class PartitionReplica:
         index = bisect.bisect_right([start for _, start in self.epoch_cache], offset) - 1
         return self.epoch_cache[index][0] if index >= 0 else UNDEFINED_EPOCH
 
+    def _empty_above_log_start(self) -> bool:
+        """Nothing at or above our log start: a first batch from the leader may then start
+        below our log end, when the leader's log start (where a full truncation started ours)
+        lies inside that batch. The log restarts at the batch's base offset for it."""
+        return self.log_end_offset == self.log_start_offset
+
     def _append(self, batch: BatchMeta, data: bytes, *, replicated: bool) -> None:
         if replicated:
             # A leader's compacted log has gaps between batches, and may hold a batch whose
             # records the cleaner all removed (kept for its producer's sequence).
-            check_invariant(batch.base_offset >= self.log_end_offset, "offsets never go back")
+            check_invariant(
+                batch.base_offset >= self.log_end_offset or self._empty_above_log_start(),
+                "offsets never go back",
+            )
         else:
             check_invariant(batch.base_offset == self.log_end_offset, "offsets are contiguous")
         check_invariant(batch.record_count >= 1, "a batch spans at least one offset")
         if not self.epoch_cache or self.epoch_cache[-1][0] < batch.leader_epoch:
-            self.epoch_cache.append((batch.leader_epoch, batch.base_offset))
+            # Invariant: no epoch starts below the log start (a batch may straddle it).
+            start = max(batch.base_offset, self.log_start_offset)
+            self.epoch_cache.append((batch.leader_epoch, start))
         check_invariant(
             self.epoch_cache[-1][0] == batch.leader_epoch, "batch epochs never go backwards"
         )
@@ -1072,12 +1211,16 @@ class PartitionReplica:
         self._ready.log_ops.append(TruncateTo(offset, self.generation))
 
     def _on_log_start_advanced(self, msg: LocalLogStartAdvanced, now_ms: int) -> None:
-        """Retention removed the log's head. Only committed data goes (the shell deletes below
-        the high watermark it read, and the HW never moves back), so nothing else changes; the
-        epoch cache keeps the epoch in force at the new start, as Kafka's truncateFromStart."""
+        """Retention removed the log's head (the log has done it: no AdvanceLogStart)."""
         start = min(msg.log_start_offset, self.high_watermark)
-        if start <= self.log_start_offset:
-            return
+        if start > self.log_start_offset:
+            self._move_log_start(start)
+            self._maybe_complete_deletes()
+
+    def _move_log_start(self, start: int) -> None:
+        """Only committed data goes (never above the high watermark, which never moves back),
+        so nothing else changes; the epoch cache keeps the epoch in force at the new start, as
+        Kafka's truncateFromStart."""
         self.log_start_offset = start
         self.producers.remove_before(start)
         kept = [(e, s) for e, s in self.epoch_cache if s > start]
@@ -1124,6 +1267,9 @@ class PartitionReplica:
             "pending produce requests are bounded",
         )
         check_invariant(self.pending_acks_all <= self.config.max_pending_acks_all, "acks=all bound")
+        check_invariant(
+            len(self.pending_deletes) <= MAX_PENDING_DELETE_RECORDS, "DeleteRecords bound"
+        )
         if self.role is Role.LEADER:
             check_invariant(self.replica_id in self.isr, "a leader is in its own ISR")
             check_invariant(
@@ -1158,4 +1304,5 @@ class PartitionReplica:
         AlterPartitionResponse: "_on_alter_partition_response",
         LocalAppendDurable: "_on_local_append_durable",
         LocalLogStartAdvanced: "_on_log_start_advanced",
+        DeleteRecordsRequest: "_on_delete_records",
     }

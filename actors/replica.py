@@ -52,6 +52,7 @@ from raylog.actors.messages import (
     BecomeFollower,
     BecomeLeader,
     BecomeObserver,
+    DeleteRecordsRequest,
     FetchRequest,
     FetchResponse,
     LocalAppendDurable,
@@ -64,6 +65,7 @@ from raylog.actors.messages import (
 from raylog.actors.partition import PartitionReplica
 from raylog.actors.reassignment import ByteRateThrottle
 from raylog.actors.replication_types import (
+    AdvanceLogStart,
     AppendBatch,
     Ready,
     ReplicaConfig,
@@ -81,6 +83,7 @@ from raylog.storage.errors import (
     InvalidRecordError,
     KafkaStorageError,
     NotLeaderOrFollowerError,
+    PolicyViolationError,
     RaylogError,
     RequestTimedOutError,
     UnknownLeaderEpochError,
@@ -192,6 +195,15 @@ class FetchOutcome(msgspec.Struct, frozen=True):
     message: str = ""
 
 
+class DeleteRecordsOutcome(msgspec.Struct, frozen=True):
+    """What a delete_records call returns: Kafka's error code and the partition's low
+    watermark (-1 on error)."""
+
+    error_code: int
+    low_watermark: int
+    message: str = ""
+
+
 class ReplicaState(msgspec.Struct, frozen=True):
     """A snapshot for operators and tests."""
 
@@ -269,6 +281,7 @@ class ReplicaActor:
         self._offline: str | None = None
         self._next_request_id = 1
         self._produce_waiters: dict[int, asyncio.Future[ProduceOutcome]] = {}
+        self._delete_waiters: dict[int, asyncio.Future[DeleteRecordsOutcome]] = {}
         self._fetch_waiters: dict[int, asyncio.Future[FetchResponse]] = {}
         self._peers: dict[int, Any] = {}
         self._peer_calls: dict[int, int] = {}
@@ -538,13 +551,9 @@ class ReplicaActor:
         """Append one client batch; return when the acks condition holds (or fails)."""
         self._ensure_started()
         start = self._sm.log_start_offset
-        if self._offline is not None:
-            return ProduceOutcome(KafkaStorageError.error_code, -1, start, self._offline)
-        if self._lease_required and now_ms() >= self._lease_until_ms:
-            # No confirmed broker session: another replica may already lead (no split brain).
-            return ProduceOutcome(
-                NotLeaderOrFollowerError.error_code, -1, start, "broker session lease lapsed"
-            )
+        refused = self._refuse_leader_write()
+        if refused is not None:
+            return ProduceOutcome(refused[0], -1, start, refused[1])
         try:
             header = rb.validate_client_batch(batch, self._max_message_bytes)
             # Kafka's LogValidator: compaction keeps the latest record of each key, so a record
@@ -589,6 +598,48 @@ class ReplicaActor:
         except TimeoutError:
             self._produce_waiters.pop(request_id, None)
             return ProduceOutcome(RequestTimedOutError.error_code, -1, start, "no completion")
+
+    def _refuse_leader_write(self) -> tuple[int, str] | None:
+        """Why this replica may not change its log for a client now, as (error code, message):
+        offline, or (with a session lease) no confirmed broker session, when another replica
+        may already lead (no split brain). None: go ahead."""
+        if self._offline is not None:
+            return KafkaStorageError.error_code, self._offline
+        if self._lease_required and now_ms() >= self._lease_until_ms:
+            return NotLeaderOrFollowerError.error_code, "broker session lease lapsed"
+        return None
+
+    async def delete_records(self, offset: int, timeout_ms: int) -> DeleteRecordsOutcome:
+        """Kafka's DeleteRecords for this partition, on its leader: move the log start offset
+        up to ``offset`` (-1: the high watermark) and return once every in-sync replica's log
+        starts there (the low watermark), or REQUEST_TIMED_OUT after ``timeout_ms``. As Kafka's
+        Partition.deleteRecordsOnLeader: NOT_LEADER_OR_FOLLOWER off the leader, then
+        POLICY_VIOLATION when cleanup.policy lacks delete, then OFFSET_OUT_OF_RANGE for an
+        offset above the high watermark or negative (the state machine's checks)."""
+        self._ensure_started()
+        refused = self._refuse_leader_write()
+        if refused is not None:
+            return DeleteRecordsOutcome(refused[0], -1, refused[1])
+        if self._sm.role is not Role.LEADER:
+            return DeleteRecordsOutcome(NotLeaderOrFollowerError.error_code, -1, "not the leader")
+        if not self._log.config.delete:
+            return DeleteRecordsOutcome(
+                PolicyViolationError.error_code,
+                -1,
+                f"records of {self.topic}-{self.partition} cannot be deleted: its "
+                f"cleanup.policy is {self._log.config.cleanup_policy}",
+            )
+        request_id = self._new_request_id()
+        waiter: asyncio.Future[DeleteRecordsOutcome] = asyncio.get_running_loop().create_future()
+        self._delete_waiters[request_id] = waiter
+        timeout_ms = max(0, min(timeout_ms, REQUEST_TIMEOUT_MS_MAX))
+        self._step(DeleteRecordsRequest(request_id, offset, timeout_ms))
+        try:
+            # The state machine times the request out itself; this bound only guards the shell.
+            return await asyncio.wait_for(waiter, timeout=timeout_ms / 1000 + 5)
+        except TimeoutError:
+            self._delete_waiters.pop(request_id, None)
+            return DeleteRecordsOutcome(RequestTimedOutError.error_code, -1, "no completion")
 
     async def fetch(
         self,
@@ -715,7 +766,8 @@ class ReplicaActor:
         offsets = rows.column("offset").to_pylist()
         stamps = rows.column("timestamp").cast(pa.int64()).to_pylist()
         for offset, stamp in zip(offsets, stamps, strict=True):
-            if stamp >= timestamp:
+            # batch_offset is the log start offset when that lies inside the batch.
+            if offset >= batch_offset and stamp >= timestamp:
                 return stamp, offset
         return None
 
@@ -769,6 +821,8 @@ class ReplicaActor:
                         self._log.truncate_fully_and_start_at(op.offset)
                     else:
                         self._log.truncate_to(op.offset)
+                elif isinstance(op, AdvanceLogStart):
+                    self._log.advance_log_start(op.offset, self._sm.high_watermark)
                 else:
                     assert isinstance(op, AppendBatch)
                     appended_records += op.batch.record_count
@@ -803,6 +857,14 @@ class ReplicaActor:
                             result.message,
                         )
                     )
+            for deleted in ready.delete_records_results:
+                delete_waiter = self._delete_waiters.pop(deleted.request_id, None)
+                if delete_waiter is not None and not delete_waiter.done():
+                    delete_waiter.set_result(
+                        DeleteRecordsOutcome(
+                            deleted.error_code, deleted.low_watermark, deleted.message
+                        )
+                    )
             self._wake_long_polls()
         raise RuntimeError("state machine kept producing Ready: bound of 1000 rounds reached")
 
@@ -825,6 +887,8 @@ class ReplicaActor:
             return set()  # nothing to send early: no batch is copied
         fresh: dict[int, RecordBatch] = {}
         for op in ready.log_ops:
+            if isinstance(op, AdvanceLogStart):
+                continue  # moves the log start, which the fresh batches are above
             if isinstance(op, TruncateTo) or op.replicated:
                 return set()  # only a leader's plain appends
             data = bytearray(op.data)  # the one copy: the client's bytes are immutable
@@ -1064,6 +1128,12 @@ class ReplicaActor:
             if not waiter.done():
                 waiter.set_result(ProduceOutcome(KafkaStorageError.error_code, -1, -1, reason))
         self._produce_waiters.clear()
+        for delete_waiter in self._delete_waiters.values():
+            if not delete_waiter.done():
+                delete_waiter.set_result(
+                    DeleteRecordsOutcome(KafkaStorageError.error_code, -1, reason)
+                )
+        self._delete_waiters.clear()
         for request_id, fetch_waiter in list(self._fetch_waiters.items()):
             if not fetch_waiter.done():
                 fetch_waiter.set_exception(KafkaStorageError(reason))
@@ -1072,6 +1142,7 @@ class ReplicaActor:
 
 __all__ = [
     "NAMESPACE",
+    "DeleteRecordsOutcome",
     "FetchOutcome",
     "NotLeaderOrFollowerError",
     "ProduceOutcome",

@@ -113,6 +113,14 @@ class TruncateTo(msgspec.Struct, frozen=True):
     full: bool = False
 
 
+class AdvanceLogStart(msgspec.Struct, frozen=True):
+    """Move the log start offset up to ``offset`` and delete the segments wholly below it
+    (``Log.advance_log_start(offset, high_watermark)``): DeleteRecords on the leader, or a
+    follower adopting its leader's log start. ``offset`` is never above the high watermark."""
+
+    offset: int
+
+
 class SendToReplica(msgspec.Struct, frozen=True):
     to: int
     message: Any  # FetchRequest (follower → leader) or ReplicateAck (push mode)
@@ -155,15 +163,26 @@ class ProduceResult(msgspec.Struct, frozen=True):
     message: str = ""
 
 
+class DeleteRecordsResult(msgspec.Struct, frozen=True):
+    """Complete DeleteRecords request ``request_id``: ``error_code`` 0 and the partition's low
+    watermark (the lowest log start offset over the in-sync replicas), or an error and -1."""
+
+    request_id: int
+    error_code: int
+    low_watermark: int
+    message: str = ""
+
+
 @dataclass
 class Ready:
     """Everything the shell must do, in field order (see the module docstring)."""
 
-    log_ops: list[TruncateTo | AppendBatch] = field(default_factory=list)
+    log_ops: list[TruncateTo | AppendBatch | AdvanceLogStart] = field(default_factory=list)
     checkpoint_high_watermark: int | None = None
     messages: list[SendToReplica | SendFetchData | SendPushData] = field(default_factory=list)
     alter_partition: list[AlterPartitionRequest] = field(default_factory=list)
     produce_results: list[ProduceResult] = field(default_factory=list)
+    delete_records_results: list[DeleteRecordsResult] = field(default_factory=list)
 
     def is_empty(self) -> bool:
         return not (
@@ -172,4 +191,5 @@ class Ready:
             or self.messages
             or self.alter_partition
             or self.produce_results
+            or self.delete_records_results
         )
