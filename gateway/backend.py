@@ -6,7 +6,8 @@ Kafka, the backend speaks raylog, and the values crossing it are plain immutable
 (calls to the controller and replica actors) lives with the actors; tests use an in-memory one.
 
 Methods grow with the handlers: :class:`Backend` is what Metadata needs, :class:`DataBackend`
-adds the data path (Produce, Fetch, ListOffsets), :class:`AdminBackend` the admin APIs (topics
+adds the data path (Produce, Fetch, ListOffsets, and DeleteRecords, which like them goes to
+each partition's leader replica), :class:`AdminBackend` the admin APIs (topics
 and configs, carried out by the active controller whichever broker the request reached). Record
 batches cross this boundary as opaque ``bytes``: neither side decodes records on the produce or
 fetch path.
@@ -24,6 +25,7 @@ __all__ = [
     "Broker",
     "ClusterView",
     "DataBackend",
+    "DeleteRecordsResult",
     "FetchResult",
     "ListOffsetsResult",
     "PartitionState",
@@ -126,6 +128,15 @@ class ListOffsetsResult(NamedTuple):
     leader_epoch: int = -1
 
 
+class DeleteRecordsResult(NamedTuple):
+    """DeleteRecords for one partition: the low watermark (the lowest log start offset over
+    the in-sync replicas) once it reached the requested offset, -1 with ``error_code`` set."""
+
+    error_code: int
+    low_watermark: int
+    message: str = ""
+
+
 @runtime_checkable
 class DataBackend(Backend, Protocol):
     """A :class:`Backend` that also serves the data path, for Produce, Fetch and ListOffsets.
@@ -185,6 +196,15 @@ class DataBackend(Backend, Protocol):
     ) -> ListOffsetsResult:
         """-2: the log start offset; -1: the last fetchable offset; else the first offset
         whose batch has a timestamp >= ``timestamp``."""
+        ...
+
+    async def delete_records(
+        self, topic: str, partition: int, offset: int, timeout_ms: int
+    ) -> DeleteRecordsResult:
+        """Move the partition's log start offset up to ``offset`` (-1: the high watermark) and
+        wait, up to ``timeout_ms``, until every in-sync replica's has moved (Kafka's
+        DelayedDeleteRecords): then REQUEST_TIMED_OUT (7). OFFSET_OUT_OF_RANGE (1) above the
+        high watermark, POLICY_VIOLATION (44) when cleanup.policy lacks delete."""
         ...
 
 

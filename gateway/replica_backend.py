@@ -69,6 +69,7 @@ from raylog.gateway.backend import (
     AdminResult,
     Broker,
     ClusterView,
+    DeleteRecordsResult,
     FetchResult,
     ListOffsetsResult,
     PartitionState,
@@ -354,6 +355,28 @@ class ReplicaBackend:
         except TimeoutError:
             return ListOffsetsResult(ErrorCode.REQUEST_TIMED_OUT, -1, -1)
         return ListOffsetsResult(code, found_timestamp, offset, leader_epoch)
+
+    async def delete_records(
+        self, topic: str, partition: int, offset: int, timeout_ms: int
+    ) -> DeleteRecordsResult:
+        error = self._route(topic, partition)
+        if error:
+            return DeleteRecordsResult(error, -1)
+        timeout_ms = max(0, timeout_ms)
+        try:
+            outcome = await self._call(
+                topic,
+                partition,
+                "delete_records",
+                (offset, timeout_ms),
+                timeout_s=timeout_ms / 1000 + self._call_margin_s,
+                retry=False,
+            )
+        except _CallFailed as exc:
+            return DeleteRecordsResult(exc.error_code, -1, str(exc))
+        except TimeoutError:
+            return DeleteRecordsResult(ErrorCode.REQUEST_TIMED_OUT, -1, "replica call timed out")
+        return DeleteRecordsResult(outcome.error_code, outcome.low_watermark, outcome.message)
 
     async def _preferred_read_replica(
         self, topic: str, partition: int, fetch_offset: int, rack_id: str

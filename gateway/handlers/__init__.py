@@ -11,10 +11,11 @@ deliberate exception is :class:`CloseConnection`, for the cases where Kafka answ
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType, ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from raylog.gateway import apis
 from raylog.gateway.backend import Backend
@@ -23,7 +24,16 @@ from raylog.gateway.protocol import Request
 if TYPE_CHECKING:
     from raylog.gateway.group_coordinator import GroupCoordinator
 
-__all__ = ["HANDLERS", "CloseConnection", "Handler", "RequestContext", "advertised_versions"]
+__all__ = [
+    "HANDLERS",
+    "CloseConnection",
+    "Handler",
+    "RequestContext",
+    "advertised_versions",
+    "per_partition",
+]
+
+_R = TypeVar("_R")
 
 
 class CloseConnection(Exception):
@@ -47,6 +57,17 @@ class RequestContext:
 
 
 Handler = Callable[[RequestContext, Request], Awaitable[Any | None]]
+
+
+async def per_partition(
+    topics: Iterable[Any], call: Callable[[str, Any], Awaitable[_R]]
+) -> list[tuple[Any, list[tuple[Any, _R]]]]:
+    """Run ``call(topic name, partition)`` for every partition of a request's ``topics`` (each
+    with ``name`` and ``partitions``) concurrently: each partition answered by its own leader.
+    Returns ``(topic, [(partition, result), ...])`` in the request's order."""
+    topics = list(topics)
+    results = iter(await asyncio.gather(*(call(t.name, p) for t in topics for p in t.partitions)))
+    return [(t, [(p, next(results)) for p in t.partitions]) for t in topics]
 
 
 def _load() -> Mapping[int, Handler]:
@@ -73,9 +94,9 @@ def _load() -> Mapping[int, Handler]:
         alter_configs,
         incremental_alter_configs,
     )
-    from raylog.gateway.handlers import create_partitions, elect_leaders
+    from raylog.gateway.handlers import create_partitions, delete_records, elect_leaders
 
-    modules += (create_partitions, elect_leaders)
+    modules += (create_partitions, elect_leaders, delete_records)
     from raylog.gateway.handlers import (
         find_coordinator,
         heartbeat,

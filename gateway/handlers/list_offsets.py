@@ -16,13 +16,12 @@ The answer's timestamp is -1 for -1 and -2, as Kafka's is.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any, cast
 
 from kafka.protocol.consumer import ListOffsetsResponse
 
 from raylog.gateway.backend import READ_UNCOMMITTED, DataBackend
-from raylog.gateway.handlers import RequestContext
+from raylog.gateway.handlers import RequestContext, per_partition
 from raylog.gateway.protocol import Request
 
 API_KEY = 2
@@ -36,27 +35,23 @@ async def handle(context: RequestContext, request: Request) -> Any:
     backend = cast(DataBackend, context.backend)
     # isolation_level exists from v2; v1 reads as read_uncommitted.
     isolation = body.isolation_level if request.api_version >= 2 else READ_UNCOMMITTED
-    results = iter(
-        await asyncio.gather(
-            *(
-                backend.list_offsets(topic.name, p.partition_index, p.timestamp, isolation, -1)
-                for topic in body.topics
-                for p in topic.partitions
-            )
-        )
+    answered = await per_partition(
+        body.topics,
+        lambda name, p: backend.list_offsets(name, p.partition_index, p.timestamp, isolation, -1),
     )
-    topics = []
-    for topic in body.topics:
-        partitions = []
-        for p in topic.partitions:
-            result = next(results)
-            partitions.append(
+    topics = [
+        _Topic(
+            name=topic.name,
+            partitions=[
                 _Partition(
                     partition_index=p.partition_index,
                     error_code=result.error_code,
                     timestamp=result.timestamp,
                     offset=result.offset,
                 )
-            )
-        topics.append(_Topic(name=topic.name, partitions=partitions))
+                for p, result in partitions
+            ],
+        )
+        for topic, partitions in answered
+    ]
     return ListOffsetsResponse(throttle_time_ms=0, topics=topics)

@@ -69,6 +69,7 @@ EXPECTED_TABLE = {
     18: (0, 2),  # ApiVersions
     19: (2, 4),  # CreateTopics
     20: (1, 3),  # DeleteTopics
+    21: (0, 1),  # DeleteRecords
     22: (0, 1),  # InitProducerId
     32: (0, 2),  # DescribeConfigs
     33: (0, 1),  # AlterConfigs
@@ -103,10 +104,10 @@ def test_api_versions_v0_golden_bytes() -> None:
     assert isinstance(request, Request)
     assert request.header == codec.RequestHeader(18, 0, 7, "raw", 1)
     assert answer(connection, request) == bytes.fromhex(
-        "0000009a"  # size: 154 bytes
+        "000000a0"  # size: 160 bytes
         "00000007"  # correlation id
         "0000"  # error_code NONE
-        "00000018"  # api_keys: 24 entries, by key; each key, min, max
+        "00000019"  # api_keys: 25 entries, by key; each key, min, max
         "000000030007"  # Produce 3-7
         "00010004000b"  # Fetch 4-11
         "000200010003"  # ListOffsets 1-3
@@ -123,6 +124,7 @@ def test_api_versions_v0_golden_bytes() -> None:
         "001200000002"  # ApiVersions 0-2
         "001300020004"  # CreateTopics 2-4
         "001400010003"  # DeleteTopics 1-3
+        "001500000001"  # DeleteRecords 0-1
         "001600000001"  # InitProducerId 0-1
         "002000000002"  # DescribeConfigs 0-2
         "002100000001"  # AlterConfigs 0-1

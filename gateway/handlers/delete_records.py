@@ -1,0 +1,55 @@
+"""DeleteRecords (key 21), versions 0-1: move partitions' log start offsets up
+(``AdminClient.delete_records``, ``kafka-delete-records.sh``).
+
+Versions: v1 is v0 with throttling after the answer; v2 is the first flexible version, which the
+codec speaks, but librdkafka would then send it and kafka-python does not need it, so the
+advertised range stays 0-1 (DeleteRecords is not one of the APIs kafka-python infers the
+broker's version from).
+
+Each partition is answered by its leader replica through the backend, concurrently, with its own
+error code, as Kafka's ReplicaManager.deleteRecords does: UNKNOWN_TOPIC_OR_PARTITION (3) for a
+partition the metadata does not hold, NOT_LEADER_OR_FOLLOWER (6) when this broker does not lead
+it, POLICY_VIOLATION (44) when the topic's cleanup.policy lacks delete, OFFSET_OUT_OF_RANGE (1)
+for an offset above the high watermark or negative other than -1 (the high watermark), and
+REQUEST_TIMED_OUT (7) when the in-sync replicas did not all move their log start within
+``timeout_ms``. On success ``low_watermark`` is the partition's new low watermark.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from kafka.protocol.admin import DeleteRecordsResponse
+
+from raylog.gateway.backend import DataBackend
+from raylog.gateway.handlers import RequestContext, per_partition
+from raylog.gateway.protocol import Request
+
+API_KEY = 21
+
+_Topic = DeleteRecordsResponse.DeleteRecordsTopicResult
+_Partition = _Topic.DeleteRecordsPartitionResult
+
+
+async def handle(context: RequestContext, request: Request) -> Any:
+    body = request.body
+    backend = cast(DataBackend, context.backend)
+    answered = await per_partition(
+        body.topics,
+        lambda name, p: backend.delete_records(name, p.partition_index, p.offset, body.timeout_ms),
+    )
+    topics = [
+        _Topic(
+            name=topic.name,
+            partitions=[
+                _Partition(
+                    partition_index=p.partition_index,
+                    low_watermark=result.low_watermark,
+                    error_code=result.error_code,
+                )
+                for p, result in partitions
+            ],
+        )
+        for topic, partitions in answered
+    ]
+    return DeleteRecordsResponse(throttle_time_ms=0, topics=topics)
