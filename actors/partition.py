@@ -50,7 +50,9 @@ Decisions:
   to the time of the previous fetch if this fetch reaches the leader's log end as it was then.
   An ISR member is out of sync when its end differs from the leader's and it has not caught up
   for longer than ``replica.lag.time.max.ms``. A non-ISR follower joins once its end reaches
-  both the HW and the start offset of the current leader epoch. Observers never join.
+  both the HW and the start offset of the current leader epoch, and its log start reaches ours
+  (raylog's rule, not Kafka's: an acknowledged DeleteRecords then holds on every replica a
+  clean election can pick). Observers never join.
 - Long poll lives here: a replica's fetch that finds no data (pull mode; observers in push
   mode too) is parked, at most one per replica, and answered when data or a new HW arrives, or
   at ``max_wait_ms`` (on tick). Consumers' fetches are answered at once (the shell long-polls
@@ -73,7 +75,8 @@ Decisions:
 - DeleteRecords (Kafka's Partition.deleteRecordsOnLeader and DelayedDeleteRecords): the leader
   moves its log start offset up to the requested offset (-1: the high watermark; negative or
   above the high watermark: OFFSET_OUT_OF_RANGE) at once (``AdvanceLogStart``), and answers
-  when the low watermark, the lowest log start offset over the committed ISR, reaches it, or
+  when the low watermark, the lowest log start offset over the maximal ISR (as the HW: a
+  member an in-flight expansion adds may already be in the controller's ISR), reaches it, or
   with REQUEST_TIMED_OUT at its timeout. Followers report their log start offset in fetches and
   push acks, and adopt the leader's from every fetch answer and push, bounded by their own
   high watermark (Kafka's maybeIncrementLogStartOffset on the follower). The leader answers
@@ -247,6 +250,10 @@ class PartitionReplica:
         self.leader_epoch = UNDEFINED_EPOCH
         self.partition_epoch = -1
         self.controller_epoch = -1
+        # A re-created replica (Role.NONE) may hear how its predecessor's last AlterPartition
+        # ended before the controller's command reaches it: (leader epoch, partition epoch)
+        # of that committed state. A BecomeLeader older than it is stale (see _on_become_leader).
+        self.committed_partition_state = (UNDEFINED_EPOCH, -1)
         self.log_start_offset = log_start_offset
         self.log_end_offset = log_end_offset
         self.durable_end_offset = log_end_offset
@@ -343,10 +350,11 @@ class PartitionReplica:
 
     @property
     def low_watermark(self) -> int:
-        """The leader's lowest log start offset over the committed ISR (Kafka's
-        lowWatermarkIfLeader); UNDEFINED_OFFSET while a member's is unknown."""
+        """The leader's lowest log start offset over the maximal ISR (Kafka's
+        lowWatermarkIfLeader takes every live replica); UNDEFINED_OFFSET while a member's is
+        unknown."""
         low = self.log_start_offset
-        for rid in self.isr:
+        for rid in self.maximal_isr():
             if rid != self.replica_id:
                 low = min(low, self.followers[rid].log_start_offset)
         return low
@@ -388,6 +396,11 @@ class PartitionReplica:
         # followers could have copied is missing (a whole-node crash fences the broker and
         # elects a new leader with a new epoch).
         resuming = self.role is Role.NONE and last_epoch == msg.leader_epoch
+        if resuming and (msg.leader_epoch, msg.partition_epoch) < self.committed_partition_state:
+            # A command older than the ISR our predecessor already had committed (reordered
+            # in flight): leading on its smaller ISR could advance the HW, and answer
+            # DeleteRecords, without a member the controller counts. The next one is current.
+            return
         check_invariant(
             resuming or last_epoch < msg.leader_epoch,
             "a new leader epoch must exceed every epoch in the log",
@@ -474,6 +487,15 @@ class PartitionReplica:
         self.fetch_in_flight = None
 
     def _on_alter_partition_response(self, msg: AlterPartitionResponse, now_ms: int) -> None:
+        if self.role is Role.NONE and msg.error_code in (
+            NONE,
+            InvalidUpdateVersionError.error_code,
+        ):
+            # The answer to our predecessor's proposal: remember what is committed.
+            self.committed_partition_state = max(
+                self.committed_partition_state, (msg.leader_epoch, msg.partition_epoch)
+            )
+            return
         if self.role is not Role.LEADER or msg.leader_epoch != self.leader_epoch:
             return  # an answer for an earlier leadership of ours
         in_flight = self.alter_in_flight
@@ -870,6 +892,9 @@ class PartitionReplica:
         if (
             state.log_end_offset >= self.high_watermark
             and state.log_end_offset >= self.leader_epoch_start_offset
+            # It adopts our log start from the answer to the fetch that got it here, and
+            # reports it in the next one: at most one more round.
+            and state.log_start_offset >= self.log_start_offset
         ):
             self._propose_isr((*self.isr, replica_id), now_ms)
 
@@ -1013,6 +1038,19 @@ class PartitionReplica:
         self.fetch_sent_ms = now_ms
         self._send(self.leader_id, request)
 
+    def _straddles_leader_log_start(self, msg: FetchResponse, request: FetchRequest) -> bool:
+        """The leader's first batch starts below our log end, which is the leader's log start
+        and lies inside that batch, above our HW: our bytes just below it are not the
+        leader's, which cannot tell (it knows no epoch below its log start, so KIP-320's check
+        passed), and are deleted there anyway. Then we start over at its log start."""
+        first = msg.batches[0].meta if msg.batches else None
+        return (
+            first is not None
+            and first.base_offset < request.fetch_offset < first.next_offset
+            and request.fetch_offset == msg.log_start_offset > self.high_watermark
+            and self.log_end_offset > self.log_start_offset
+        )
+
     def _receives_pushes(self) -> bool:
         """Push mode serves followers only; observers always pull (with long poll)."""
         return self.config.replication_mode == "push" and self.role is Role.FOLLOWER
@@ -1033,8 +1071,20 @@ class PartitionReplica:
         if msg.error_code == OffsetOutOfRangeError.error_code:
             self._handle_out_of_range(msg, request)
         elif msg.diverging_epoch is not None:
-            self._truncate_diverged(msg.diverging_epoch)
+            if (
+                msg.diverging_epoch.end_offset <= msg.log_start_offset
+                and msg.log_start_offset > self.high_watermark
+            ):
+                # The leader knows nothing below its log start (its first epoch entry was moved
+                # up to it, possibly inside a batch, where no truncation can cut), and all we
+                # hold below it is deleted there: start over at its log start, as Kafka's
+                # follower ends up doing after its next fetch is out of range.
+                self._truncate_fully(msg.log_start_offset)
+            else:
+                self._truncate_diverged(msg.diverging_epoch)
         else:
+            if self._straddles_leader_log_start(msg, request):
+                self._truncate_fully(msg.log_start_offset)
             appended = self._append_from_leader(msg.batches, request.fetch_offset)
             self._update_follower_high_watermark(msg.high_watermark)
             self._adopt_leader_log_start(msg.log_start_offset)

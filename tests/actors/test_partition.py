@@ -90,9 +90,17 @@ _fetch_ids = iter(range(1, 1 << 30))
 
 
 def follower_fetch(
-    replica: PartitionReplica, follower: int, offset: int, now_ms: int, epoch: int = EPOCH
+    replica: PartitionReplica,
+    follower: int,
+    offset: int,
+    now_ms: int,
+    epoch: int = EPOCH,
+    log_start_offset: int = 0,
 ) -> Ready:
-    request = FetchRequest(follower, next(_fetch_ids), epoch, offset, -1, 1 << 20, 0)
+    """A follower's fetch; it reports its log start offset as followers do."""
+    request = FetchRequest(
+        follower, next(_fetch_ids), epoch, offset, -1, 1 << 20, 0, log_start_offset
+    )
     replica.step(request, now_ms)
     return replica.ready()
 
@@ -707,6 +715,18 @@ def test_a_recreated_leader_resumes_the_epoch_it_led() -> None:
     assert replica.high_watermark == 10
     ready = produce(replica, 1, now_ms=1_000)
     assert [op.batch.base_offset for op in ready.log_ops if isinstance(op, AppendBatch)] == [10]
+
+
+def test_a_recreated_leader_ignores_a_command_older_than_its_predecessors_isr() -> None:
+    # The predecessor proposed ISR (0, 1, 2); the controller committed it at partition epoch 8,
+    # and the answer reaches the re-created actor before the controller's command does, while a
+    # command from before the commit (epoch 7, ISR (0,)) is still in flight: it is stale.
+    replica = _recovered([(1, 0), (3, 4)], log_end=10)
+    replica.step(AlterPartitionResponse(0, 3, 8, (0, 1, 2), 5), 0)
+    replica.step(BecomeLeader(1, 3, 7, (0,), (0, 1, 2)), 1)
+    assert replica.role is Role.NONE  # refused: on ISR (0,) its HW would ignore 1 and 2
+    replica.step(BecomeLeader(1, 3, 8, (0, 1, 2), (0, 1, 2)), 2)
+    assert replica.role is Role.LEADER and replica.isr == (0, 1, 2)
 
 
 def test_a_refused_become_leader_changes_nothing() -> None:

@@ -19,6 +19,7 @@ from raylog.actors.messages import (
     BatchMeta,
     BecomeFollower,
     DeleteRecordsRequest,
+    EpochEndOffset,
     FetchRequest,
     FetchResponse,
     RecordBatch,
@@ -235,3 +236,45 @@ def test_a_follower_started_inside_a_batch_takes_that_batch_whole() -> None:
     assert [type(op) for op in ready.log_ops] == [AppendBatch]
     assert (follower.log_start_offset, follower.log_end_offset) == (15, 20)
     assert follower.epoch_cache == [(EPOCH, 15)]
+
+
+def test_a_follower_joins_the_isr_only_once_its_log_start_reaches_the_leaders() -> None:
+    leader = make_leader(isr=(0, 1), replicas=(0, 1, 2))
+    produce(leader, 1, acks=1, count=10)
+    make_durable(leader)
+    follower_fetch(leader, 1, 10, 1)
+    assert answers(delete(leader, 1, 6)) == {}  # follower 1 has not reported 6 yet
+    # Follower 2 catches up, still reporting log start 0: not yet in sync.
+    assert follower_fetch(leader, 2, 10, 2).alter_partition == []
+    ready = follower_fetch(leader, 2, 10, 3, log_start_offset=6)
+    assert [p.new_isr for p in ready.alter_partition] == [(0, 1, 2)]
+    # The expansion is in flight: 2 already counts towards the low watermark (maximal ISR).
+    delete(leader, 2, 8)
+    assert answers(fetch_reporting(leader, 1, 8, 4)) == {1: DeleteRecordsResult(1, 0, 6)}
+    assert answers(fetch_reporting(leader, 2, 8, 5)) == {2: DeleteRecordsResult(2, 0, 8)}
+
+
+def test_a_follower_whose_log_diverged_below_the_leaders_log_start_starts_over_there() -> None:
+    # Our log ends at 20 (HW 12) with batches the leader does not have; the leader's log starts
+    # at 17, inside its batch [16, 19], and it knows no epoch below that.
+    follower = follower_with_log(end=20, high_watermark=12)
+    request = sent_fetch(follower.ready())
+    diverged = EpochEndOffset(EPOCH, 17)
+    follower.step(FetchResponse(0, request.request_id, EPOCH, 0, 25, 17, 25, diverged), 1)
+    ready = follower.ready()
+    assert ready.log_ops == [TruncateTo(17, 1, full=True)]  # not a cut inside a batch
+    assert (follower.log_start_offset, follower.log_end_offset) == (17, 17)
+
+
+def test_a_follower_ending_at_the_leaders_log_start_inside_a_batch_starts_over() -> None:
+    # Our log ends at 17 (HW 12), which is the leader's log start, inside its batch [16, 19]:
+    # our batch ending at 17 is not the leader's (KIP-320 cannot tell: the leader knows no
+    # epoch below 17), so we start over at 17 and take the leader's batch whole.
+    follower = follower_with_log(end=17, high_watermark=12)
+    request = sent_fetch(follower.ready())
+    batch = RecordBatch(BatchMeta(16, 4, 40, EPOCH), b"x")
+    follower.step(FetchResponse(0, request.request_id, EPOCH, 0, 20, 17, 20, None, (batch,)), 1)
+    ready = follower.ready()
+    assert [type(op) for op in ready.log_ops] == [TruncateTo, AppendBatch]
+    assert ready.log_ops[0] == TruncateTo(17, 1, full=True)
+    assert (follower.log_start_offset, follower.log_end_offset) == (17, 20)

@@ -22,6 +22,14 @@ Definitions (what each checker proves, for runs with clean elections only):
    appended again instead of answered with the original offsets), and the committed batches of
    each producer id and epoch, in offset order, carry consecutive sequences from 0 (no gap).
    Producers write ``...p<id>e<epoch>q<first sequence>n<record count>`` as their batch data.
+   Kafka's exception, after DeleteRecords: a producer whose batches all lie below a log start
+   is forgotten (evictUnretainedProducers), and its next batch is accepted at any sequence. So
+   a batch whose first copy lies wholly below ``deleted_below`` (the highest log start any
+   replica adopted) may be committed again, and a producer's first batch at or above it may
+   start at any sequence.
+8. DeleteRecords: a replica elected cleanly starts at or above every low watermark a
+   DeleteRecords was answered with (deleted records never come back); no replica's log start
+   passes its high watermark.
 """
 
 from __future__ import annotations
@@ -46,6 +54,10 @@ class Checkers:
     epoch_writers: dict[int, int] = field(default_factory=dict)  # leader epoch -> replica id
     last_hw: dict[tuple[int, int], int] = field(default_factory=dict)  # (node, incarnation)
     committed_at: dict[bytes, int] = field(default_factory=dict)  # batch data -> base offset
+    deleted_below: int = 0  # the highest log start offset any replica adopted (checker 7)
+
+    def note_log_start(self, offset: int) -> None:
+        self.deleted_below = max(self.deleted_below, offset)
 
     def commit(self, base_offset: int, next_offset: int, data: bytes, why: str) -> None:
         """Record that ``data`` is committed at ``base_offset`` (checkers 1, 2, 6)."""
@@ -73,7 +85,9 @@ class Checkers:
                 f"{self.committed[after]!r} at [{after}, {self.committed_next[after]})"
             )
         first = self.committed_at.setdefault(data, base_offset)
-        if first != base_offset:
+        if first != base_offset and self.committed_next[first] <= self.deleted_below:
+            self.committed_at[data] = base_offset  # its first copy was deleted: Kafka's rule
+        elif first != base_offset:
             raise SimViolation(
                 f"{why}: batch {data!r} committed twice, at {first} and at {base_offset}"
             )
@@ -99,16 +113,21 @@ class Checkers:
     def check_idempotent_sequences(self) -> None:
         """Checker 7's gap check, over every batch committed so far (a prefix of the log)."""
         expected: dict[tuple[int, int], int] = {}  # (producer id, epoch) -> next sequence
+        forgotten: set[tuple[int, int]] = set()  # had batches deleted: may restart anywhere
         for base_offset in self.committed_bases:
-            data = self.committed[base_offset]
-            match = _IDEMPOTENT_DATA.search(data)
+            match = _IDEMPOTENT_DATA.search(self.committed[base_offset])
             if match is None:
                 continue
             producer_id, epoch, sequence, count = (int(g) for g in match.groups())
-            want = expected.get((producer_id, epoch), 0)
+            key = (producer_id, epoch)
+            if self.committed_next[base_offset] <= self.deleted_below:
+                forgotten.add(key)  # deleted: the replicas may have forgotten the producer
+                expected.pop(key, None)
+                continue
+            want = expected.get(key, sequence if key in forgotten else 0)
             if sequence != want:
                 raise SimViolation(
                     f"producer {producer_id} epoch {epoch}: committed batch at {base_offset} "
                     f"starts at sequence {sequence}, expected {want} (a gap or a duplicate)"
                 )
-            expected[(producer_id, epoch)] = sequence + count
+            expected[key] = sequence + count

@@ -24,6 +24,12 @@ sometimes early while the first try is still in flight (a client timeout), now a
 their epoch and restart at sequence 0 (librdkafka's local epoch bump). Their batches go to
 whichever replica the controller stand-in last made leader, so retries cross leader changes.
 
+DeleteRecords: a client now and then asks the leader to move the log start offset up (to an
+offset below the committed end, sometimes above the high watermark, sometimes -1), so log starts
+move on the leader and, through fetch answers and pushes, on the followers; consumers whose
+position falls below it restart from the log start, and a replaced or lagging replica restarts
+its log at the leader's log start, possibly inside a batch.
+
 Faults: message drop, delay (hence reordering), duplication (not on client connections, which
 are TCP), network partitions between any two of replicas and controller, crashes that lose the
 unsynced tail or keep a prefix of it (torn write), restarts that recover from the durable disk.
@@ -45,6 +51,7 @@ from raylog.actors.messages import (
     BecomeFollower,
     BecomeLeader,
     BecomeObserver,
+    DeleteRecordsRequest,
     FetchRequest,
     FetchResponse,
     LocalAppendDurable,
@@ -61,7 +68,12 @@ from raylog.actors.partition import (
     SendToReplica,
     TruncateTo,
 )
-from raylog.storage.errors import FencedLeaderEpochError, InvalidUpdateVersionError
+from raylog.actors.replication_types import AdvanceLogStart, DeleteRecordsResult
+from raylog.storage.errors import (
+    FencedLeaderEpochError,
+    InvalidUpdateVersionError,
+    OffsetOutOfRangeError,
+)
 
 from .checkers import Checkers, SimViolation
 from .disk import SimDisk
@@ -90,6 +102,7 @@ class Scenario:
     steps: int = 1000
     produce_interval_ms: int = 15
     consume_interval_ms: int = 30
+    delete_records_interval_ms: int = 150
     fault_interval_ms: int = 120
     fsync_max_ms: int = 8
     network: NetworkConfig = field(default_factory=NetworkConfig)
@@ -157,6 +170,7 @@ class Consumer:
     position: int = 0
     in_flight: int | None = None  # request id
     sent_ms: int = 0
+    restarted: bool = False  # moved up to a log start: the next batch may begin below it
 
 
 class Simulation:
@@ -193,6 +207,9 @@ class Simulation:
         self.producers = [IdempotentProducer(1000 + i) for i in range(IDEMPOTENT_PRODUCERS)]
         self.idempotent_requests: dict[int, int] = {}  # request id -> producer index
         self.consumer_requests: dict[int, int] = {}  # request id -> consumer index
+        self.delete_requests: set[int] = set()
+        # Checker 8: the highest low watermark a DeleteRecords was answered with.
+        self.acked_low_watermark = 0
         self.batch_counter = 0
         self.stats: dict[str, int] = {
             "acked_all": 0,
@@ -204,6 +221,7 @@ class Simulation:
             "consumed": 0,
             "idempotent_acked": 0,
             "idempotent_acked_after_retry": 0,
+            "deletes_acked": 0,
         }
         self.steps_done = 0
 
@@ -213,6 +231,7 @@ class Simulation:
         return self.scenario.replica_class(
             node_id,
             self.config,
+            log_start_offset=disk.log_start,
             log_end_offset=disk.end_offset,
             epoch_cache=disk.epoch_cache(),
             high_watermark=disk.hw_checkpoint,
@@ -239,9 +258,18 @@ class Simulation:
         ready = node.replica.ready()
         appended = False
         for op in ready.log_ops:
-            if isinstance(op, TruncateTo):
+            if isinstance(op, TruncateTo) and op.full:
+                node.disk.start_at(op.offset, op.generation)
+                node.verified_batches = 0
+            elif isinstance(op, TruncateTo):
                 node.disk.truncate(op.offset, op.generation)
                 node.verified_batches = min(node.verified_batches, len(node.disk.batches))
+            elif isinstance(op, AdvanceLogStart):
+                if op.offset > node.replica.high_watermark:
+                    raise SimViolation(f"replica {node.node_id} log start {op.offset} above its HW")
+                self.checkers.note_log_start(op.offset)
+                gone = node.disk.advance_log_start(op.offset)
+                node.verified_batches = max(0, node.verified_batches - gone)
             else:
                 assert isinstance(op, AppendBatch)
                 node.disk.append(op.batch, op.data, op.generation)
@@ -269,6 +297,8 @@ class Simulation:
             self._send(node.node_id, CONTROLLER, request)
         for result in ready.produce_results:
             self._send(node.node_id, CLIENT, result, client=True)
+        for deleted in ready.delete_records_results:
+            self._send(node.node_id, CLIENT, deleted, client=True)
 
     def _send_fetch_data(self, node: SimNode, out: SendFetchData) -> None:
         response = out.response
@@ -287,6 +317,7 @@ class Simulation:
         self._schedule(5, "produce")
         self._schedule(9, "idempotent_produce")
         self._schedule(7, "consume")
+        self._schedule(11, "delete_records")
         self._schedule(self.scenario.fault_interval_ms, "fault")
         for _ in range(self.scenario.steps):
             if not self.queue:
@@ -578,6 +609,26 @@ class Simulation:
         if current:
             producer.in_flight = None  # resend on its next turn
 
+    def _on_delete_records(self) -> None:
+        self._schedule(
+            self.rng.randint(1, 2 * self.scenario.delete_records_interval_ms), "delete_records"
+        )
+        if self.leader < 0:
+            return
+        # Mostly at or below what is committed; now and then -1 (the HW) or above the HW.
+        choice = self.rng.random()
+        if choice < 0.2:
+            offset = -1
+        elif choice < 0.3:
+            offset = self.checkers.committed_end + self.rng.randint(1, 5)
+        else:
+            offset = self.rng.randint(0, self.checkers.committed_end)
+        request_id = self.next_request_id
+        self.next_request_id += 1
+        self.delete_requests.add(request_id)
+        request = DeleteRecordsRequest(request_id, offset, 1000)
+        self._send(CLIENT, self.leader, request, client=True)
+
     def _on_consume(self) -> None:
         self._schedule(self.rng.randint(1, 2 * self.scenario.consume_interval_ms), "consume")
         index = self.rng.randrange(len(self.consumers))
@@ -597,6 +648,14 @@ class Simulation:
         self._send(CLIENT, target, request, client=True)
 
     def _client_receive(self, src: int, message: Any) -> None:
+        if isinstance(message, DeleteRecordsResult):
+            if message.request_id not in self.delete_requests:
+                return  # a duplicate answer
+            self.delete_requests.discard(message.request_id)
+            if message.error_code == 0:
+                self.stats["deletes_acked"] += 1
+                self.acked_low_watermark = max(self.acked_low_watermark, message.low_watermark)
+            return
         if isinstance(message, ProduceResult) and message.request_id in self.idempotent_requests:
             self._idempotent_result(self.idempotent_requests.pop(message.request_id), message)
             return
@@ -624,6 +683,15 @@ class Simulation:
         consumer = self.consumers[index]
         if consumer.in_flight == message.request_id:
             consumer.in_flight = None
+        if (
+            message.error_code == OffsetOutOfRangeError.error_code
+            and consumer.position < message.log_start_offset
+        ):
+            # Records below the log start were deleted: start again from it (a consumer's
+            # auto.offset.reset=earliest).
+            consumer.position = message.log_start_offset
+            consumer.restarted = True
+            return
         if message.error_code != 0:
             return
         for batch in message.batches:
@@ -635,8 +703,11 @@ class Simulation:
                 )
             if meta.next_offset <= consumer.position:
                 continue  # the first batch may start before the position
-            # 6. skip / nonmonotonic.
-            if meta.base_offset != consumer.position:
+            # 6. skip / nonmonotonic (after a restart at a log start inside a batch, that
+            # batch begins below the position).
+            straddles = consumer.restarted and meta.base_offset < consumer.position
+            consumer.restarted = False
+            if meta.base_offset != consumer.position and not straddles:
                 raise SimViolation(
                     f"consumer {index} at {consumer.position} got batch at {meta.base_offset}"
                 )
@@ -647,8 +718,18 @@ class Simulation:
     # --- checks -------------------------------------------------------------------------------
 
     def _check_new_leader(self, node: SimNode) -> None:
-        """Checkers 1 and 3: a new leader holds every committed batch."""
+        """Checkers 1 and 3: a new leader holds every committed batch at or above its log
+        start. Checker 8: after a clean election, its log start is at or above every low
+        watermark a DeleteRecords was answered with (deleted records never come back)."""
+        start = node.replica.log_start_offset
+        if not self.scenario.unclean_leader_election_enable and start < self.acked_low_watermark:
+            raise SimViolation(
+                f"new leader {node.node_id} (epoch {node.replica.leader_epoch}) starts at "
+                f"{start}, below the acknowledged low watermark {self.acked_low_watermark}"
+            )
         for base_offset, data in self.checkers.committed.items():
+            if self.checkers.committed_next[base_offset] <= start:
+                continue  # deleted (DeleteRecords)
             held = node.disk.batch_at(base_offset)
             if held is None or held.data != data:
                 raise SimViolation(
@@ -684,6 +765,8 @@ class Simulation:
         if not node.alive or node.replica.role is not Role.LEADER:
             return
         for data, base_offset in self.acked_all.items():
+            if self.checkers.committed_next[base_offset] <= node.replica.log_start_offset:
+                continue  # deleted (DeleteRecords)
             held = node.disk.batch_at(base_offset)
             if held is None or held.data != data:
                 raise SimViolation(f"acked write {data!r} at {base_offset} missing on leader")

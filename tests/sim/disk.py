@@ -5,9 +5,11 @@ fsync covering them completes (``durable_count``). A crash keeps the durable pre
 the write tears, some prefix of the unsynced batches (never a partial batch: the real log's
 recovery drops a torn batch by its CRC, which is the same as keeping a prefix of whole batches).
 Recovery then fsyncs what survived. Truncation is immediate and durable, as the state machine's
-contract says.
+contract says, and so is a move of the log start offset (DeleteRecords; the real log checkpoints
+it before it deletes anything): batches wholly below it go, whole, at once.
 
-Invariant: batches are contiguous from offset 0 and ``durable_count <= len(batches)``.
+Invariant: batches are contiguous from the first one's base offset, which is at or below
+``log_start`` (and the log end is at or above it), and ``durable_count <= len(batches)``.
 """
 
 from __future__ import annotations
@@ -25,13 +27,17 @@ class SimDisk:
         self.durable_count = 0
         self.generation = 0
         self.hw_checkpoint = 0
+        self.log_start = 0
 
     @property
     def end_offset(self) -> int:
-        return self.batches[-1].meta.next_offset if self.batches else 0
+        return self.batches[-1].meta.next_offset if self.batches else self.log_start
 
     def append(self, meta: BatchMeta, data: bytes, generation: int) -> None:
-        if meta.base_offset != self.end_offset:
+        # The one exception to contiguity: an empty log started inside the leader's first batch
+        # (its log start lies there) takes that batch whole.
+        straddles = not self.batches and meta.base_offset < self.end_offset < meta.next_offset
+        if meta.base_offset != self.end_offset and not straddles:
             raise AssertionError(
                 f"log assigned {self.end_offset}, state machine {meta.base_offset}"
             )
@@ -43,10 +49,33 @@ class SimDisk:
         index = bisect.bisect_left(self.bases, offset)
         if index < len(self.bases) and self.bases[index] != offset:
             raise AssertionError(f"truncation to {offset} is not a batch boundary")
+        if index < len(self.bases):
+            self.log_start = min(self.log_start, offset)  # the new log end
         del self.batches[index:]
         del self.bases[index:]
         self.durable_count = min(self.durable_count, index)
         self.generation = generation
+
+    def start_at(self, offset: int, generation: int) -> None:
+        """A full truncation: empty, starting at ``offset`` (the leader's log start)."""
+        self.batches.clear()
+        self.bases.clear()
+        self.durable_count = 0
+        self.generation = generation
+        self.log_start = offset
+
+    def advance_log_start(self, offset: int) -> int:
+        """Move the log start up to ``offset``; returns how many batches went from the head."""
+        if offset > self.end_offset:
+            raise AssertionError(f"log start {offset} above the log end {self.end_offset}")
+        self.log_start = max(self.log_start, offset)
+        gone = 0
+        while gone < len(self.batches) and self.batches[gone].meta.next_offset <= self.log_start:
+            gone += 1
+        del self.batches[:gone]
+        del self.bases[:gone]
+        self.durable_count = max(0, self.durable_count - gone)
+        return gone
 
     def sync(self, end_offset: int, generation: int) -> bool:
         """Complete an fsync issued when the log ended at ``end_offset``; False if stale."""
@@ -64,12 +93,14 @@ class SimDisk:
         del self.bases[cut:]
         self.durable_count = cut  # recovery fsyncs the surviving tail
         self.generation += 1
+        self.log_start = min(self.log_start, self.end_offset)  # recovery clamps it
 
     def epoch_cache(self) -> list[tuple[int, int]]:
         cache: list[tuple[int, int]] = []
         for batch in self.batches:
             if not cache or cache[-1][0] < batch.meta.leader_epoch:
-                cache.append((batch.meta.leader_epoch, batch.meta.base_offset))
+                start = max(batch.meta.base_offset, self.log_start)
+                cache.append((batch.meta.leader_epoch, start))
         return cache
 
     def batch_at(self, base_offset: int) -> RecordBatch | None:

@@ -8,8 +8,10 @@ writes, sometimes tearing them) and restart, or have their process replaced on a
 idempotent producers included (no committed batch
 twice, no sequence gap, retries across leader changes answered with the original offsets). Also
 proves the checkers can fail: replicas with known bugs (a high watermark that ignores followers,
-skipped truncation, no deduplication, followers that keep no producer state) are caught within a
-bounded number of seeds.
+skipped truncation, no deduplication, followers that keep no producer state, DeleteRecords
+answered before the followers moved their log start) are caught within a bounded number of seeds.
+DeleteRecords runs in every seed: log starts move on leaders and followers, consumers restart at
+them, and no replica elected cleanly starts below an acknowledged low watermark.
 
 Replay one seed deterministically: ``RAYLOG_SIM_SEED=1234 pytest tests/sim -k replay``; add
 ``RAYLOG_SIM_TRACE=1`` and ``-s`` to print every event of the run.
@@ -72,6 +74,8 @@ def test_many_seeds(seed_chunk: tuple[int, int]) -> None:
     # Idempotent producers got acknowledgements, some only after retrying.
     assert totals["idempotent_acked"] > count, totals
     assert totals["idempotent_acked_after_retry"] > count // 10, totals
+    # DeleteRecords moved log starts, and was answered.
+    assert totals["deletes_acked"] > count, totals
 
 
 def test_replay() -> None:
@@ -128,6 +132,15 @@ class FollowersKeepNoProducerState(PartitionReplica):
         super()._append(batch, data, replicated=replicated)
 
 
+class AnswersDeleteRecordsAtOnce(PartitionReplica):
+    """Known bug: the leader answers DeleteRecords with its own log start, without waiting for
+    the followers' (Kafka's DelayedDeleteRecords skipped): a later leader may start lower."""
+
+    @property
+    def low_watermark(self) -> int:
+        return self.log_start_offset
+
+
 @pytest.mark.parametrize(
     "bug",
     [
@@ -135,6 +148,7 @@ class FollowersKeepNoProducerState(PartitionReplica):
         SkipsTruncation,
         AppendsRetriesAgain,
         FollowersKeepNoProducerState,
+        AnswersDeleteRecordsAtOnce,
     ],
 )
 def test_checkers_catch_known_bug(bug: type[PartitionReplica]) -> None:
