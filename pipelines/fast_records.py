@@ -5,18 +5,18 @@ the reference decoder, a per-record Python loop kept as the specification). Pure
 I/O. The records sections of all wanted batches of one fetch response are joined into one
 buffer and decoded together, in three steps:
 
-1. One sequential pass finds where each record ends: one varint (the record length) per
-   record, nothing else. It runs in C (``_record_scan.c``, built at install time) or, where
-   that extension was not built, in Python (:func:`record_ends_python`, the same function;
-   tests check that the two agree). This is the only per-record loop: in Python it costs
-   about 0.4 us a record, more than steps 2 and 3 together, hence the 100 lines of C.
-2. numpy decodes the fields of every record at once, field by field in record order:
-   attributes (1 byte), timestampDelta, offsetDelta, keyLength, key, valueLength, value and,
-   when asked for, the headers (looping over the header index, never over records).
-   Varints are zigzag LEB128 of at most 10 bytes, decoded for all records in one go.
-3. Key and value columns are copied out of the joined buffer by Arrow: the buffer is viewed,
-   without copying, as a binary array whose elements alternate between a wanted field and the
-   bytes up to the next one; Arrow's ``take`` of the even elements is the column.
+1. One sequential pass reads, for every record, where it ends and its fields up to the
+   headers: timestampDelta, offsetDelta, and the position and length of its key and value.
+   It runs in C (``_record_scan.c``, built at install time: ``record_fields``). Where that
+   extension was not built, its twin does the same in two steps: a Python loop finds where
+   each record ends (:func:`record_ends_python`, one varint per record, about 0.4 us a
+   record), then numpy decodes the fields of every record at once, field by field
+   (:func:`record_fields_numpy`). Tests check that the C and the twins agree.
+2. numpy turns the deltas into offsets and timestamps and picks the rows in the window; the
+   headers, when asked for, are decoded by numpy looping over the header index, never over
+   records. Varints are zigzag LEB128 of at most 10 bytes.
+3. Key and value columns are copied out of the joined buffer into Arrow binary arrays, by C
+   (``gather``) or, without the extension, by Arrow's ``take`` over a view of the buffer.
 
 The fast path decodes exactly what the reference decodes and nothing else. Whenever the input
 is anything but well formed (a length past its record, a varint past 64 bits, an offset delta
@@ -88,24 +88,12 @@ def decode(
     size = len(blob) - PAD
     if size > _BUFFER_SIZE_MAX:
         raise Unfit("records sections of 2 GiB or more")
-    ends = record_ends(blob, sections)
     u8 = np.frombuffer(blob, dtype=np.uint8)
+    ends, ts_delta, offset_delta, key_pos, key_len, value_pos, value_len, pos = record_fields(
+        blob, sections
+    )
     counts = [h.records_count for h, _ in sections]
     per_record = np.repeat(np.arange(len(sections)), counts)
-
-    starts = np.empty_like(ends)
-    starts[0] = 0
-    starts[1:] = ends[:-1]
-    _, pos = _varints(u8, starts, ends)  # the record length, already checked by _record_ends
-    pos += 1  # attributes: unused
-    ts_delta, pos = _varints(u8, pos, ends)
-    offset_delta, pos = _varints(u8, pos, ends)
-    key_len, pos = _varints(u8, pos, ends)
-    key_pos = pos
-    pos = _skip(pos, key_len, ends)
-    value_len, pos = _varints(u8, pos, ends)
-    value_pos = pos
-    pos = _skip(pos, value_len, ends)
 
     offsets = _offsets(sections, per_record, offset_delta)
     rows = np.flatnonzero((offsets >= start_offset) & (offsets < end_offset))
@@ -136,6 +124,48 @@ def record_ends(blob: bytes, sections: Sequence[tuple[BatchHeader, Buffer]]) -> 
         return np.frombuffer(_record_scan.record_ends(blob, counts, sizes), dtype=np.int64)
     except ValueError as exc:
         raise Unfit(str(exc)) from exc
+
+
+Fields = tuple[
+    np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray
+]
+
+
+def record_fields(blob: bytes, sections: Sequence[tuple[BatchHeader, Buffer]]) -> Fields:
+    """Steps 1 and 2's varints: for every record, where it ends, its timestampDelta and
+    offsetDelta, its key's position and length, its value's position and length, and where
+    its headers start. In one C pass if the extension was built, else by numpy."""
+    if _record_scan is None:
+        return record_fields_numpy(blob, sections)
+    counts = [header.records_count for header, _ in sections]
+    sizes = [len(data) for _, data in sections]
+    try:
+        fields = _record_scan.record_fields(blob, counts, sizes)
+    except ValueError as exc:
+        raise Unfit(str(exc)) from exc
+    columns = np.frombuffer(fields, dtype=np.int64).reshape(-1, 8).T
+    return tuple(columns)  # type: ignore[return-value]
+
+
+def record_fields_numpy(blob: bytes, sections: Sequence[tuple[BatchHeader, Buffer]]) -> Fields:
+    """:func:`record_fields` by numpy, field by field over all records (the C pass's twin)."""
+    ends = record_ends(blob, sections)
+    u8 = np.frombuffer(blob, dtype=np.uint8)
+    starts = np.empty_like(ends)
+    if ends.size:
+        starts[0] = 0
+        starts[1:] = ends[:-1]
+    _, pos = _varints(u8, starts, ends)  # the record length, already checked by record_ends
+    pos += 1  # attributes: unused
+    ts_delta, pos = _varints(u8, pos, ends)
+    offset_delta, pos = _varints(u8, pos, ends)
+    key_len, pos = _varints(u8, pos, ends)
+    key_pos = pos
+    pos = _skip(pos, key_len, ends)
+    value_len, pos = _varints(u8, pos, ends)
+    value_pos = pos
+    pos = _skip(pos, value_len, ends)
+    return ends, ts_delta, offset_delta, key_pos, key_len, value_pos, value_len, pos
 
 
 def record_ends_python(blob: bytes, sections: Sequence[tuple[BatchHeader, Buffer]]) -> list[int]:
@@ -302,14 +332,29 @@ def _utf8(keys: pa.Array) -> pa.Array:
 
 
 def _binary(buffer: pa.Buffer, pos: np.ndarray, length: np.ndarray, type_: pa.DataType) -> pa.Array:
-    """The fields at ``pos`` of ``length`` bytes (negative: null) as a fresh binary array.
-
-    ``buffer`` is viewed as 2n elements: field i, then the bytes from its end to field i+1
-    (fields are in buffer order and do not overlap, so the offsets rise); ``take`` copies the
-    even ones out.
-    """
+    """The fields at ``pos`` of ``length`` bytes (negative: null) as a fresh binary array,
+    copied out by C (``gather``) if the extension was built, else by Arrow."""
     n = len(pos)
     valid = length >= 0
+    if _record_scan is None:
+        return _binary_by_take(buffer, pos, length, valid, type_)
+    try:
+        offsets, data = _record_scan.gather(
+            buffer, np.ascontiguousarray(pos, np.int64), np.ascontiguousarray(length, np.int64)
+        )
+    except ValueError as exc:
+        raise Unfit(str(exc)) from exc
+    bitmap = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return pa.Array.from_buffers(type_, n, [bitmap, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+def _binary_by_take(
+    buffer: pa.Buffer, pos: np.ndarray, length: np.ndarray, valid: np.ndarray, type_: pa.DataType
+) -> pa.Array:
+    """:func:`_binary` by Arrow: ``buffer`` is viewed as 2n elements: field i, then the bytes
+    from its end to field i+1 (fields are in buffer order and do not overlap, so the offsets
+    rise); ``take`` copies the even ones out."""
+    n = len(pos)
     bounds = np.empty(2 * n + 1, dtype=np.int32)
     bounds[0 : 2 * n : 2] = pos
     bounds[1 : 2 * n : 2] = pos + np.maximum(length, 0)

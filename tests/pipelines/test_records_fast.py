@@ -14,7 +14,10 @@
   7 bytes), ``decode_into`` raises the reference's error (type and message) or returns its rows;
 - the C record scan (``_record_scan.c``) was built by the install, and agrees with its Python
   twin ``record_ends_python`` on valid and corrupt input; the decoder gives the same rows with
-  either.
+  either;
+- its field walk (``record_fields``) agrees with the numpy twin ``record_fields_numpy``, field
+  for field or in refusing, on valid, corrupt and random input and on every oddity; its field
+  copy (``gather``) builds the same binary arrays as Arrow's ``take``, nulls included.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -328,60 +332,108 @@ def test_the_c_record_scan_was_built() -> None:
     assert fast_records._record_scan is not None, "pip install -e . did not build _record_scan"
 
 
-def scan(scanner: Any, buf: bytes) -> Any:
+# Each C walk and its twin: the record lengths, and every field up to the headers.
+WALKERS = [
+    pytest.param(fast_records.record_ends, fast_records.record_ends_python, id="record_ends"),
+    pytest.param(fast_records.record_fields, fast_records.record_fields_numpy, id="record_fields"),
+]
+
+
+def walked(walker: Any, blob: bytes, sections: Any) -> Any:
+    """What a walker gives: a list (of ends, or of field columns), or "unfit"."""
+    try:
+        result = walker(blob, sections)
+    except fast_records.Unfit:
+        return "unfit"
+    return [column.tolist() for column in result] if isinstance(result, tuple) else list(result)
+
+
+def scan(walker: Any, buf: bytes) -> Any:
     sections = [
         (h, memoryview(buf)[p + rb.HEADER_SIZE : p + h.size])
         for p, h in rb.iter_batches(buf, verify=False)
     ]
     blob = b"".join([*(d for _, d in sections), bytes(fast_records.PAD)])
-    try:
-        return list(scanner(blob, sections))
-    except fast_records.Unfit:
-        return "unfit"
+    return walked(walker, blob, sections)
 
 
+@pytest.mark.parametrize(("c_walker", "twin"), WALKERS)
 @SETTINGS
 @given(
     batches=st.lists(_plain_batch, min_size=1, max_size=3),
     flips=st.lists(st.tuples(st.integers(0, 1 << 16), st.integers(0, 255)), max_size=3),
 )
-def test_c_and_python_record_scans_agree(batches: list[Any], flips: list[tuple[int, int]]) -> None:
+def test_c_walks_and_their_twins_agree(
+    c_walker: Any, twin: Any, batches: list[Any], flips: list[tuple[int, int]]
+) -> None:
     with kafka_codecs():
         buf, _ = build(batches)
     out = bytearray(buf)
     section = rb.parse_header(buf).size - rb.HEADER_SIZE
     for where, byte in flips:  # inside the first batch's records section
         out[rb.HEADER_SIZE + where % section] = byte
-    python = scan(fast_records.record_ends_python, bytes(out))
-    assert scan(fast_records.record_ends, bytes(out)) == python
+    python = scan(twin, bytes(out))
+    assert scan(c_walker, bytes(out)) == python
     if not flips:
         assert python != "unfit"
 
 
+@pytest.mark.parametrize(("c_walker", "twin"), WALKERS)
 @SETTINGS
 @given(
     sections=st.lists(st.tuples(st.integers(0, 40), st.binary(max_size=80)), min_size=1, max_size=3)
 )
-def test_c_and_python_record_scans_agree_on_random_bytes(sections: list[tuple[int, bytes]]) -> None:
+def test_c_walks_and_their_twins_agree_on_random_bytes(
+    c_walker: Any, twin: Any, sections: list[tuple[int, bytes]]
+) -> None:
     framed = [(rb.BatchHeader._make([0] * 12 + [count]), data) for count, data in sections]
     blob = b"".join([*(data for _, data in framed), bytes(fast_records.PAD)])
-    results = []
-    for scanner in (fast_records.record_ends, fast_records.record_ends_python):
-        try:
-            results.append(list(scanner(blob, framed)))
-        except fast_records.Unfit:
-            results.append("unfit")
-    assert results[0] == results[1]
+    assert walked(c_walker, blob, framed) == walked(twin, blob, framed)
 
 
+@pytest.mark.parametrize(("c_walker", "twin"), WALKERS)
 @pytest.mark.parametrize(
     ("name", "section", "count", "fast"), ODDITIES, ids=[o[0] for o in ODDITIES]
 )
-def test_c_and_python_record_scans_agree_on_oddities(
-    name: str, section: bytes, count: int, fast: bool | int
+def test_c_walks_and_their_twins_agree_on_oddities(
+    c_walker: Any, twin: Any, name: str, section: bytes, count: int, fast: bool | int
 ) -> None:
     buf = raw_batch(section, count)
-    assert scan(fast_records.record_ends, buf) == scan(fast_records.record_ends_python, buf)
+    assert scan(c_walker, buf) == scan(twin, buf)
+
+
+@SETTINGS
+@given(
+    data=st.binary(min_size=0, max_size=200),
+    spans=st.lists(st.tuples(st.integers(0, 200), st.integers(-3, 40)), max_size=30),
+)
+def test_c_gather_builds_the_arrays_take_builds(data: bytes, spans: list[tuple[int, int]]) -> None:
+    # Fields in buffer order that do not overlap, as the decoder passes them (take needs that).
+    pos, length, at = [], [], 0
+    for gap, n in spans:
+        start = at + gap
+        if start + max(n, 0) > len(data):
+            break
+        pos.append(start)
+        length.append(n)
+        at = start + max(n, 0)
+    pos_a, len_a = np.array(pos, dtype=np.int64), np.array(length, dtype=np.int64)
+    buffer = pa.py_buffer(data)
+    by_c = fast_records._binary(buffer, pos_a, len_a, pa.binary())
+    by_take = fast_records._binary_by_take(buffer, pos_a, len_a, len_a >= 0, pa.binary())
+    by_c.validate(full=True)
+    assert by_c.equals(by_take)
+    wanted = [None if n < 0 else data[p : p + n] for p, n in zip(pos, length, strict=True)]
+    assert by_c.to_pylist() == wanted
+
+
+def test_c_gather_refuses_a_field_outside_the_buffer() -> None:
+    buffer = pa.py_buffer(b"abcdef")
+    for pos, n in ((4, 3), (-1, 2), (7, 1)):
+        with pytest.raises(fast_records.Unfit):
+            fast_records._binary(
+                buffer, np.array([pos], np.int64), np.array([n], np.int64), pa.binary()
+            )
 
 
 def test_decoding_with_the_python_scan_gives_the_reference_rows() -> None:
