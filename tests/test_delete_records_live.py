@@ -45,9 +45,9 @@ def up(shared_up: UpProcess) -> UpProcess:
     return shared_up
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def admin(up: UpProcess) -> AdminClient:
-    return AdminClient({"bootstrap.servers": up.bootstrap})
+    return AdminClient({"bootstrap.servers": up.bootstrap, "client.id": "delete-records"})
 
 
 def _produce(bootstrap: str, topic: str, count: int, **extra: Any) -> None:
