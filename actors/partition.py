@@ -769,7 +769,8 @@ class PartitionReplica:
     def _reply_fetch_data(self, request: FetchRequest) -> None:
         is_consumer = request.replica_id == CONSUMER_REPLICA_ID
         upper = self.high_watermark if is_consumer else self.log_end_offset
-        max_bytes = min(request.max_bytes, self.config.fetch_max_bytes)
+        cap = self.config.consumer_fetch_max_bytes if is_consumer else self.config.fetch_max_bytes
+        max_bytes = min(request.max_bytes, cap)
         self._ready.messages.append(
             SendFetchData(
                 request.replica_id,

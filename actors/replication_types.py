@@ -56,6 +56,9 @@ class ReplicaConfig(msgspec.Struct, frozen=True):
     max_pending_acks_all: int = 1_000  # acks=all requests waiting for the HW
     max_pending_acks_local: int = 10_000  # acks 0/1 requests waiting for the local fsync
     fetch_max_bytes: int = 1 << 20  # replica.fetch.max.bytes
+    # fetch.max.bytes (broker): a consumer's fetch of one partition returns up to what it asks
+    # for, within this; Kafka caps consumers by this, not by replica.fetch.max.bytes.
+    consumer_fetch_max_bytes: int = 57_671_680
     fetch_max_wait_ms: int = 500  # replica.fetch.wait.max.ms (long poll)
     fetch_timeout_ms: int = 5_000  # a follower resends a fetch unanswered for this long
     fetch_backoff_ms: int = 100  # replica.fetch.backoff.ms, after an error
@@ -73,6 +76,7 @@ class ReplicaConfig(msgspec.Struct, frozen=True):
             "max_pending_acks_all": self.max_pending_acks_all,
             "max_pending_acks_local": self.max_pending_acks_local,
             "replica.fetch.max.bytes": self.fetch_max_bytes,
+            "fetch.max.bytes": self.consumer_fetch_max_bytes,
             "fetch_timeout_ms": self.fetch_timeout_ms,
             "push_idle_fetch_ms": self.push_idle_fetch_ms,
             "alter_partition_timeout_ms": self.alter_partition_timeout_ms,

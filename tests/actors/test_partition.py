@@ -510,6 +510,24 @@ def test_consumer_reads_only_below_the_high_watermark() -> None:
     assert out.upper_offset == 3
 
 
+def test_consumers_read_up_to_fetch_max_bytes_and_followers_up_to_replica_fetch_max_bytes() -> None:
+    # Kafka caps a consumer's partition read by the broker's fetch.max.bytes, not by
+    # replica.fetch.max.bytes: the connector's 8 MiB reads must not be cut to 1 MiB.
+    leader = make_leader(isr=(0, 1), replicas=(0, 1), consumer_fetch_max_bytes=64 << 20)
+    produce(leader, 1, acks=1, count=3)
+    make_durable(leader)
+    follower_fetch(leader, 1, 3, 1)
+    leader.step(FetchRequest(-1, 9, -1, 0, -1, 8 << 20), 2)
+    (out,) = [m for m in leader.ready().messages if isinstance(m, SendFetchData)]
+    assert out.max_bytes == 8 << 20
+    leader.step(FetchRequest(-1, 10, -1, 0, -1, 100 << 20), 3)
+    (out,) = [m for m in leader.ready().messages if isinstance(m, SendFetchData)]
+    assert out.max_bytes == 64 << 20
+    leader.step(FetchRequest(1, 11, EPOCH, 0, -1, 8 << 20), 4)  # a follower asking 8 MiB
+    (out,) = [m for m in leader.ready().messages if isinstance(m, SendFetchData)]
+    assert out.max_bytes == 1 << 20  # replica.fetch.max.bytes
+
+
 def test_invariant_checks_survive_python_optimize() -> None:
     """InvariantViolation is raised explicitly, so ``python -O`` keeps the checks."""
     import subprocess
