@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import pickle
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,7 +185,8 @@ class ProduceOutcome(msgspec.Struct, frozen=True):
 
 
 class FetchOutcome(msgspec.Struct, frozen=True):
-    """What a consumer fetch returns: whole stored batches as one opaque byte string."""
+    """What a consumer fetch returns: whole stored batches as one opaque byte string (a
+    read-only buffer from :meth:`ReplicaActor.read_committed`)."""
 
     error_code: int
     high_watermark: int
@@ -282,7 +284,8 @@ class ReplicaActor:
         self._next_request_id = 1
         self._produce_waiters: dict[int, asyncio.Future[ProduceOutcome]] = {}
         self._delete_waiters: dict[int, asyncio.Future[DeleteRecordsOutcome]] = {}
-        self._fetch_waiters: dict[int, asyncio.Future[FetchResponse]] = {}
+        # A consumer fetch's answer: the response and its batches as one byte string.
+        self._fetch_waiters: dict[int, asyncio.Future[tuple[FetchResponse, bytes]]] = {}
         self._peers: dict[int, Any] = {}
         self._peer_calls: dict[int, int] = {}
         self._flusher = _Flusher()
@@ -678,7 +681,9 @@ class ReplicaActor:
         if self._offline is not None:
             return FetchOutcome(KafkaStorageError.error_code, -1, -1, -1, b"", -1, self._offline)
         request_id = self._new_request_id()
-        waiter: asyncio.Future[FetchResponse] = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[tuple[FetchResponse, bytes]] = (
+            asyncio.get_running_loop().create_future()
+        )
         self._fetch_waiters[request_id] = waiter
         self._step(
             FetchRequest(
@@ -691,11 +696,10 @@ class ReplicaActor:
             )
         )
         try:
-            response = await asyncio.wait_for(waiter, timeout=10)
+            response, records = await asyncio.wait_for(waiter, timeout=10)
         except TimeoutError:
             self._fetch_waiters.pop(request_id, None)
             return FetchOutcome(RequestTimedOutError.error_code, -1, -1, -1, b"")
-        records = b"".join(b.data for b in response.batches)
         return FetchOutcome(
             response.error_code,
             response.high_watermark,
@@ -705,9 +709,21 @@ class ReplicaActor:
             sm.leader_epoch,
         )
 
-    async def read_committed(self, fetch_offset: int, max_bytes: int) -> FetchOutcome:
-        """Bulk read for pipelines: committed batches from this replica, no long poll."""
-        return await self.fetch(fetch_offset, max_bytes)
+    async def read_committed(
+        self, fetch_offset: int, max_bytes: int, max_wait_ms: int = 0
+    ) -> FetchOutcome:
+        """Bulk read for pipelines, called through Ray: :meth:`fetch`'s answer with its
+        records out of band.
+
+        The records go as a pickle-5 buffer, so Ray writes them into its object store once
+        and the reader gets a read-only view of them there (``ray._raylet.SubBuffer``), not
+        an unpickled copy: for the 8 MiB reads of Spark and Ray Data, one copy and a fresh
+        8 MiB allocation fewer per call.
+        """
+        outcome = await self.fetch(fetch_offset, max_bytes, max_wait_ms)
+        if not outcome.records:
+            return outcome
+        return msgspec.structs.replace(outcome, records=pickle.PickleBuffer(outcome.records))
 
     async def list_offsets(
         self, timestamp: int, current_leader_epoch: int = UNDEFINED_EPOCH
@@ -1033,8 +1049,18 @@ class ReplicaActor:
 
     def _send_fetch_data(self, out: SendFetchData) -> None:
         response = out.response
+        if out.to == CONSUMER_REPLICA_ID:
+            # A consumer takes the batches as the log stores them, in one byte string: no
+            # split into batches and join again.
+            records = b""
+            if response.error_code == 0 and out.fetch_offset < out.upper_offset:
+                records = self._log.read(out.fetch_offset, out.max_bytes, out.upper_offset)
+            waiter = self._fetch_waiters.pop(response.request_id, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result((response, records))
+            return
         throttle = self._throttle
-        if out.to == CONSUMER_REPLICA_ID or out.to in self._sm.isr:
+        if out.to in self._sm.isr:
             throttle = None
         if response.error_code == 0 and out.fetch_offset < out.upper_offset:
             max_bytes = (
@@ -1047,11 +1073,6 @@ class ReplicaActor:
                 if delay_ms > 0:
                     self._loop.call_later(delay_ms / 1000, self._send, out.to, response)
                     return
-        if out.to == CONSUMER_REPLICA_ID:
-            waiter = self._fetch_waiters.pop(response.request_id, None)
-            if waiter is not None and not waiter.done():
-                waiter.set_result(response)
-            return
         self._send(out.to, response)
 
     def _peer(self, replica_id: int) -> Any:

@@ -18,9 +18,12 @@ Owns three things:
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import json
 import logging
 import os
+import platform
 import re
 import sys
 import time
@@ -119,6 +122,36 @@ class ClusterTarget:
 
 _connected: str | None = None  # the Ray address this process joined (module-level cache)
 
+# glibc's mallopt parameters (malloc.h).
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+
+
+@functools.cache
+def keep_large_buffers_on_the_heap() -> bool:
+    """Apply raylog's malloc settings (``raycluster.MALLOC_ENV``) to this process, now.
+
+    A reading process (a Spark Python worker, a Ray Data task, a driver) receives an 8 MiB
+    answer per fetch. With glibc's defaults each one is mapped and unmapped again, and every
+    page is faulted in zeroed; kept on the heap, the same reads took half the reader's CPU
+    (2026-11-25, 1M records). Processes of a cluster raylog starts get these settings from
+    their environment; a Spark worker has no such hook, so joining sets them with
+    ``mallopt`` (once per process). A process started with either variable set keeps its
+    own. Returns whether the settings were applied (glibc only).
+    """
+    from raylog.actors.raycluster import MALLOC_ENV
+
+    if any(key in os.environ for key in MALLOC_ENV) or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    ok = mallopt(M_MMAP_THRESHOLD, int(MALLOC_ENV["MALLOC_MMAP_THRESHOLD_"]))
+    ok &= mallopt(M_TRIM_THRESHOLD, int(MALLOC_ENV["MALLOC_TRIM_THRESHOLD_"]))
+    return bool(ok)
+
 
 def connect(target: ClusterTarget) -> Any:
     """Join the cluster once per process; returns the ``ray`` module.
@@ -131,6 +164,7 @@ def connect(target: ClusterTarget) -> Any:
         os.environ.update(dict(target.env))
     import ray
 
+    keep_large_buffers_on_the_heap()
     if ray.is_initialized():
         return ray
     if _connected is not None and _connected != target.ray_address:
@@ -633,7 +667,7 @@ def read_range(
             errors.append(f"replica {rid}: {exc}")
             continue
         caught_up_by = time.monotonic() + CATCH_UP_WAIT_S
-        ref = handle.fetch.remote(offset, max_bytes)
+        ref = handle.read_committed.remote(offset, max_bytes)
         for _ in range(FETCH_CALLS_MAX):
             try:
                 outcome = ray.get(ref, timeout=CALL_TIMEOUT_S)
@@ -652,7 +686,7 @@ def read_range(
                 offset = outcome.log_start_offset
                 if offset >= r.end:
                     return
-                ref = handle.fetch.remote(offset, max_bytes)
+                ref = handle.read_committed.remote(offset, max_bytes)
                 continue
             if outcome.error_code:
                 errors.append(f"replica {rid}: error {outcome.error_code} {outcome.message}")
@@ -663,7 +697,7 @@ def read_range(
                 if time.monotonic() > caught_up_by:
                     errors.append(f"replica {rid}: high watermark {outcome.high_watermark}")
                     break
-                ref = handle.fetch.remote(offset, max_bytes, LONG_POLL_MS)
+                ref = handle.read_committed.remote(offset, max_bytes, LONG_POLL_MS)
                 continue
             cols = records.new_columns(include_headers)
             next_offset = records.decode_into(outcome.records, cols, offset, r.end)
@@ -671,7 +705,7 @@ def read_range(
                 raise RuntimeError(f"{r.topic}-{r.partition}: fetch at {offset} did not advance")
             offset = next_offset
             if offset < r.end:  # 1. keep a call in flight while ...
-                ref = handle.fetch.remote(offset, max_bytes)
+                ref = handle.read_committed.remote(offset, max_bytes)
             # 2. ... this response becomes rows.
             yield records.to_arrow(cols, r.topic, r.partition, include_headers)
             if offset >= r.end:

@@ -1142,7 +1142,8 @@ class Log:
                 raise KafkaStorageError(f"read of {self.directory} failed: {exc}") from exc
 
     def _read_locked(self, offset: int, max_bytes: int, limit: int) -> bytes:
-        out: list[bytes] = []
+        # Views of the chunks read, joined once at the end: one copy after the read.
+        out: list[bytes | memoryview] = []
         total = 0
         i = bisect.bisect_right(self._bases, offset) - 1
         seg = self._segment_at(i)
@@ -1158,6 +1159,7 @@ class Log:
             # Read what the budget allows (at least a header), then walk whole batches.
             want = max(max_bytes - total, rb.HEADER_SIZE)
             chunk = seg.read(pos, want)
+            view = memoryview(chunk)
             at = 0
             done = False
             while len(chunk) - at >= rb.HEADER_SIZE:
@@ -1188,7 +1190,7 @@ class Log:
                     done = True
                     break
                 self._verify_stored(seg, pos + at, chunk, at, header)
-                out.append(chunk[at : at + header.size])
+                out.append(view[at : at + header.size])
                 total += header.size
                 at += header.size
             if done or (total and total >= max_bytes):

@@ -244,6 +244,33 @@ def test_replica_processes_keep_freed_batch_buffers_in_the_heap(ray_local: Path)
     assert ray.get(malloc_env.remote(), timeout=CALL_TIMEOUT_S) == raycluster.MALLOC_ENV
 
 
+def test_read_committed_returns_fetchs_batches_in_ray_s_object_store(
+    ray_local: Path, tmp_path: Path
+) -> None:
+    """The pipelines' read: the same committed batches as a consumer fetch, whole batches up
+    to max_bytes (more than replica.fetch.max.bytes), handed over as a read-only view of the
+    object store rather than an unpickled copy; an empty answer stays plain bytes."""
+    replicas = _start(tmp_path, "bulk", "pull")
+    _lead(replicas, 0, 1, (0, 1, 2), (1, 2))
+    leader = replicas[0]
+    _produce_all(leader, 0, 12)
+    big = rb.build_batch([rb.Record(b"k", bytes(600_000), 1_700_000_000_000)])
+    for _ in range(3):  # each below max.message.bytes, together above 1 MiB
+        outcome = ray.get(leader.produce.remote(big, -1, 10_000), timeout=CALL_TIMEOUT_S)
+        assert outcome.error_code == 0, outcome
+    wait_until(
+        lambda: _state(leader).high_watermark == 15, timeout_s=CALL_TIMEOUT_S, message="HW 15"
+    )
+    bulk = ray.get(leader.read_committed.remote(0, 8 << 20), timeout=CALL_TIMEOUT_S)
+    fetched = ray.get(leader.fetch.remote(0, 8 << 20), timeout=CALL_TIMEOUT_S)
+    assert bulk.error_code == 0 and bulk.high_watermark == 15
+    assert not isinstance(bulk.records, bytes)  # a buffer in the object store
+    assert bytes(memoryview(bulk.records)) == fetched.records == _read_all(leader, 15)
+    assert len(fetched.records) > 1 << 20  # one call past replica.fetch.max.bytes (1 MiB)
+    at_end = ray.get(leader.read_committed.remote(15, 8 << 20), timeout=CALL_TIMEOUT_S)
+    assert at_end.error_code == 0 and at_end.records == b""
+
+
 def test_list_offsets_by_time_finds_the_record_inside_a_batch(
     ray_local: Path, tmp_path: Path
 ) -> None:
