@@ -951,6 +951,13 @@ class Log:
             try:
                 if restart:
                     self._start_empty_at(first.base_offset)
+                    logger.info(
+                        "log %s restarts at %d: the leader's batch there holds the log start "
+                        "offset %d",
+                        self.directory,
+                        first.base_offset,
+                        self._log_start_offset,
+                    )
                 for h in headers:
                     # One batch per write keeps rolls exact; the fsync is still shared.
                     self._maybe_roll(h)

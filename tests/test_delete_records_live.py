@@ -11,7 +11,10 @@ On the session's shared embedded cluster (three brokers). Proves, on an RF=3 top
   reassignment and a preferred election) and the new leader reports the same low watermark;
 - errors, as Kafka gives them: an offset above the high watermark is OFFSET_OUT_OF_RANGE, a
   compacted topic POLICY_VIOLATION, a request sent to a broker that does not lead the partition
-  NOT_LEADER_OR_FOLLOWER, an unknown topic UNKNOWN_TOPIC_OR_PARTITION.
+  NOT_LEADER_OR_FOLLOWER, an unknown topic UNKNOWN_TOPIC_OR_PARTITION;
+- a follower that was down while the log start moved past its log end inside one batch comes
+  back: it starts its log over at the leader's log start, takes that whole batch, rejoins the
+  ISR, and as leader serves from the same low watermark (last: it stops and starts a broker).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, NewTopic
 from waiting import wait_until
+
+from raylog.storage.log import LOG_START_OFFSET_CHECKPOINT
 
 pytestmark = pytest.mark.slow
 
@@ -199,3 +204,46 @@ def test_delete_records_errors(up: UpProcess, admin: AdminClient) -> None:
             client.delete_records({KTopicPartition("never-made", 0): 5}, partition_leader_id=leader)
     finally:
         client.close()
+
+
+def test_a_follower_behind_the_log_start_catches_up_inside_a_batch(
+    up: UpProcess, admin: AdminClient
+) -> None:
+    from kafka import KafkaProducer
+
+    topic = "trim-catchup"
+    admin.create_topics([NewTopic(topic, 1, 3)])[topic].result(timeout=TIMEOUT_S)
+    _produce(up.bootstrap, topic, 20)
+    before = _describe(up, topic)
+    follower = next(b for b in before["replicas"] if b != before["leader"])
+    assert up.raylog("brokers", "stop", str(follower)).returncode == 0
+    try:
+        wait_until(
+            lambda: follower not in _describe(up, topic)["isr"],
+            timeout_s=TIMEOUT_S,
+            message=f"broker {follower} out of the ISR",
+        )
+        # Offsets 20-39 in one batch (one linger), and the log start inside it.
+        producer = KafkaProducer(bootstrap_servers=up.bootstrap, linger_ms=2_000, acks="all")
+        try:
+            producer.partitions_for(topic)  # metadata first: all 20 then wait in one linger
+            for i in range(20, 40):
+                producer.send(topic, key=b"k%d" % i, value=b"v%d" % i)
+            producer.flush(timeout=TIMEOUT_S)
+        finally:
+            producer.close()
+        assert _delete(admin, topic, 30).low_watermark == 30
+    finally:
+        assert up.raylog("brokers", "start", str(follower)).returncode == 0
+    wait_until(
+        lambda: follower in _describe(up, topic)["isr"],
+        timeout_s=TIMEOUT_S,
+        message=f"broker {follower} back in the ISR",
+    )
+    # Its log was started over at 30, then restarted at the base offset of the batch holding 30.
+    (partition_dir,) = up.data_dir.glob(f"**/broker-{follower}/{topic}-0")
+    assert min(int(p.stem) for p in partition_dir.glob("*.log")) == 20
+    assert (partition_dir / LOG_START_OFFSET_CHECKPOINT).read_text() == "0\n30\n"
+    _lead(up, topic, follower)
+    assert _low_watermark(up.bootstrap, topic) == 30
+    assert _first_offset_from_earliest(up.bootstrap, topic) == 30
