@@ -96,7 +96,7 @@ from raylog.storage.records import first_record_without_key
 log = logging.getLogger(__name__)
 
 NAMESPACE = "raylog"
-TICK_MS = 10  # timer resolution of the state machine (ISR lag, timeouts, long polls)
+TICK_MS = 50  # timer resolution of the state machine (ISR lag, timeouts, parked fetches, flush.ms)
 PEER_CALLS_IN_FLIGHT_MAX = 64  # one-way messages outstanding per peer before dropping
 CHANNEL_START_S = 10.0  # bound on learning a peer's replication channel address
 # Methods the gateway may call over a replica's channel, with their argument types.
