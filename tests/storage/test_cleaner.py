@@ -516,7 +516,7 @@ def test_a_cleaning_child_dies_with_its_parent(tmp_path: Path) -> None:
         def child_state() -> str:
             try:
                 return Path(f"/proc/{child}/status").read_text().split("\n")[2]
-            except FileNotFoundError:
+            except (FileNotFoundError, ProcessLookupError):  # reaped before or while read
                 return "gone"
 
         wait_until(lambda: "S (sleeping)" in child_state(), timeout_s=30)  # prctl done, asleep
