@@ -28,9 +28,10 @@ import gzip
 import struct
 import zlib
 
-import pyarrow as pa
-
 from raylog.storage.errors import CorruptRecordError, UnsupportedCompressionTypeError
+
+# pyarrow is imported by the codecs that use it, not here: the CLI imports this module (through
+# raylog.storage) and never sees a compressed batch.
 
 Buffer = bytes | bytearray | memoryview
 
@@ -56,6 +57,8 @@ _INT32 = struct.Struct(">i")
 
 def _snappy_raw(block: Buffer) -> bytes:
     """One raw snappy block; its uncompressed length is the leading unsigned varint."""
+    import pyarrow as pa
+
     size = 0
     shift = 0
     for i in range(min(len(block), 5)):  # a 32-bit varint is at most 5 bytes
@@ -126,6 +129,8 @@ def _gzip(data: Buffer) -> bytes:
 
 def _arrow_stream(data: Buffer, codec: str) -> bytes:
     """Stream-decompress a codec whose frames need not say their decompressed size."""
+    import pyarrow as pa
+
     try:
         with pa.input_stream(pa.py_buffer(data), compression=codec) as stream:
             out = stream.read(DECOMPRESSED_SIZE_MAX + 1)
@@ -158,6 +163,8 @@ _XERIAL_HEADER = _XERIAL_MAGIC + struct.pack(">ii", 1, 1)
 
 
 def _snappy_compress(data: Buffer) -> bytes:
+    import pyarrow as pa
+
     view = memoryview(data).cast("B")
     out = [_XERIAL_HEADER]
     for pos in range(0, len(view), _XERIAL_BLOCK_BYTES):
@@ -168,6 +175,8 @@ def _snappy_compress(data: Buffer) -> bytes:
 
 
 def _arrow_stream_compress(data: Buffer, codec: str) -> bytes:
+    import pyarrow as pa
+
     sink = pa.BufferOutputStream()
     with pa.CompressedOutputStream(sink, codec) as stream:
         stream.write(data)

@@ -24,14 +24,17 @@ import os
 import ssl
 import tempfile
 from dataclasses import dataclass
-
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from typing import TYPE_CHECKING
 
 from raylog.storage.errors import PreconditionFailedError
 from raylog.storage.objectstore import ObjectStore
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+# cryptography is imported by the CA's code only (the controller's): every replica and gateway
+# process imports this module for its TLS contexts, which the ssl module builds alone, and
+# cryptography costs about 50 ms of CPU at each process start.
 
 __all__ = [
     "CA_KEY",
@@ -58,6 +61,8 @@ class LeafCertificate:
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
     return key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.PKCS8,
@@ -69,6 +74,10 @@ class CertificateAuthority:
     """The cluster CA: issues leaf certificates."""
 
     def __init__(self, cert_pem: bytes, key_pem: bytes) -> None:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+
         self.cert_pem = cert_pem
         self._cert = x509.load_pem_x509_certificate(cert_pem)
         key = serialization.load_pem_private_key(key_pem, password=None)
@@ -79,6 +88,11 @@ class CertificateAuthority:
 
     @classmethod
     def generate(cls, cluster_id: str) -> CertificateAuthority:
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+
         key = ec.generate_private_key(ec.SECP256R1())
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"raylog CA {cluster_id}")])
         now = dt.datetime.now(dt.UTC)
@@ -121,6 +135,11 @@ class CertificateAuthority:
 
     def issue(self, subject: str, ips: tuple[str, ...] = ("127.0.0.1",)) -> LeafCertificate:
         """A serverAuth + clientAuth leaf for ``subject`` with these IP SANs (and localhost)."""
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
         key = ec.generate_private_key(ec.SECP256R1())
         now = dt.datetime.now(dt.UTC)
         sans: list[x509.GeneralName] = [x509.DNSName("localhost")]
