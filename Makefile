@@ -26,10 +26,17 @@ venv: $(STAMP)
 system-deps:
 	@bash .ci/system-deps.sh
 
+# raylog's own modules are installed in place (pip -e): compile them once here, since every Ray
+# worker process imports them and, where PYTHONDONTWRITEBYTECODE is set, would compile them
+# again at each start (about 0.3 s of CPU per process on a 2-core machine).
+SOURCES = actors gateway storage pipelines
+
 up: $(STAMP)
+	@$(PY) -m compileall -q $(SOURCES)
 	$(VENV)/bin/raylog up $(UP_ARGS)
 
 test: $(STAMP) system-deps
+	@$(PY) -m compileall -q $(SOURCES)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
