@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from raylog.actors import raycluster, topic_config
+from raylog.actors import cli_server, raycluster, topic_config
 from raylog.storage.errors import RaylogError, one_line, remote_cause
 from raylog.storage.objectstore import ObjectStore
 
@@ -456,6 +456,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    commands = cli_server.CommandServer(_run_here, cli_server.write_token(data_dir))
     cluster = (
         RayNodesCluster(
             data_dir,
@@ -486,6 +487,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                 token_path=token,
                 ray_temp_dir=env.get("RAY_TMPDIR", ""),
                 pid=os.getpid(),
+                admin_port=commands.port,
             ),
         )
         print(f"raylog cluster {cluster_id}", flush=True)
@@ -507,10 +509,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         print("raylog stopping", flush=True)
         metrics_server.shutdown()
     finally:
+        commands.close()
         try:
             cluster.stop()
         finally:
             raycluster.remove_cluster_info(data_dir)
+            (data_dir / cli_server.TOKEN_FILE).unlink(missing_ok=True)
             ray.shutdown()
     print("raylog stopped", flush=True)
     return 0
@@ -519,16 +523,24 @@ def cmd_up(args: argparse.Namespace) -> int:
 # --- joining a running cluster ------------------------------------------------------------------
 
 
+def _cluster_data_dir(args: argparse.Namespace) -> Path:
+    """The data dir whose running cluster a command asks (not created when missing)."""
+    raw = args.data_dir or os.environ.get("RAYLOG_DATA_DIR") or DEFAULT_DATA_DIR
+    return Path(raw).expanduser().absolute()
+
+
 def _join(args: argparse.Namespace) -> None:
     """Join the running cluster's Ray: from ``--address`` (Ray's own environment gives the
     token), else from the data dir's ``cluster.json`` (``--data-dir``, $RAYLOG_DATA_DIR, or the
     default)."""
+    joined = sys.modules.get("ray")
+    if joined is not None and joined.is_initialized():
+        return  # run by `raylog up` for a CLI (actors/cli_server.py), with its connection
     address = getattr(args, "address", None)
     if address:
         ray_address = address
     else:
-        raw = args.data_dir or os.environ.get("RAYLOG_DATA_DIR") or DEFAULT_DATA_DIR
-        data_dir = Path(raw).expanduser().absolute()
+        data_dir = _cluster_data_dir(args)
         info = raycluster.read_cluster_info(data_dir)
         if info is None:
             raise CliError(f"no raylog cluster is running from {data_dir} (start one: raylog up)")
@@ -1079,11 +1091,40 @@ class _MainThreadStdout(io.TextIOBase):
         self._err.flush()
 
 
-def main(argv: list[str] | None = None) -> int:
+def _run_here(argv: list[str]) -> int:
+    """A command `raylog up` runs for a CLI (actors/cli_server.py), with its Ray connection."""
     args = build_parser().parse_args(argv)
-    guarded = getattr(args, "func", None) is not cmd_up
-    if guarded and not isinstance(sys.stdout, _MainThreadStdout):
-        sys.stdout = _MainThreadStdout(sys.stdout, sys.stderr)
+    if args.func is cmd_up:
+        raise CliError("up is not run by a running cluster")
+    return _dispatch(args)
+
+
+def _run_on_cluster(args: argparse.Namespace, argv: list[str]) -> int | None:
+    """Has the running `raylog up` of the data dir run this command; None when it serves no
+    commands (then the caller joins Ray itself)."""
+    data_dir = _cluster_data_dir(args)
+    info = raycluster.read_cluster_info(data_dir)
+    if info is None or not info.admin_port:
+        return None
+    try:
+        token = (data_dir / cli_server.TOKEN_FILE).read_text().strip()
+    except OSError:
+        return None
+    try:
+        # The data dir as this process resolved it: `raylog up` runs in another directory.
+        answer = cli_server.request(info.admin_port, token, [*argv, "--data-dir", str(data_dir)])
+    except cli_server.NotServed:
+        return None
+    except (OSError, ValueError) as e:
+        print(f"raylog: the cluster's command endpoint failed: {one_line(e)}", file=sys.stderr)
+        return 1
+    sys.stdout.write(answer["stdout"])
+    sys.stdout.flush()
+    sys.stderr.write(answer["stderr"])
+    return int(answer["code"])
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     if getattr(args, "brokers", None) is not None and args.brokers < 1:
         print("raylog: --brokers must be at least 1", file=sys.stderr)
         return 2
@@ -1092,6 +1133,20 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as e:
         print(f"raylog: {e}", file=sys.stderr)
         return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    guarded = getattr(args, "func", None) is not cmd_up
+    if guarded and not getattr(args, "address", None):
+        served = _run_on_cluster(args, argv)
+        if served is not None:
+            return served
+    if guarded and not isinstance(sys.stdout, _MainThreadStdout):
+        sys.stdout = _MainThreadStdout(sys.stdout, sys.stderr)
+    try:
+        return _dispatch(args)
     finally:
         if guarded:
             # The command's output is complete. Ray's exit hook (ray.shutdown, on the main

@@ -26,7 +26,7 @@ from cluster_support import RAYLOG, UpProcess, cli_env, free_port_block
 from confluent_kafka import Producer
 from waiting import wait_until
 
-from raylog.actors import raycluster
+from raylog.actors import cli_server, raycluster
 
 pytestmark = pytest.mark.slow
 
@@ -217,7 +217,7 @@ KILL_FOR_GOOD = r"""
 import sys
 from pathlib import Path
 
-from raylog.actors import raycluster
+from raylog.actors import cli_server, raycluster
 
 data_dir, broker = Path(sys.argv[1]), int(sys.argv[2])
 info = raycluster.read_cluster_info(data_dir)
@@ -269,3 +269,31 @@ def test_address_finds_the_cluster_too(up: UpProcess, tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == [TOPIC]
+
+
+def test_commands_are_served_by_raylog_up_without_joining_ray(up: UpProcess) -> None:
+    """The CLI's fast path (actors/cli_server.py): `raylog up` runs the command. A CLI process
+    that cannot import Ray at all still gets the answer, and the endpoint refuses a request
+    without the cluster's admin token."""
+    no_ray = (
+        "import sys; sys.modules['ray'] = None; from raylog.actors.cli import main; "
+        "sys.exit(main(sys.argv[1:]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", no_ray, "topics", "describe", TOPIC, "--json",
+         "--data-dir", str(up.data_dir)],
+        capture_output=True, text=True, timeout=WAIT_S, env=cli_env(),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    [topic] = json.loads(proc.stdout)
+    assert topic["name"] == TOPIC and len(topic["partitions"]) == PARTITIONS
+    failed = subprocess.run(
+        [sys.executable, "-c", no_ray, "topics", "describe", "nope",
+         "--data-dir", str(up.data_dir)],
+        capture_output=True, text=True, timeout=WAIT_S, env=cli_env(),
+    )  # fmt: skip
+    assert failure_line(failed) == "raylog: topic 'nope' does not exist"
+
+    info = json.loads((up.data_dir / "cluster.json").read_text())
+    with pytest.raises(ValueError, match="401"):
+        cli_server.request(info["admin_port"], "not-the-token", ["topics", "list"])
