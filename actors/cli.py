@@ -47,6 +47,7 @@ START_TIMEOUT_S = 90.0  # controllers elected, brokers registered, gateways serv
 FIRST_NODE_TIMEOUT_S = 600.0  # cluster mode: an autoscaler may take minutes to add a node
 STOP_STEP_TIMEOUT_S = 15.0
 BROKER_SHUTDOWN_TIMEOUT_S = 40.0
+PARTITIONS_LED_TIMEOUT_S = 30.0  # `raylog up` after the brokers: every partition has a leader
 CONNECT_TIMEOUT_S = 20.0  # `raylog topics`: an active controller found
 CALL_TIMEOUT_S = 30.0  # `raylog topics`: one controller call
 
@@ -191,14 +192,15 @@ class EmbeddedCluster:
         self._wait_ready()
 
     def _wait_ready(self) -> None:
-        """Every broker registered and every gateway serving a view that lists them all."""
+        """Every broker registered and every gateway serving a view that lists them all; then
+        every partition led (:meth:`_wait_partitions_led`)."""
         import ray
 
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             try:
                 if ray.get(self.supervisor.ready.remote(), timeout=15):
-                    return
+                    break
             except ray.exceptions.RayError:
                 pass  # slow: ask again
             if time.monotonic() >= deadline:
@@ -206,6 +208,57 @@ class EmbeddedCluster:
                     f"cluster not ready within {START_TIMEOUT_S:.0f} s "
                     "(brokers not registered or gateways without metadata)"
                 )
+            time.sleep(0.1)
+        self._wait_partitions_led()
+
+    def _partitions_not_led(self) -> int | None:
+        """Partitions whose leader (in the active controller's metadata) is not yet a running
+        replica that leads at that epoch; None when the controllers or brokers do not answer."""
+        import ray
+
+        for controller in self.controllers:
+            try:
+                if not ray.get(controller.status.remote(), timeout=5).active:
+                    continue
+                md = ray.get(controller.metadata.remote(), timeout=5)
+                handles = ray.get(self.supervisor.handles.remote(), timeout=5)
+                states = ray.get(
+                    [broker.replica_states.remote(2_000) for broker, _ in handles.values()],
+                    timeout=5,
+                )
+            except ray.exceptions.RayError:
+                continue  # slow or failing over: ask the other one
+            leading = {
+                (s.topic, s.partition, s.leader_epoch)
+                for answer in states
+                for s in answer
+                if s.role == "leader"
+            }
+            return sum(
+                (name, p.partition, p.leader_epoch) not in leading
+                for name, topic in md.topics.items()
+                for p in topic.partitions
+            )
+        return None
+
+    def _wait_partitions_led(self) -> None:
+        """After a restart the brokers reopen their replicas (an actor each) and the controller
+        elects leaders; clients that connect before then get NOT_LEADER answers and back off.
+        Waits (bounded) until every partition's leader leads; partitions that cannot be led
+        (their replicas' brokers gone) are reported and do not hold the cluster back."""
+        deadline = time.monotonic() + PARTITIONS_LED_TIMEOUT_S
+        while True:
+            waiting = self._partitions_not_led()
+            if waiting == 0:
+                return
+            if time.monotonic() >= deadline:
+                print(
+                    f"raylog: {waiting if waiting is not None else 'some'} partitions without a "
+                    f"leader after {PARTITIONS_LED_TIMEOUT_S:.0f} s (raylog status shows which)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return
             time.sleep(0.1)
 
     def bootstrap_servers(self) -> str:
@@ -1139,7 +1192,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     guarded = getattr(args, "func", None) is not cmd_up
-    if guarded and not getattr(args, "address", None):
+    # The commands that ask the running cluster (those with --data-dir); `pipeline` runs here.
+    if guarded and "data_dir" in vars(args) and not getattr(args, "address", None):
         served = _run_on_cluster(args, argv)
         if served is not None:
             return served
