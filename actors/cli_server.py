@@ -114,10 +114,9 @@ class CommandServer:
         self._httpd = ThreadingHTTPServer((host, port), self._handler_class())
         self._httpd.daemon_threads = True
         self.port: int = self._httpd.server_address[1]
-        self._thread = threading.Thread(
+        threading.Thread(
             target=self._httpd.serve_forever, name="raylog-cli-server", daemon=True
-        )
-        self._thread.start()
+        ).start()
 
     def close(self) -> None:
         self._closed.set()

@@ -217,7 +217,7 @@ KILL_FOR_GOOD = r"""
 import sys
 from pathlib import Path
 
-from raylog.actors import cli_server, raycluster
+from raylog.actors import raycluster
 
 data_dir, broker = Path(sys.argv[1]), int(sys.argv[2])
 info = raycluster.read_cluster_info(data_dir)
