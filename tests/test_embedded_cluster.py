@@ -4,12 +4,15 @@ Proves: `raylog up --brokers 3` starts controllers, brokers and one gateway per 
 the bootstrap servers; `raylog topics create` makes an RF=3 topic through the active controller
 and `raylog topics describe` shows it; records produced with acks=all by confluent-kafka come
 back through kcat and through an assigned, seeking confluent-kafka consumer; SIGINT stops the
-cluster with exit 0; a second `raylog up` on the same data dir serves the same topic and every
-record. A busy gateway port is refused in one line with exit 1.
+cluster with exit 0; a second `raylog up` on the same data dir is the same cluster (its id), serves
+the same topic and every record, and stops with exit 0 on SIGTERM. While it runs, cluster.json
+says how to join it (this process's PID, a loopback Ray address, a token only its owner reads);
+it is gone after each stop. A busy gateway port is refused in one line with exit 1.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -65,8 +68,15 @@ def _bootstrap(lines: list[str]) -> str:
     return found[-1]
 
 
-def _stop(proc: subprocess.Popen[str], lines: _Lines) -> None:
-    proc.send_signal(signal.SIGINT)
+def _cluster_id(lines: list[str]) -> str:
+    """The id in `raylog up`'s first line, ``raylog cluster <id>`` (kept in the object store)."""
+    found = [line.split()[-1] for line in lines if line.startswith("raylog cluster ")]
+    assert found, lines
+    return found[0]
+
+
+def _stop(proc: subprocess.Popen[str], lines: _Lines, sig: int = signal.SIGINT) -> None:
+    proc.send_signal(sig)
     lines.wait_for("raylog stopped", STOP_DEADLINE_S)
     assert proc.wait(timeout=STOP_DEADLINE_S) == 0
 
@@ -155,8 +165,14 @@ def test_up_topics_produce_consume_restart(tmp_path: Path) -> None:
     proc = _up(data_dir, port)
     try:
         lines = _Lines(proc)
-        bootstrap = _bootstrap(lines.wait_for("raylog ready", START_DEADLINE_S))
+        started = lines.wait_for("raylog ready", START_DEADLINE_S)
+        cluster_id = _cluster_id(started)
+        bootstrap = _bootstrap(started)
         assert bootstrap == ",".join(f"127.0.0.1:{port + i}" for i in range(3))
+        info = json.loads((data_dir / "cluster.json").read_text())
+        assert info["pid"] == proc.pid
+        assert info["ray_address"].startswith("127.0.0.1:")
+        assert (data_dir / "ray-token").stat().st_mode & 0o077 == 0
 
         created = _raylog(
             "topics", "create", TOPIC, "--partitions", str(PARTITIONS),
@@ -182,7 +198,9 @@ def test_up_topics_produce_consume_restart(tmp_path: Path) -> None:
     proc = _up(data_dir, port)
     try:
         lines = _Lines(proc)
-        bootstrap = _bootstrap(lines.wait_for("raylog ready", START_DEADLINE_S))
+        started = lines.wait_for("raylog ready", START_DEADLINE_S)
+        assert _cluster_id(started) == cluster_id, "the cluster identity must survive a restart"
+        bootstrap = _bootstrap(started)
         described = _raylog("topics", "describe", TOPIC, "--data-dir", str(data_dir))
         assert described.returncode == 0, described.stderr
         rows = [line for line in described.stdout.splitlines() if "Partition:" in line]
@@ -190,10 +208,11 @@ def test_up_topics_produce_consume_restart(tmp_path: Path) -> None:
         assert all("Replicas: " in r and "LeaderEpoch: " in r for r in rows)
         assert _read_kcat(bootstrap) == _expected()
         assert _read_assigned(bootstrap) == _expected()
-        _stop(proc, lines)
+        _stop(proc, lines, signal.SIGTERM)
     finally:
         if proc.poll() is None:
             proc.kill()
+    assert not (data_dir / "cluster.json").exists()
 
 
 def test_up_refuses_busy_port(tmp_path: Path) -> None:

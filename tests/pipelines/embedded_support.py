@@ -9,6 +9,9 @@
 - ``cluster_action()``: runs ``cluster_actions.py`` in a subprocess that joins the cluster's
   Ray with its token (the test process stays in its own Ray session): kill a broker, read
   with Ray Data.
+- ``committed_files()``: the Parquet files a streaming query's file sink has committed, read
+  from the sink's own log, so that a test can wait on its output without running a Spark job
+  on every poll (each one a job on the same 2 cores as the query it waits for).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from cluster_support import UpProcess, cli_env
 
@@ -166,3 +170,34 @@ def cluster_action(data_dir: Path, *args: str) -> Any:
     results = [line for line in done.stdout.splitlines() if line.startswith(marker)]
     assert results, (done.stdout[-2000:], done.stderr[-2000:])
     return json.loads(results[-1][len(marker) :])
+
+
+SINK_LOG = "_spark_metadata"
+
+
+def committed_files(out: Path) -> list[Path]:
+    """The files Spark's file sink at ``out`` has committed, in commit order ([] before any).
+
+    The sink's log (``out/_spark_metadata``) has one file per batch and, every few batches, a
+    ``N.compact`` file that repeats every earlier entry; each is a ``v1`` line and then one JSON
+    line per data file (``path``, ``action`` "add" or "delete"). Spark writes each log file
+    aside and renames it into place, so a file seen here is whole. Readers that must agree with
+    Spark (the tests' final checks) still read through Spark.
+    """
+    log_dir = out / SINK_LOG
+    if not log_dir.is_dir():
+        return []
+    batches = []
+    for entry in log_dir.iterdir():
+        number = entry.name.removesuffix(".compact")
+        if number.isdigit():  # not Spark's hidden temp and checksum files
+            batches.append((int(number), entry))
+    files: dict[str, None] = {}
+    for _, entry in sorted(batches):
+        for line in entry.read_text().splitlines()[1:]:
+            record = json.loads(line)
+            if record["action"] == "add":
+                files[record["path"]] = None
+            else:
+                files.pop(record["path"], None)
+    return [Path(unquote(urlparse(uri).path)) for uri in files]

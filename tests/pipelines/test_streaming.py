@@ -18,8 +18,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
-from embedded_support import cluster_action, create_topic, produce_values
+from embedded_support import cluster_action, committed_files, create_topic, produce_values
 from waiting import wait_until
 
 # Slow: a whole embedded cluster and Spark; the budget covers starting them on a loaded machine.
@@ -72,13 +73,18 @@ def _round(up: Any, topic: str, tag: str) -> list[str]:
 
 
 def _wait_for(spark: Any, out: Path, query: Any, values: list[str]) -> list[tuple[int, int, str]]:
-    def done() -> list[tuple[int, int, str]] | None:
+    """The sink's rows (read by Spark) once every value is in a committed file."""
+
+    def done() -> bool:
         if query.exception() is not None:
             raise AssertionError(f"query failed: {query.exception()}")
-        rows = _output(spark, out)
-        return rows if set(values) <= {v for _, _, v in rows} else None
+        written = set()
+        for f in committed_files(out):
+            written.update(pq.read_table(f, columns=["value"]).column("value").to_pylist())
+        return set(values) <= written
 
-    return wait_until(done, timeout_s=OUTPUT_WAIT_S, interval_s=0.5, message="sink rows")
+    wait_until(done, timeout_s=OUTPUT_WAIT_S, interval_s=0.5, message="sink rows")
+    return _output(spark, out)
 
 
 def _assert_exactly_once(rows: list[tuple[int, int, str]], values: list[str]) -> None:
