@@ -3,16 +3,18 @@
 Prints one JSON document with, per scenario, every trial and the worst:
 
 - ``node_kill``: the leader broker's node removed with ``allow_graceful=False`` (a machine
-  crash). Time from the kill to the first successful acks=all produce on the new leader. The
-  node is added back (same rack label) and the broker returns by itself before the next trial.
+  crash). Time from the kill to the first successful acks=all produce on the new leader, split
+  into the time until Ray's GCS lists the node dead (its health checks, about 2 s with
+  ``raycluster.FAST_DEATH_SYSTEM_CONFIG``) and the time after that. The node is added back
+  (same rack label) and the broker returns by itself before the next trial.
 - ``actor_kill``: the leader broker's actor killed (its replicas die with it; Ray restarts it).
   Same measure.
 - ``controlled_shutdown``: ``broker.shutdown()`` of the leader's broker while a producer sends
   acks=all requests back to back; the unavailability window is the longest gap between two
   successful produces around the shutdown.
 
-Goals (the controller issue): <= 1 s when Ray confirms the death; <= 0.5 s for a controlled
-shutdown.
+Goals (the controller issue): <= 1 s when Ray confirms the death (for a node kill: from the
+confirmation), <= 0.5 s for a controlled shutdown.
 
     .venv/bin/python benchmarks/failover.py [--trials 3]
 
@@ -62,6 +64,8 @@ class Bench:
         self.root = root
         self._active: Any = None
         self.failures: dict[str, int] = {}  # produce failures seen, by error
+        self.confirmed_s: float | None = None  # the last node kill: kill -> Ray's GCS saw it dead
+        self.confirmations: list[float] = []  # every node kill's confirmed_s
         self.cluster = Cluster(
             initialize_head=True,
             head_node_args={
@@ -209,13 +213,26 @@ class Bench:
                 return rack, node
         raise RuntimeError(f"broker {broker_id} runs on no known node")
 
-    def after_kill(self, old: int, kill: Any) -> float:
+    def after_kill(self, old: int, kill: Any, node_id: str | None = None) -> float:
+        """Seconds from the kill to the first acks=all produce on a new leader.
+
+        With ``node_id``, also records in ``self.confirmed_s`` when Ray's GCS first lists that
+        node as dead (its health checks: ``raycluster.FAST_DEATH_SYSTEM_CONFIG``), the moment
+        from which the controller may elect (the controller issue's "when Ray confirms").
+        """
+        import ray
+
         start = time.monotonic()
         kill()
         print(f"killed broker {old} at {int(start * 1000)}", file=sys.stderr)
+        self.confirmed_s = None if node_id is not None else 0.0
         i = 0
         while time.monotonic() - start < WAIT_S:  # bounded
             i += 1
+            if self.confirmed_s is None and not any(
+                n["Alive"] for n in ray.nodes() if n["NodeID"] == node_id
+            ):
+                self.confirmed_s = time.monotonic() - start
             b = self.leader()
             if b not in (old, -1):
                 done = self.produce(i, b)
@@ -228,7 +245,12 @@ class Bench:
     def node_kill(self) -> float:
         old = self.leader()
         rack, node = self.node_of(old)
-        took = self.after_kill(old, lambda: self.cluster.remove_node(node, allow_graceful=False))
+        took = self.after_kill(
+            old, lambda: self.cluster.remove_node(node, allow_graceful=False), node.node_id
+        )
+        if self.confirmed_s is None:
+            raise RuntimeError("a new leader took a write before Ray saw the node dead")
+        self.confirmations.append(round(self.confirmed_s, 4))
         self.nodes[rack] = self._add_node(rack)
         self.wait_healthy()
         return took
@@ -298,11 +320,21 @@ def main() -> None:
                 "worst_s": max(trials),
                 "produce_failures": bench.failures,
             }
+            if name == "node_kill":
+                # Ray's health checks take most of it; the goal counts from Ray's confirmation
+                after = [round(t - c, 4) for t, c in zip(trials, bench.confirmations, strict=True)]
+                results[name]["ray_confirmed_dead_s"] = bench.confirmations
+                results[name]["after_confirmation_s"] = after
+                results[name]["worst_after_confirmation_s"] = max(after)
     finally:
         bench.close()
         if not os.environ.get("RAYLOG_BENCH_KEEP"):
             shutil.rmtree(root, ignore_errors=True)
-    results["goals_s"] = {"node_kill": 1.0, "actor_kill": 1.0, "controlled_shutdown": 0.5}
+    results["goals_s"] = {
+        "node_kill_after_confirmation": 1.0,
+        "actor_kill": 1.0,
+        "controlled_shutdown": 0.5,
+    }
     results["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
     print(json.dumps(results, indent=2))
 
