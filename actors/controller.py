@@ -724,24 +724,7 @@ class ControllerActor:
             for p in t.partitions:
                 if broker_id not in p.replicas:
                     continue
-                command: RoleCommand
-                if p.leader == broker_id:
-                    command = BecomeLeader(
-                        controller_epoch=self._epoch,
-                        leader_epoch=p.leader_epoch,
-                        partition_epoch=p.partition_epoch,
-                        isr=p.isr,
-                        replicas=tuple(b for b in p.replicas if b not in p.observers),
-                        observers=p.observers,
-                    )
-                elif broker_id in p.observers:
-                    command = BecomeObserver(
-                        self._epoch, p.leader, p.leader_epoch, p.partition_epoch
-                    )
-                else:
-                    command = BecomeFollower(
-                        self._epoch, p.leader, p.leader_epoch, p.partition_epoch
-                    )
+                command: RoleCommand = election.role_command(p, broker_id, self._epoch)
                 rate = throttle if p.leader == broker_id and p.adding_replicas else 0
                 specs.append(
                     ReplicaSpec(name, t.topic_id, p.partition, dict(t.configs), command, rate)

@@ -36,6 +36,7 @@ from typing import Literal
 
 from raylog.actors import metadata as md_
 from raylog.actors import topic_config
+from raylog.actors.messages import BecomeFollower, BecomeLeader, BecomeObserver
 from raylog.actors.metadata import (
     NO_LEADER,
     ClusterMetadata,
@@ -408,6 +409,28 @@ def auto_leader_rebalance(md: ClusterMetadata, imbalance_percentage: int) -> Out
         and p.preferred_leader not in p.observers
     ]
     return _apply(md, changes)
+
+
+# --- what each replica is told ----------------------------------------------------------------
+
+
+def role_command(
+    p: PartitionState, broker_id: int, controller_epoch: int
+) -> BecomeLeader | BecomeFollower | BecomeObserver:
+    """The command that makes ``broker_id``'s replica of ``p`` what the metadata says it is
+    (``broker_id`` must be one of ``p.replicas``); the controller sends it with its epoch."""
+    if p.leader == broker_id:
+        return BecomeLeader(
+            controller_epoch=controller_epoch,
+            leader_epoch=p.leader_epoch,
+            partition_epoch=p.partition_epoch,
+            isr=p.isr,
+            replicas=tuple(b for b in p.replicas if b not in p.observers),
+            observers=p.observers,
+        )
+    if broker_id in p.observers:
+        return BecomeObserver(controller_epoch, p.leader, p.leader_epoch, p.partition_epoch)
+    return BecomeFollower(controller_epoch, p.leader, p.leader_epoch, p.partition_epoch)
 
 
 # --- AlterPartition ---------------------------------------------------------------------------

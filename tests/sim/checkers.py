@@ -30,6 +30,11 @@ Definitions (what each checker proves, for runs with clean elections only):
 8. DeleteRecords: a replica elected cleanly starts at or above every low watermark a
    DeleteRecords was answered with (deleted records never come back); no replica's log start
    passes its high watermark.
+9. No split brain (leases; run by cluster.py, which sees brokers' clocks): when the controller
+   fences a live broker whose session expired, that broker's write lease has already lapsed on
+   its own clock, so it stopped accepting writes before anyone else is elected; and a broker
+   fenced out of leader epoch ``e`` (session expiry or death) never again appends a client
+   write in an epoch <= ``e``.
 """
 
 from __future__ import annotations

@@ -8,14 +8,22 @@ each Ready exactly as the Ray shell must: log operations, fsync (later, as an ev
 checkpoint, messages, produce results. Time is simulated; a run is a bounded number of steps,
 each the processing of one event, and the checkers (checkers.py) run after every step.
 
-The controller stand-in holds replicas, leader, leader epoch, partition epoch and ISR; commits
-or refuses AlterPartition by epochs (answering a stale one with its current state); resends its
-state to every replica periodically over the lossy network; takes a dead follower out of the ISR
-(KRaft's fencing, never the last member); moves leadership on purpose now and then (preferred
-election, while the old leader may still believe it leads); and after a leader's death is
-confirmed (raylog's lease rule: death confirmed by Ray) elects from the live ISR members
-(clean), or from any live replica when the scenario enables unclean election. A restarted
-replica never inherits its previous incarnation's leadership (Kafka's broker epoch).
+The controller (controller.py) decides with raylog's own pure election module on real cluster
+metadata: it fences a broker whose death Ray confirmed (~20 ms after a crash, the fast path) or
+whose session expired (the slow path: no heartbeat accepted for SESSION_MS, e.g. behind a
+network partition), elects cleanly from the ISR (uncleanly when the scenario enables it),
+registers a restarted broker as a new incarnation, unfences one that heartbeats again, commits
+or refuses AlterPartition, runs preferred elections now and then (while the old leader may
+still believe it leads), and fails over to a standby (a new controller epoch) now and then. It
+resends each replica's command periodically over the lossy network; commands of a deposed
+controller still in flight arrive late and must be refused.
+
+Brokers heartbeat the controller every HEARTBEAT_MS over the same network and extend their
+replicas' write lease to ``t0 + SESSION_MS - guard`` on their own clock when a heartbeat is
+accepted with ``lease_ok``; a replica refuses produce and DeleteRecords once the lease lapsed.
+Each broker's clock runs at its own rate (``clock_rate_min`` .. ``clock_rate_max``), which the
+guard must absorb. Clients send to the leader they last heard of, sometimes the previous one
+(stale metadata), so a deposed leader is offered writes.
 
 Idempotent producers (Kafka's clients with ``enable.idempotence``): a few producers with
 producer ids send acks=all batches with sequences, one request in flight each (what a Kafka
@@ -32,7 +40,8 @@ its log at the leader's log start, possibly inside a batch.
 
 Faults: message drop, delay (hence reordering), duplication (not on client connections, which
 are TCP), network partitions between any two of replicas and controller, crashes that lose the
-unsynced tail or keep a prefix of it (torn write), restarts that recover from the durable disk.
+unsynced tail or keep a prefix of it (torn write), restarts that recover from the durable disk,
+controller failovers.
 """
 
 from __future__ import annotations
@@ -47,10 +56,6 @@ import msgspec
 from raylog.actors.messages import (
     CONSUMER_REPLICA_ID,
     AlterPartitionRequest,
-    AlterPartitionResponse,
-    BecomeFollower,
-    BecomeLeader,
-    BecomeObserver,
     DeleteRecordsRequest,
     FetchRequest,
     FetchResponse,
@@ -70,12 +75,13 @@ from raylog.actors.partition import (
 )
 from raylog.actors.replication_types import AdvanceLogStart, DeleteRecordsResult
 from raylog.storage.errors import (
-    FencedLeaderEpochError,
-    InvalidUpdateVersionError,
+    DuplicateBrokerRegistrationError,
+    NotLeaderOrFollowerError,
     OffsetOutOfRangeError,
 )
 
 from .checkers import Checkers, SimViolation
+from .controller import Fenced, SimController, incarnation_id
 from .disk import SimDisk
 from .network import NetworkConfig, SimNetwork
 
@@ -83,6 +89,11 @@ CONTROLLER = -100
 CLIENT = -200
 TICK_MS = 20
 CONTROLLER_SYNC_MS = 150
+CONTROLLER_TICK_MS = 50  # how often the controller looks for expired sessions
+HEARTBEAT_MS = 50  # broker.heartbeat.interval.ms, scaled to the simulation's time
+SESSION_MS = 250  # broker.session.timeout.ms, scaled
+LEASE_GUARD_MS = SESSION_MS // 10  # as raylog's broker: 10 % of the session
+STALE_LEADER_ROUTING = 0.2  # chance that a client sends to the previous leader
 IDEMPOTENT_PRODUCERS = 3
 IDEMPOTENT_RETRY_MS = 1_500  # resend when no answer came for this long (answer lost)
 IDEMPOTENT_EARLY_RETRY = 0.1  # chance to resend while the first try is still in flight
@@ -99,14 +110,18 @@ class Scenario:
     min_insync_replicas: int = 2
     replication_mode: str = "pull"
     unclean_leader_election_enable: bool = False
-    steps: int = 1000
+    steps: int = 1300
     produce_interval_ms: int = 15
     consume_interval_ms: int = 30
     delete_records_interval_ms: int = 150
     fault_interval_ms: int = 120
     fsync_max_ms: int = 8
+    # Each broker's clock rate is drawn from this range; the lease guard absorbs up to 10 %.
+    clock_rate_min: float = 0.95
+    clock_rate_max: float = 1.05
     network: NetworkConfig = field(default_factory=NetworkConfig)
     replica_class: type[PartitionReplica] = PartitionReplica
+    controller_class: type[SimController] = SimController
 
     @classmethod
     def from_seed(cls, seed: int, **overrides: Any) -> Scenario:
@@ -150,8 +165,47 @@ class SimNode:
     disk: SimDisk
     replica: PartitionReplica
     alive: bool = True
-    incarnation: int = 0
+    incarnation: int = 0  # of the replica's process (a crash or a replacement starts a new one)
     verified_batches: int = 0  # checker 2: batches below the HW already compared
+    # The broker around the replica: its process incarnation (a crash and restart starts a
+    # new one, a replacement of the replica does not), its session and clock.
+    broker_incarnation: int = 0
+    clock_rate: float = 1.0
+    lease_until_ms: int = 0  # on this broker's clock
+    applied_epoch: int = -1  # the newest metadata version whose command it applied
+    controller_epoch: int = 0  # the newest controller epoch it heard from
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    node_id: int
+    broker_incarnation: int
+    applied_epoch: int
+    t0_ms: int  # the broker's clock, read before sending
+
+
+@dataclass(frozen=True)
+class HeartbeatReply:
+    broker_incarnation: int
+    lease_ok: bool
+    t0_ms: int
+    controller_epoch: int
+
+
+@dataclass(frozen=True)
+class Command:
+    """A role command as a broker receives it: with the metadata version it belongs to."""
+
+    metadata_epoch: int
+    command: Any
+
+
+@dataclass(frozen=True)
+class Forwarded:
+    """An AlterPartition proposal as the broker forwards it: with its incarnation."""
+
+    broker_incarnation: int
+    request: AlterPartitionRequest
 
 
 @dataclass
@@ -191,13 +245,25 @@ class Simulation:
         self.nodes: dict[int, SimNode] = {}
         for node_id in (*self.replica_ids, *self.observer_ids):
             disk = SimDisk()
-            self.nodes[node_id] = SimNode(node_id, disk, self._new_replica(node_id, disk))
-        # Controller state.
-        self.leader = 0
-        self.leader_epoch = 0
-        self.partition_epoch = 0
-        self.isr: tuple[int, ...] = self.replica_ids
-        self.controller_epoch = 1
+            node = SimNode(node_id, disk, self._new_replica(node_id, disk))
+            node.clock_rate = self.rng.uniform(
+                self.scenario.clock_rate_min, self.scenario.clock_rate_max
+            )
+            self.nodes[node_id] = node
+        self.controller = self.scenario.controller_class(
+            self.replica_ids,
+            self.observer_ids,
+            {
+                "min.insync.replicas": str(self.scenario.min_insync_replicas),
+                "unclean.leader.election.enable": str(
+                    self.scenario.unclean_leader_election_enable
+                ).lower(),
+            },
+            SESSION_MS,
+        )
+        self.previous_leader = -1  # where clients with stale metadata still send
+        # Checker 9: per broker, the highest leader epoch it was deposed from by fencing.
+        self.deposed: dict[int, int] = {}
         # Clients.
         self.next_request_id = 1
         # request id -> (acks, data, record count)
@@ -222,8 +288,35 @@ class Simulation:
             "idempotent_acked": 0,
             "idempotent_acked_after_retry": 0,
             "deletes_acked": 0,
+            "fenced_expired": 0,
+            "controller_failovers": 0,
+            "lease_refused": 0,
         }
         self.steps_done = 0
+
+    # --- what the controller's metadata says --------------------------------------------------
+
+    @property
+    def leader(self) -> int:
+        return self.controller.leader
+
+    @property
+    def leader_epoch(self) -> int:
+        return self.controller.partition.leader_epoch
+
+    def _clock(self, node: SimNode) -> int:
+        """``node``'s broker clock (its own rate; the controller's is the simulation's)."""
+        return int(self.now_ms * node.clock_rate)
+
+    def _leos(self) -> dict[int, int]:
+        """Log end offsets of the live replicas (what an unclean election compares)."""
+        return {b: n.replica.log_end_offset for b, n in self.nodes.items() if n.alive}
+
+    def _route(self) -> int:
+        """The leader a client sends to: the current one, or the previous (stale metadata)."""
+        if self.previous_leader >= 0 and self.rng.random() < STALE_LEADER_ROUTING:
+            return self.previous_leader
+        return self.leader
 
     # --- plumbing -----------------------------------------------------------------------------
 
@@ -276,6 +369,7 @@ class Simulation:
                 appended = True
                 if writer:
                     self.checkers.check_single_writer(op.batch.leader_epoch, node.node_id)
+                    self._check_not_deposed(node, op.batch.leader_epoch)
         if appended:
             delay = self.rng.randint(0, self.scenario.fsync_max_ms)
             end, generation = node.disk.end_offset, node.disk.generation
@@ -294,7 +388,7 @@ class Simulation:
                 assert isinstance(out, SendFetchData)
                 self._send_fetch_data(node, out)
         for request in ready.alter_partition:
-            self._send(node.node_id, CONTROLLER, request)
+            self._send(node.node_id, CONTROLLER, Forwarded(node.broker_incarnation, request))
         for result in ready.produce_results:
             self._send(node.node_id, CLIENT, result, client=True)
         for deleted in ready.delete_records_results:
@@ -313,7 +407,9 @@ class Simulation:
     def run(self) -> Simulation:
         for node_id in self.nodes:
             self._schedule(self.rng.randint(0, TICK_MS), "tick", node_id, 0)
+            self._schedule(self.rng.randint(0, HEARTBEAT_MS), "heartbeat", node_id, 0)
         self._schedule(0, "controller_sync")
+        self._schedule(CONTROLLER_TICK_MS, "controller_tick")
         self._schedule(5, "produce")
         self._schedule(9, "idempotent_produce")
         self._schedule(7, "consume")
@@ -355,6 +451,21 @@ class Simulation:
             node = self.nodes[dst]
             if not node.alive or node.incarnation != incarnation:
                 return
+            if isinstance(message, HeartbeatReply):
+                self._broker_heartbeat_reply(node, message)
+                return
+            if isinstance(message, Command):
+                # The broker refuses commands of an older controller than one it heard from.
+                if message.command.controller_epoch < node.controller_epoch:
+                    return
+                node.controller_epoch = message.command.controller_epoch
+                node.applied_epoch = max(node.applied_epoch, message.metadata_epoch)
+                message = message.command
+            elif isinstance(message, (ProduceRequest, DeleteRecordsRequest)) and (
+                self._clock(node) >= node.lease_until_ms
+            ):
+                self._refuse_without_lease(node, message)
+                return
             was_leader_epoch = (node.replica.role, node.replica.leader_epoch)
             node.replica.step(message, self.now_ms)
             self._run_ready(node, writer=isinstance(message, ProduceRequest))
@@ -364,105 +475,148 @@ class Simulation:
             ):
                 self._check_new_leader(node)
 
-    # --- controller stand-in ------------------------------------------------------------------
+    # --- brokers: heartbeats and leases -------------------------------------------------------
+
+    def _on_heartbeat(self, node_id: int, broker_incarnation: int) -> None:
+        node = self.nodes[node_id]
+        if not node.alive or node.broker_incarnation != broker_incarnation:
+            return
+        beat = Heartbeat(node_id, broker_incarnation, node.applied_epoch, self._clock(node))
+        self._send(node_id, CONTROLLER, beat)
+        self._schedule(HEARTBEAT_MS, "heartbeat", node_id, broker_incarnation)
+
+    def _broker_heartbeat_reply(self, node: SimNode, reply: HeartbeatReply) -> None:
+        if reply.broker_incarnation != node.broker_incarnation:
+            return
+        node.controller_epoch = max(node.controller_epoch, reply.controller_epoch)
+        if reply.lease_ok:
+            until = reply.t0_ms + SESSION_MS - LEASE_GUARD_MS
+            node.lease_until_ms = max(node.lease_until_ms, until)
+
+    def _refuse_without_lease(self, node: SimNode, message: Any) -> None:
+        """As raylog's replica actor: no write lease, no write (NOT_LEADER_OR_FOLLOWER)."""
+        self.stats["lease_refused"] += 1
+        code = NotLeaderOrFollowerError.error_code
+        if isinstance(message, ProduceRequest):
+            result: Any = ProduceResult(message.request_id, code, -1, "lease lapsed")
+        else:
+            result = DeleteRecordsResult(message.request_id, code, -1, "lease lapsed")
+        self._send(node.node_id, CLIENT, result, client=True)
+
+    # --- the controller -------------------------------------------------------------------------
 
     def _controller_receive(self, message: Any) -> None:
-        assert isinstance(message, AlterPartitionRequest)
-        if message.leader_epoch != self.leader_epoch or message.leader_id != self.leader:
-            code = FencedLeaderEpochError.error_code
-        elif message.partition_epoch != self.partition_epoch:
-            code = InvalidUpdateVersionError.error_code
+        before = (self.controller.metadata_epoch, self.leader)
+        if isinstance(message, Heartbeat):
+            node_id = message.node_id
+            try:
+                lease_ok = self.controller.heartbeat(
+                    node_id,
+                    incarnation_id(node_id, message.broker_incarnation),
+                    message.applied_epoch,
+                    self.now_ms,
+                    self._leos(),
+                )
+            except DuplicateBrokerRegistrationError:
+                return  # the broker tries again with its next heartbeat
+            epoch = self.controller.controller_epoch
+            reply = HeartbeatReply(message.broker_incarnation, lease_ok, message.t0_ms, epoch)
+            self._send(CONTROLLER, node_id, reply)
         else:
-            assert self.leader in message.new_isr
-            assert set(message.new_isr) <= set(self.replica_ids)
-            self.isr = message.new_isr
-            self.partition_epoch += 1
-            code = 0
-        response = AlterPartitionResponse(
-            code, message.leader_epoch, self.partition_epoch, self.isr, message.request_id
-        )
-        self._send(CONTROLLER, message.leader_id, response)
+            assert isinstance(message, Forwarded)
+            request = message.request
+            response = self.controller.alter_partition(
+                request.leader_id,
+                incarnation_id(request.leader_id, message.broker_incarnation),
+                request,
+            )
+            self._send(CONTROLLER, request.leader_id, response)
+            return  # the leader learns the outcome from the answer
+        self._after_decision(*before)
 
-    def _commands(self, node_id: int) -> Any:
-        if node_id == self.leader:
-            return BecomeLeader(
-                self.controller_epoch,
-                self.leader_epoch,
-                self.partition_epoch,
-                self.isr,
-                self.replica_ids,
-                self.observer_ids,
-            )
-        if node_id in self.observer_ids:
-            return BecomeObserver(
-                self.controller_epoch, self.leader, self.leader_epoch, self.partition_epoch
-            )
-        return BecomeFollower(
-            self.controller_epoch, self.leader, self.leader_epoch, self.partition_epoch
-        )
+    def _after_decision(self, metadata_epoch: int, leader: int) -> None:
+        """After the controller may have changed the metadata: count an election, remember the
+        previous leader for stale clients, and push the new commands."""
+        if self.controller.metadata_epoch == metadata_epoch:
+            return
+        if self.leader != leader:
+            self.stats["elections"] += 1
+            if leader >= 0:
+                self.previous_leader = leader
+        self._on_controller_sync_once()
+
+    def _command(self, node_id: int) -> Command:
+        return Command(self.controller.metadata_epoch, self.controller.command_for(node_id))
 
     def _on_controller_sync(self) -> None:
         # Metadata propagation: the controller resends its state; epochs make it idempotent.
-        for node_id, node in self.nodes.items():
-            if node.alive:
-                self._send(CONTROLLER, node_id, self._commands(node_id))
+        self._on_controller_sync_once()
         self._schedule(CONTROLLER_SYNC_MS, "controller_sync")
 
-    def _elect(self) -> None:
-        """Elect after the leader's death is confirmed (or when there is no leader)."""
-        old = self.leader
-        live_isr = [r for r in self.isr if self.nodes[r].alive]
-        others = [r for r in live_isr if r != old]
-        if others:
-            new_leader = self.rng.choice(others)
-            self.isr = tuple(r for r in self.isr if r != old)
-        elif live_isr:
-            new_leader = old  # restarted, and the only live ISR member: clean to elect
-        elif self.scenario.unclean_leader_election_enable and (
-            live := [r for r in self.replica_ids if self.nodes[r].alive]
-        ):
-            new_leader = self.rng.choice(live)
-            self.isr = (new_leader,)
-        else:
-            new_leader = -1
-        if new_leader == -1 and old == -1:
-            return
-        self.leader = new_leader
-        self.leader_epoch += 1
-        self.partition_epoch += 1
-        self.stats["elections"] += 1
-        self._on_controller_sync_once()
-
     def _on_controller_sync_once(self) -> None:
-        for node_id, node in self.nodes.items():
-            if node.alive:
-                self._send(CONTROLLER, node_id, self._commands(node_id))
+        for node_id in self.controller.pushed_to():
+            if self.nodes[node_id].alive:
+                self._send(CONTROLLER, node_id, self._command(node_id))
 
-    def _on_node_dead(self, node_id: int, incarnation: int, leader_epoch: int) -> None:
-        """Ray reported a replica's death (~20 ms after it happened)."""
-        if node_id == self.leader:
-            if leader_epoch == self.leader_epoch:
-                self._elect()
-            return
-        node = self.nodes[node_id]
-        if node.alive or node.incarnation != incarnation or node_id not in self.isr:
-            return
-        if len(self.isr) > 1:
-            # KRaft fences a dead broker and takes it out of every ISR (never the last member):
-            # an ISR change the leader learns from the controller, not from AlterPartition.
-            self.isr = tuple(r for r in self.isr if r != node_id)
-            self.partition_epoch += 1
-            self._on_controller_sync_once()
+    def _on_controller_tick(self) -> None:
+        """The slow path: fence brokers whose session expired (checker 9 at that moment)."""
+        self._schedule(CONTROLLER_TICK_MS, "controller_tick")
+        before = (self.controller.metadata_epoch, self.leader)
+        fenced = self.controller.expire_sessions(self.now_ms, self._leos())
+        for f in fenced:
+            self.stats["fenced_expired"] += 1
+            self._note_fenced(f)
+        self._after_decision(*before)
+
+    def _note_fenced(self, fenced: Fenced) -> None:
+        """Checker 9: a broker the controller fences holds no write lease any more (it stopped
+        accepting writes before anyone else may be elected), and it never again writes in the
+        leader epoch it was deposed from."""
+        node = self.nodes[fenced.broker_id]
+        if fenced.expired and node.alive and self._clock(node) < node.lease_until_ms:
+            raise SimViolation(
+                f"broker {node.node_id} fenced at {self.now_ms} ms (session expired) while its "
+                f"write lease runs until {node.lease_until_ms} on its clock "
+                f"({self._clock(node)} now, rate {node.clock_rate:.3f})"
+            )
+        if fenced.deposed_leader_epoch >= 0:
+            previous = self.deposed.get(node.node_id, -1)
+            self.deposed[node.node_id] = max(previous, fenced.deposed_leader_epoch)
+
+    def _check_not_deposed(self, node: SimNode, leader_epoch: int) -> None:
+        deposed = self.deposed.get(node.node_id, -1)
+        if leader_epoch <= deposed:
+            raise SimViolation(
+                f"broker {node.node_id} accepted a write in leader epoch {leader_epoch} after "
+                f"the controller fenced it out of epoch {deposed}"
+            )
+
+    def _on_broker_dead(self, node_id: int, broker_incarnation: int) -> None:
+        """Ray reported a broker process's death (~20 ms after it happened): the fast path."""
+        before = (self.controller.metadata_epoch, self.leader)
+        p = self.controller.partition
+        deposed = p.leader_epoch if p.leader == node_id else -1
+        dead = incarnation_id(node_id, broker_incarnation)
+        if self.controller.broker_died(node_id, dead, self._leos()):
+            self._note_fenced(Fenced(node_id, deposed, expired=False))
+        self._after_decision(*before)
 
     def _move_leader(self) -> None:
-        """Controlled leader change (preferred election): to another live ISR member."""
-        others = [r for r in self.isr if r != self.leader and self.nodes[r].alive]
-        if self.leader < 0 or not others:
-            return
-        self.leader = self.rng.choice(others)
-        self.leader_epoch += 1
-        self.partition_epoch += 1
-        self.stats["elections"] += 1
+        """Preferred leader election (controlled: the old leader may still believe it leads)."""
+        before = (self.controller.metadata_epoch, self.leader)
+        self.controller.preferred_election()
+        self._after_decision(*before)
+
+    def _controller_failover(self) -> None:
+        """The active controller is replaced by a standby (a new controller epoch). Commands
+        the old one sent shortly before arrive late, and must change nothing."""
+        stale = {b: self._command(b) for b in self.controller.pushed_to() if self.nodes[b].alive}
+        self.controller.failover(self.now_ms)
+        self.stats["controller_failovers"] += 1
+        for node_id, command in stale.items():
+            node = self.nodes[node_id]
+            delay = self.rng.randint(1, 3 * CONTROLLER_SYNC_MS)
+            self._schedule(delay, "deliver", CONTROLLER, node_id, node.incarnation, command)
         self._on_controller_sync_once()
 
     # --- faults -------------------------------------------------------------------------------
@@ -471,17 +625,19 @@ class Simulation:
         choice = self.rng.random()
         alive = [n for n in self.nodes.values() if n.alive]
         dead = [n for n in self.nodes.values() if not n.alive]
-        if choice < 0.3 and len(alive) > 1:
+        if choice < 0.28 and len(alive) > 1:
             self._crash(self.rng.choice(alive))
-        elif choice < 0.6 and dead:
+        elif choice < 0.56 and dead:
             self._restart(self.rng.choice(dead))
-        elif choice < 0.7 and alive:
+        elif choice < 0.65 and alive:
             self._replace(self.rng.choice(alive))
-        elif choice < 0.8:
+        elif choice < 0.78:
             a, b = self.rng.sample([*self.nodes, CONTROLLER], 2)
             self.net.cut.add(frozenset((a, b)))
-        elif choice < 0.88:
+        elif choice < 0.85:
             self._move_leader()
+        elif choice < 0.9:
+            self._controller_failover()
         else:
             self.net.cut.clear()
         self._schedule(self.rng.randint(1, 2 * self.scenario.fault_interval_ms), "fault")
@@ -491,21 +647,21 @@ class Simulation:
         node.incarnation += 1
         node.disk.crash(self.rng, tear=self.rng.random() < 0.5)
         self.stats["crashes"] += 1
-        # Ray reports the actor's death to the controller within ~20 ms.
-        self._schedule(20, "node_dead", node.node_id, node.incarnation, self.leader_epoch)
+        # Ray reports the broker's death to the controller within ~20 ms.
+        self._schedule(20, "broker_dead", node.node_id, node.broker_incarnation)
 
     def _restart(self, node: SimNode) -> None:
+        """A new broker process (and replica) on the same disk. It registers as a new
+        incarnation with its first heartbeat, which never inherits its predecessor's
+        leadership (Kafka's broker epoch); the controller then sends it its command."""
         node.alive = True
         node.incarnation += 1
+        node.broker_incarnation += 1
+        node.lease_until_ms, node.applied_epoch, node.controller_epoch = 0, -1, 0
         node.replica = self._new_replica(node.node_id, node.disk)
         node.verified_batches = 0
         self._schedule(self.rng.randint(0, TICK_MS), "tick", node.node_id, node.incarnation)
-        if self.leader in (-1, node.node_id):
-            # No leader, and an ISR member is back: it may lead (clean: it is in the ISR). Or
-            # the leader restarted before its death was reported: a new incarnation never
-            # inherits its predecessor's epoch (Kafka's broker epoch), so elect anew.
-            self._elect()
-        self._send(CONTROLLER, node.node_id, self._commands(node.node_id))
+        self._schedule(0, "heartbeat", node.node_id, node.broker_incarnation)
 
     def _replace(self, node: SimNode) -> None:
         """The replica's process is replaced on a running machine (its broker re-created the
@@ -519,7 +675,8 @@ class Simulation:
         node.verified_batches = 0
         self.stats["replacements"] += 1
         self._schedule(self.rng.randint(0, TICK_MS), "tick", node.node_id, node.incarnation)
-        self._send(CONTROLLER, node.node_id, self._commands(node.node_id))
+        if node.node_id in self.controller.pushed_to():
+            self._send(CONTROLLER, node.node_id, self._command(node.node_id))
 
     # --- clients ------------------------------------------------------------------------------
 
@@ -535,7 +692,7 @@ class Simulation:
         count = self.rng.randint(1, 3)
         self.produce_requests[request_id] = (acks, data, count)
         request = ProduceRequest(request_id, acks, 1000, count, len(data), data)
-        self._send(CLIENT, self.leader, request, client=True)
+        self._send(CLIENT, self._route(), request, client=True)
 
     def _on_idempotent_produce(self) -> None:
         self._schedule(
@@ -574,7 +731,7 @@ class Simulation:
             producer.producer_epoch,
             seq,
         )
-        self._send(CLIENT, self.leader, request, client=True)
+        self._send(CLIENT, self._route(), request, client=True)
 
     def _idempotent_result(self, index: int, message: ProduceResult) -> None:
         producer = self.producers[index]
