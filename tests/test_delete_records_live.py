@@ -93,6 +93,20 @@ def _low_watermark(bootstrap: str, topic: str) -> int:
         consumer.close()
 
 
+def _low_watermark_when_served(bootstrap: str, topic: str) -> int | None:
+    """The low watermark, or None while the leader the metadata names does not serve yet (the
+    controller's metadata says who leads before that replica has taken the command)."""
+    try:
+        return _low_watermark(bootstrap, topic)
+    except KafkaException as exc:
+        if exc.args[0].code() in (
+            KafkaError.NOT_LEADER_FOR_PARTITION,
+            KafkaError.LEADER_NOT_AVAILABLE,
+        ):
+            return None
+        raise
+
+
 def _first_offset_from_earliest(bootstrap: str, topic: str) -> int:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "unused"})
     try:
@@ -166,7 +180,12 @@ def test_delete_records_moves_the_low_watermark_on_every_replica(
     # Each replica in turn leads, and reports the same log start (followers adopted it).
     for broker in _describe(up, TOPIC)["replicas"][::-1]:
         _lead(up, TOPIC, broker)
-        assert _low_watermark(up.bootstrap, TOPIC) == 60, f"broker {broker} as leader"
+        low = wait_until(
+            lambda: _low_watermark_when_served(up.bootstrap, TOPIC),
+            timeout_s=TIMEOUT_S,
+            message=f"broker {broker} serving {TOPIC}-0 as leader",
+        )
+        assert low == 60, f"broker {broker} as leader"
 
     # Behind a new leader, a new write, and then everything up to the high watermark.
     _produce(up.bootstrap, TOPIC, 3)

@@ -1,10 +1,9 @@
-"""DeleteRecords (key 21), versions 0-1: move partitions' log start offsets up
+"""DeleteRecords (key 21), versions 0-2: move partitions' log start offsets up
 (``AdminClient.delete_records``, ``kafka-delete-records.sh``).
 
-Versions: v1 is v0 with throttling after the answer; v2 is the first flexible version, which the
-codec speaks, but librdkafka would then send it and kafka-python does not need it, so the
-advertised range stays 0-1 (DeleteRecords is not one of the APIs kafka-python infers the
-broker's version from).
+Versions: v1 is v0 with throttling after the answer; v2, Kafka's newest, is v1 in the flexible
+encoding (compact strings and arrays, tagged fields), which the codec derives from the spec.
+kafka-python's ``delete_records`` sends v2, librdkafka v1.
 
 Each partition is answered by its leader replica through the backend, concurrently, with its own
 error code, as Kafka's ReplicaManager.deleteRecords does: UNKNOWN_TOPIC_OR_PARTITION (3) for a

@@ -69,7 +69,7 @@ EXPECTED_TABLE = {
     18: (0, 2),  # ApiVersions
     19: (2, 4),  # CreateTopics
     20: (1, 3),  # DeleteTopics
-    21: (0, 1),  # DeleteRecords
+    21: (0, 2),  # DeleteRecords
     22: (0, 1),  # InitProducerId
     32: (0, 2),  # DescribeConfigs
     33: (0, 1),  # AlterConfigs
@@ -124,7 +124,7 @@ def test_api_versions_v0_golden_bytes() -> None:
         "001200000002"  # ApiVersions 0-2
         "001300020004"  # CreateTopics 2-4
         "001400010003"  # DeleteTopics 1-3
-        "001500000001"  # DeleteRecords 0-1
+        "001500000002"  # DeleteRecords 0-2
         "001600000001"  # InitProducerId 0-1
         "002000000002"  # DescribeConfigs 0-2
         "002100000001"  # AlterConfigs 0-1
