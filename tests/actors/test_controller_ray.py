@@ -14,7 +14,9 @@ Proves, with short sessions and leases so each scenario takes about a second:
 - killing the active controller hands over to the standby, and the old epoch's commands are
   refused (stale controller);
 - a replica with a session lease refuses produce with NOT_LEADER_OR_FOLLOWER before its first
-  grant, after a revocation and once the lease lapsed.
+  grant, after a revocation and once the lease lapsed;
+- a partitioned leader (its broker process stopped, its replica still serving clients) stops
+  taking writes when its lease lapses, before the controller fences it and elects another.
 """
 
 from __future__ import annotations
@@ -366,6 +368,54 @@ def test_controlled_shutdown_moves_leadership_first(cluster: Cluster) -> None:
     assert cluster.leader("clicks") == preferred
     wait_until(
         lambda: _produce_ok(cluster, "clicks", 2), timeout_s=CALL_TIMEOUT_S, message="produce"
+    )
+
+
+def test_a_hung_leader_stops_taking_writes_before_another_is_elected(cluster: Cluster) -> None:
+    """A partitioned leader: its broker's process is stopped (SIGSTOP), so no heartbeat reaches
+    the controller and no command reaches its replica, while the replica actor (a process of its
+    own) still answers clients. The replica refuses writes once the lease its broker last
+    extended lapsed, and the controller fences the broker (session expiry) and elects another
+    leader only later: no write the old leader accepted began after the new leader was visible.
+    (The simulator's checker 9 proves the strict order on every step; on a loaded machine the
+    time between two probes here can exceed the 150 ms guard.)"""
+    _create(cluster, "hung", configs={"min.insync.replicas": "1"})
+    wait_until(lambda: _produce_ok(cluster, "hung", 0), timeout_s=CALL_TIMEOUT_S, message="produce")
+    old = cluster.leader("hung")
+    replica = cluster.replica(old, "hung")
+    pid = _get(cluster.brokers[old].status.remote())["pid"]
+    outcomes: list[tuple[float, bool, int, str]] = []  # (sent at, new leader seen, code, why)
+    elected_at = None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + CALL_TIMEOUT_S
+        i = 1
+        while time.monotonic() < deadline:  # bounded by the deadline
+            if elected_at is None and cluster.leader("hung") != old:
+                elected_at = time.monotonic()
+            sent = time.monotonic()
+            outcome = _get(replica.produce.remote(_batch(i), 1, 1_000))  # acks=1: local
+            outcomes.append((sent, elected_at is not None, outcome.error_code, outcome.message))
+            if elected_at is not None and outcome.error_code != 0:
+                break
+            i += 1
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert elected_at is not None, "no new leader while the broker was stopped"
+    codes = [code for _, _, code, _ in outcomes]
+    first_refused = next(k for k, code in enumerate(codes) if code != 0)
+    assert first_refused > 0, "the leader took no write after its broker stopped"
+    assert all(code != 0 for code in codes[first_refused:]), "a write after the lease lapsed"
+    assert outcomes[first_refused][2:] == (
+        NotLeaderOrFollowerError.error_code,
+        "broker session lease lapsed",
+    )
+    assert not any(seen and code == 0 for _, seen, code, _ in outcomes), "split brain"
+    # The broker resumes: it heartbeats again, is unfenced, and its replica follows.
+    wait_until(
+        lambda: old in cluster.call("metadata").topics["hung"].partitions[0].isr,
+        timeout_s=2 * CALL_TIMEOUT_S,
+        message=f"broker {old} back in the ISR after it resumed",
     )
 
 
