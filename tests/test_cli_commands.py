@@ -8,8 +8,12 @@ shrunk ISR, and the broker reads fenced; `brokers start` brings it back with the
 port and the ISR expands again; `leader-election --preferred` moves leadership back;
 `brokers stop` is a controlled shutdown (the broker reads shutdown, leads nothing) and `brokers
 start` undoes it; `brokers start` replaces a broker whose actor died for good (Ray will not
-restart it) and refuses one that runs; a failing command exits 1 with one line. One cluster for
-the whole module.
+restart it) and refuses one that runs; a failing command exits 1 with one line.
+
+On the session's shared cluster (tests/conftest.py), healed first: the topics earlier modules
+left there (`__consumer_offsets`) stay, so every listing and count is checked against what the
+cluster held before this module created its topic. Each test starts again what it killed or
+stopped, and waits until every partition of every topic is back in sync.
 """
 
 from __future__ import annotations
@@ -17,12 +21,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_support import RAYLOG, UpProcess, cli_env, free_port_block
+from cluster_support import RAYLOG, UpProcess, cli_env
 from confluent_kafka import Producer
 from waiting import wait_until
 
@@ -36,16 +39,25 @@ RECORDS = 30
 WAIT_S = 60.0
 
 
+Described = dict[str, list[dict[str, Any]]]  # topic -> its partitions (`topics describe`)
+
+
 @pytest.fixture(scope="module")
-def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
-    data_dir = tmp_path_factory.mktemp("cli") / "data"
-    metrics_port = free_port_block(1)
-    with UpProcess(data_dir, "--metrics-port", str(metrics_port)) as cluster:
-        ok(cluster.raylog(
-            "topics", "create", TOPIC, "--partitions", str(PARTITIONS),
-            "--replication-factor", "3", "--config", "min.insync.replicas=2",
-        ))  # fmt: skip
-        yield cluster
+def others(shared_up: UpProcess) -> Described:
+    """The topics earlier modules left on the shared cluster, before this module creates its
+    own: the commands must show them next to it, and nothing else."""
+    return {t["name"]: t["partitions"] for t in shared_up.document("topics", "describe")}
+
+
+@pytest.fixture(scope="module")
+def up(shared_up: UpProcess, others: Described) -> UpProcess:
+    """The shared cluster with this module's topic (deleted by ``shared_up`` at the end)."""
+    assert TOPIC not in others
+    ok(shared_up.raylog(
+        "topics", "create", TOPIC, "--partitions", str(PARTITIONS),
+        "--replication-factor", "3", "--config", "min.insync.replicas=2",
+    ))  # fmt: skip
+    return shared_up
 
 
 def ok(proc: subprocess.CompletedProcess[str]) -> str:
@@ -72,6 +84,21 @@ def partitions(up: UpProcess) -> list[dict[str, Any]]:
     return topic["partitions"]
 
 
+def every_partition(up: UpProcess) -> Described:
+    """Every topic's partitions, this module's and the ones it found."""
+    return {t["name"]: t["partitions"] for t in js(up, "topics", "describe")}
+
+
+def all_in_sync(up: UpProcess) -> bool:
+    return all(
+        sorted(p["isr"]) == sorted(p["replicas"]) for ps in every_partition(up).values() for p in ps
+    )
+
+
+def expected_names(others: Described) -> list[str]:
+    return sorted([*others, TOPIC])
+
+
 def brokers(up: UpProcess) -> dict[int, dict[str, Any]]:
     return {b["id"]: b for b in js(up, "brokers", "list")}
 
@@ -88,9 +115,12 @@ def produce(bootstrap: str) -> None:
     assert failed == []
 
 
-def test_topics_configs_and_status_read_like_kafkas_tools(up: UpProcess) -> None:
-    assert ok(up.raylog("topics", "list")).split() == [TOPIC]
-    assert [t["name"] for t in js(up, "topics", "list")] == [TOPIC]
+def test_topics_configs_and_status_read_like_kafkas_tools(up: UpProcess, others: Described) -> None:
+    assert ok(up.raylog("topics", "list")).split() == expected_names(others)
+    listed_topics = [(t["name"], t["partitions"]) for t in js(up, "topics", "list")]
+    counts = {name: len(ps) for name, ps in others.items()} | {TOPIC: PARTITIONS}
+    assert listed_topics == sorted(counts.items())
+    total = sum(counts.values())
 
     text = ok(up.raylog("topics", "describe", TOPIC))
     assert text.startswith(f"Topic: {TOPIC}\tTopicId: ")
@@ -116,7 +146,8 @@ def test_topics_configs_and_status_read_like_kafkas_tools(up: UpProcess) -> None
     status = js(up, "status")
     assert status["brokers"] == {"alive": [1, 2, 3], "fenced": [], "shutdown": []}
     assert status["controller"]["id"].startswith("controller:")
-    assert (status["partitions"], status["offline_partitions"]) == (PARTITIONS, 0)
+    assert (status["partitions"], status["offline_partitions"]) == (total, 0)
+    assert status["topics"] == len(counts)
     assert status["under_replicated_partitions"] == status["under_min_isr_partitions"] == 0
     assert "under-replicated partitions: 0" in ok(up.raylog("status"))
 
@@ -127,14 +158,14 @@ def test_topics_configs_and_status_read_like_kafkas_tools(up: UpProcess) -> None
     assert rows_by_id[2][1:4] == ["b", f"127.0.0.1:{port + 1}", "alive"]
     listed = brokers(up)
     assert [listed[b]["rack"] for b in (1, 2, 3)] == ["a", "b", "c"]
-    assert sum(b["leader_partitions"] for b in listed.values()) == PARTITIONS
+    assert sum(b["leader_partitions"] for b in listed.values()) == total
 
 
-def test_topics_delete(up: UpProcess) -> None:
+def test_topics_delete(up: UpProcess, others: Described) -> None:
     ok(up.raylog("topics", "create", "scratch", "--partitions", "2", "--replication-factor", "2"))
     assert "scratch" in ok(up.raylog("topics", "list")).split()
     assert ok(up.raylog("topics", "delete", "scratch")).strip() == "Deleted topic scratch."
-    assert ok(up.raylog("topics", "list")).split() == [TOPIC]
+    assert ok(up.raylog("topics", "list")).split() == expected_names(others)
     replicas = [p for p in up.data_dir.glob("broker-*/scratch-*") if p.is_dir()]
     assert replicas == [], "the replicas' data is removed"
     assert "Unknown topic 'scratch'" in failure_line(up.raylog("topics", "delete", "scratch"))
@@ -153,34 +184,45 @@ def test_failures_are_one_line_and_exit_1(up: UpProcess) -> None:
     assert "already running" in failure_line(up.raylog("brokers", "start", "2"))
 
 
-def test_kill_shrinks_the_isr_and_start_expands_it(up: UpProcess) -> None:
+def test_kill_shrinks_the_isr_and_start_expands_it(up: UpProcess, others: Described) -> None:
     produce(up.bootstrap)
     led_by_1 = [p["partition"] for p in partitions(up) if p["leader"] == 1]
     assert led_by_1, "broker 1 is the preferred leader of partition 0"
+    # Exactly the partitions with a replica on broker 1 go under-replicated: this module's and
+    # those of the topics it found (one whose only replica is there would go offline instead).
+    on_1 = {(TOPIC, p) for p in range(PARTITIONS)} | {
+        (name, p["partition"])
+        for name, ps in others.items()
+        for p in ps
+        if 1 in p["replicas"] and len(p["replicas"]) > 1
+    }
 
     ok(up.raylog("brokers", "kill", "1"))
 
-    def shrunk() -> list[dict[str, Any]] | None:
-        ps = partitions(up)
-        return ps if all(1 not in p["isr"] and p["leader"] not in (1, -1) for p in ps) else None
+    def shrunk() -> Described | None:
+        every = every_partition(up)
+        hit = [p for name, ps in every.items() for p in ps if (name, p["partition"]) in on_1]
+        done = all(1 not in p["isr"] and p["leader"] not in (1, -1) for p in hit)
+        return every if done and len(hit) == len(on_1) else None
 
     after_kill = wait_until(shrunk, timeout_s=WAIT_S, message="ISRs without broker 1")
     text = ok(up.raylog("topics", "describe", TOPIC))
-    for p in after_kill:
+    for p in after_kill[TOPIC]:
         assert f"Partition: {p['partition']}\tLeader: {p['leader']}\t" in text
         assert p["under_replicated"] and sorted(p["isr"]) == [2, 3]
     assert "Isr: 2,3" in text or "Isr: 3,2" in text
-    under = ok(up.raylog("topics", "describe", "--under-replicated-partitions"))
-    assert len(under.strip().splitlines()) == PARTITIONS
+    under = ok(up.raylog("topics", "describe", "--under-replicated-partitions")).splitlines()
+    under_rows = {
+        (fields["Topic"], int(fields["Partition"]))
+        for fields in (dict(f.split(": ", 1) for f in line.strip().split("\t")) for line in under)
+    }
+    assert (under_rows, len(under)) == (on_1, len(on_1))
     assert brokers(up)[1]["state"] == "fenced"
-    assert js(up, "status")["under_replicated_partitions"] == PARTITIONS
+    assert js(up, "status")["under_replicated_partitions"] == len(on_1)
 
     ok(up.raylog("brokers", "start", "1"))
-
-    def expanded() -> bool:
-        return all(sorted(p["isr"]) == [1, 2, 3] for p in partitions(up))
-
-    wait_until(expanded, timeout_s=WAIT_S, message="broker 1 back in every ISR")
+    wait_until(lambda: all_in_sync(up), timeout_s=WAIT_S, message="broker 1 back in every ISR")
+    assert all(sorted(p["isr"]) == [1, 2, 3] for p in partitions(up))
     listed = brokers(up)[1]
     assert (listed["state"], listed["port"], listed["rack"]) == ("alive", up.port, "a")
 
@@ -204,11 +246,8 @@ def test_stop_is_a_controlled_shutdown_and_start_undoes_it(up: UpProcess) -> Non
     assert "is not running" in failure_line(up.raylog("brokers", "stop", "2"))
 
     ok(up.raylog("brokers", "start", "2"))
-    wait_until(
-        lambda: all(2 in p["isr"] for p in partitions(up)),
-        timeout_s=WAIT_S,
-        message="broker 2 back in every ISR",
-    )
+    wait_until(lambda: all_in_sync(up), timeout_s=WAIT_S, message="broker 2 back in every ISR")
+    assert all(2 in p["isr"] for p in partitions(up))
     assert brokers(up)[2]["state"] == "alive"
 
 
@@ -250,16 +289,13 @@ def test_start_replaces_a_broker_whose_actor_died_for_good(up: UpProcess) -> Non
     )
     # The supervisor still counts it as running; start sees its actor is dead and replaces it.
     ok(up.raylog("brokers", "start", "3"))
-    wait_until(
-        lambda: all(3 in p["isr"] for p in partitions(up)),
-        timeout_s=WAIT_S,
-        message="broker 3 back in every ISR",
-    )
+    wait_until(lambda: all_in_sync(up), timeout_s=WAIT_S, message="broker 3 back in every ISR")
+    assert all(3 in p["isr"] for p in partitions(up))
     assert brokers(up)[3]["state"] == "alive"
     assert "already running" in failure_line(up.raylog("brokers", "start", "3"))
 
 
-def test_address_finds_the_cluster_too(up: UpProcess, tmp_path: Path) -> None:
+def test_address_finds_the_cluster_too(up: UpProcess, others: Described, tmp_path: Path) -> None:
     info = json.loads((up.data_dir / "cluster.json").read_text())
     env_dir = tmp_path / "elsewhere"  # no cluster.json here: --address alone must do
     proc = subprocess.run(
@@ -268,7 +304,7 @@ def test_address_finds_the_cluster_too(up: UpProcess, tmp_path: Path) -> None:
         env={**cli_env(), **raycluster.ray_env(up.data_dir), "RAYLOG_DATA_DIR": str(env_dir)},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == [TOPIC]
+    assert proc.stdout.split() == expected_names(others)
 
 
 def test_commands_are_served_by_raylog_up_without_joining_ray(up: UpProcess) -> None:
