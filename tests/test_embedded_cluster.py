@@ -5,7 +5,8 @@ the bootstrap servers; `raylog topics create` makes an RF=3 topic through the ac
 and `raylog topics describe` shows it; records produced with acks=all by confluent-kafka come
 back through kcat and through an assigned, seeking confluent-kafka consumer; SIGINT stops the
 cluster with exit 0; a second `raylog up` on the same data dir is the same cluster (its id), serves
-the same topic and every record, and stops with exit 0 on SIGTERM. While it runs, cluster.json
+the same topic, every record and a consumer group's committed offsets, and stops with exit 0 on
+SIGTERM. While it runs, cluster.json
 says how to join it (this process's PID, a loopback Ray address, a token only its owner reads);
 it is gone after each stop. A busy gateway port is refused in one line with exit 1.
 """
@@ -150,6 +151,34 @@ def _read_assigned(bootstrap: str) -> set[tuple[int, str, str]]:
     return got
 
 
+GROUP = "restart-readers"
+COMMITTED = {0: 7, 1: 4}  # partition -> the offset the group commits before the restart
+
+
+def _group_offsets(bootstrap: str, commit: bool) -> dict[int, int]:
+    """The committed offsets of GROUP (after committing COMMITTED first, with ``commit``)."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": GROUP, "enable.auto.commit": False}
+    )
+    try:
+        if commit:
+            offsets = [TopicPartition(TOPIC, p, o) for p, o in COMMITTED.items()]
+
+            def committed_now() -> bool:
+                try:  # the coordinator's partition may still be electing its first leader
+                    consumer.commit(offsets=offsets, asynchronous=False)
+                except KafkaException:
+                    return False
+                return True
+
+            wait_until(committed_now, timeout_s=CLIENT_TIMEOUT_S, message="offsets committed")
+        parts = [TopicPartition(TOPIC, p) for p in range(PARTITIONS)]
+        got = consumer.committed(parts, timeout=CLIENT_TIMEOUT_S)
+        return {tp.partition: tp.offset for tp in got}
+    finally:
+        consumer.close()
+
+
 def _seek(consumer: Consumer, tp: TopicPartition) -> bool:
     try:
         consumer.seek(tp)
@@ -189,6 +218,7 @@ def test_up_topics_produce_consume_restart(tmp_path: Path) -> None:
         _produce(bootstrap)
         assert _read_kcat(bootstrap) == _expected()
         assert _read_assigned(bootstrap) == _expected()
+        assert _group_offsets(bootstrap, commit=True) == COMMITTED
         _stop(proc, lines)
     finally:
         if proc.poll() is None:
@@ -208,6 +238,7 @@ def test_up_topics_produce_consume_restart(tmp_path: Path) -> None:
         assert all("Replicas: " in r and "LeaderEpoch: " in r for r in rows)
         assert _read_kcat(bootstrap) == _expected()
         assert _read_assigned(bootstrap) == _expected()
+        assert _group_offsets(bootstrap, commit=False) == COMMITTED  # kept in __consumer_offsets
         _stop(proc, lines, signal.SIGTERM)
     finally:
         if proc.poll() is None:
