@@ -50,8 +50,8 @@ TARGET_VERSIONS: Mapping[int, VersionRange] = MappingProxyType(
         18: (0, 2),  # ApiVersions
         19: (2, 4),  # CreateTopics: v4 = -1 defaults (KIP-464)
         20: (1, 3),  # DeleteTopics
-        # DeleteRecords: v2 is flexible (Kafka's range is 0-2); kafka-python sends v2, librdkafka
-        # v1. kafka-python does not infer the broker's version from it.
+        # DeleteRecords: v2 is flexible (Kafka's range is 0-2); kafka-python sends v2. It does
+        # not infer the broker's version from it.
         21: (0, 2),
         22: (0, 1),  # InitProducerId: kafka-python's guessed version must stay < 2.5
         32: (0, 2),  # DescribeConfigs

@@ -3,7 +3,8 @@
 
 Versions: v1 is v0 with throttling after the answer; v2, Kafka's newest, is v1 in the flexible
 encoding (compact strings and arrays, tagged fields), which the codec derives from the spec.
-kafka-python's ``delete_records`` sends v2, librdkafka v1.
+kafka-python's ``delete_records`` sends v2; tests/test_delete_records_live.py drives it and
+confluent-kafka's.
 
 Each partition is answered by its leader replica through the backend, concurrently, with its own
 error code, as Kafka's ReplicaManager.deleteRecords does: UNKNOWN_TOPIC_OR_PARTITION (3) for a
