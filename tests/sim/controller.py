@@ -50,7 +50,8 @@ def incarnation_id(node_id: int, broker_incarnation: int) -> str:
 
 @dataclass
 class Session:
-    incarnation_id: str
+    """Of the registered incarnation of a broker (the metadata says which)."""
+
     last_heartbeat_ms: int
     applied_epoch: int = -1
     lease_from_epoch: int = 0
@@ -84,10 +85,7 @@ class SimController:
         )
         md_.check(md)
         self.md = md
-        self.sessions = {
-            b: Session(reg.incarnation_id, 0, lease_from_epoch=md.metadata_epoch)
-            for b, reg in md.brokers.items()
-        }
+        self.sessions = {b: Session(0, lease_from_epoch=md.metadata_epoch) for b in md.brokers}
 
     # --- what the metadata says ---------------------------------------------------------------
 
@@ -142,7 +140,7 @@ class SimController:
                     old_session_live=live, log_end_offsets={TP: leos},
                 )
             )  # fmt: skip
-            session = Session(incarnation, now_ms, lease_from_epoch=self.md.metadata_epoch)
+            session = Session(now_ms, lease_from_epoch=self.md.metadata_epoch)
             self.sessions[broker_id] = session
         elif reg.state == "fenced":
             self._write(election.unfence_broker(self.md, broker_id, {TP: leos}))
@@ -209,8 +207,7 @@ class SimController:
         self.controller_epoch += 1
         self.md = md_.take_controllership(self.md, self.controller_epoch)
         self.sessions = {
-            b: Session(reg.incarnation_id, now_ms, lease_from_epoch=self.md.metadata_epoch)
-            for b, reg in self.md.brokers.items()
+            b: Session(now_ms, lease_from_epoch=self.md.metadata_epoch) for b in self.md.brokers
         }
 
 
