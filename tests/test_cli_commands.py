@@ -46,7 +46,7 @@ Described = dict[str, list[dict[str, Any]]]  # topic -> its partitions (`topics 
 def others(shared_up: UpProcess) -> Described:
     """The topics earlier modules left on the shared cluster, before this module creates its
     own: the commands must show them next to it, and nothing else."""
-    return {t["name"]: t["partitions"] for t in shared_up.document("topics", "describe")}
+    return every_partition(shared_up)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,7 @@ def partitions(up: UpProcess) -> list[dict[str, Any]]:
 
 def every_partition(up: UpProcess) -> Described:
     """Every topic's partitions, this module's and the ones it found."""
-    return {t["name"]: t["partitions"] for t in js(up, "topics", "describe")}
+    return {t["name"]: t["partitions"] for t in up.document("topics", "describe")}
 
 
 def all_in_sync(up: UpProcess) -> bool:
