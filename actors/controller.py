@@ -43,7 +43,9 @@ lapsed. The controller moves leadership away from broker ``b`` only:
 
 A broker that was fenced and comes back (same incarnation, heartbeat) or registers anew gets
 no lease until it has applied the metadata version that unfenced it (``lease_from_epoch``), so a
-replica that still thinks it leads an old epoch is demoted before it can write again.
+replica that still thinks it leads an old epoch is demoted before it can write again. The
+session rules (expiry, ``lease_from_epoch``, takeover) are the pure ``raylog.actors.sessions``,
+which the seeded simulator drives too.
 
 Reconcile. One loop, woken by every metadata change and at least every ``reconcile_interval_ms``:
 fence brokers whose session expired, then push each unfenced broker its desired replicas (topic
@@ -87,6 +89,7 @@ from raylog.actors.metadata import (
 )
 from raylog.actors.metadata_store import MetadataStore, VersionedMetadata
 from raylog.actors.replica import NAMESPACE, replica_actor_name
+from raylog.actors.sessions import BrokerSessions
 from raylog.storage import pki
 from raylog.storage.errors import (
     BrokerIdNotRegisteredError,
@@ -222,16 +225,14 @@ class ControllerStatus(msgspec.Struct, frozen=True):
 
 @dataclass
 class _BrokerLink:
-    """What the active controller knows of a broker besides the metadata (never persisted)."""
+    """How the active controller reaches a broker's incarnation, and what it last pushed there
+    (never persisted; its session is in ``BrokerSessions``)."""
 
     handle: Any
     incarnation_id: str
-    last_heartbeat_ms: int
     watch: asyncio.Task[None] | None = None
     pushed: tuple[str, list[ReplicaSpec]] | None = None  # incarnation, specs last applied
     pushed_ms: int = 0
-    applied_epoch: int = -1
-    lease_from_epoch: int = 0
     leos: dict[TopicPartition, int] = field(default_factory=dict)
 
 
@@ -278,7 +279,7 @@ class ControllerActor:
         self._reconciler: asyncio.Task[None] | None = None
         self._activation: asyncio.Task[None] | None = None
         self._stopped = False
-        self._pending_sessions_from_ms = 0  # sessions without a heartbeat count from here
+        self._sessions = BrokerSessions(self._session_ms)
         # Incarnations Ray confirmed dead: a late heartbeat from one (a process outliving its
         # node for a moment) must not unfence it; only a new incarnation comes back.
         self._dead_incarnations: set[str] = set()
@@ -381,7 +382,7 @@ class ControllerActor:
             self._epoch = epoch
             now = monotonic_ms()
             self._links = {}
-            self._pending_sessions_from_ms = now
+            self._sessions.take_over(now)
             self._reconciled_epoch = -1
         log.info("%s active at controller epoch %d", self.controller_id, epoch)
         self._wake.set()
@@ -395,6 +396,7 @@ class ControllerActor:
             if link.watch is not None:
                 link.watch.cancel()
         self._links = {}
+        self._sessions.take_over(monotonic_ms())
 
     def _holds(self, epoch: int | None) -> bool:
         keeper = self._keeper
@@ -457,9 +459,7 @@ class ControllerActor:
     ) -> RegisterReply:
         """BrokerRegistration: records the incarnation (fencing an older one) and watches it."""
         self._ensure_started()
-        link = self._links.get(broker_id)
-        now = monotonic_ms()
-        live = link is not None and now - link.last_heartbeat_ms < self._session_ms
+        live = self._sessions.live(broker_id, monotonic_ms())
 
         def change(md: ClusterMetadata) -> tuple[ClusterMetadata, None]:
             out = election.register_broker(
@@ -495,9 +495,8 @@ class ControllerActor:
         old = self._links.get(broker_id)
         if old is not None and old.watch is not None:
             old.watch.cancel()
-        link = _BrokerLink(
-            handle, incarnation_id, monotonic_ms(), lease_from_epoch=lease_from_epoch
-        )
+        link = _BrokerLink(handle, incarnation_id)
+        self._sessions.start(broker_id, incarnation_id, monotonic_ms(), lease_from_epoch)
         link.watch = self._loop.create_task(self._watch(broker_id, incarnation_id, sentinel))
         self._links[broker_id] = link
         self._wake.set()
@@ -540,13 +539,13 @@ class ControllerActor:
 
             await self._mutate(unfence)
             md = self._require_active().metadata
-            link.lease_from_epoch = md.metadata_epoch
+            self._sessions.unfenced(broker_id, md.metadata_epoch)
             link.pushed = None
             reg = md.brokers[broker_id]
-        link.last_heartbeat_ms = monotonic_ms()
-        link.applied_epoch = max(link.applied_epoch, applied_epoch)
+        lease_ok = self._sessions.heartbeat(
+            broker_id, applied_epoch, monotonic_ms(), fenced=reg.state == "fenced"
+        )
         md = self._require_active().metadata  # is_holder() is checked once more before granting
-        lease_ok = reg.state != "fenced" and link.applied_epoch >= link.lease_from_epoch
         return HeartbeatReply(lease_ok, True, reg.state, self._epoch, md.metadata_epoch)
 
     async def controlled_shutdown(self, broker_id: int, incarnation_id: str) -> bool:
@@ -703,17 +702,9 @@ class ControllerActor:
 
     async def _expire_sessions(self) -> None:
         md = self._require_active().metadata
-        now = monotonic_ms()
-        for broker_id, reg in md.brokers.items():
-            if reg.state == "fenced":
-                continue
-            link = self._links.get(broker_id)
-            last = link.last_heartbeat_ms if link is not None else self._pending_sessions_from_ms
-            if link is not None and link.incarnation_id != reg.incarnation_id:
-                last = self._pending_sessions_from_ms
-            if now - last > self._session_ms:
-                log.warning("broker %d session expired (%d ms): fencing", broker_id, now - last)
-                await self._fence(broker_id, reg.incarnation_id)
+        for broker_id, silent_ms in self._sessions.expired(md, monotonic_ms()):
+            log.warning("broker %d session expired (%d ms): fencing", broker_id, silent_ms)
+            await self._fence(broker_id, md.brokers[broker_id].incarnation_id)
 
     def _desired(self, md: ClusterMetadata, broker_id: int) -> list[ReplicaSpec]:
         assert self._epoch is not None
@@ -759,7 +750,7 @@ class ControllerActor:
                 if ok and link is not None:
                     link.pushed = (md.brokers[broker_id].incarnation_id, specs)
                     link.pushed_ms = now
-                    link.applied_epoch = max(link.applied_epoch, md.metadata_epoch)
+                    self._sessions.applied(broker_id, md.metadata_epoch)
             took_ms = monotonic_ms() - started_ms
             (log.warning if took_ms > SLOW_PUSH_MS else log.debug)(
                 "pushed metadata epoch %d to brokers %s in %d ms (at %d)",
@@ -816,8 +807,7 @@ class ControllerActor:
         assert self._wake is not None
         self._wake.set()
         while True:  # bounded by the deadline
-            links = [self._links.get(b) for b in brokers]
-            if all(link is not None and link.applied_epoch >= epoch for link in links):
+            if self._sessions.all_applied(brokers, epoch):
                 return True
             if monotonic_ms() >= deadline or not self._is_active():
                 return False

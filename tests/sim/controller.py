@@ -4,21 +4,22 @@ Every decision comes from the production pure module ``raylog.actors.election`` 
 :class:`~raylog.actors.metadata.ClusterMetadata`: fencing a broker (session expiry, or Ray
 confirming its death), registering a new incarnation of a broker, unfencing one that heartbeats
 again, the preferred election, AlterPartition validation, and the command each replica is sent
-(``election.role_command``). What this class adds is the bookkeeping the Ray shell
-(``raylog.actors.controller.ControllerActor``) keeps beside the metadata, the same way:
+(``election.role_command``). The broker sessions are production's too:
+:class:`raylog.actors.sessions.BrokerSessions`, which ``ControllerActor`` keeps beside the
+metadata. What this class adds is the call order of the Ray shell
+(``raylog.actors.controller.ControllerActor``):
 
-- a session per broker: the time of the last accepted heartbeat, the metadata version the
-  broker last applied, and ``lease_from_epoch``, the version it must have applied before a
-  heartbeat may extend its write lease (after it registered or was unfenced, and after a
-  controller failover);
-- a heartbeat answers ``lease_ok`` only when the broker is not fenced and has applied
-  ``lease_from_epoch``; the broker then extends its lease to ``t0 + session - guard`` on its own
-  clock (``t0`` read before sending), which the simulation carries out;
-- ``expire_sessions`` fences every broker with no accepted heartbeat for ``session_ms``;
+- a heartbeat of an incarnation the metadata does not know registers it (in production that is
+  a registration call, refused while the old incarnation's session is live); the first
+  heartbeat to a new controller starts a session there, with no lease until the broker has
+  applied the version current then; a heartbeat of a fenced broker unfences it;
+- a heartbeat answers ``lease_ok`` as ``BrokerSessions.heartbeat`` decides; the broker then
+  extends its lease to ``t0 + session - guard`` on its own clock (``t0`` read before sending),
+  which the simulation carries out;
+- ``expire_sessions`` fences every broker ``BrokerSessions.expired`` names;
 - ``failover`` is a standby taking over: a new controller epoch written into the metadata (the
-  stored copy, which is always the acted-on one: every change is written before it is sent),
-  every session counted again from the takeover, and no lease until a broker has applied a
-  version of the new controller.
+  stored copy, which is always the acted-on one: every change is written before it is sent)
+  and ``BrokerSessions.take_over``.
 
 Nothing here reads a clock or a random generator: the simulation passes time in.
 """
@@ -38,6 +39,7 @@ from raylog.actors.messages import (
     BecomeObserver,
 )
 from raylog.actors.metadata import ClusterMetadata, PartitionState, TopicPartition
+from raylog.actors.sessions import BrokerSessions
 from raylog.storage.errors import RaylogError
 
 TOPIC = "sim"
@@ -46,15 +48,6 @@ TP = TopicPartition(TOPIC, 0)
 
 def incarnation_id(node_id: int, broker_incarnation: int) -> str:
     return f"{node_id}.{broker_incarnation}"
-
-
-@dataclass
-class Session:
-    """Of the registered incarnation of a broker (the metadata says which)."""
-
-    last_heartbeat_ms: int
-    applied_epoch: int = -1
-    lease_from_epoch: int = 0
 
 
 @dataclass
@@ -85,7 +78,9 @@ class SimController:
         )
         md_.check(md)
         self.md = md
-        self.sessions = {b: Session(0, lease_from_epoch=md.metadata_epoch) for b in md.brokers}
+        self.sessions = BrokerSessions(session_ms)
+        for b, reg in md.brokers.items():  # each registered: tracked with the version that did
+            self.sessions.start(b, reg.incarnation_id, 0, lease_from_epoch=md.metadata_epoch)
 
     # --- what the metadata says ---------------------------------------------------------------
 
@@ -129,26 +124,22 @@ class SimController:
         the broker may extend its write lease. Raises DuplicateBrokerRegistrationError for a new
         incarnation while the registered one's session is live."""
         reg = self.md.brokers[broker_id]
-        session = self.sessions[broker_id]
         if reg.incarnation_id != incarnation:
-            live = (
-                reg.state == "registered" and now_ms - session.last_heartbeat_ms <= self.session_ms
-            )
             self._write(
                 election.register_broker(
                     self.md, broker_id, incarnation, None, "sim", broker_id,
-                    old_session_live=live, log_end_offsets={TP: leos},
+                    old_session_live=self.sessions.live(broker_id, now_ms),
+                    log_end_offsets={TP: leos},
                 )
             )  # fmt: skip
-            session = Session(now_ms, lease_from_epoch=self.md.metadata_epoch)
-            self.sessions[broker_id] = session
-        elif reg.state == "fenced":
+            self.sessions.start(broker_id, incarnation, now_ms, self.md.metadata_epoch)
+        elif not self.sessions.tracks(broker_id, incarnation):  # first heartbeat to this one
+            self.sessions.start(broker_id, incarnation, now_ms, self.md.metadata_epoch)
+        if self.md.brokers[broker_id].state == "fenced":
             self._write(election.unfence_broker(self.md, broker_id, {TP: leos}))
-            session.lease_from_epoch = self.md.metadata_epoch
-        session.last_heartbeat_ms = now_ms
-        session.applied_epoch = max(session.applied_epoch, applied_epoch)
-        registered = self.md.brokers[broker_id].state != "fenced"
-        return registered and session.applied_epoch >= session.lease_from_epoch
+            self.sessions.unfenced(broker_id, self.md.metadata_epoch)
+        fenced = self.md.brokers[broker_id].state == "fenced"
+        return self.sessions.heartbeat(broker_id, applied_epoch, now_ms, fenced)
 
     def _fence(self, broker_id: int, leos: Mapping[int, int], expired: bool) -> Fenced:
         p = self.partition
@@ -157,14 +148,11 @@ class SimController:
         return Fenced(broker_id, deposed, expired)
 
     def expire_sessions(self, now_ms: int, leos: Mapping[int, int]) -> list[Fenced]:
-        """Fence every registered broker whose last accepted heartbeat is older than the
-        session timeout (the slow path)."""
-        fenced = []
-        for b, reg in sorted(self.md.brokers.items()):
-            session = self.sessions[b]
-            if reg.state == "registered" and now_ms - session.last_heartbeat_ms > self.session_ms:
-                fenced.append(self._fence(b, leos, expired=True))
-        return fenced
+        """Fence every unfenced broker whose last accepted heartbeat is older than the session
+        timeout (the slow path)."""
+        return [
+            self._fence(b, leos, expired=True) for b, _ in self.sessions.expired(self.md, now_ms)
+        ]
 
     def broker_died(self, broker_id: int, incarnation: str, leos: Mapping[int, int]) -> bool:
         """Ray confirmed the death of this incarnation's process (the fast path): fence it at
@@ -202,13 +190,11 @@ class SimController:
 
     def failover(self, now_ms: int) -> None:
         """A standby takes over: it reads the stored metadata, writes its own epoch into it,
-        and counts every session from now; no broker gets a lease until it has applied a
-        version this controller wrote."""
+        and counts every session from now; no broker gets a lease until it has applied the
+        version current at its first heartbeat to this controller."""
         self.controller_epoch += 1
         self.md = md_.take_controllership(self.md, self.controller_epoch)
-        self.sessions = {
-            b: Session(now_ms, lease_from_epoch=self.md.metadata_epoch) for b in self.md.brokers
-        }
+        self.sessions.take_over(now_ms)
 
 
 __all__ = [
