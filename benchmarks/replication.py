@@ -35,6 +35,7 @@ from typing import Any
 import msgspec
 
 CALL_TIMEOUT_S = 60.0
+KAFKA_FLUSH_MESSAGES = (1 << 63) - 1  # Kafka's default flush.messages (Long.MAX_VALUE)
 WARM_UP_PRODUCES = 5
 
 
@@ -53,6 +54,13 @@ def main() -> None:
     parser.add_argument("--rate-mb-per-s", type=float, default=10.0, help="fixed-rate case")
     parser.add_argument(
         "--paced-samples", type=int, default=200, help="fewest produces timed at the fixed rate"
+    )
+    parser.add_argument(
+        "--flush-messages",
+        type=int,
+        default=1,
+        help="the topics' flush.messages (default 1, raylog's: fsync before acknowledging; "
+        f"{KAFKA_FLUSH_MESSAGES}: Kafka's, never fsync in the produce path)",
     )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -78,6 +86,7 @@ def main() -> None:
             "machine": {"python": platform.python_version(), "cpus": os.cpu_count()},
             "seconds_per_case": args.seconds,
             "in_flight": args.in_flight,
+            "flush_messages": args.flush_messages,
             "raw_ray_transfer": [_raw_transfer(ray, size, args) for size in sizes],
             "produce": [],
             "disk_floor": [_disk_floor(work, size, rf, args) for size in sizes for rf in (1, 3)],
@@ -233,7 +242,11 @@ def _produce_case(
     topic = f"bench-{size}-{rf}-{mode}-{path}"
     config = ReplicaConfig(replication_mode=mode, min_insync_replicas=min(2, rf))
     max_bytes = str(size + 4096)
-    topic_config = {"max.message.bytes": max_bytes, "segment.bytes": str(256 << 20)}
+    topic_config = {
+        "max.message.bytes": max_bytes,
+        "segment.bytes": str(256 << 20),
+        "flush.messages": str(args.flush_messages),
+    }
     replicas = [
         ReplicaActor.options(name=replica_actor_name(topic, 0, rid), namespace=NAMESPACE).remote(  # type: ignore[attr-defined]
             topic, 0, rid, str(work / topic / str(rid)), topic_config, config
