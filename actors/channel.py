@@ -1,4 +1,4 @@
-"""Replication channels: replica-to-replica messages over direct TCP instead of Ray calls.
+"""Replication channels: replica-to-replica messages over direct sockets instead of Ray calls.
 
 Why: a Ray actor call costs about 1-1.5 ms of CPU on each side on this kind of machine, and
 replicating one batch to two followers took five of them (the produce, two pushes, two acks):
@@ -29,6 +29,16 @@ without the secret, never gets a message in. The secret is the cluster's Ray aut
 process of the cluster has it). Under that, when the ends have certificates from the cluster's
 CA (``storage/pki.py``; the controller issues them), the connection is mutual TLS 1.3 and a peer
 without such a certificate never completes the TLS handshake.
+
+Same-host links (a broker's gateway and its own replicas, always; replicas of one topic on one
+machine) use a Unix socket in Linux's abstract namespace instead of TCP, without TLS: a server
+also listens there and says so in its address (with the kernel's boot id, so a peer on another
+machine never tries it). Both ends check with ``SO_PEERCRED`` that the other runs as their own
+user, and the HMAC handshake above runs as on TCP. TLS guards traffic on a network; a Unix
+socket never leaves the kernel, and skipping TLS and the TCP stack there makes the local hop
+several times cheaper (1 MiB sends on this kind of machine, CPU seconds per GiB for both ends:
+TLS 1.3 on loopback 2.2, plain TCP 0.7, Unix socket 0.35). ``RAYLOG_CHANNEL_LOCAL_SOCKETS=0`` in
+the cluster's environment turns them off (every link then TCP, with TLS when configured).
 """
 
 from __future__ import annotations
@@ -40,8 +50,11 @@ import hashlib
 import hmac
 import logging
 import os
+import socket
 import ssl
 import struct
+import sys
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -125,6 +138,14 @@ HANDSHAKE_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 5.0
 RECONNECT_BACKOFF_S = 0.2
 _MAC_CONTEXT = b"raylog-replication-channel-v1"
+LOCAL_SOCKETS_ENV = "RAYLOG_CHANNEL_LOCAL_SOCKETS"  # "0": same-host links over TCP too
+LOCAL_SEND_BUFFER_BYTES = 4 << 20
+_BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+# Where a channel server listens: (host, port, local), ``local`` naming its same-host Unix
+# socket as "<boot id>/<abstract name>", or "" when it has none.
+ChannelAddress = tuple[str, int, str]
 
 
 class FrameError(Exception):
@@ -539,6 +560,45 @@ async def _first_of(*coroutines: Awaitable[None]) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def _boot_id() -> str:
+    """This kernel's boot id: which machine (and boot) a same-host socket belongs to."""
+    if not sys.platform.startswith("linux"):
+        return ""
+    try:
+        return _BOOT_ID_PATH.read_text().strip()
+    except OSError:
+        return ""
+
+
+def local_sockets_enabled() -> bool:
+    """Same-host links over Unix sockets: on Linux, unless the environment turns them off."""
+    return os.environ.get(LOCAL_SOCKETS_ENV, "1") != "0" and bool(_boot_id())
+
+
+def _widen_send_buffer(conn: WritableProtocol) -> None:
+    """Let one send move a large frame: a Unix socket's default send buffer (about 200 KiB)
+    cut each megabyte frame into several event-loop rounds; TCP on loopback grows its own."""
+    sock = conn.transport.get_extra_info("socket") if conn.transport is not None else None
+    if sock is not None:
+        with contextlib.suppress(OSError):  # capped by net.core.wmem_max; best effort
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, LOCAL_SEND_BUFFER_BYTES)
+
+
+def _same_user(conn: WritableProtocol) -> bool:
+    """Whether the process at the other end of a Unix socket runs as this process's user (the
+    kernel's word, ``SO_PEERCRED``)."""
+    sock = conn.transport.get_extra_info("socket") if conn.transport is not None else None
+    if sock is None:
+        return False
+    try:
+        _, uid, _ = _PEERCRED.unpack(
+            sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+        )
+    except OSError:
+        return False
+    return uid == os.getuid()
+
+
 def channel_secret() -> bytes:
     """The cluster's shared secret: its Ray auth token (empty when the cluster has none)."""
     path = os.environ.get("RAY_AUTH_TOKEN_PATH")
@@ -575,25 +635,56 @@ class ChannelServer:
         self.messages_in = 0
         self.rejected = 0
         self.tls = False
+        self._local_server: asyncio.Server | None = None
+        self.local_links = 0  # connections accepted on the same-host socket
+        self.tcp_links = 0
 
-    async def start(self, host: str, tls: ssl.SSLContext | None = None) -> tuple[str, int]:
-        """Listen on ``host`` (a free port); with ``tls``, mutual TLS before the handshake."""
+    async def start(self, host: str, tls: ssl.SSLContext | None = None) -> ChannelAddress:
+        """Listen on ``host`` (a free port); with ``tls``, mutual TLS before the handshake.
+        Also on a same-host Unix socket when :func:`local_sockets_enabled` (see the module
+        docstring); a failure there leaves TCP alone in service."""
         self.tls = tls is not None
         timeout = HANDSHAKE_TIMEOUT_S if tls is not None else None
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: _Connection(self._accepted), host, 0, ssl=tls, ssl_handshake_timeout=timeout
         )
-        sock = self._server.sockets[0]
-        return host, sock.getsockname()[1]
+        port = self._server.sockets[0].getsockname()[1]
+        local = ""
+        if local_sockets_enabled():
+            name = f"raylog-channel-{uuid.uuid4().hex}"
+            try:
+                self._local_server = await loop.create_unix_server(
+                    lambda: _Connection(self._accepted_local), "\0" + name
+                )
+                local = f"{_boot_id()}/{name}"
+            except OSError as exc:
+                log.warning("channel %s: no same-host socket (%s); TCP only", self.name, exc)
+        return host, port, local
 
     def close(self) -> None:
         if self._server is not None:
             self._server.close()
+        if self._local_server is not None:
+            self._local_server.close()
         for conn in list(self._conns):
             conn.close()
 
+    def _accepted_local(self, conn: _Connection) -> None:
+        if not _same_user(conn):
+            log.warning("channel %s: a process of another user connected locally", self.name)
+            self.rejected += 1
+            conn.close()
+            return
+        self.local_links += 1
+        _widen_send_buffer(conn)
+        self._start_serving(conn)
+
     def _accepted(self, conn: _Connection) -> None:
+        self.tcp_links += 1
+        self._start_serving(conn)
+
+    def _start_serving(self, conn: _Connection) -> None:
         task = asyncio.get_running_loop().create_task(self._serve(conn))
         self._serving.add(task)
         task.add_done_callback(self._serving.discard)
@@ -671,11 +762,16 @@ class ChannelServer:
 async def _connect(
     resolve: Callable[[], Any], peer_name: str, secret: bytes, tls: ssl.SSLContext | None
 ) -> _Connection:
-    """Open and authenticate a connection to replica ``peer_name`` at ``await resolve()``."""
-    host, port = await resolve()
+    """Open and authenticate a connection to replica ``peer_name`` at ``await resolve()``
+    (a :data:`ChannelAddress`; a bare ``(host, port)`` also works): over its same-host Unix
+    socket when it has one on this machine, else over TCP (with ``tls`` when given)."""
+    host, port, *rest = await resolve()
+    local = rest[0] if rest else ""
     loop = asyncio.get_running_loop()
     async with asyncio.timeout(CONNECT_TIMEOUT_S):
-        _, conn = await loop.create_connection(_Connection, host, port, ssl=tls)
+        conn = await _connect_local(local) if local else None
+        if conn is None:
+            _, conn = await loop.create_connection(_Connection, host, port, ssl=tls)
         try:
             nonce = await conn.readexactly(NONCE_BYTES)
             name = peer_name.encode()
@@ -685,6 +781,25 @@ async def _connect(
         except BaseException:
             conn.close()
             raise
+    return conn
+
+
+async def _connect_local(local: str) -> _Connection | None:
+    """A connection to the same-host socket ``local`` ("<boot id>/<name>"), or None when it is
+    on another machine, turned off, gone, or served by another user (then TCP is used)."""
+    boot_id, _, name = local.partition("/")
+    if not name or boot_id != _boot_id() or not local_sockets_enabled():
+        return None
+    try:
+        _, conn = await asyncio.get_running_loop().create_unix_connection(_Connection, "\0" + name)
+    except OSError as exc:
+        log.debug("same-host channel socket %s: %r; using TCP", name, exc)
+        return None
+    if not _same_user(conn):
+        log.warning("same-host channel socket %s is served by another user; using TCP", name)
+        conn.close()
+        return None
+    _widen_send_buffer(conn)
     return conn
 
 

@@ -39,6 +39,7 @@ import msgspec
 import ray
 
 from raylog.actors.channel import (
+    ChannelAddress,
     ChannelServer,
     PeerLink,
     channel_secret,
@@ -306,10 +307,11 @@ class ReplicaActor:
         self._cleaning: asyncio.Task[None] | None = None
         self._cleaner_stats = {"passes": 0, "records_removed": 0, "bytes_freed": 0}
         self._throttle: ByteRateThrottle | None = None  # see set_replication_throttle
-        # Replication messages go over direct TCP links (see actors/channel.py) when enabled.
+        # Replication messages go over direct links (TCP; a Unix socket within one machine; see
+        # actors/channel.py) when enabled.
         self._use_channel = replication_channel
         self._channel: ChannelServer | None = None
-        self._channel_address: asyncio.Future[tuple[str, int] | None] | None = None
+        self._channel_address: asyncio.Future[ChannelAddress | None] | None = None
         self._links: dict[int, PeerLink] = {}
         self._ray_calls_out = 0
         self._sent_before_write = 0  # pushes / fetch answers built before the local write
@@ -346,7 +348,7 @@ class ReplicaActor:
         self._channel = server
         self._channel_address.set_result(address)
 
-    async def channel_address(self) -> tuple[str, int] | None:
+    async def channel_address(self) -> ChannelAddress | None:
         """Where peers connect this replica's replication channel (None: use Ray calls)."""
         self._ensure_started()
         assert self._channel_address is not None
@@ -360,6 +362,8 @@ class ReplicaActor:
             "dropped": sum(link.dropped for link in self._links.values()),
             "rejected": self._channel.rejected if self._channel else 0,
             "tls": int(self._channel is not None and self._channel.tls),
+            "local_links_in": self._channel.local_links if self._channel else 0,
+            "tcp_links_in": self._channel.tcp_links if self._channel else 0,
             "calls_in": self._channel.calls_in if self._channel else 0,
             "ray_calls_out": self._ray_calls_out,
             "sent_before_write": self._sent_before_write,
@@ -1108,7 +1112,7 @@ class ReplicaActor:
         self._ray_calls_out += 1
         self._loop.create_task(self._await_peer_call(to, handle.deliver.remote(message)))
 
-    async def _channel_address_of(self, to: int) -> tuple[str, int]:
+    async def _channel_address_of(self, to: int) -> ChannelAddress:
         handle = self._peer(to)
         if handle is None:
             raise LookupError(f"replica {to} not found")

@@ -62,7 +62,7 @@ from ray.exceptions import RayActorError, RayTaskError
 
 from raylog.actors import metadata as md_
 from raylog.actors import placement, topic_config
-from raylog.actors.channel import CallFailed, CallLink, channel_secret
+from raylog.actors.channel import CallFailed, CallLink, ChannelAddress, channel_secret
 from raylog.actors.controller import ray_call
 from raylog.actors.replica import NAMESPACE, FetchOutcome, ProduceOutcome, replica_actor_name
 from raylog.gateway.backend import (
@@ -682,7 +682,7 @@ class ReplicaBackend:
                 link.forget(future)
         return True, _CHANNEL_RESULTS[method].decode(raw)
 
-    async def _channel_address(self, name: str) -> tuple[str, int]:
+    async def _channel_address(self, name: str) -> ChannelAddress:
         handle = self._handles.get(name) or await self._lookup(name)
         address = await asyncio.wait_for(handle.channel_address.remote(), LOOKUP_TIMEOUT_S)
         if address is None:

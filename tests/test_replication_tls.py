@@ -1,10 +1,14 @@
-"""Replication channels of a real embedded cluster run mutual TLS with the cluster's own CA.
+"""Replication channels of a real embedded cluster: mutual TLS with the cluster's own CA
+between machines, Unix sockets within one.
 
-Proves, on the session's shared `raylog up` with three brokers: the CA is created in the object
-store on first use; records produced with acks=all by confluent-kafka to an RF=3 topic come
-back; every replica's channel server is TLS; followers received replication messages over their
-channels and each leader served the gateway's produce calls over its channel, so the data path
-after start-up did not go through Ray calls.
+Proves, on the session's shared `raylog up` with three brokers (all on this machine): the CA is
+created in the object store on first use; records produced with acks=all by confluent-kafka to
+an RF=3 topic come back; every replica's channel server is TLS, for peers on other machines;
+the links between these same-host replicas and gateways went over Unix sockets (checked by the
+peer's user, ``SO_PEERCRED``) and none over TCP; followers received replication messages over
+their channels and each leader served the gateway's produce calls over its channel, so the data
+path after start-up did not go through Ray calls. The TLS handshake itself (leaves of the
+cluster CA in, others out) is tests/storage/test_pki.py's, on real sockets.
 """
 
 from __future__ import annotations
@@ -45,7 +49,9 @@ def _read_all(bootstrap: str) -> set[bytes]:
     return got
 
 
-def test_replication_channels_use_mutual_tls(shared_up: UpProcess) -> None:
+def test_replication_channels_use_mutual_tls_between_machines_and_unix_sockets_within_one(
+    shared_up: UpProcess,
+) -> None:
     up = shared_up
     data = up.data_dir
     created = up.raylog(
@@ -73,7 +79,9 @@ def test_replication_channels_use_mutual_tls(shared_up: UpProcess) -> None:
     assert LocalObjectStore(data / "metadata").get(pki.CA_KEY) is not None, "no CA stored"
     assert len(stats) == 6
     assert all(s["tls"] == 1 and s["rejected"] == 0 for s in stats.values()), stats
+    assert all(s["tcp_links_in"] == 0 for s in stats.values()), stats  # one machine: no TCP
     followers = [s for s in stats.values() if not s["leader"]]
     leaders = [s for s in stats.values() if s["leader"]]
     assert all(s["messages_in"] > 0 for s in followers), stats
     assert all(s["calls_in"] > 0 for s in leaders), stats
+    assert all(s["local_links_in"] > 0 for s in [*followers, *leaders]), stats

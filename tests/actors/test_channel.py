@@ -4,13 +4,17 @@ Proves: every replication message survives a frame round trip, also fed one byte
 garbage, unknown kinds and oversized lengths are refused with FrameError; a link delivers
 messages in order to the server of the replica it asked for; a peer with the wrong secret or
 asking for another replica's name is closed before any message gets in; a link whose server went
-away reconnects to the new address after its backoff.
+away reconnects to the new address after its backoff. Same-host links go over the server's
+Unix socket (unless turned off, or the socket is another machine's), the handshake guards it
+too, and a process of another user is refused there, as server and as client.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import struct
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -301,5 +305,159 @@ def test_a_call_link_whose_peer_stops_reading_waits_and_loses_nothing() -> None:
             assert number == i and payload == bytes([i]) * payload_bytes
         link.close()
         server.close()
+
+    _run(test)
+
+
+# --- same-host links over Unix sockets -----------------------------------------------------------
+
+NOBODY = 65534
+needs_root = pytest.mark.skipif(
+    not hasattr(os, "getuid") or os.getuid() != 0,
+    reason="needs root, to run a peer process as another user",
+)
+needs_local = pytest.mark.skipif(
+    not ch.local_sockets_enabled(), reason="same-host sockets need Linux (a kernel boot id)"
+)
+
+
+async def _deliver_one(server: ch.ChannelServer, link: ch.PeerLink, got: list[Any]) -> None:
+    address = await server.start(HOST)
+
+    async def resolve() -> tuple[str, int, str]:
+        return address
+
+    link.ensure_connecting(resolve)
+    await _until(lambda: link.connected)
+    assert link.send(MESSAGES[3])
+    await _until(lambda: got == [MESSAGES[3]])
+
+
+@needs_local
+def test_a_same_host_link_goes_over_the_unix_socket() -> None:
+    async def test() -> None:
+        got: list[Any] = []
+        server = ch.ChannelServer("replica:t:0:2", b"s", got.append)
+        link = ch.PeerLink("replica:t:0:2", b"s")
+        await _deliver_one(server, link, got)
+        assert (server.local_links, server.tcp_links) == (1, 0)
+        link.close()
+        server.close()
+
+    _run(test)
+
+
+@needs_local
+@pytest.mark.parametrize("how", ["turned off", "another machine"])
+def test_links_use_tcp_when_the_socket_is_off_or_on_another_machine(
+    how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def test() -> None:
+        got: list[Any] = []
+        server = ch.ChannelServer("replica:t:0:2", b"s", got.append)
+        if how == "turned off":
+            monkeypatch.setenv(ch.LOCAL_SOCKETS_ENV, "0")
+            address = await server.start(HOST)
+            assert address[2] == ""
+        else:
+            host, port, local = await server.start(HOST)
+            _, _, name = local.partition("/")
+            address = (host, port, f"{'0' * 36}/{name}")  # another kernel's boot id
+
+        async def resolve() -> tuple[str, int, str]:
+            return address
+
+        link = ch.PeerLink("replica:t:0:2", b"s")
+        link.ensure_connecting(resolve)
+        await _until(lambda: link.connected)
+        assert link.send(MESSAGES[0])
+        await _until(lambda: got == [MESSAGES[0]])
+        assert (server.local_links, server.tcp_links) == (0, 1)
+        link.close()
+        server.close()
+
+    _run(test)
+
+
+@needs_local
+def test_the_handshake_also_guards_the_unix_socket() -> None:
+    async def test() -> None:
+        got: list[Any] = []
+        server = ch.ChannelServer("replica:t:0:2", b"s", got.append)
+        address = await server.start(HOST)
+
+        async def resolve() -> tuple[str, int, str]:
+            return address
+
+        link = ch.PeerLink("replica:t:0:2", b"wrong secret")
+        link.ensure_connecting(resolve)
+        await _until(lambda: server.rejected == 1)
+        link.send(MESSAGES[3])
+        await _until(lambda: not link.connected)
+        assert got == [] and server.local_links == 1
+        link.close()
+        server.close()
+
+    _run(test)
+
+
+_AS_NOBODY_CONNECT = """
+import os, socket, sys
+os.setgid({uid}); os.setuid({uid})
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect("\\0" + sys.argv[1])
+s.settimeout(5)
+print("closed" if s.recv(64) == b"" else "served", flush=True)
+"""
+
+_AS_NOBODY_SERVE = """
+import os, socket, sys
+os.setgid({uid}); os.setuid({uid})
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind("\\0" + sys.argv[1]); s.listen(1)
+print("listening", flush=True)
+s.settimeout(10)
+try:
+    c, _ = s.accept(); c.recv(64)
+except OSError:
+    pass
+"""
+
+
+@needs_local
+@needs_root
+def test_a_local_peer_of_another_user_is_refused_both_ways() -> None:
+    """The server closes a same-host connection from another user's process before the
+    handshake (no nonce is sent); a client finding another user's process on a channel's
+    socket name does not use it (it goes by TCP)."""
+
+    async def test() -> None:
+        got: list[Any] = []
+        server = ch.ChannelServer("replica:t:0:2", b"s", got.append)
+        _, _, local = await server.start(HOST)
+        name = local.partition("/")[2]
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _AS_NOBODY_CONNECT.format(uid=NOBODY), name,
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, _ = await asyncio.wait_for(proc.communicate(), DEADLINE_S)
+        assert out.decode().strip() == "closed"
+        assert server.rejected == 1 and server.local_links == 0
+        server.close()
+
+        squatter_name = f"raylog-channel-test-{os.getpid()}"
+        squatter = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _AS_NOBODY_SERVE.format(uid=NOBODY), squatter_name,
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            assert squatter.stdout is not None
+            line = await asyncio.wait_for(squatter.stdout.readline(), DEADLINE_S)
+            assert line.decode().strip() == "listening"
+            boot_id = local.partition("/")[0]
+            assert await ch._connect_local(f"{boot_id}/{squatter_name}") is None
+        finally:
+            squatter.kill()
+            await squatter.wait()
 
     _run(test)
