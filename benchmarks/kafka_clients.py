@@ -66,6 +66,21 @@ records) bounds raylog and Tansu alike; at RF=3 most replica CPU is the kernel c
 into the page cache (``copy_folio_from_iter_atomic``, 40-57% of a follower's samples), and its
 cost swung 5x on this VM with the state of the page cache (21 GB of old benchmark logs left in
 /tmp halved RF=3). ``RAYLOG_BENCH_REPLICATION_MODE=push`` runs the same in push mode.
+
+``--tls`` gives the replicas and the gateway certificates from a CA made for the run, as
+``raylog up`` does, so channels between machines would be mutual TLS. Runs of 2026-11-26,
+session 13 (``--records 300000 --tls``, one run each, one after the other; the right column
+sets ``RAYLOG_CHANNEL_LOCAL_SOCKETS=0``): broker CPU-s per GiB, and MiB/s:
+
+| figure                | Unix sockets (default) | all TCP + TLS (``..._LOCAL_SOCKETS=0``) |
+|-----------------------|------------------------|-----------------------------------------|
+| RF=1 produce acks=all | 4.80 s/GiB, 138.9      | 6.62 s/GiB, 141.4                       |
+| RF=1 consume          | 2.76 s/GiB, 266.4      | 4.49 s/GiB, 197.6                       |
+| RF=3 produce acks=all | 12.13 s/GiB, 91.6      | 18.97 s/GiB, 68.9                       |
+| RF=3 consume          | 2.65 s/GiB, 296.0      | 5.30 s/GiB, 177.2                       |
+
+Until this session every channel was TCP + TLS in a cluster ``raylog up`` started (the right
+column). Without ``--tls`` (plain TCP against Unix sockets) the difference hides in the noise.
 """
 
 from __future__ import annotations
@@ -95,7 +110,9 @@ class Bench:
     background event loop; this script stands in for the controller. ``channels`` False makes
     the replicas and the gateway use Ray calls only (the comparison case)."""
 
-    def __init__(self, root: Path, topic: str, rf: int, channels: bool = True) -> None:
+    def __init__(
+        self, root: Path, topic: str, rf: int, channels: bool = True, ca: Any = None
+    ) -> None:
         import ray
 
         from raylog.actors.messages import BecomeFollower, BecomeLeader
@@ -119,6 +136,7 @@ class Bench:
                 {"min.insync.replicas": str(min_isr)},
                 config,
                 replication_channel=channels,
+                tls=ca.issue(replica_actor_name(topic, 0, rid)) if ca is not None else None,
             )
             for rid in everyone
         ]
@@ -143,7 +161,10 @@ class Bench:
         # The gateway runs in a process of its own, as a broker's GatewayActor does: in this
         # script's process it would share one GIL with the clients' Python loops.
         self.gateway = _gateway_host().remote()
-        self.port = ray.get(self.gateway.start.remote(topic, rf, channels), timeout=CALL_TIMEOUT_S)
+        leaf = ca.issue("gateway:0") if ca is not None else None
+        self.port = ray.get(
+            self.gateway.start.remote(topic, rf, channels, leaf), timeout=CALL_TIMEOUT_S
+        )
         # The broker's processes, for its CPU time: the gateway's and the replicas'.
         self.pids: list[int] = ray.get(
             [a.__ray_call__.remote(lambda _: os.getpid()) for a in [self.gateway, *self.replicas]],
@@ -181,13 +202,16 @@ def _gateway_host() -> Any:
 
     @ray.remote(num_cpus=0)
     class GatewayHost:
-        async def start(self, topic: str, rf: int, channels: bool) -> int:
+        async def start(self, topic: str, rf: int, channels: bool, leaf: Any = None) -> int:
             from raylog.gateway.backend import Broker, PartitionState, TopicState
             from raylog.gateway.replica_backend import MetadataView, ReplicaBackend
             from raylog.gateway.server import GatewayServer
 
             view = MetadataView(0, "raylog-bench", controller_id=0)
-            self.server = GatewayServer(ReplicaBackend(view, use_channels=channels))
+            backend = ReplicaBackend(view, use_channels=channels)
+            if leaf is not None:
+                backend.set_channel_tls(leaf)
+            self.server = GatewayServer(backend)
             port: int = await self.server.start(HOST, 0)
             everyone = list(range(rf))
             state = PartitionState(0, 0, 1, everyone, everyone, [])
@@ -452,11 +476,16 @@ def tansu_peer(
 
 
 def raylog_case(
-    root: Path, rf: int, args: argparse.Namespace, value: bytes, channels: bool = True
+    root: Path,
+    rf: int,
+    args: argparse.Namespace,
+    value: bytes,
+    channels: bool = True,
+    ca: Any = None,
 ) -> dict[str, Any]:
     """Produce (acks=all, acks=1), consume and end-to-end latency on one fresh partition."""
     topic = f"bench-rf{rf}" + ("" if channels else "-ray-calls")
-    bench = Bench(root, topic, rf, channels=channels)
+    bench = Bench(root, topic, rf, channels=channels, ca=ca)
     try:
         boot = bench.bootstrap
         out: dict[str, Any] = {"rf": rf, "channels": channels}
@@ -498,6 +527,11 @@ def main() -> None:
         action="store_true",
         help="also run RF=3 with replication channels off (Ray calls only)",
     )
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="channels with mutual TLS, certificates from a CA made for the run (as raylog up)",
+    )
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="raylog-bench-clients-"))
     from raylog.actors import raycluster
@@ -527,8 +561,15 @@ def main() -> None:
     )
     try:
         try:
-            results["raylog_rf1"] = raylog_case(root, 1, args, value)
-            results["raylog_rf3"] = raylog_case(root, 3, args, value)
+            ca = None
+            if args.tls:
+                from raylog.storage import pki
+
+                ca = pki.CertificateAuthority.generate("raylog-bench")
+            results["tls"] = args.tls
+            results["channel_local_sockets"] = os.environ.get("RAYLOG_CHANNEL_LOCAL_SOCKETS", "1")
+            results["raylog_rf1"] = raylog_case(root, 1, args, value, ca=ca)
+            results["raylog_rf3"] = raylog_case(root, 3, args, value, ca=ca)
             if args.compare_ray_calls:
                 results["raylog_rf3_ray_calls"] = raylog_case(root, 3, args, value, channels=False)
         finally:
