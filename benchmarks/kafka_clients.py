@@ -69,15 +69,15 @@ cost swung 5x on this VM with the state of the page cache (21 GB of old benchmar
 
 ``--tls`` gives the replicas and the gateway certificates from a CA made for the run, as
 ``raylog up`` does, so channels between machines would be mutual TLS. Runs of 2026-11-26,
-session 13 (``--records 300000 --tls``, one run each, one after the other; the right column
-sets ``RAYLOG_CHANNEL_LOCAL_SOCKETS=0``): broker CPU-s per GiB, and MiB/s:
+session 13 (``--records 300000 --tls``, two pairs, each pair one after the other; the right
+column sets ``RAYLOG_CHANNEL_LOCAL_SOCKETS=0``): broker CPU-s per GiB, and MiB/s:
 
-| figure                | Unix sockets (default) | all TCP + TLS (``..._LOCAL_SOCKETS=0``) |
-|-----------------------|------------------------|-----------------------------------------|
-| RF=1 produce acks=all | 4.80 s/GiB, 138.9      | 6.62 s/GiB, 141.4                       |
-| RF=1 consume          | 2.76 s/GiB, 266.4      | 4.49 s/GiB, 197.6                       |
-| RF=3 produce acks=all | 12.13 s/GiB, 91.6      | 18.97 s/GiB, 68.9                       |
-| RF=3 consume          | 2.65 s/GiB, 296.0      | 5.30 s/GiB, 177.2                       |
+| figure                | Unix sockets (default)  | all TCP + TLS (``..._LOCAL_SOCKETS=0``) |
+|-----------------------|-------------------------|-----------------------------------------|
+| RF=1 produce acks=all | 4.80 / 3.94, 139 / 168  | 6.62 / 7.59, 141 / 125                  |
+| RF=1 consume          | 2.76 / 2.97, 266 / 260  | 4.49 / 5.53, 198 / 160                  |
+| RF=3 produce acks=all | 12.13 / 12.53, 92 / 86  | 18.97 / 21.76, 69 / 56                  |
+| RF=3 consume          | 2.65 / 2.99, 296 / 276  | 5.30 / 5.66, 177 / 169                  |
 
 Until this session every channel was TCP + TLS in a cluster ``raylog up`` started (the right
 column). Without ``--tls`` (plain TCP against Unix sockets) the difference hides in the noise.
