@@ -34,11 +34,13 @@ Same-host links (a broker's gateway and its own replicas, always; replicas of on
 machine) use a Unix socket in Linux's abstract namespace instead of TCP, without TLS: a server
 also listens there and says so in its address (with the kernel's boot id, so a peer on another
 machine never tries it). Both ends check with ``SO_PEERCRED`` that the other runs as their own
-user, and the HMAC handshake above runs as on TCP. TLS guards traffic on a network; a Unix
-socket never leaves the kernel, and skipping TLS and the TCP stack there makes the local hop
-several times cheaper (1 MiB sends on this kind of machine, CPU seconds per GiB for both ends:
-TLS 1.3 on loopback 2.2, plain TCP 0.7, Unix socket 0.35). ``RAYLOG_CHANNEL_LOCAL_SOCKETS=0`` in
-the cluster's environment turns them off (every link then TCP, with TLS when configured).
+user, and the HMAC handshake above runs as on TCP: a local peer needs the cluster's token, which
+anything able to call the replica actors through Ray has anyway. TLS guards traffic on a
+network; a Unix socket never leaves the kernel, and skipping TLS and the TCP stack there makes
+the local hop several times cheaper (1 MiB sends on this kind of machine, CPU seconds per GiB
+for both ends: TLS 1.3 on loopback 2.2, plain TCP 0.7, Unix socket 0.35).
+``RAYLOG_CHANNEL_LOCAL_SOCKETS=0`` in the cluster's environment turns them off (every link then
+TCP, with TLS when configured).
 """
 
 from __future__ import annotations
