@@ -1,12 +1,13 @@
-"""The replication channel (actors/channel.py): frames, authentication and links on real TCP.
+"""The replication channel (actors/channel.py): frames, authentication and links on real sockets.
 
 Proves: every replication message survives a frame round trip, also fed one byte at a time;
 garbage, unknown kinds and oversized lengths are refused with FrameError; a link delivers
 messages in order to the server of the replica it asked for; a peer with the wrong secret or
 asking for another replica's name is closed before any message gets in; a link whose server went
-away reconnects to the new address after its backoff. Same-host links go over the server's
-Unix socket (unless turned off, or the socket is another machine's), the handshake guards it
-too, and a process of another user is refused there, as server and as client.
+away reconnects to the new address after its backoff. The link tests run over both transports:
+a same-host link goes over the server's Unix socket, and over TCP when that is turned off or
+the socket is another machine's; a process of another user is refused on the Unix socket, as
+server and as client.
 """
 
 from __future__ import annotations
@@ -122,7 +123,23 @@ def _run(test: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(test())
 
 
-def test_link_delivers_in_order_to_the_replica_it_asked_for() -> None:
+@pytest.fixture(params=["unix", "tcp"])
+def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The link tests run over both transports: a same-host Unix socket (where the platform
+    has them) and TCP (``RAYLOG_CHANNEL_LOCAL_SOCKETS=0``, as between machines)."""
+    if request.param == "unix" and not ch.local_sockets_enabled():
+        pytest.skip("same-host sockets need Linux (a kernel boot id)")
+    if request.param == "tcp":
+        monkeypatch.setenv(ch.LOCAL_SOCKETS_ENV, "0")
+    return str(request.param)
+
+
+def _links(server: ch.ChannelServer, transport: str) -> int:
+    """How many connections ``server`` accepted over ``transport``."""
+    return server.local_links if transport == "unix" else server.tcp_links
+
+
+def test_link_delivers_in_order_to_the_replica_it_asked_for(transport: str) -> None:
     async def test() -> None:
         got: list[Any] = []
         server = ch.ChannelServer("replica:t:0:2", b"secret", got.append)
@@ -140,6 +157,7 @@ def test_link_delivers_in_order_to_the_replica_it_asked_for() -> None:
             assert link.send(m)
         await _until(lambda: len(got) == len(sent))
         assert got == sent
+        assert _links(server, transport) == 1 and server.local_links + server.tcp_links == 1
         link.close()
         server.close()
 
@@ -147,7 +165,7 @@ def test_link_delivers_in_order_to_the_replica_it_asked_for() -> None:
 
 
 @pytest.mark.parametrize(("secret", "name"), [(b"wrong", "replica:t:0:2"), (b"s", "replica:t:0:3")])
-def test_handshake_refuses_wrong_secret_or_name(secret: bytes, name: str) -> None:
+def test_handshake_refuses_wrong_secret_or_name(secret: bytes, name: str, transport: str) -> None:
     async def test() -> None:
         got: list[Any] = []
         server = ch.ChannelServer("replica:t:0:2", b"s", got.append)
@@ -169,7 +187,7 @@ def test_handshake_refuses_wrong_secret_or_name(secret: bytes, name: str) -> Non
     _run(test)
 
 
-def test_link_reconnects_to_a_restarted_peer() -> None:
+def test_link_reconnects_to_a_restarted_peer(transport: str) -> None:
     async def test() -> None:
         got: list[Any] = []
         first = ch.ChannelServer("replica:t:0:2", b"s", got.append)
@@ -200,7 +218,7 @@ def test_link_reconnects_to_a_restarted_peer() -> None:
     _run(test)
 
 
-def test_calls_answer_in_any_order_and_fail_cleanly() -> None:
+def test_calls_answer_in_any_order_and_fail_cleanly(transport: str) -> None:
     async def test() -> None:
         release = asyncio.Event()
 
@@ -319,32 +337,6 @@ needs_root = pytest.mark.skipif(
 needs_local = pytest.mark.skipif(
     not ch.local_sockets_enabled(), reason="same-host sockets need Linux (a kernel boot id)"
 )
-
-
-async def _deliver_one(server: ch.ChannelServer, link: ch.PeerLink, got: list[Any]) -> None:
-    address = await server.start(HOST)
-
-    async def resolve() -> tuple[str, int, str]:
-        return address
-
-    link.ensure_connecting(resolve)
-    await _until(lambda: link.connected)
-    assert link.send(MESSAGES[3])
-    await _until(lambda: got == [MESSAGES[3]])
-
-
-@needs_local
-def test_a_same_host_link_goes_over_the_unix_socket() -> None:
-    async def test() -> None:
-        got: list[Any] = []
-        server = ch.ChannelServer("replica:t:0:2", b"s", got.append)
-        link = ch.PeerLink("replica:t:0:2", b"s")
-        await _deliver_one(server, link, got)
-        assert (server.local_links, server.tcp_links) == (1, 0)
-        link.close()
-        server.close()
-
-    _run(test)
 
 
 @needs_local

@@ -1,10 +1,12 @@
-"""Replica actors replicate over their TCP channels, and still over Ray calls without them.
+"""Replica actors replicate over their channels, and still over Ray calls without them.
 
 Proves, on real Ray with an RF=3 partition in push and in pull mode: with channels (the default)
-the replication messages after the first few go over TCP (the followers receive them on their
-channel servers), every acks=all produce completes and the followers hold the same bytes as the
-leader (most of them sent before the leader wrote them, from memory); with
-``replication_channel=False`` the same traffic goes by Ray calls and also completes.
+the replication messages after the first few go over them (the followers receive them on their
+channel servers), over Unix sockets between these same-host replicas, or over TCP with
+``RAYLOG_CHANNEL_LOCAL_SOCKETS=0`` in their environment; every acks=all produce completes and
+the followers hold the same bytes as the leader (most of them sent before the leader wrote
+them, from memory); with ``replication_channel=False`` the same traffic goes by Ray calls and
+also completes.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pytest
 import ray
 from waiting import wait_until
 
+from raylog.actors import channel as ch
 from raylog.actors.messages import BecomeFollower, BecomeLeader
 from raylog.actors.replica import NAMESPACE, ReplicaActor, replica_actor_name
 from raylog.actors.replication_types import ReplicaConfig
@@ -29,11 +32,14 @@ BATCHES = 30
 CALL_TIMEOUT_S = 30.0
 
 
-def _start(tmp_path: Path, topic: str, mode: str, channel: bool) -> list[Any]:
+def _start(tmp_path: Path, topic: str, mode: str, channel: str) -> list[Any]:
     config = ReplicaConfig(replication_mode=mode, min_insync_replicas=2, fetch_max_wait_ms=200)
+    env = {ch.LOCAL_SOCKETS_ENV: "0" if channel == "tcp" else "1"}
     replicas = [
         ReplicaActor.options(  # type: ignore[attr-defined]
-            name=replica_actor_name(topic, 0, rid), namespace=NAMESPACE
+            name=replica_actor_name(topic, 0, rid),
+            namespace=NAMESPACE,
+            runtime_env={"env_vars": env},
         ).remote(
             topic,
             0,
@@ -41,7 +47,7 @@ def _start(tmp_path: Path, topic: str, mode: str, channel: bool) -> list[Any]:
             str(tmp_path / topic / str(rid)),
             {},
             config,
-            replication_channel=channel,
+            replication_channel=channel != "off",
         )
         for rid in range(RF)
     ]
@@ -67,10 +73,12 @@ def _stored(directory: Path) -> bytes:
 
 
 @pytest.mark.parametrize("mode", ["push", "pull"])
-@pytest.mark.parametrize("channel", [True, False])
+@pytest.mark.parametrize("channel", ["unix", "tcp", "off"])
 def test_replication_over_channels_and_over_ray(
-    ray_local: Path, tmp_path: Path, mode: str, channel: bool
+    ray_local: Path, tmp_path: Path, mode: str, channel: str
 ) -> None:
+    if channel == "unix" and not ch.local_sockets_enabled():
+        pytest.skip("same-host sockets need Linux (a kernel boot id)")
     topic = f"chan-{mode}-{channel}"
     replicas = _start(tmp_path, topic, mode, channel)
     try:
@@ -89,9 +97,15 @@ def test_replication_over_channels_and_over_ray(
 
         stats = ray.get([r.channel_stats.remote() for r in replicas], timeout=CALL_TIMEOUT_S)
         followers_in = stats[1]["messages_in"] + stats[2]["messages_in"]
-        if channel:
+        if channel != "off":
             assert followers_in > 0, stats
             assert stats[0]["messages_in"] > 0, stats  # acks or fetches back to the leader
+            used, unused = (
+                ("local_links_in", "tcp_links_in")
+                if channel == "unix"
+                else ("tcp_links_in", "local_links_in")
+            )
+            assert all(s[used] > 0 and s[unused] == 0 for s in stats), stats
         else:
             assert followers_in == 0 and stats[0]["ray_calls_out"] > 0, stats
         assert all(s["rejected"] == 0 for s in stats), stats
