@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import hashlib
 import hmac
 import logging
@@ -562,6 +563,7 @@ async def _first_of(*coroutines: Awaitable[None]) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+@functools.cache
 def _boot_id() -> str:
     """This kernel's boot id: which machine (and boot) a same-host socket belongs to."""
     if not sys.platform.startswith("linux"):

@@ -68,7 +68,6 @@ class SimController:
         configs: Mapping[str, str],
         session_ms: int,
     ) -> None:
-        self.session_ms = session_ms
         self.controller_epoch = 1
         md = ClusterMetadata(cluster_id="sim", controller_epoch=self.controller_epoch)
         for b in (*replica_ids, *observer_ids):
