@@ -34,12 +34,11 @@ CALL_TIMEOUT_S = 30.0
 
 def _start(tmp_path: Path, topic: str, mode: str, channel: str) -> list[Any]:
     config = ReplicaConfig(replication_mode=mode, min_insync_replicas=2, fetch_max_wait_ms=200)
-    env = {ch.LOCAL_SOCKETS_ENV: "0" if channel == "tcp" else "1"}
+    # Only the TCP case gets an environment of its own (a new worker process each).
+    env = {"env_vars": {ch.LOCAL_SOCKETS_ENV: "0"}} if channel == "tcp" else None
     replicas = [
         ReplicaActor.options(  # type: ignore[attr-defined]
-            name=replica_actor_name(topic, 0, rid),
-            namespace=NAMESPACE,
-            runtime_env={"env_vars": env},
+            name=replica_actor_name(topic, 0, rid), namespace=NAMESPACE, runtime_env=env
         ).remote(
             topic,
             0,
