@@ -234,6 +234,9 @@ class _BrokerLink:
     pushed: tuple[str, list[ReplicaSpec]] | None = None  # incarnation, specs last applied
     pushed_ms: int = 0
     leos: dict[TopicPartition, int] = field(default_factory=dict)
+    # Set once Ray confirmed this incarnation dead: a push to it in flight gives up at once
+    # instead of holding its reconcile round (and the new leaders' commands) until it fails.
+    gone: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000)
@@ -604,6 +607,9 @@ class ControllerActor:
     async def _on_broker_died(self, broker_id: int, incarnation_id: str) -> None:
         if not self._is_active():
             return
+        link = self._links.get(broker_id)
+        if link is not None and link.incarnation_id == incarnation_id:
+            link.gone.set()
         md = self._require_active().metadata
         reg = md.brokers.get(broker_id)
         if reg is None or reg.incarnation_id != incarnation_id or reg.state == "fenced":
@@ -776,14 +782,29 @@ class ControllerActor:
         self, broker_id: int, specs: list[ReplicaSpec], phase: str, md: ClusterMetadata
     ) -> bool:
         link = self._links.get(broker_id)
-        if link is None or not self._is_active():
+        if link is None or link.gone.is_set() or not self._is_active():
             return False
         assert self._epoch is not None
-        try:
-            states = await ray_call(
+        call = asyncio.ensure_future(
+            ray_call(
                 link.handle.apply.remote(self._epoch, md.metadata_epoch, specs, phase),
                 self._call_timeout_ms,
             )
+        )
+        gone = asyncio.ensure_future(link.gone.wait())
+        try:
+            await asyncio.wait((call, gone), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        finally:
+            gone.cancel()
+        if not call.done():  # Ray confirmed the broker dead first
+            call.cancel()
+            log.warning("push (%s) to broker %d abandoned: Ray confirmed it dead", phase, broker_id)
+            return False
+        try:
+            states = call.result()
         except RaylogError as exc:
             log.warning("push (%s) to broker %d failed: %s", phase, broker_id, exc)
             return False
