@@ -567,7 +567,9 @@ def main() -> None:
 
                 ca = pki.CertificateAuthority.generate("raylog-bench")
             results["tls"] = args.tls
-            results["channel_local_sockets"] = os.environ.get("RAYLOG_CHANNEL_LOCAL_SOCKETS", "1")
+            from raylog.actors.channel import local_sockets_enabled
+
+            results["channel_local_sockets"] = local_sockets_enabled()
             results["raylog_rf1"] = raylog_case(root, 1, args, value, ca=ca)
             results["raylog_rf3"] = raylog_case(root, 3, args, value, ca=ca)
             if args.compare_ray_calls:
