@@ -221,6 +221,7 @@ class ControllerStatus(msgspec.Struct, frozen=True):
     controller_epoch: int
     metadata_epoch: int
     reconciled_epoch: int  # the metadata epoch every unfenced broker has applied
+    pushing: tuple[int, ...] = ()  # brokers a push is in flight to
 
 
 @dataclass
@@ -235,8 +236,19 @@ class _BrokerLink:
     pushed_ms: int = 0
     leos: dict[TopicPartition, int] = field(default_factory=dict)
     # Set once Ray confirmed this incarnation dead: a push to it in flight gives up at once
-    # instead of holding its reconcile round (and the new leaders' commands) until it fails.
+    # instead of holding the new leaders' commands that wait for it until it fails.
     gone: asyncio.Event = field(default_factory=asyncio.Event)
+    # The push in flight to this incarnation (both phases), if any. No round waits for it, and
+    # none pushes to this broker again until it ended.
+    pushing: asyncio.Task[None] | None = None
+    # The partitions whose replica here may act as leader: None (any) until a first phase
+    # succeeded (a controller that took over cannot know what its predecessor sent), then the
+    # leaders of what the broker applied, plus those of every leader phase sent since.
+    may_lead: frozenset[TopicPartition] | None = None
+    followers_applied: list[ReplicaSpec] | None = None  # the specs of its last good phase 1
+
+    def may_be_leading(self, tp: TopicPartition) -> bool:
+        return self.may_lead is None or tp in self.may_lead
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000)
@@ -337,6 +349,7 @@ class ControllerActor:
             controller_epoch=self._epoch or -1,
             metadata_epoch=md.metadata_epoch if md is not None else -1,
             reconciled_epoch=self._reconciled_epoch,
+            pushing=tuple(sorted(b for b, link in self._links.items() if link.pushing is not None)),
         )
 
     def _from_lease_thread_elected(self, epoch: int) -> None:
@@ -398,6 +411,8 @@ class ControllerActor:
         for link in self._links.values():
             if link.watch is not None:
                 link.watch.cancel()
+            if link.pushing is not None:
+                link.pushing.cancel()
         self._links = {}
         self._sessions.take_over(monotonic_ms())
 
@@ -729,43 +744,137 @@ class ControllerActor:
         return specs
 
     async def _push_round(self) -> None:
-        """Push desired replicas to every unfenced broker that needs it, in two phases."""
+        """Start a push to every unfenced broker that needs one and has none in flight.
+
+        Each broker's push runs as a task of its own (:meth:`_push_broker`) in two phases:
+        1. demotions and followers (also creates missing actors, removes strays); 2. leaders.
+        A leader command waits only for phase 1 of the brokers that may still lead that
+        partition (:meth:`_stepped_down_first`); the round waits for no push. So a hung broker
+        holds up the partitions it may lead, until Ray confirms it dead or its session expires
+        and it is fenced, and nothing else: not the other brokers' commands, not the next
+        round, not the session expiry that fences it.
+        """
         current = self._require_active()
         md = current.metadata
         now = monotonic_ms()
         targets: dict[int, list[ReplicaSpec]] = {}
         for broker_id, reg in md.brokers.items():
-            link = self._links.get(broker_id)
-            if reg.state == "fenced" or link is None or link.incarnation_id != reg.incarnation_id:
+            link = self._live_link(md, broker_id)
+            if link is None or link.pushing is not None:
                 continue
             specs = self._desired(md, broker_id)
             due = now - link.pushed_ms >= self._resync_interval_ms
             if link.pushed == (reg.incarnation_id, specs) and not due:
                 continue
             targets[broker_id] = specs
-        if targets:
-            started_ms = monotonic_ms()
-            # Phase 1: demotions and followers (also creates missing actors, removes strays).
-            await asyncio.gather(*(self._push(b, s, "followers", md) for b, s in targets.items()))
-            # Phase 2: leaders, only after every reachable old leader stepped down.
-            results = await asyncio.gather(
-                *(self._push(b, s, "leaders", md) for b, s in targets.items())
-            )
-            for (broker_id, specs), ok in zip(targets.items(), results, strict=True):
-                link = self._links.get(broker_id)
-                if ok and link is not None:
-                    link.pushed = (md.brokers[broker_id].incarnation_id, specs)
-                    link.pushed_ms = now
-                    self._sessions.applied(broker_id, md.metadata_epoch)
-            took_ms = monotonic_ms() - started_ms
-            (log.warning if took_ms > SLOW_PUSH_MS else log.debug)(
-                "pushed metadata epoch %d to brokers %s in %d ms (at %d)",
-                md.metadata_epoch,
-                sorted(targets),
-                took_ms,
-                monotonic_ms(),
+        waits = self._stepped_down_first(md, targets)
+        assert self._loop is not None
+        phase1 = {b: self._loop.create_future() for b in targets}
+        for broker_id, specs in targets.items():
+            link = self._links[broker_id]
+            deps = waits.get(broker_id)
+            after = None if deps is None else [phase1[d] for d in deps]
+            link.pushing = self._loop.create_task(
+                self._push_broker(broker_id, link, specs, md, now, phase1[broker_id], after)
             )
         self._update_reconciled(md)
+
+    def _live_link(self, md: ClusterMetadata, broker_id: int) -> _BrokerLink | None:
+        """The link to the broker's registered, unfenced incarnation not confirmed dead."""
+        reg = md.brokers.get(broker_id)
+        link = self._links.get(broker_id)
+        if reg is None or reg.state == "fenced" or link is None:
+            return None
+        if link.incarnation_id != reg.incarnation_id or link.gone.is_set():
+            return None
+        return link
+
+    def _stepped_down_first(
+        self, md: ClusterMetadata, targets: dict[int, list[ReplicaSpec]]
+    ) -> dict[int, set[int] | None]:
+        """Per target: the brokers whose phase 1 its leader phase waits for, or None when one
+        of them has a push in flight (the leader phase waits for a later round).
+
+        A broker that may lead a partition another target is to lead, and needs no push
+        itself, is added to ``targets`` (its phase 1 is what steps it down). Fenced brokers,
+        and brokers Ray confirmed dead, are not waited for: their write leases have lapsed.
+        """
+        waits: dict[int, set[int] | None] = {}
+        for broker_id in list(targets):
+            deps: set[int] | None = set()
+            for spec in targets[broker_id]:
+                if not spec.is_leader:
+                    continue
+                tp = TopicPartition(spec.topic, spec.partition)
+                for other in md.brokers:
+                    link = self._live_link(md, other)
+                    if other == broker_id or link is None or not link.may_be_leading(tp):
+                        continue
+                    if link.pushing is not None:
+                        deps = None
+                        break
+                    if other not in targets:
+                        targets[other] = self._desired(md, other)
+                    assert deps is not None
+                    deps.add(other)
+                if deps is None:
+                    break
+            waits[broker_id] = deps
+        return waits
+
+    async def _push_broker(
+        self,
+        broker_id: int,
+        link: _BrokerLink,
+        specs: list[ReplicaSpec],
+        md: ClusterMetadata,
+        round_ms: int,
+        stepped_down: asyncio.Future[None],
+        after: list[asyncio.Future[None]] | None,
+    ) -> None:
+        """One broker's two phases (see :meth:`_push_round`); ``after`` is None when its
+        leader phase must wait for a later round. Records what the broker applied."""
+        started_ms = monotonic_ms()
+        leaders = frozenset(TopicPartition(s.topic, s.partition) for s in specs if s.is_leader)
+        # Its leader phase waits for a later round, and it stepped down for these very specs
+        # already: nothing to send now (the push it waits for wakes the loop when it ends).
+        idle = after is None and link.followers_applied == specs
+        try:
+            try:
+                ok = idle or await self._push(broker_id, link, specs, "followers", md)
+                if ok and not idle:  # it hosts exactly ``specs`` and leads none of the others
+                    link.followers_applied = specs
+                    link.may_lead = leaders if link.may_lead is None else link.may_lead & leaders
+            finally:
+                if not stepped_down.done():
+                    stepped_down.set_result(None)
+            if after is None:
+                return
+            await asyncio.gather(*after)
+            if link.may_lead is not None:
+                link.may_lead |= leaders
+            ok = await self._push(broker_id, link, specs, "leaders", md) and ok
+            if ok and self._links.get(broker_id) is link:
+                link.pushed = (link.incarnation_id, specs)
+                link.pushed_ms = round_ms
+                self._sessions.applied(broker_id, md.metadata_epoch)
+            took_ms = monotonic_ms() - started_ms
+            (log.warning if took_ms > SLOW_PUSH_MS else log.debug)(
+                "pushed metadata epoch %d to broker %d in %d ms (at %d)%s",
+                md.metadata_epoch,
+                broker_id,
+                took_ms,
+                monotonic_ms(),
+                "" if ok else ": failed",
+            )
+        except Exception:  # a bug, not a broker's answer: logged; the next round pushes again
+            log.exception("push of metadata epoch %d to broker %d", md.metadata_epoch, broker_id)
+        finally:
+            link.pushing = None
+            if self._is_active() and self._md is not None:
+                self._update_reconciled(self._md.metadata)
+            if self._wake is not None and not idle:
+                self._wake.set()
 
     def _update_reconciled(self, md: ClusterMetadata) -> None:
         for broker_id, reg in md.brokers.items():
@@ -779,10 +888,14 @@ class ControllerActor:
         self._reconciled_epoch = max(self._reconciled_epoch, md.metadata_epoch)
 
     async def _push(
-        self, broker_id: int, specs: list[ReplicaSpec], phase: str, md: ClusterMetadata
+        self,
+        broker_id: int,
+        link: _BrokerLink,
+        specs: list[ReplicaSpec],
+        phase: str,
+        md: ClusterMetadata,
     ) -> bool:
-        link = self._links.get(broker_id)
-        if link is None or link.gone.is_set() or not self._is_active():
+        if link.gone.is_set() or not self._is_active():
             return False
         assert self._epoch is not None
         call = asyncio.ensure_future(

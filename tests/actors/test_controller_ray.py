@@ -16,7 +16,9 @@ Proves, with short sessions and leases so each scenario takes about a second:
 - a replica with a session lease refuses produce with NOT_LEADER_OR_FOLLOWER before its first
   grant, after a revocation and once the lease lapsed;
 - a partitioned leader (its broker process stopped, its replica still serving clients) stops
-  taking writes when its lease lapses, before the controller fences it and elects another.
+  taking writes when its lease lapses, before the controller fences it and elects another;
+- a push to a stopped broker holds up nothing else: the broker is fenced and its partition has
+  a new leader taking writes while that push is still waiting for an answer.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ BROKERS = (1, 2, 3)
 LEASE = {"lease_ms": 3_000, "renew_ms": 1_000, "poll_ms": 100}
 BROKER_CONFIGS = {"broker.heartbeat.interval.ms": "100", "broker.session.timeout.ms": "1500"}
 PREFIX = "ctl-test"  # actor names of this module (namespace raylog)
+CONTROLLER_CALL_TIMEOUT_MS = 60_000
 
 
 def _batch(i: int) -> bytes:
@@ -90,6 +93,9 @@ class Cluster:
             name,
             broker_configs=BROKER_CONFIGS,
             reconcile_interval_ms=100,
+            # Longer than any scenario here takes to elect (a push to a hung broker is seen
+            # still waiting after the election that followed it).
+            call_timeout_ms=CONTROLLER_CALL_TIMEOUT_MS,
             **LEASE,
         )
 
@@ -417,6 +423,50 @@ def test_a_hung_leader_stops_taking_writes_before_another_is_elected(cluster: Cl
         timeout_s=2 * CALL_TIMEOUT_S,
         message=f"broker {old} back in the ISR after it resumed",
     )
+
+
+def test_a_push_to_a_hung_broker_holds_up_nothing_else(cluster: Cluster) -> None:
+    """The leader's broker process is stopped (SIGSTOP), then a config change makes the
+    controller push to every broker: the push to the stopped one waits for an answer (up to
+    the controller's call timeout, a minute here). Its session expires and it is fenced, and
+    the partition it led gets a new leader from the ISR that takes acks=all writes, while that
+    push still waits. Before pushes ran per broker, the push held its whole round, and with it
+    the session expiry, the election and every other broker's commands, for that long."""
+    _create(cluster, "pushhung")
+    wait_until(
+        lambda: _produce_ok(cluster, "pushhung", 0), timeout_s=CALL_TIMEOUT_S, message="produce"
+    )
+    hung = cluster.leader("pushhung")
+    pid = _get(cluster.brokers[hung].status.remote())["pid"]
+
+    def pushing() -> tuple[int, ...]:
+        return _get(cluster.active().status.remote()).pushing
+
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        cluster.call("alter_configs", "pushhung", {"retention.ms": "3600000"})
+        wait_until(
+            lambda: hung in pushing(), timeout_s=CALL_TIMEOUT_S, message="a push to the stopped"
+        )
+        wait_until(
+            lambda: cluster.call("metadata").brokers[hung].state == "fenced",
+            timeout_s=CALL_TIMEOUT_S,
+            message=f"broker {hung} fenced",
+        )
+        wait_until(
+            lambda: cluster.leader("pushhung") != hung and _produce_ok(cluster, "pushhung", 1),
+            timeout_s=CALL_TIMEOUT_S,
+            message="a new leader taking writes",
+        )
+        assert hung in pushing(), "the push to the stopped broker ended before it resumed"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    wait_until(
+        lambda: hung in cluster.call("metadata").topics["pushhung"].partitions[0].isr,
+        timeout_s=2 * CALL_TIMEOUT_S,
+        message=f"broker {hung} back in the ISR after it resumed",
+    )
+    wait_until(lambda: hung not in pushing(), timeout_s=CALL_TIMEOUT_S, message="push answered")
 
 
 def test_replica_without_a_live_lease_refuses_produce(ray_local: Path, tmp_path: Path) -> None:
