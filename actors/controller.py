@@ -970,6 +970,7 @@ class ControllerActor:
                 request.leader_epoch,
                 request.partition_epoch,
                 request.new_isr,
+                request.fence,
             )
             return out.metadata, None
 

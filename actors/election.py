@@ -510,12 +510,15 @@ def alter_partition(
     leader_epoch: int,
     partition_epoch: int,
     new_isr: Sequence[int],
+    fence: bool = False,
 ) -> Outcome:
     """Validate then apply a leader's ISR proposal.
 
     Accepted with a different ISR: ``partition_epoch`` + 1 and the leader epoch unchanged (the
     leader stays). Accepted with the same ISR (a retry): nothing changes, as in Kafka, and the
-    leader learns the current epochs from the answer.
+    leader learns the current epochs from the answer; unless ``fence`` (a leader resumed in a
+    new process), which bumps ``partition_epoch`` all the same, so that no proposal made at the
+    old one (its predecessor's, still in flight) can be committed after it.
     """
     validate_alter_partition(
         md, broker_id, broker_epoch, tp, leader_epoch, partition_epoch, new_isr
@@ -524,7 +527,9 @@ def alter_partition(
     # Kafka keeps the ISR in the order the leader sent; raylog stores it in assignment order so
     # that equal sets compare equal and a retry is recognised as one.
     isr = tuple(b for b in p.replicas if b in set(new_isr))
-    if isr == p.isr:
+    if isr == p.isr and not fence:
         return Outcome(md)
-    change = PartitionChange(topic=tp.topic, partition=tp.partition, isr=isr)
-    return Outcome(md_.apply_alter_partition(md, tp.topic, tp.partition, isr), [change])
+    change = PartitionChange(
+        topic=tp.topic, partition=tp.partition, isr=isr, bump_partition_epoch=fence
+    )
+    return Outcome(md_.apply_alter_partition(md, tp.topic, tp.partition, isr, fence), [change])

@@ -226,6 +226,10 @@ class AlterPartitionRequest(msgspec.Struct, frozen=True):
     leader_epoch: int
     partition_epoch: int
     new_isr: tuple[int, ...]
+    # A leader that resumed its epoch in a new process cannot know whether its predecessor's
+    # last proposal is still on its way. ``fence`` commits even an unchanged ISR and bumps the
+    # partition epoch, so that no proposal made at the old one can be committed any more.
+    fence: bool = False
 
 
 class AlterPartitionResponse(msgspec.Struct, frozen=True):

@@ -159,6 +159,7 @@ class PartitionChange(msgspec.Struct, frozen=True, kw_only=True):
     adding_replicas: tuple[int, ...] | None = None
     removing_replicas: tuple[int, ...] | None = None
     unclean: bool = False
+    bump_partition_epoch: bool = False  # even if nothing else changes (a fencing AlterPartition)
 
     @property
     def topic_partition(self) -> TopicPartition:
@@ -509,7 +510,7 @@ def _changed_partition(old: PartitionState, c: PartitionChange) -> PartitionStat
     adding = old.adding_replicas if c.adding_replicas is None else tuple(c.adding_replicas)
     removing = old.removing_replicas if c.removing_replicas is None else tuple(c.removing_replicas)
     new = (leader, isr, replicas, observers, adding, removing)
-    if new == (
+    if not c.bump_partition_epoch and new == (
         old.leader,
         old.isr,
         old.replicas,
@@ -541,12 +542,13 @@ def apply_election(md: ClusterMetadata, changes: Iterable[PartitionChange]) -> C
 
 
 def apply_alter_partition(
-    md: ClusterMetadata, topic: str, partition: int, isr: Sequence[int]
+    md: ClusterMetadata, topic: str, partition: int, isr: Sequence[int], fence: bool = False
 ) -> ClusterMetadata:
     """Apply an ISR proposal already accepted by ``election.validate_alter_partition``."""
-    return apply_partition_changes(
-        md, [PartitionChange(topic=topic, partition=partition, isr=tuple(isr))]
+    change = PartitionChange(
+        topic=topic, partition=partition, isr=tuple(isr), bump_partition_epoch=fence
     )
+    return apply_partition_changes(md, [change])
 
 
 def allocate_producer_ids(md: ClusterMetadata) -> tuple[ClusterMetadata, range]:

@@ -275,6 +275,10 @@ class PartitionReplica:
         self.followers: dict[int, FollowerState] = {}
         self.leader_epoch_start_offset = UNDEFINED_OFFSET
         self.alter_in_flight: AlterPartitionRequest | None = None
+        # A leader resumed in a new process: its predecessor's last AlterPartition may still be
+        # committed, so every replica counts towards the HW until a newer partition epoch is
+        # known (a fencing proposal bumps it; see _on_become_leader).
+        self.isr_unconfirmed = False
         self.alter_sent_ms = 0
         self.alter_not_before_ms = 0
         self.pending: dict[int, PendingProduce] = {}
@@ -360,7 +364,10 @@ class PartitionReplica:
         return low
 
     def maximal_isr(self) -> tuple[int, ...]:
-        """The committed ISR plus the members an in-flight AlterPartition would add."""
+        """The committed ISR plus the members an in-flight AlterPartition would add (every
+        replica while the predecessor's proposals are not fenced yet)."""
+        if self.isr_unconfirmed:
+            return tuple(sorted(set(self.isr) | set(self.replicas)))
         if self.alter_in_flight is None:
             return self.isr
         return tuple(sorted(set(self.isr) | set(self.alter_in_flight.new_isr)))
@@ -419,8 +426,19 @@ class PartitionReplica:
         self.push_active = False
         self.push_ack_owed = False
         if resuming:
-            self.leader_epoch_start_offset = self.epoch_cache[-1][1]
+            # The HW we recovered may lie below the one our predecessor exposed (the checkpoint
+            # is lazy), and a follower whose end reached only that must not rejoin the ISR: it
+            # may lack committed batches. Our log end holds every one of them, so it is the
+            # bar, as Kafka's leaderEpochStartOffset is the log end at becoming leader.
+            self.leader_epoch_start_offset = self.log_end_offset
+            # Our predecessor may have proposed adding a follower that the controller has not
+            # committed yet. Until it is fenced, the HW must not pass any replica that may be
+            # in the ISR by then: a proposal of our ISR with ``fence`` bumps the partition
+            # epoch, after which none of its proposals can be committed (the ticks resend it).
+            self.isr_unconfirmed = True
+            self._propose_isr(self.isr, now_ms, fence=True)
         else:
+            self.isr_unconfirmed = False
             # KIP-101: the new epoch starts at our log end; followers truncate against it.
             self.epoch_cache.append((msg.leader_epoch, self.log_end_offset))
             self.leader_epoch_start_offset = self.log_end_offset
@@ -522,8 +540,10 @@ class PartitionReplica:
     def _adopt_isr(self, isr: Iterable[int], partition_epoch: int, now_ms: int) -> None:
         new_isr = tuple(sorted(isr))
         check_invariant(self.replica_id in new_isr, "a committed ISR always holds its leader")
+        check_invariant(partition_epoch > self.partition_epoch, "adopted ISRs are newer")
         self.isr = new_isr
         self.partition_epoch = partition_epoch
+        self.isr_unconfirmed = False  # a newer partition epoch fences the older proposals
         if len(self.isr) < self.config.min_insync_replicas:
             self._fail_pending_acks_all(
                 NotEnoughReplicasAfterAppendError.error_code,
@@ -884,6 +904,7 @@ class PartitionReplica:
     def _maybe_expand_isr(self, replica_id: int, state: FollowerState, now_ms: int) -> None:
         if (
             self.alter_in_flight is not None
+            or self.isr_unconfirmed
             or now_ms < self.alter_not_before_ms
             or replica_id in self.isr
             or replica_id in self.observers
@@ -899,13 +920,14 @@ class PartitionReplica:
         ):
             self._propose_isr((*self.isr, replica_id), now_ms)
 
-    def _propose_isr(self, new_isr: Iterable[int], now_ms: int) -> None:
+    def _propose_isr(self, new_isr: Iterable[int], now_ms: int, fence: bool = False) -> None:
         request = AlterPartitionRequest(
             self.next_request_id,
             self.replica_id,
             self.leader_epoch,
             self.partition_epoch,
             tuple(sorted(new_isr)),
+            fence,
         )
         self.next_request_id += 1
         check_invariant(
@@ -955,6 +977,9 @@ class PartitionReplica:
             self.alter_sent_ms = now_ms
             self._ready.alter_partition.append(self.alter_in_flight)
         if self.alter_in_flight is not None or now_ms < self.alter_not_before_ms:
+            return
+        if self.isr_unconfirmed:
+            self._propose_isr(self.isr, now_ms, fence=True)
             return
         out_of_sync = [
             rid
@@ -1072,14 +1097,17 @@ class PartitionReplica:
         if msg.error_code == OffsetOutOfRangeError.error_code:
             self._handle_out_of_range(msg, request)
         elif msg.diverging_epoch is not None:
-            if (
-                msg.diverging_epoch.end_offset <= msg.log_start_offset
-                and msg.log_start_offset > self.high_watermark
+            if msg.diverging_epoch.end_offset <= msg.log_start_offset and (
+                msg.log_start_offset > self.high_watermark
+                or self.config.unclean_leader_election_enable
             ):
                 # The leader knows nothing below its log start (its first epoch entry was moved
                 # up to it, possibly inside a batch, where no truncation can cut), and all we
                 # hold below it is deleted there: start over at its log start, as Kafka's
-                # follower ends up doing after its next fetch is out of range.
+                # follower ends up doing after its next fetch is out of range. After a clean
+                # election our HW is below it (the logs agree below it, and diverge below the
+                # leader's log start); after an unclean one our HW says nothing, and where we
+                # diverge below the leader's log start is unknowable.
                 self._truncate_fully(msg.log_start_offset)
             else:
                 self._truncate_diverged(msg.diverging_epoch)
@@ -1187,8 +1215,13 @@ class PartitionReplica:
         self._truncate(max(target, self.log_start_offset))
 
     def _handle_out_of_range(self, msg: FetchResponse, request: FetchRequest) -> None:
-        if request.fetch_offset > msg.log_end_offset:
-            self._truncate(max(msg.log_end_offset, self.log_start_offset))
+        if request.fetch_offset > msg.log_end_offset and msg.log_end_offset < self.log_start_offset:
+            # Only after an unclean election (a clean leader holds our HW, and our log start
+            # is below that): the leader's log ends below our log start, so nothing we hold is
+            # in its log. Start over at its end, as Kafka's truncateTo does.
+            self._truncate_fully(msg.log_end_offset)
+        elif request.fetch_offset > msg.log_end_offset:
+            self._truncate(msg.log_end_offset)
         elif request.fetch_offset < msg.log_start_offset:
             self._truncate_fully(msg.log_start_offset)
 
@@ -1245,6 +1278,12 @@ class PartitionReplica:
     def _truncate(self, offset: int) -> None:
         if offset >= self.log_end_offset:
             self._drop_empty_epochs()
+            return
+        if offset <= self.log_start_offset:
+            # Nothing at or above our log start stays, and the log start may lie inside a
+            # batch (DeleteRecords; the epoch cache's first entry was moved up to it), where
+            # no cut can land: empty the log and start over at the log start.
+            self._truncate_fully(self.log_start_offset)
             return
         if offset < self.high_watermark:
             check_invariant(

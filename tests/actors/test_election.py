@@ -304,6 +304,18 @@ def test_alter_partition_accepted_bumps_partition_epoch_only() -> None:
     assert alter(out2.metadata, (1, 2, 3)).metadata is out2.metadata  # a retry: no change
 
 
+def test_a_fencing_alter_partition_bumps_the_partition_epoch_of_an_unchanged_isr() -> None:
+    md = topic(cluster(), [[1, 2, 3]])
+    p = part(md)
+    args = (md.brokers[1].broker_epoch, T0, p.leader_epoch, p.partition_epoch, (1, 2, 3))
+    fenced = e.alter_partition(md, 1, *args, fence=True).metadata
+    assert (part(fenced).isr, part(fenced).partition_epoch) == ((1, 2, 3), p.partition_epoch + 1)
+    assert part(fenced).leader_epoch == p.leader_epoch
+    # A proposal made at the old partition epoch (the predecessor's) is refused now.
+    with pytest.raises(InvalidUpdateVersionError):
+        e.alter_partition(fenced, 1, *args[:4], (1, 2))
+
+
 @pytest.mark.parametrize(
     ("kw", "isr", "error", "code"),
     [

@@ -721,11 +721,16 @@ def test_a_recreated_leader_resumes_the_epoch_it_led() -> None:
     # election happened) tells it again to lead epoch 3, which its log already ends with.
     replica = _recovered([(1, 0), (3, 4)], log_end=10)
     replica.step(BecomeLeader(1, 3, 7, (0, 1, 2), (0, 1, 2)), 0)
-    replica.ready()
+    ready = replica.ready()
     assert replica.role is Role.LEADER and replica.leader_epoch == 3
     assert replica.epoch_cache == [(1, 0), (3, 4)]  # the epoch goes on where the log ends
-    assert replica.leader_epoch_start_offset == 4
+    assert replica.leader_epoch_start_offset == 10  # a follower rejoins at our log end
     assert sorted(replica.followers) == [1, 2]
+    # It fences its predecessor's proposals: its ISR again, bumping the partition epoch.
+    fence = ready.alter_partition[-1]
+    assert (fence.new_isr, fence.partition_epoch, fence.fence) == ((0, 1, 2), 7, True)
+    commit_alter(replica, ready)
+    assert replica.partition_epoch == 8 and not replica.isr_unconfirmed
     replica.tick(1_000)  # the ISR check on tick reads every follower's state
     # Followers fetching in epoch 3 carry on; the HW moves once both are at the log end.
     for follower in (1, 2):
@@ -765,3 +770,81 @@ def test_only_a_fresh_replica_resumes_an_epoch() -> None:
     replica.ready()
     replica.step(BecomeLeader(1, 3, 8, (0, 1, 2), (0, 1, 2)), 0)
     assert replica.role is Role.FOLLOWER and replica.leader_id == 1
+
+
+def test_a_recreated_leader_holds_its_hw_until_its_predecessors_proposals_are_fenced() -> None:
+    # The predecessor led on ISR (0, 2), proposed adding 1 once 1 had reached its HW, and was
+    # replaced before the answer: the controller may still commit that proposal, after which 1,
+    # at 8, would be an ISR member lacking what the HW covers above 8 (lost if 1 were elected).
+    # The re-created actor (its HW checkpoint lazy, so 6) proposes its ISR with ``fence``, and
+    # until an answer comes every replica counts towards the HW.
+    replica = _recovered([(1, 0), (3, 4)], log_end=10)
+    replica.step(BecomeLeader(1, 3, 7, (0, 2), (0, 1, 2)), 0)
+    fence = replica.ready().alter_partition[-1]
+    assert (fence.new_isr, fence.fence) == ((0, 2), True)
+    follower_fetch(replica, 2, 10, 1, epoch=3)
+    follower_fetch(replica, 1, 8, 1, epoch=3)
+    assert replica.high_watermark == 8  # not 10: 1 may be in the ISR
+    replica.tick(2)
+    assert replica.alter_in_flight == fence  # 1 does not rejoin at 8 (below our end, 10)
+    # The predecessor's proposal got there first: the fence is refused as stale, with the ISR.
+    replica.step(AlterPartitionResponse(108, 3, 8, (0, 1, 2), fence.request_id), 3)
+    assert (replica.isr, replica.isr_unconfirmed, replica.high_watermark) == ((0, 1, 2), False, 8)
+    follower_fetch(replica, 1, 10, 4, epoch=3)
+    assert replica.high_watermark == 10
+
+
+def test_a_fence_that_is_committed_lets_the_hw_move_on_the_isr() -> None:
+    replica = _recovered([(1, 0), (3, 4)], log_end=10)
+    replica.step(BecomeLeader(1, 3, 7, (0, 2), (0, 1, 2)), 0)
+    ready = replica.ready()
+    follower_fetch(replica, 2, 10, 1, epoch=3)
+    assert replica.high_watermark == 6  # 1 has not fetched: its end is unknown
+    commit_alter(replica, ready, 2)  # partition epoch 8, ISR (0, 2): 1 was not added
+    assert (replica.partition_epoch, replica.high_watermark) == (8, 10)
+
+
+# --- unclean elections and log starts -----------------------------------------------------------
+
+
+def _unclean_follower(**kwargs: Any) -> tuple[PartitionReplica, FetchRequest]:
+    follower = PartitionReplica(0, ReplicaConfig(unclean_leader_election_enable=True), **kwargs)
+    follower.step(BecomeFollower(1, 1, 5, 0), 0)
+    return follower, follower.ready().messages[0].message
+
+
+def test_a_follower_starts_over_at_an_unclean_leaders_end_below_its_log_start() -> None:
+    # DeleteRecords moved our log start to 30; the new leader, elected uncleanly, ends at 12.
+    follower, request = _unclean_follower(
+        log_start_offset=30, log_end_offset=40, epoch_cache=[(2, 30)], high_watermark=40
+    )
+    out_of_range = FetchResponse(1, request.request_id, 5, 1, 12, 0, 12, None)
+    follower.step(out_of_range, 1)
+    ready = follower.ready()
+    assert ready.log_ops == [TruncateTo(12, 1, full=True)]
+    assert (follower.log_start_offset, follower.log_end_offset) == (12, 12)
+    again = next(m.message for m in ready.messages if isinstance(m, SendToReplica))
+    assert again.fetch_offset == 12  # not 40 again, which is out of range forever
+
+
+def test_an_unclean_leader_diverging_at_its_log_start_empties_the_follower() -> None:
+    # The leader's first epoch entry was moved up to its log start, 6, which may lie inside a
+    # batch we hold: no cut can land there, so we start over at it.
+    follower, request = _unclean_follower(
+        log_end_offset=20, epoch_cache=[(0, 0), (3, 10)], high_watermark=15
+    )
+    diverging = FetchResponse(1, request.request_id, 5, 0, 20, 6, 30, EpochEndOffset(0, 6))
+    follower.step(diverging, 1)
+    assert follower.ready().log_ops == [TruncateTo(6, 1, full=True)]
+    assert (follower.log_start_offset, follower.log_end_offset) == (6, 6)
+
+
+def test_a_truncation_to_the_log_start_empties_the_log() -> None:
+    # Our own first epoch entry sits at our log start, 4 (moved up to it, inside the batch
+    # [3, 6)): a diverging epoch that ends our log there empties it instead of cutting at 4.
+    follower, request = _unclean_follower(
+        log_start_offset=4, log_end_offset=9, epoch_cache=[(2, 4)], high_watermark=4
+    )
+    diverging = FetchResponse(1, request.request_id, 5, 0, 9, 2, 12, EpochEndOffset(1, 7))
+    follower.step(diverging, 1)
+    assert follower.ready().log_ops == [TruncateTo(4, 1, full=True)]

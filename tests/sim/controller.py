@@ -177,6 +177,7 @@ class SimController:
                 election.alter_partition(
                     self.md, broker_id, broker_epoch, TP,
                     request.leader_epoch, request.partition_epoch, request.new_isr,
+                    request.fence,
                 )
             )  # fmt: skip
             code = 0

@@ -180,6 +180,21 @@ def test_a_follower_restarts_inside_the_leaders_first_batch(tmp_path: Path) -> N
             follower.read(6, 100)
 
 
+def test_a_full_truncation_may_start_below_the_log_start(small_log_dir: Path) -> None:
+    """After an unclean election the new leader's log may end below a follower's log start:
+    the follower starts over at the leader's end, below its old start (Kafka's truncateTo)."""
+    with Log.open(small_log_dir, SMALL) as log:
+        fill(log, 20)  # batches [0,1] ... [38,39]
+        log.advance_log_start(30, high_watermark=40)
+        log.truncate_fully_and_start_at(12)
+        assert (log.log_start_offset, log.log_end_offset, log.high_watermark) == (12, 12, 12)
+        fill(log, 2)
+        assert [first for first, _ in offsets(log.read(12, 1 << 20))] == [12, 14]
+    with Log.open(small_log_dir, SMALL) as again:
+        assert (again.log_start_offset, again.log_end_offset) == (12, 16)
+        assert bases(again) == [12]
+
+
 @pytest.fixture
 def small_log_dir(tmp_path: Path) -> Path:
     return tmp_path / "topic-0"
