@@ -42,10 +42,17 @@ Faults: message drop, delay (hence reordering), duplication (not on client conne
 are TCP), network partitions between any two of replicas and controller, crashes that lose the
 unsynced tail or keep a prefix of it (torn write), restarts that recover from the durable disk,
 controller failovers.
+
+After the last step the run settles (checker 10, liveness): faults and writes stop, every
+crashed broker restarts, no message is lost any more, and the partition must converge within
+SETTLE_MS of simulated time. With ``lossy_checks`` (for runs with unclean elections, which lose
+acknowledged data by design) the checkers of lost data are off and this one, the state
+machine's invariants and the split-brain checkers are what such a run proves.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import random
 from dataclasses import dataclass, field
@@ -98,6 +105,8 @@ IDEMPOTENT_PRODUCERS = 3
 IDEMPOTENT_RETRY_MS = 1_500  # resend when no answer came for this long (answer lost)
 IDEMPOTENT_EARLY_RETRY = 0.1  # chance to resend while the first try is still in flight
 IDEMPOTENT_EPOCH_BUMP = 0.03  # chance to bump the epoch before a new batch
+SETTLE_MS = 20_000  # checker 10: time to converge after the faults stop
+SETTLE_CHECK_MS = 100
 MAX_EVENTS_QUEUED = 100_000  # bound: a run that floods itself is a bug in the sim
 
 
@@ -110,6 +119,8 @@ class Scenario:
     min_insync_replicas: int = 2
     replication_mode: str = "pull"
     unclean_leader_election_enable: bool = False
+    settle: bool = True  # checker 10 after the last step
+    lossy_checks: bool = False  # only the checkers that hold with data loss (Checkers.lossy)
     steps: int = 1300
     produce_interval_ms: int = 15
     consume_interval_ms: int = 30
@@ -231,6 +242,7 @@ class Simulation:
     def __init__(self, seed: int, scenario: Scenario | None = None, trace: bool = False) -> None:
         self.seed = seed
         self.trace = trace
+        self.settling = False  # checker 10's phase: no faults, no writes
         self.scenario = scenario or Scenario.from_seed(seed)
         self.rng = random.Random(seed)
         self.net = SimNetwork(self.rng, self.scenario.network)
@@ -238,7 +250,7 @@ class Simulation:
         self.now_ms = 0
         self.queue: list[tuple[int, int, str, tuple[Any, ...]]] = []
         self.sequence = 0
-        self.checkers = Checkers()
+        self.checkers = Checkers(lossy=self.scenario.lossy_checks)
         n = self.scenario.replicas
         self.replica_ids = tuple(range(n))
         self.observer_ids = tuple(range(n, n + self.scenario.observers))
@@ -418,14 +430,75 @@ class Simulation:
         for _ in range(self.scenario.steps):
             if not self.queue:
                 break
-            at_ms, _seq, kind, args = heapq.heappop(self.queue)
-            self.now_ms = max(self.now_ms, at_ms)
-            if self.trace:
-                print(f"{self.now_ms:>7} ms  {kind:<16} {args}")
-            getattr(self, f"_on_{kind}")(*args)
-            self.steps_done += 1
-            self._check_after_step()
+            self._step()
+        if self.scenario.settle:
+            self._settle()
         return self
+
+    def _step(self) -> None:
+        at_ms, _seq, kind, args = heapq.heappop(self.queue)
+        self.now_ms = max(self.now_ms, at_ms)
+        if self.trace:
+            print(f"{self.now_ms:>7} ms  {kind:<16} {args}")
+        getattr(self, f"_on_{kind}")(*args)
+        self.steps_done += 1
+        self._check_after_step()
+
+    # --- liveness -------------------------------------------------------------------------------
+
+    def _settle(self) -> None:
+        """Checker 10 (liveness): once the faults stop (every broker running, no partition, no
+        message lost; delays and duplicates go on) and the clients stop writing, the partition
+        converges within SETTLE_MS: one leader, every replica alive and holding the leader's
+        log from the highest log start up, the ISR all replicas, the HW at the log end."""
+        self.settling = True
+        self.net.cut.clear()
+        self.net.config = dataclasses.replace(self.net.config, drop_probability=0.0)
+        for node in self.nodes.values():
+            if not node.alive:
+                self._restart(node)
+        deadline = self.now_ms + SETTLE_MS
+        next_check = self.now_ms
+        while self.queue and self.now_ms < deadline:
+            self._step()
+            if self.now_ms >= next_check:
+                if not self._unconverged():
+                    return
+                next_check = self.now_ms + SETTLE_CHECK_MS
+        raise SimViolation(
+            f"not converged {SETTLE_MS} ms after the faults stopped: {self._unconverged()}"
+        )
+
+    def _unconverged(self) -> str:
+        """What keeps the partition from having converged ("" once it has)."""
+        leader_id = self.controller.leader
+        if leader_id < 0:
+            return "no leader"
+        leader = self.nodes[leader_id]
+        if not leader.alive or leader.replica.role is not Role.LEADER:
+            return f"leader {leader_id} is not leading"
+        end = leader.disk.end_offset
+        if leader.replica.high_watermark != end:
+            return f"leader HW {leader.replica.high_watermark} below its log end {end}"
+        if set(self.controller.partition.isr) != set(self.replica_ids):
+            return f"ISR {self.controller.partition.isr}"
+        start = max(n.disk.log_start for n in self.nodes.values())
+        want = [
+            (b.meta.base_offset, b.data) for b in leader.disk.batches if b.meta.next_offset > start
+        ]
+        for node in self.nodes.values():
+            if not node.alive:
+                return f"replica {node.node_id} is down"
+            if node.disk.end_offset != end:
+                return f"replica {node.node_id} ends at {node.disk.end_offset}, leader at {end}"
+            held = [
+                (b.meta.base_offset, b.data)
+                for b in node.disk.batches
+                if b.meta.next_offset > start
+            ]
+            if held != want:
+                return f"replica {node.node_id}'s log differs from the leader's above {start}"
+        return ""
 
     def _on_tick(self, node_id: int, incarnation: int) -> None:
         node = self.nodes[node_id]
@@ -469,9 +542,14 @@ class Simulation:
             was_leader_epoch = (node.replica.role, node.replica.leader_epoch)
             node.replica.step(message, self.now_ms)
             self._run_ready(node, writer=isinstance(message, ProduceRequest))
-            if node.replica.role is Role.LEADER and was_leader_epoch != (
-                Role.LEADER,
-                node.replica.leader_epoch,
+            if (
+                node.replica.role is Role.LEADER
+                and was_leader_epoch != (Role.LEADER, node.replica.leader_epoch)
+                # A deposed controller's command, arriving late at a broker that never heard
+                # of its successor, makes a leader of an epoch already superseded: data
+                # committed in a later epoch need not be there (it takes no write without a
+                # lease, which checker 9 covers, and serves nothing above its own HW).
+                and node.replica.leader_epoch >= self.controller.partition.leader_epoch
             ):
                 self._check_new_leader(node)
 
@@ -622,6 +700,8 @@ class Simulation:
     # --- faults -------------------------------------------------------------------------------
 
     def _on_fault(self) -> None:
+        if self.settling:
+            return
         choice = self.rng.random()
         alive = [n for n in self.nodes.values() if n.alive]
         dead = [n for n in self.nodes.values() if not n.alive]
@@ -681,6 +761,8 @@ class Simulation:
     # --- clients ------------------------------------------------------------------------------
 
     def _on_produce(self) -> None:
+        if self.settling:
+            return
         self._schedule(self.rng.randint(1, 2 * self.scenario.produce_interval_ms), "produce")
         if self.leader < 0:
             return
@@ -695,6 +777,8 @@ class Simulation:
         self._send(CLIENT, self._route(), request, client=True)
 
     def _on_idempotent_produce(self) -> None:
+        if self.settling:
+            return
         self._schedule(
             self.rng.randint(1, 2 * self.scenario.produce_interval_ms), "idempotent_produce"
         )
@@ -756,7 +840,7 @@ class Simulation:
         self.stats["errors"] += 1
         key = f"error_{message.error_code}"
         self.stats[key] = self.stats.get(key, 0) + 1
-        if message.error_code in (45, 47) and current:
+        if message.error_code in (45, 47) and current and not self.checkers.lossy:
             # One request in flight, in order, and retried unchanged: a correct leader never
             # finds it out of order or fenced.
             raise SimViolation(
@@ -767,6 +851,8 @@ class Simulation:
             producer.in_flight = None  # resend on its next turn
 
     def _on_delete_records(self) -> None:
+        if self.settling:
+            return
         self._schedule(
             self.rng.randint(1, 2 * self.scenario.delete_records_interval_ms), "delete_records"
         )
@@ -864,7 +950,7 @@ class Simulation:
             # batch begins below the position).
             straddles = consumer.restarted and meta.base_offset < consumer.position
             consumer.restarted = False
-            if meta.base_offset != consumer.position and not straddles:
+            if meta.base_offset != consumer.position and not straddles and not self.checkers.lossy:
                 raise SimViolation(
                     f"consumer {index} at {consumer.position} got batch at {meta.base_offset}"
                 )
@@ -916,7 +1002,7 @@ class Simulation:
         """At the end: committed idempotent batches have no gaps and no duplicates (checker 7),
         and every acked acks=all write is on the live leader (clean runs)."""
         self.checkers.check_idempotent_sequences()
-        if self.leader < 0:
+        if self.leader < 0 or self.checkers.lossy:
             return
         node = self.nodes[self.leader]
         if not node.alive or node.replica.role is not Role.LEADER:
