@@ -45,7 +45,7 @@ SEED_BASE = 1_000_000  # seeds run are SEED_BASE .. SEED_BASE + n - 1
 
 
 CHUNK_SEEDS = 250  # seeds per test case: keeps each case well inside pytest's timeout
-UNCLEAN_SEEDS = 200  # runs with unclean elections (checker 10 and the invariants)
+UNCLEAN_SEEDS = 150  # runs with unclean elections (checker 10 and the invariants)
 
 
 def _seed_count(config: pytest.Config) -> int:
@@ -200,8 +200,9 @@ def test_runs_with_unclean_elections_converge() -> None:
 
 
 def test_checker_10_catches_a_follower_that_never_converges() -> None:
-    max_seeds = 600
-    for seed in range(max_seeds):
+    # The seeds (of runs with unclean elections) in which the bug showed, found by a sweep of
+    # 500; each is a run that converges with raylog's own replica.
+    for seed in (167, 247, 361, 476):
         scenario = Scenario.from_seed(
             seed,
             unclean_leader_election_enable=True,
@@ -213,7 +214,7 @@ def test_checker_10_catches_a_follower_that_never_converges() -> None:
         except SimViolation as e:
             assert "not converged" in str(e)
             return
-    pytest.fail(f"not caught by checker 10 within {max_seeds} seeds")
+    pytest.fail("not caught by checker 10 in any of the seeds that showed it")
 
 
 # Seeds that found bugs, each replayed with its scenario (their failures are described where
