@@ -837,8 +837,12 @@ class ControllerActor:
         started_ms = monotonic_ms()
         leaders = frozenset(TopicPartition(s.topic, s.partition) for s in specs if s.is_leader)
         # Its leader phase waits for a later round, and it stepped down for these very specs
-        # already: nothing to send now (the push it waits for wakes the loop when it ends).
+        # already: nothing to send now (the push it waits for wakes the loop when it succeeds;
+        # the reconcile interval otherwise).
         idle = after is None and link.followers_applied == specs
+        # Both phases applied: the loop is woken for what may follow. After a failure the next
+        # round comes at the reconcile interval, never at once (no hot retry loop).
+        applied = False
         try:
             try:
                 ok = idle or await self._push(broker_id, link, specs, "followers", md)
@@ -858,6 +862,7 @@ class ControllerActor:
                 link.pushed = (link.incarnation_id, specs)
                 link.pushed_ms = round_ms
                 self._sessions.applied(broker_id, md.metadata_epoch)
+                applied = True
             took_ms = monotonic_ms() - started_ms
             (log.warning if took_ms > SLOW_PUSH_MS else log.debug)(
                 "pushed metadata epoch %d to broker %d in %d ms (at %d)%s",
@@ -873,7 +878,7 @@ class ControllerActor:
             link.pushing = None
             if self._is_active() and self._md is not None:
                 self._update_reconciled(self._md.metadata)
-            if self._wake is not None and not idle:
+            if self._wake is not None and applied:
                 self._wake.set()
 
     def _update_reconciled(self, md: ClusterMetadata) -> None:
