@@ -799,27 +799,22 @@ class ControllerActor:
         itself, is added to ``targets`` (its phase 1 is what steps it down). Fenced brokers,
         and brokers Ray confirmed dead, are not waited for: their write leases have lapsed.
         """
+        live = {b: link for b in md.brokers if (link := self._live_link(md, b)) is not None}
         waits: dict[int, set[int] | None] = {}
         for broker_id in list(targets):
-            deps: set[int] | None = set()
-            for spec in targets[broker_id]:
-                if not spec.is_leader:
-                    continue
-                tp = TopicPartition(spec.topic, spec.partition)
-                for other in md.brokers:
-                    link = self._live_link(md, other)
-                    if other == broker_id or link is None or not link.may_be_leading(tp):
-                        continue
-                    if link.pushing is not None:
-                        deps = None
-                        break
-                    if other not in targets:
-                        targets[other] = self._desired(md, other)
-                    assert deps is not None
-                    deps.add(other)
-                if deps is None:
-                    break
-            waits[broker_id] = deps
+            leads = [
+                TopicPartition(s.topic, s.partition) for s in targets[broker_id] if s.is_leader
+            ]
+            deps = {
+                b
+                for b, link in live.items()
+                if b != broker_id and any(link.may_be_leading(tp) for tp in leads)
+            }
+            for b in deps:
+                if live[b].pushing is None and b not in targets:
+                    targets[b] = self._desired(md, b)
+            busy = any(live[b].pushing is not None for b in deps)
+            waits[broker_id] = None if busy else deps
         return waits
 
     async def _push_broker(
