@@ -10,7 +10,10 @@ with an assigned consumer.
 Proves: every record of both producers is acknowledged; the log holds each exactly once (no
 duplicate from the retries that crossed the failover), in send order, with no gap; and each
 acknowledgement's offset is where the record really is (a retry answered as a duplicate gets
-the original offset).
+the original offset). One exception, librdkafka's own: when a request fails with an uncertain
+outcome (its leader died) and a later one of the same producer succeeds, librdkafka delivers the
+earlier records as "implicitly acked" with no offset (None; rd_kafka_dr_implicit_ack). Those
+records must still be in the log once, in order, which the first checks prove.
 """
 
 from __future__ import annotations
@@ -97,7 +100,7 @@ def test_idempotent_producers_lose_and_duplicate_nothing_across_a_killed_leader(
         }
     )
     kp_futures: list[Any] = []
-    ck_acked: dict[bytes, int] = {}
+    ck_acked: dict[bytes, int | None] = {}
     ck_errors: list[str] = []
 
     def ck_delivered(err: Any, msg: Any) -> None:
@@ -143,4 +146,11 @@ def test_idempotent_producers_lose_and_duplicate_nothing_across_a_killed_leader(
         assert [v for _, v in values] == [prefix + b"%05d" % n for n in range(RECORDS)], (
             f"{prefix!r}: duplicates, gaps or reordering"
         )
-        assert {v: offset for offset, v in values} == acked, "acked offsets are the real ones"
+        real = {v: offset for offset, v in values}
+        assert acked.keys() == real.keys(), f"{prefix!r}: every record is acknowledged"
+        wrong = {
+            v: (acked[v], offset)
+            for v, offset in real.items()
+            if acked[v] != offset and not (prefix == b"ck-" and acked[v] is None)
+        }
+        assert not wrong, f"{prefix!r}: acked offsets that are not the real ones: {wrong}"
