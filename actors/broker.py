@@ -9,7 +9,10 @@ This module owns what a Kafka broker process owns apart from the wire protocol:
   ``broker.heartbeat.interval.ms``; after each accepted heartbeat it extends its replicas' write
   lease to ``t0 + session - guard`` where ``t0`` was read just before sending (the safety
   argument is in ``raylog.actors.controller``). It finds the active controller by trying the
-  configured controller actors in turn;
+  configured controller actors in turn (their handles looked up once, with a deadline, and
+  kept). Nothing slow sits on the heartbeat's path: lease grants go out without being awaited
+  (one in flight per replica), so a replica busy starting or fsyncing does not delay the next
+  heartbeat and let the session lapse;
 - replicas: the controller pushes the full list of replicas this broker must host with their
   role commands (``apply``). The broker creates missing ``ReplicaActor``s (named, in namespace
   ``raylog``, pinned to this node, each with its WAL in ``<data>/broker-<id>/<topic>-<p>``),
@@ -84,6 +87,7 @@ REMOVE_CONFIRM_MS = 30_000  # how long a removal waits for Ray to confirm the re
 REGISTER_QUIET_ATTEMPTS = 20  # refusals logged at INFO, later ones at WARNING
 REGISTER_ATTEMPTS_MAX = 10_000  # with backoff, far longer than any controller outage in tests
 REGISTER_BACKOFF_MS_MAX = 1_000
+CONTROLLER_LOOKUP_TIMEOUT_MS = 2_000  # ray.get_actor of a controller by name (a GCS round trip)
 
 
 def delete_replica_data(log_dir: Path) -> None:
@@ -135,6 +139,7 @@ class _Hosted:
     topic_id: str
     configs: dict[str, str]
     throttle_bytes_per_sec: int = 0  # last set on the replica (reassignment catch-up)
+    granting: bool = False  # a lease grant to this actor is in flight
 
 
 @ray.remote(num_cpus=0, max_restarts=0, max_concurrency=4)
@@ -183,11 +188,13 @@ class BrokerActor:
         self._heartbeat_ms = self._config.broker_heartbeat_interval_ms
         self._session_ms = self._config.broker_session_timeout_ms
         self._guard_ms = int(self._session_ms * SESSION_GUARD_FRACTION)
-        self._controller: Any = None
+        self._controller_handles: dict[str, Any] = {}  # by name; dropped once found dead
+        self._controller_name: str | None = None  # the one that last answered as active
         self._broker_epoch = -1
         self._controller_epoch = -1  # highest seen; older commands are refused
         self._applied_epoch = -1
         self._lease_until_ms = 0
+        self._grants: set[asyncio.Task[None]] = set()
         self._hosted: dict[tuple[str, int], _Hosted] = {}
         self._apply_lock: asyncio.Lock | None = None
         self._start_lock: asyncio.Lock | None = None
@@ -311,30 +318,48 @@ class BrokerActor:
     # --- the controller link -----------------------------------------------------------------
 
     async def _call_controller(self, method: str, *args: Any, timeout_ms: int | None = None) -> Any:
-        """Call the active controller: the cached one first; when it is gone or no longer
-        active, the configured controllers in turn (looked up by name). Raises
-        NotControllerError when none answers as the active one."""
+        """Call the active controller: the one that answered last first, then the other
+        configured controllers in turn. Raises NotControllerError when none answers as the
+        active one."""
         timeout = timeout_ms or REPLICA_CALL_TIMEOUT_MS
+        names = sorted(self._controller_names, key=lambda n: n != self._controller_name)
         last: Exception | None = None
-        if self._controller is not None:
+        for name in names:  # bounded: one attempt per configured controller
             try:
-                return await ray_call(getattr(self._controller, method).remote(*args), timeout)
-            except (NotControllerError, BrokerNotAvailableError, RequestTimedOutError) as exc:
-                last = exc
-                self._controller = None
-        for name in self._controller_names:  # bounded: one attempt per configured controller
-            try:
-                handle = await asyncio.to_thread(ray.get_actor, name, namespace=NAMESPACE)
+                handle = await self._controller_handle(
+                    name, min(timeout, CONTROLLER_LOOKUP_TIMEOUT_MS)
+                )
                 result = await ray_call(getattr(handle, method).remote(*args), timeout)
-            except ValueError as exc:  # no actor of that name (yet)
+            except BrokerNotAvailableError as exc:  # that actor is gone: look it up again later
+                self._controller_handles.pop(name, None)
                 last = exc
                 continue
-            except (NotControllerError, BrokerNotAvailableError, RequestTimedOutError) as exc:
+            except (NotControllerError, RequestTimedOutError) as exc:
                 last = exc
                 continue
-            self._controller = handle
+            self._controller_name = name
             return result
         raise NotControllerError(f"no active controller answered: {last}")
+
+    async def _controller_handle(self, name: str, timeout_ms: int) -> Any:
+        """The controller actor of that name, looked up once (a GCS round trip, in a thread,
+        with a deadline) and kept: a handle stays valid across Ray's restarts of the actor.
+        Raises BrokerNotAvailableError when there is no such actor (yet) and
+        RequestTimedOutError when the lookup does not answer in time."""
+        handle = self._controller_handles.get(name)
+        if handle is not None:
+            return handle
+        lookup = asyncio.to_thread(ray.get_actor, name, namespace=NAMESPACE)
+        try:
+            handle = await asyncio.wait_for(lookup, timeout_ms / 1000)
+        except ValueError as exc:  # no actor of that name (yet)
+            raise BrokerNotAvailableError(f"no controller actor {name}: {exc}") from exc
+        except TimeoutError as exc:
+            raise RequestTimedOutError(
+                f"looking up {name}: no answer within {timeout_ms} ms"
+            ) from exc
+        self._controller_handles[name] = handle
+        return handle
 
     async def _heartbeat_loop(self) -> None:
         while not self._stopping:  # ends with shutdown(); one heartbeat per interval
@@ -353,7 +378,7 @@ class BrokerActor:
                 if not reply.registered:
                     await self._register()
                 elif reply.lease_ok:
-                    await self._grant_lease(t0 + self._session_ms - self._guard_ms)
+                    self._grant_lease(t0 + self._session_ms - self._guard_ms)
             except RaylogError as exc:
                 log.warning("broker %d heartbeat failed: %s", self.broker_id, exc)
             except Exception:
@@ -362,14 +387,32 @@ class BrokerActor:
             if delay_ms > 0:
                 await asyncio.sleep(delay_ms / 1000)
 
-    async def _grant_lease(self, until_ms: int) -> None:
-        """Extend every hosted replica's write lease (this node's monotonic clock)."""
+    def _grant_lease(self, until_ms: int) -> None:
+        """Extend every hosted replica's write lease (this node's monotonic clock) without
+        waiting for the replicas: a replica whose previous grant is still in flight is skipped
+        this time (the next heartbeat's grant, a later ``until_ms``, follows once it answered),
+        so at most one grant per replica is ever outstanding."""
         self._lease_until_ms = max(self._lease_until_ms, until_ms)
-        calls = [
-            ray_call(h.handle.set_session_lease.remote(until_ms), REPLICA_CALL_TIMEOUT_MS)
-            for h in list(self._hosted.values())
-        ]
-        await asyncio.gather(*calls, return_exceptions=True)
+        loop = asyncio.get_running_loop()
+        for key, hosted in list(self._hosted.items()):
+            if hosted.granting:
+                continue
+            hosted.granting = True
+            task = loop.create_task(self._grant_one(key, hosted, until_ms))
+            self._grants.add(task)
+            task.add_done_callback(self._grants.discard)
+
+    async def _grant_one(self, key: tuple[str, int], hosted: _Hosted, until_ms: int) -> None:
+        try:
+            await ray_call(
+                hosted.handle.set_session_lease.remote(until_ms), REPLICA_CALL_TIMEOUT_MS
+            )
+        except RaylogError as exc:  # gone or slow: the next apply or heartbeat deals with it
+            log.debug("broker %d: lease grant to %s-%d failed: %s", self.broker_id, *key, exc)
+        except Exception:
+            log.exception("broker %d: lease grant to %s-%d failed", self.broker_id, *key)
+        finally:
+            hosted.granting = False
 
     # --- replicas -------------------------------------------------------------------------------
 
