@@ -723,7 +723,8 @@ class ControllerActor:
 
     async def _expire_sessions(self) -> None:
         md = self._require_active().metadata
-        for broker_id, silent_ms in self._sessions.expired(md, monotonic_ms()):
+        due = self._sessions.due_for_fencing(md, monotonic_ms(), self._reconcile_interval_ms)
+        for broker_id, silent_ms in due:
             log.warning("broker %d session expired (%d ms): fencing", broker_id, silent_ms)
             await self._fence(broker_id, md.brokers[broker_id].incarnation_id)
 

@@ -16,6 +16,13 @@ so the rules below are tested under faults as they run in production. The module
 - :meth:`BrokerSessions.expired` names every unfenced broker with no accepted heartbeat for
   ``session_ms``; the controller fences them. A session that has not heartbeat to this
   controller yet counts from its takeover (:meth:`BrokerSessions.take_over`).
+- :meth:`BrokerSessions.due_for_fencing` is what the controller acts on: a session found
+  expired stays suspected for ``confirm_ms`` and is fenced only if no heartbeat came in the
+  meantime. The controller's own pauses (CPU starvation, a long GC) make every session look
+  expired at the first check after the pause, while the heartbeats sent during the pause are
+  still queued for it; Kafka's controller handles them first because they are ahead of the
+  fencing check in its one event queue. Fencing later is always safe: a broker's leases end on
+  their own.
 """
 
 from __future__ import annotations
@@ -45,11 +52,13 @@ class BrokerSessions:
         self.session_ms = session_ms
         self._sessions: dict[int, Session] = {}
         self._since_ms = now_ms  # sessions with no heartbeat to this controller count from here
+        self._suspected: dict[int, int] = {}  # broker id -> when first found expired
 
     def take_over(self, now_ms: int) -> None:
         """This controller became active (or stepped down): forget every session; brokers that
         do not heartbeat from now on expire ``session_ms`` after ``now_ms``."""
         self._sessions = {}
+        self._suspected = {}
         self._since_ms = now_ms
 
     def get(self, broker_id: int) -> Session | None:
@@ -119,6 +128,20 @@ class BrokerSessions:
             if now_ms - last > self.session_ms:
                 out.append((broker_id, now_ms - last))
         return out
+
+    def due_for_fencing(
+        self, md: ClusterMetadata, now_ms: int, confirm_ms: int
+    ) -> list[tuple[int, int]]:
+        """The :meth:`expired` sessions that were already expired at a check at least
+        ``confirm_ms`` earlier, with no heartbeat accepted since (a heartbeat clears the
+        suspicion: the session is not expired at the next check)."""
+        expired = self.expired(md, now_ms)
+        suspected = {b: self._suspected.get(b, now_ms) for b, _ in expired}
+        due = [(b, silent) for b, silent in expired if now_ms - suspected[b] >= confirm_ms]
+        for b, _ in due:
+            del suspected[b]
+        self._suspected = suspected
+        return due
 
     def _require(self, broker_id: int) -> Session:
         session = self._sessions.get(broker_id)

@@ -90,6 +90,34 @@ def test_a_session_of_another_incarnation_counts_from_the_takeover() -> None:
     assert sessions.expired(md, 601) == [(1, 101)]
 
 
+def test_fencing_waits_for_a_second_check_confirm_ms_later() -> None:
+    """After a pause of the controller every session looks expired at the first check; the
+    heartbeats queued during the pause arrive before the confirming check and clear it."""
+    md = cluster(1, 2)
+    sessions = BrokerSessions(SESSION_MS)
+    for b in (1, 2):
+        sessions.start(b, f"inc-{b}", now_ms=0, lease_from_epoch=0)
+    assert sessions.due_for_fencing(md, 500, confirm_ms=25) == []  # both suspected
+    sessions.heartbeat(1, applied_epoch=0, now_ms=505, fenced=False)  # queued during the pause
+    assert sessions.due_for_fencing(md, 510, confirm_ms=25) == []  # 2: only 10 ms suspected
+    assert sessions.due_for_fencing(md, 525, confirm_ms=25) == [(2, 525)]
+    md = cluster(1)  # broker 2 was fenced (here: it left the metadata)
+    # Broker 1 heartbeat; it expires again later and is suspected afresh, not from 500.
+    assert sessions.due_for_fencing(md, 606, confirm_ms=25) == []
+    assert sessions.due_for_fencing(md, 630, confirm_ms=25) == []
+    assert sessions.due_for_fencing(md, 631, confirm_ms=25) == [(1, 126)]
+
+
+def test_a_takeover_forgets_suspicions() -> None:
+    md = cluster(1)
+    sessions = BrokerSessions(SESSION_MS)
+    sessions.start(1, "inc-1", now_ms=0, lease_from_epoch=0)
+    assert sessions.due_for_fencing(md, 200, confirm_ms=25) == []
+    sessions.take_over(now_ms=210)
+    assert sessions.due_for_fencing(md, 311, confirm_ms=25) == []  # suspected from 311
+    assert sessions.due_for_fencing(md, 336, confirm_ms=25) == [(1, 126)]
+
+
 def test_all_applied_needs_every_broker_tracked_and_at_the_version() -> None:
     sessions = BrokerSessions(SESSION_MS)
     sessions.start(1, "inc-1", now_ms=0, lease_from_epoch=0)

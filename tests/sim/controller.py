@@ -16,7 +16,7 @@ metadata. What this class adds is the call order of the Ray shell
 - a heartbeat answers ``lease_ok`` as ``BrokerSessions.heartbeat`` decides; the broker then
   extends its lease to ``t0 + session - guard`` on its own clock (``t0`` read before sending),
   which the simulation carries out;
-- ``expire_sessions`` fences every broker ``BrokerSessions.expired`` names;
+- ``expire_sessions`` fences every broker ``BrokerSessions.due_for_fencing`` names;
 - ``failover`` is a standby taking over: a new controller epoch written into the metadata (the
   stored copy, which is always the acted-on one: every change is written before it is sent)
   and ``BrokerSessions.take_over``.
@@ -146,12 +146,13 @@ class SimController:
         self._write(election.fence_broker(self.md, broker_id, {TP: leos}))
         return Fenced(broker_id, deposed, expired)
 
-    def expire_sessions(self, now_ms: int, leos: Mapping[int, int]) -> list[Fenced]:
+    def expire_sessions(
+        self, now_ms: int, leos: Mapping[int, int], confirm_ms: int
+    ) -> list[Fenced]:
         """Fence every unfenced broker whose last accepted heartbeat is older than the session
-        timeout (the slow path)."""
-        return [
-            self._fence(b, leos, expired=True) for b, _ in self.sessions.expired(self.md, now_ms)
-        ]
+        timeout at two checks ``confirm_ms`` apart (the slow path, as the controller runs it)."""
+        due = self.sessions.due_for_fencing(self.md, now_ms, confirm_ms)
+        return [self._fence(b, leos, expired=True) for b, _ in due]
 
     def broker_died(self, broker_id: int, incarnation: str, leos: Mapping[int, int]) -> bool:
         """Ray confirmed the death of this incarnation's process (the fast path): fence it at
