@@ -40,7 +40,7 @@ BROKERS = (1, 2, 3)
 PREFIX = "reassign-test"
 BROKER_CONFIGS = {
     "broker.heartbeat.interval.ms": "100",
-    "broker.session.timeout.ms": "1500",
+    "broker.session.timeout.ms": "3000",
     "leader.imbalance.check.interval.seconds": "1",
     # Followers leave the ISR fast once their broker stops, so leadership can come back.
     "replica.lag.time.max.ms": "3000",
