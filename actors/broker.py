@@ -619,15 +619,24 @@ class BrokerActor:
             )
         except RaylogError as exc:
             log.warning("broker %d controlled shutdown not confirmed: %s", self.broker_id, exc)
+        await self._stop_replicas()
+        return moved
+
+    async def stop(self) -> None:
+        """Stop without moving leadership: the whole cluster stops, its controllers first, so
+        the metadata keeps every leader and ISR as they were for the next start."""
+        self._ensure_loop_state()
+        await self._stop_replicas()
+
+    async def _stop_replicas(self) -> None:
         self._stopping = True
         if self._heartbeater is not None:
             self._heartbeater.cancel()
-        for key in list(self._hosted):
-            await self._remove(key, delete_data=False)
-        # The controller sees the sentinel die and fences this broker, which leads nothing now.
+        await asyncio.gather(*(self._remove(key, delete_data=False) for key in list(self._hosted)))
+        # The controller sees the sentinel die and fences this broker, which leads nothing now
+        # (after a controlled shutdown) or is stopping with the whole cluster.
         if self._sentinel is not None:
             ray.kill(self._sentinel, no_restart=True)
-        return moved
 
 
 __all__ = ["BrokerActor", "broker_actor_name", "delete_replica_data", "read_or_write_broker_id"]

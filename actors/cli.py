@@ -190,6 +190,28 @@ class EmbeddedCluster:
         except Exception as e:
             raise CliError(one_line(e)) from e
         self._wait_ready()
+        self._restore_preferred_leaders()
+
+    def _restore_preferred_leaders(self) -> None:
+        """A restart elects each partition's leader among the brokers that registered first,
+        so leadership piles up on them. Put it back on the preferred replicas at once (Kafka's
+        auto leader rebalance would, after ``leader.imbalance.check.interval.seconds``), then
+        wait until they lead. Best effort: a partition whose preferred replica is not in its
+        ISR keeps its leader, and a controller that does not answer is left alone."""
+        import ray
+
+        for controller in self.controllers:
+            try:
+                if not ray.get(controller.status.remote(), timeout=5).active:
+                    continue
+                codes = ray.get(
+                    controller.elect_leaders.remote("preferred", None), timeout=STOP_STEP_TIMEOUT_S
+                )
+            except ray.exceptions.RayError:
+                continue
+            if 0 in codes.values():
+                self._wait_partitions_led()
+            return
 
     def _wait_ready(self) -> None:
         """Every broker registered and every gateway serving a view that lists them all; then
@@ -278,28 +300,23 @@ class EmbeddedCluster:
         embedded cluster's brokers are fixed)."""
         return []
 
-    def _shutdown_order(self) -> list[int]:
-        return self.broker_ids
-
     def stop(self) -> None:
-        """1. gateways stop listening; 2. each broker shuts down controlled (leadership moves
-        to the brokers still up); 3. controllers stop and release the lease. Every step is
-        bounded; a step that fails is reported and the next one still runs."""
+        """1. gateways stop listening; 2. controllers stop and release the lease, so that no
+        election follows the brokers' ends; 3. every broker stops its replicas, all at once.
+        The metadata keeps each partition's leader and ISR for the next start: no leadership
+        piles up on the broker stopped last, as a rolling controlled shutdown would leave it.
+        Every step is bounded; a step that fails is reported and the next one still runs."""
         import ray
 
         sup = self.supervisor
         if sup is not None:
             self._await_step("gateways", [sup.stop_gateways.remote()], STOP_STEP_TIMEOUT_S)
-            # One broker at a time, as Kafka's rolling shutdown: each moves its leaderships to
-            # the brokers still running.
-            for b in self._shutdown_order():
-                self._await_step(
-                    f"broker {b}", [sup.shutdown_broker.remote(b)], BROKER_SHUTDOWN_TIMEOUT_S
-                )
-            self._await_step("brokers", [sup.kill_all.remote()], STOP_STEP_TIMEOUT_S)
         self._await_step(
             "controllers", [c.stop.remote() for c in self.controllers], STOP_STEP_TIMEOUT_S
         )
+        if sup is not None:
+            self._await_step("brokers", [sup.stop_brokers.remote()], BROKER_SHUTDOWN_TIMEOUT_S)
+            self._await_step("brokers", [sup.kill_all.remote()], STOP_STEP_TIMEOUT_S)
         for handle in [*self.controllers, *([sup] if sup is not None else [])]:
             with contextlib.suppress(Exception):
                 ray.kill(handle, no_restart=True)
@@ -418,15 +435,6 @@ class RayNodesCluster(EmbeddedCluster):
                 self._announced.add(key)
                 lines.append(f"broker {s.broker_id} joined at {s.host}:{s.port} (rack {s.rack})")
         return lines
-
-    def _shutdown_order(self) -> list[int]:
-        import ray
-
-        try:
-            return list(ray.get(self.supervisor.running.remote(), timeout=STOP_STEP_TIMEOUT_S))
-        except Exception as e:
-            print(f"raylog: stopping brokers: {one_line(e)}", file=sys.stderr, flush=True)
-            return []
 
     def stop(self) -> None:
         """The watcher first (no broker starts while they stop), then as the embedded cluster."""

@@ -392,17 +392,20 @@ class SupervisorActor:
             if isinstance(result, BaseException):
                 raise result
 
-    async def shutdown_broker(self, broker_id: int) -> bool:
-        """Controlled shutdown of one broker while `raylog up` stops (gateways already stopped);
-        a broker not running is skipped."""
-        running = self._running.get(broker_id)
-        if running is None:
-            return True
-        return bool(await ray_call(running.broker.shutdown.remote(), BROKER_SHUTDOWN_TIMEOUT_MS))
-
-    async def running(self) -> list[int]:
-        """Ids of the running brokers (what `raylog up` shuts down one by one)."""
-        return sorted(self._running)
+    async def stop_brokers(self) -> None:
+        """Every running broker stops its replicas at once, leadership left where it is (the
+        controllers stopped first); one that fails does not hold up the others (the first
+        failure is raised once all are done)."""
+        results = await asyncio.gather(
+            *(
+                ray_call(r.broker.stop.remote(), BROKER_SHUTDOWN_TIMEOUT_MS)
+                for r in self._running.values()
+            ),
+            return_exceptions=True,
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
     async def kill_all(self) -> None:
         for broker_id in list(self._running):

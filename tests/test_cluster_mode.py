@@ -131,9 +131,10 @@ class Cluster:
                     raise
 
     def stop(self) -> None:
-        """Worker nodes first, the head last; every one by its own process group."""
-        for name in sorted(self.nodes, key=lambda n: n == "head"):
-            self.nodes[name].stop()
+        """The worker nodes together, then the head; every one by its own process group."""
+        workers = [node for name, node in self.nodes.items() if name != "head"]
+        RayNode.stop_all(workers)
+        RayNode.stop_all([node for name, node in self.nodes.items() if name == "head"])
 
 
 @pytest.fixture

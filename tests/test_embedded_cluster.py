@@ -1,12 +1,15 @@
 """The embedded cluster as a user drives it: `raylog up`, `raylog topics create`, Kafka clients.
 
-Proves: `raylog up --brokers 3` starts controllers, brokers and one gateway per broker and prints
+Proves, with the object store on S3 (moto's server on loopback, the production shape; the
+other cluster tests use the default store in the data dir): `raylog up --brokers 3` keeps its
+lease and metadata in the bucket, starts controllers, brokers and one gateway per broker and prints
 the bootstrap servers; `raylog topics create` makes an RF=3 topic through the active controller
 and `raylog topics describe` shows it; records produced with acks=all by confluent-kafka come
 back through kcat and through an assigned, seeking confluent-kafka consumer; SIGINT stops the
 cluster with exit 0; a second `raylog up` on the same data dir is the same cluster (its id), serves
 the same topic, every record and a consumer group's committed offsets, and stops with exit 0 on
-SIGTERM. While it runs, cluster.json
+SIGTERM, with every partition led by its preferred replica again (the stop moves no leader,
+the start puts leadership back where it was). While it runs, cluster.json
 says how to join it (this process's PID, a loopback Ray address, a token only its owner reads);
 it is gone after each stop. A busy gateway port is refused in one line with exit 1.
 """
@@ -151,6 +154,16 @@ def _read_assigned(bootstrap: str) -> set[tuple[int, str, str]]:
     return got
 
 
+def _off_preferred(data_dir: Path) -> list[dict[str, Any]] | None:
+    """The partitions of TOPIC not led by their first replica (None: describe failed)."""
+    done = _raylog("topics", "describe", TOPIC, "--json", "--data-dir", str(data_dir))
+    if done.returncode != 0:
+        return None
+    text = done.stdout[done.stdout.index("[") :]  # after any "(raylet)" line
+    [topic] = json.loads(text)
+    return [p for p in topic["partitions"] if p["leader"] != p["replicas"][0]]
+
+
 GROUP = "restart-readers"
 COMMITTED = {0: 7, 1: 4}  # partition -> the offset the group commits before the restart
 
@@ -187,11 +200,30 @@ def _seek(consumer: Consumer, tp: TopicPartition) -> bool:
     return True
 
 
-def test_up_topics_produce_consume_restart(tmp_path: Path) -> None:
+def test_up_topics_produce_consume_restart(
+    tmp_path: Path, s3_client_kwargs: dict[str, Any], create_bucket: Callable[..., str]
+) -> None:
+    """On S3 (moto's server), the production shape: the CLI and the controller actors alike
+    reach the bucket, which keeps the lease, the metadata and the cluster's identity."""
+    import boto3
+
+    bucket = create_bucket()
+    env = {
+        **_env(),
+        "AWS_ACCESS_KEY_ID": s3_client_kwargs["aws_access_key_id"],
+        "AWS_SECRET_ACCESS_KEY": s3_client_kwargs["aws_secret_access_key"],
+        "AWS_DEFAULT_REGION": s3_client_kwargs["region_name"],
+    }
+    store = (
+        "--object-store",
+        f"s3://{bucket}/c1",
+        "--s3-endpoint",
+        s3_client_kwargs["endpoint_url"],
+    )
     data_dir = tmp_path / "data"
     port = _free_port_block(3)
 
-    proc = _up(data_dir, port)
+    proc = _up(data_dir, port, *store, env=env)
     try:
         lines = _Lines(proc)
         started = lines.wait_for("raylog ready", START_DEADLINE_S)
@@ -219,13 +251,20 @@ def test_up_topics_produce_consume_restart(tmp_path: Path) -> None:
         assert _read_kcat(bootstrap) == _expected()
         assert _read_assigned(bootstrap) == _expected()
         assert _group_offsets(bootstrap, commit=True) == COMMITTED
+        keys = {
+            o["Key"]
+            for o in boto3.client("s3", **s3_client_kwargs)
+            .list_objects_v2(Bucket=bucket)
+            .get("Contents", [])
+        }
+        assert {"c1/controller/lease", "c1/metadata/cluster.json"} <= keys, keys
         _stop(proc, lines)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert not (data_dir / "cluster.json").exists()
 
-    proc = _up(data_dir, port)
+    proc = _up(data_dir, port, *store, env=env)
     try:
         lines = _Lines(proc)
         started = lines.wait_for("raylog ready", START_DEADLINE_S)
@@ -236,6 +275,12 @@ def test_up_topics_produce_consume_restart(tmp_path: Path) -> None:
         rows = [line for line in described.stdout.splitlines() if "Partition:" in line]
         assert len(rows) == PARTITIONS
         assert all("Replicas: " in r and "LeaderEpoch: " in r for r in rows)
+        # Leadership is back on the preferred replicas, not piled on the first broker up.
+        wait_until(
+            lambda: _off_preferred(data_dir) == [],
+            timeout_s=CLIENT_TIMEOUT_S,
+            message="every partition led by its preferred replica after the restart",
+        )
         assert _read_kcat(bootstrap) == _expected()
         assert _read_assigned(bootstrap) == _expected()
         assert _group_offsets(bootstrap, commit=False) == COMMITTED  # kept in __consumer_offsets
@@ -268,49 +313,3 @@ def test_topics_without_a_cluster_fail_in_one_line(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert proc.stderr.startswith("raylog: no raylog cluster is running from ")
     assert len(proc.stderr.strip().splitlines()) == 1
-
-
-def test_up_on_s3_keeps_lease_and_metadata_in_the_bucket(
-    tmp_path: Path, s3_client_kwargs: dict[str, Any], create_bucket: Callable[..., str]
-) -> None:
-    """The production shape: the object store is S3 (moto's server), reached by the CLI and by
-    the controller actors alike."""
-    import boto3
-
-    bucket = create_bucket()
-    env = {
-        **_env(),
-        "AWS_ACCESS_KEY_ID": s3_client_kwargs["aws_access_key_id"],
-        "AWS_SECRET_ACCESS_KEY": s3_client_kwargs["aws_secret_access_key"],
-        "AWS_DEFAULT_REGION": s3_client_kwargs["region_name"],
-    }
-    data_dir = tmp_path / "data"
-    port = _free_port_block(3)
-    store = (
-        "--object-store",
-        f"s3://{bucket}/c1",
-        "--s3-endpoint",
-        s3_client_kwargs["endpoint_url"],
-    )
-    proc = _up(data_dir, port, *store, env=env)
-    try:
-        lines = _Lines(proc)
-        bootstrap = _bootstrap(lines.wait_for("raylog ready", START_DEADLINE_S))
-        created = _raylog(
-            "topics", "create", TOPIC, "--partitions", str(PARTITIONS),
-            "--replication-factor", "3", "--data-dir", str(data_dir),
-        )  # fmt: skip
-        assert created.returncode == 0, created.stderr
-        _produce(bootstrap)
-        assert _read_kcat(bootstrap) == _expected()
-        keys = {
-            o["Key"]
-            for o in boto3.client("s3", **s3_client_kwargs)
-            .list_objects_v2(Bucket=bucket)
-            .get("Contents", [])
-        }
-        assert {"c1/controller/lease", "c1/metadata/cluster.json"} <= keys, keys
-        _stop(proc, lines)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
