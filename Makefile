@@ -9,7 +9,7 @@ STAMP   = $(VENV)/.raylog-installed
 PYTEST_ARGS ?=
 UP_ARGS ?=
 
-.PHONY: up test lint system-deps venv bench clean
+.PHONY: up test lint system-deps client-deps venv bench clean
 
 $(PY):
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "raylog needs Python >= 3.11, found " + sys.version.split()[0]'
@@ -26,6 +26,13 @@ venv: $(STAMP)
 system-deps:
 	@bash .ci/system-deps.sh
 
+# kafkajs for the client tests, from its lock file, where Node.js is installed (the test says it
+# skips where it is not). Installed here rather than inside the timed test run.
+KAFKAJS = tests/clients/kafkajs
+client-deps:
+	@if command -v npm >/dev/null 2>&1 && [ ! -d $(KAFKAJS)/node_modules/kafkajs ]; then \
+		cd $(KAFKAJS) && npm ci --no-audit --no-fund --loglevel=error; fi
+
 # raylog's own modules are installed in place (pip -e): compile them once here, since every Ray
 # worker process imports them and, where PYTHONDONTWRITEBYTECODE is set, would compile them
 # again at each start (about 0.3 s of CPU per process on a 2-core machine).
@@ -35,7 +42,7 @@ up: $(STAMP)
 	@$(PY) -m compileall -q $(SOURCES)
 	$(VENV)/bin/raylog up $(UP_ARGS)
 
-test: $(STAMP) system-deps
+test: $(STAMP) system-deps client-deps
 	@$(PY) -m compileall -q $(SOURCES)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
