@@ -392,6 +392,10 @@ class SupervisorActor:
             if isinstance(result, BaseException):
                 raise result
 
+    async def running(self) -> list[int]:
+        """Ids of the running brokers."""
+        return sorted(self._running)
+
     async def stop_brokers(self) -> None:
         """Every running broker stops its replicas at once, leadership left where it is (the
         controllers stopped first); one that fails does not hold up the others (the first
