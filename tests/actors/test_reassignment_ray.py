@@ -136,7 +136,7 @@ def test_auto_leader_rebalance_after_brokers_stopped_one_by_one(cluster: Reassig
     preferred = [p.replicas[0] for p in cluster.call("metadata").topics["skewed"].partitions]
     assert sorted(preferred) == [1, 2, 3]
     last = preferred[2]
-    for b in preferred[:2]:  # as `raylog up` stopping: the broker stopped last keeps every leader
+    for b in preferred[:2]:  # a rolling controlled shutdown: the broker left keeps every leader
         assert _get(cluster.brokers[b].shutdown.remote()) is True
     leaders = [p.leader for p in cluster.call("metadata").topics["skewed"].partitions]
     assert leaders == [last, last, last]
