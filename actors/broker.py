@@ -619,20 +619,28 @@ class BrokerActor:
             )
         except RaylogError as exc:
             log.warning("broker %d controlled shutdown not confirmed: %s", self.broker_id, exc)
-        await self._stop_replicas()
+        await self._stop_replicas(together=False)
         return moved
 
     async def stop(self) -> None:
         """Stop without moving leadership: the whole cluster stops, its controllers first, so
         the metadata keeps every leader and ISR as they were for the next start."""
         self._ensure_loop_state()
-        await self._stop_replicas()
+        await self._stop_replicas(together=True)
 
-    async def _stop_replicas(self) -> None:
+    async def _stop_replicas(self, *, together: bool) -> None:
+        """Stop every hosted replica: all at once when the whole cluster stops (no controller
+        is watching), else one by one, so that a broker going away alone does not burst its
+        replicas' deaths onto the machine the other brokers' sessions run on."""
         self._stopping = True
         if self._heartbeater is not None:
             self._heartbeater.cancel()
-        await asyncio.gather(*(self._remove(key, delete_data=False) for key in list(self._hosted)))
+        keys = list(self._hosted)
+        if together:
+            await asyncio.gather(*(self._remove(key, delete_data=False) for key in keys))
+        else:
+            for key in keys:
+                await self._remove(key, delete_data=False)
         # The controller sees the sentinel die and fences this broker, which leads nothing now
         # (after a controlled shutdown) or is stopping with the whole cluster.
         if self._sentinel is not None:
