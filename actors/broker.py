@@ -194,6 +194,7 @@ class BrokerActor:
         self._controller_epoch = -1  # highest seen; older commands are refused
         self._applied_epoch = -1
         self._lease_until_ms = 0
+        self._heartbeats = 0  # answered by the active controller, this incarnation
         self._grants: set[asyncio.Task[None]] = set()
         self._hosted: dict[tuple[str, int], _Hosted] = {}
         self._apply_lock: asyncio.Lock | None = None
@@ -294,6 +295,7 @@ class BrokerActor:
             "controller_epoch": self._controller_epoch,
             "applied_epoch": self._applied_epoch,
             "lease_valid_ms": self._lease_until_ms - monotonic_ms(),
+            "heartbeats": self._heartbeats,
             "replicas": sorted(f"{t}-{p}" for t, p in self._hosted),
             "rack": self.rack,
             "port": self.port,
@@ -375,6 +377,7 @@ class BrokerActor:
                     timeout_ms=max(self._heartbeat_ms, self._session_ms // 3),
                 )
                 self._controller_epoch = max(self._controller_epoch, reply.controller_epoch)
+                self._heartbeats += 1
                 if not reply.registered:
                     await self._register()
                 elif reply.lease_ok:

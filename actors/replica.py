@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import pickle
 import time
 from dataclasses import dataclass
@@ -462,6 +463,10 @@ class ReplicaActor:
         """Liveness check; returns the replica id."""
         self._ensure_started()
         return self.replica_id
+
+    async def pid(self) -> int:
+        """This replica's process id (each replica actor is a process of its own)."""
+        return os.getpid()
 
     async def state(self) -> ReplicaState:
         self._ensure_started()

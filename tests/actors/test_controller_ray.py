@@ -18,7 +18,8 @@ Proves, with short sessions and leases so each scenario takes about a second:
 - a partitioned leader (its broker process stopped, its replica still serving clients) stops
   taking writes when its lease lapses, before the controller fences it and elects another;
 - a push to a stopped broker holds up nothing else: the broker is fenced and its partition has
-  a new leader taking writes while that push is still waiting for an answer.
+  a new leader taking writes while that push is still waiting for an answer;
+- a stopped replica holds up nothing either: its broker heartbeats on and is not fenced.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ BROKERS = (1, 2, 3)
 # A loaded 2-core machine can starve a renewal; 3 s keeps the lease while takeover stays short.
 LEASE = {"lease_ms": 3_000, "renew_ms": 1_000, "poll_ms": 100}
 BROKER_CONFIGS = {"broker.heartbeat.interval.ms": "100", "broker.session.timeout.ms": "1500"}
+BROKER_SESSION_S = 1.5
 PREFIX = "ctl-test"  # actor names of this module (namespace raylog)
 CONTROLLER_CALL_TIMEOUT_MS = 60_000
 
@@ -467,6 +469,36 @@ def test_a_push_to_a_hung_broker_holds_up_nothing_else(cluster: Cluster) -> None
         message=f"broker {hung} back in the ISR after it resumed",
     )
     wait_until(lambda: hung not in pushing(), timeout_s=CALL_TIMEOUT_S, message="push answered")
+
+
+def test_a_stopped_replica_does_not_hold_up_its_brokers_heartbeats(cluster: Cluster) -> None:
+    """A follower replica's process is stopped (SIGSTOP): the broker's lease grant to it gets
+    no answer, and the broker goes on heartbeating meanwhile, so its session stays live. When
+    a heartbeat waited for every grant (up to 5 s each), a stopped or busy replica made the
+    broker miss its 1.5 s session and be fenced with every partition it led."""
+    _create(cluster, "stalled")
+    leader = cluster.leader("stalled")
+    follower = next(b for b in BROKERS if b != leader)
+    pid = _get(cluster.replica(follower, "stalled").pid.remote())
+    broker = cluster.brokers[follower]
+
+    def heartbeats() -> int:
+        return int(_get(broker.status.remote())["heartbeats"])
+
+    before = heartbeats()
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        # Ten heartbeats (one per 100 ms) need ten grant rounds, each of which would wait for
+        # the stopped replica (up to 5 s) if grants were awaited.
+        wait_until(
+            lambda: heartbeats() >= before + 10,
+            timeout_s=BROKER_SESSION_S * 3,
+            message=f"broker {follower} heartbeating while one of its replicas is stopped",
+        )
+        assert cluster.call("metadata").brokers[follower].state != "fenced"
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert _get(cluster.replica(follower, "stalled").pid.remote()) == pid  # resumed, same one
 
 
 def test_replica_without_a_live_lease_refuses_produce(ray_local: Path, tmp_path: Path) -> None:
