@@ -58,7 +58,7 @@ BROKERS = (1, 2, 3)
 # A loaded 2-core machine can starve a renewal; 3 s keeps the lease while takeover stays short.
 LEASE = {"lease_ms": 3_000, "renew_ms": 1_000, "poll_ms": 100}
 BROKER_CONFIGS = {"broker.heartbeat.interval.ms": "100", "broker.session.timeout.ms": "1500"}
-BROKER_SESSION_S = 1.5
+BROKER_SESSION_S = int(BROKER_CONFIGS["broker.session.timeout.ms"]) / 1000
 PREFIX = "ctl-test"  # actor names of this module (namespace raylog)
 CONTROLLER_CALL_TIMEOUT_MS = 60_000
 
