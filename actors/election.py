@@ -11,7 +11,8 @@ controller actor writes the outcome with compare-and-swap and then tells the rep
 The rules (Kafka's, KRaft flavour):
 
 - *Eligible* broker: registered, i.e. neither fenced nor in controlled shutdown. Only eligible
-  brokers lead or join an ISR; an observer never does.
+  brokers lead or join an ISR; an observer never does, nor does an *offline* replica (its log
+  failed: a full disk, an I/O error; its broker reports it, see :func:`set_offline_replicas`).
 - *Clean election*: the first replica in assignment order that is in the ISR, eligible and not
   an observer. A sitting leader that is still eligible and in the ISR is kept.
 - *Unclean election* (only when the topic's ``unclean.leader.election.enable`` is true, or an
@@ -30,9 +31,11 @@ that true; a topic that raises it accepts the same risk Kafka does.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Literal
+
+import msgspec
 
 from raylog.actors import metadata as md_
 from raylog.actors import topic_config
@@ -94,9 +97,9 @@ class Outcome:
 
 
 def clean_leader(p: PartitionState, eligible: Iterable[int]) -> int:
-    """The first replica in assignment order that is in the ISR, eligible and not an observer;
-    NO_LEADER if there is none."""
-    ok = set(eligible)
+    """The first replica in assignment order that is in the ISR, eligible, not an observer and
+    not offline; NO_LEADER if there is none."""
+    ok = set(eligible) - set(p.offline_replicas)
     for b in p.replicas:
         if b in p.isr and b in ok and b not in p.observers:
             return b
@@ -104,9 +107,9 @@ def clean_leader(p: PartitionState, eligible: Iterable[int]) -> int:
 
 
 def unclean_leader(p: PartitionState, eligible: Iterable[int], leos: Mapping[int, int]) -> int:
-    """The eligible non-observer replica with the longest log (ties: assignment order);
-    NO_LEADER if there is none."""
-    ok = set(eligible)
+    """The eligible non-observer replica with the longest log (ties: assignment order), offline
+    replicas left out; NO_LEADER if there is none."""
+    ok = set(eligible) - set(p.offline_replicas)
     best, best_leo = NO_LEADER, -1
     for b in p.replicas:
         if b in ok and b not in p.observers and leos.get(b, 0) > best_leo:
@@ -127,19 +130,23 @@ def decide_partition(
 
     Steps, in order:
     1. the ISR without ``remove_from_isr``, unless that would empty it (then it is kept);
-    2. the sitting leader stays if it is eligible and still in that ISR;
+    2. the sitting leader stays if it is eligible, not offline and still in that ISR;
     3. else a clean election over that ISR;
     4. else, if allowed, an unclean election; its ISR is the new leader alone;
     5. else no leader.
     """
-    ok = set(eligible)
+    ok = set(eligible) - set(p.offline_replicas)
     isr = p.isr
     if remove_from_isr is not None and remove_from_isr in isr and len(isr) > 1:
         isr = tuple(b for b in isr if b != remove_from_isr)
     if p.leader != NO_LEADER and p.leader in isr and p.leader in ok:
         return PartitionChange(topic=tp.topic, partition=tp.partition, leader=p.leader, isr=isr)
     trial = PartitionState(
-        partition=p.partition, replicas=p.replicas, isr=isr, observers=p.observers
+        partition=p.partition,
+        replicas=p.replicas,
+        isr=isr,
+        observers=p.observers,
+        offline_replicas=p.offline_replicas,
     )
     leader = clean_leader(trial, ok)
     if leader != NO_LEADER:
@@ -170,7 +177,8 @@ def _effective_changes(
         p = md.topics[c.topic].partitions[c.partition]
         leader = p.leader if c.leader is None else c.leader
         isr = p.isr if c.isr is None else c.isr
-        if (leader, isr) != (p.leader, p.isr):
+        offline = p.offline_replicas if c.offline_replicas is None else c.offline_replicas
+        if (leader, isr, set(offline)) != (p.leader, p.isr, set(p.offline_replicas)):
             out.append(c)
     return out
 
@@ -270,8 +278,9 @@ def register_broker(
     the registration on record. Kafka's rules: the same incarnation again is a retry; a new one
     while the old is registered with a live session is refused (DUPLICATE_BROKER_REGISTRATION,
     two processes claim one id); otherwise the old incarnation is fenced first — the new process
-    holds none of its in-memory state — then the new one is recorded and the offline partitions
-    it holds are elected.
+    holds none of its in-memory state — then the new one is recorded, its replicas count as
+    online again (it re-creates them from their logs) and the offline partitions it holds are
+    elected.
     """
     old = md.brokers.get(broker_id)
     if old is not None and old.incarnation_id == incarnation_id:
@@ -289,8 +298,10 @@ def register_broker(
             fenced = fence_broker(md, broker_id, log_end_offsets)
             md, changes = fenced.metadata, fenced.changes
     md = md_.register_broker(md, broker_id, incarnation_id, rack, host, port)
-    elected = _elect_offline(md, log_end_offsets or {}, holding=broker_id)
-    return Outcome(elected.metadata, changes + elected.changes)
+    # The new process re-creates every replica from its log: none is offline any more.
+    online = set_offline_replicas(md, broker_id, (), log_end_offsets)
+    elected = _elect_offline(online.metadata, log_end_offsets or {}, holding=broker_id)
+    return Outcome(elected.metadata, changes + online.changes + elected.changes)
 
 
 def _elect_offline(md: ClusterMetadata, leos: LogEndOffsets, holding: int | None) -> Outcome:
@@ -311,6 +322,73 @@ def elect_offline(md: ClusterMetadata, log_end_offsets: LogEndOffsets | None = N
     """Reconcile: try every leaderless partition again under its topic's own unclean setting
     (after a broker returns, or after unclean.leader.election.enable is switched on)."""
     return _elect_offline(md, log_end_offsets or {}, holding=None)
+
+
+# --- offline replicas (a failed log) --------------------------------------------------------
+
+
+def offline_replicas_of(md: ClusterMetadata, broker_id: int) -> set[TopicPartition]:
+    """The partitions whose replica on ``broker_id`` the metadata records as offline."""
+    return {tp for tp, p in md_.partitions(md) if broker_id in p.offline_replicas}
+
+
+def offline_report_differs(
+    md: ClusterMetadata, broker_id: int, offline: Set[TopicPartition]
+) -> bool:
+    """Whether :func:`set_offline_replicas` with this report would change anything (one pass,
+    stopping at the first difference; partitions the broker does not host do not count)."""
+    for tp, p in md_.partitions(md):
+        if broker_id in p.replicas and (broker_id in p.offline_replicas) != (tp in offline):
+            return True
+    return False
+
+
+def set_offline_replicas(
+    md: ClusterMetadata,
+    broker_id: int,
+    offline: Iterable[TopicPartition],
+    log_end_offsets: LogEndOffsets | None = None,
+) -> Outcome:
+    """A broker's report of which of its replicas have a failed log (every heartbeat carries
+    the whole set, as KRaft's BrokerHeartbeat carries a broker's offline log directories).
+
+    A replica newly reported offline is handled as its broker's fencing is, for that partition
+    alone: it leaves the ISR unless it is the last member, and if it led, the partition is
+    re-elected among the remaining eligible ISR members, uncleanly where the topic allows it,
+    or goes offline. A replica no longer reported (its broker re-created it from its log) is
+    eligible again: a leaderless partition it holds is elected; it rejoins other ISRs by the
+    leader's AlterPartition once it has caught up. Partitions the broker does not host are
+    ignored (a report can cross a reassignment).
+    """
+    wanted = set(offline)
+    ok = _eligible(md)
+    leos = log_end_offsets or {}
+    changes = []
+    for tp, p in md_.partitions(md):
+        if broker_id not in p.replicas:
+            continue
+        was, now = broker_id in p.offline_replicas, tp in wanted
+        if was == now:
+            continue
+        marked = tuple(b for b in p.replicas if b != broker_id and b in p.offline_replicas)
+        if now:
+            marked = tuple(b for b in p.replicas if b == broker_id or b in p.offline_replicas)
+        trial = msgspec.structs.replace(p, offline_replicas=marked)
+        if now or trial.leader == NO_LEADER:
+            decided = decide_partition(
+                tp,
+                trial,
+                ok,
+                unclean_allowed=_unclean_enabled(md, tp.topic),
+                leos=leos.get(tp, {}),
+                remove_from_isr=broker_id if now else None,
+            )
+            changes.append(msgspec.structs.replace(decided, offline_replicas=marked))
+        else:
+            changes.append(
+                PartitionChange(topic=tp.topic, partition=tp.partition, offline_replicas=marked)
+            )
+    return _apply(md, changes)
 
 
 # --- ElectLeaders and the auto leader rebalance -----------------------------------------------
@@ -346,7 +424,12 @@ def elect_leaders(
             pref = p.preferred_leader
             if p.leader == pref:
                 errors[tp] = ElectionNotNeededError(f"{tp.topic}-{tp.partition} is led by {pref}")
-            elif pref in ok and pref in p.isr and pref not in p.observers:
+            elif (
+                pref in ok
+                and pref in p.isr
+                and pref not in p.observers
+                and pref not in p.offline_replicas
+            ):
                 changes.append(PartitionChange(topic=tp.topic, partition=tp.partition, leader=pref))
             else:
                 errors[tp] = PreferredLeaderNotAvailableError(
@@ -407,6 +490,7 @@ def auto_leader_rebalance(md: ClusterMetadata, imbalance_percentage: int) -> Out
         and p.leader != p.preferred_leader
         and p.preferred_leader in p.isr
         and p.preferred_leader not in p.observers
+        and p.preferred_leader not in p.offline_replicas
     ]
     return _apply(md, changes)
 
@@ -457,7 +541,7 @@ def validate_alter_partition(
        (INVALID_UPDATE_VERSION);
     6. the ISR has no duplicates, only replicas of the partition, and the leader
        (INVALID_REQUEST);
-    7. every member is eligible and not an observer (INELIGIBLE_REPLICA).
+    7. every member is eligible, not an observer and not offline (INELIGIBLE_REPLICA).
 
     Shrinking the ISR below ``min.insync.replicas`` is allowed, as in Kafka: acks=all produce
     requests then fail with NOT_ENOUGH_REPLICAS.
@@ -494,11 +578,11 @@ def validate_alter_partition(
     if p.leader not in isr:
         raise InvalidRequestError(f"{name}: proposed ISR {isr} lacks the leader {p.leader}")
     ok = _eligible(md)
-    bad = [b for b in isr if b not in ok or b in p.observers]
+    bad = [b for b in isr if b not in ok or b in p.observers or b in p.offline_replicas]
     if bad:
         raise IneligibleReplicaError(
-            f"{name}: proposed ISR {isr} names brokers that are fenced, shutting down or "
-            f"observers: {bad}"
+            f"{name}: proposed ISR {isr} names brokers that are fenced, shutting down, "
+            f"observers or whose replica is offline: {bad}"
         )
 
 

@@ -27,6 +27,8 @@ Invariants of every partition (:func:`check_partition`):
   non-observer replicas with no duplicates, kept in assignment order (so equal ISRs compare
   equal);
 - ``leader`` is -1 or a member of the ISR (hence never an observer);
+- ``offline_replicas`` (replicas whose log failed) are replicas, kept in assignment order, and
+  never the leader (a replica going offline leaves the ISR unless it is its last member);
 - the ISR is never empty: when its last member fails the partition goes offline (leader -1) and
   keeps that member as the ISR, so that the replica holding every committed record is the one
   elected when it returns (Kafka does the same).
@@ -101,6 +103,10 @@ class PartitionState(msgspec.Struct, frozen=True, kw_only=True):
     # original - target, both ⊆ replicas and disjoint.
     adding_replicas: tuple[int, ...] = ()
     removing_replicas: tuple[int, ...] = ()
+    # Replicas whose log failed (a full disk, an I/O error), as their broker reports them: they
+    # neither lead nor join the ISR until their broker reports them back (Kafka's offline log
+    # directories, per replica here since each replica has a log directory of its own).
+    offline_replicas: tuple[int, ...] = ()
 
     @property
     def preferred_leader(self) -> int:
@@ -158,6 +164,7 @@ class PartitionChange(msgspec.Struct, frozen=True, kw_only=True):
     observers: tuple[int, ...] | None = None
     adding_replicas: tuple[int, ...] | None = None
     removing_replicas: tuple[int, ...] | None = None
+    offline_replicas: tuple[int, ...] | None = None
     unclean: bool = False
     bump_partition_epoch: bool = False  # even if nothing else changes (a fencing AlterPartition)
 
@@ -261,6 +268,10 @@ def check_partition(p: PartitionState, where: str = "") -> None:
         fail("adding/removing replicas not distinct")
     if removing == set(p.replicas):
         fail("a reassignment removes every replica")
+    if list(p.offline_replicas) != [b for b in p.replicas if b in p.offline_replicas]:
+        fail("offline replicas not distinct replicas in assignment order")
+    if p.leader in p.offline_replicas:
+        fail("the leader is offline")
 
 
 def check(md: ClusterMetadata) -> None:
@@ -509,7 +520,10 @@ def _changed_partition(old: PartitionState, c: PartitionChange) -> PartitionStat
     observers = old.observers if c.observers is None else tuple(c.observers)
     adding = old.adding_replicas if c.adding_replicas is None else tuple(c.adding_replicas)
     removing = old.removing_replicas if c.removing_replicas is None else tuple(c.removing_replicas)
-    new = (leader, isr, replicas, observers, adding, removing)
+    offline = old.offline_replicas if c.offline_replicas is None else set(c.offline_replicas)
+    # Kept in assignment order; a replica that leaves the assignment leaves this list too.
+    offline = tuple(b for b in replicas if b in offline)
+    new = (leader, isr, replicas, observers, adding, removing, offline)
     if not c.bump_partition_epoch and new == (
         old.leader,
         old.isr,
@@ -517,6 +531,7 @@ def _changed_partition(old: PartitionState, c: PartitionChange) -> PartitionStat
         old.observers,
         old.adding_replicas,
         old.removing_replicas,
+        old.offline_replicas,
     ):
         return old
     # The leader epoch also bumps when the replica set changes under the same leader: a leader
@@ -533,6 +548,7 @@ def _changed_partition(old: PartitionState, c: PartitionChange) -> PartitionStat
         partition_epoch=old.partition_epoch + 1,
         adding_replicas=adding,
         removing_replicas=removing,
+        offline_replicas=offline,
     )
 
 

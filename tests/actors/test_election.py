@@ -5,9 +5,12 @@ observer; unclean election happens only when allowed, picks the longest live log
 otherwise the partition goes offline keeping its last ISR member, which is elected when it
 returns; fencing, controlled shutdown and re-registration move leaders and shrink ISRs as KRaft
 does; preferred and auto-rebalance elections go only to an eligible ISR member; AlterPartition is
-refused with the Kafka error each broken rule calls for. Hypothesis drives random sequences of
-broker failures, returns, shutdowns, ISR proposals and elections and checks after every step that
-no non-ISR replica is elected cleanly, no observer ever leads, and epochs never go down.
+refused with the Kafka error each broken rule calls for; a replica whose log failed (offline) is
+handled as its broker's fencing is, for its partition alone, and is eligible again once its
+broker stops reporting it. Hypothesis drives random sequences of broker failures, returns,
+shutdowns, failed and recovered logs, ISR proposals and elections and checks after every step
+that no non-ISR replica is elected cleanly, no observer or offline replica ever leads, and epochs
+never go down.
 """
 
 from __future__ import annotations
@@ -272,6 +275,107 @@ def test_auto_rebalance_respects_the_percentage() -> None:
     assert [c.partition for c in e.auto_leader_rebalance(md, 9).changes] == [tp.partition]
 
 
+# --- offline replicas (a failed log) --------------------------------------------------------
+
+T1 = TopicPartition("t", 1)
+
+
+def test_an_offline_leader_replica_is_replaced_for_its_partition_only() -> None:
+    md = topic(cluster(), [[1, 2, 3], [1, 2, 3]])
+    out = e.set_offline_replicas(md, 1, {T0})
+    p, other = part(out.metadata), part(out.metadata, T1)
+    assert (p.leader, p.isr, p.offline_replicas) == (2, (2, 3), (1,))
+    assert (p.leader_epoch, p.partition_epoch) == (1, 1)
+    assert (other.leader, other.isr, other.offline_replicas) == (1, (1, 2, 3), ())
+    assert out.metadata.brokers[1].state == "registered"  # the broker itself stays up
+    assert [c.topic_partition for c in out.changes] == [T0]
+    assert e.offline_replicas_of(out.metadata, 1) == {T0}
+    # The same report again changes nothing (every heartbeat carries the whole set).
+    assert e.set_offline_replicas(out.metadata, 1, {T0}).metadata is out.metadata
+
+
+def test_an_offline_follower_leaves_the_isr_and_may_not_rejoin_until_online() -> None:
+    md = topic(cluster(), [[1, 2, 3]])
+    md = e.set_offline_replicas(md, 3, {T0}).metadata
+    p = part(md)
+    assert (p.leader, p.isr, p.offline_replicas, p.leader_epoch) == (1, (1, 2), (3,), 0)
+    with pytest.raises(IneligibleReplicaError, match="offline"):
+        alter(md, (1, 2, 3))
+    md = e.set_offline_replicas(md, 3, set()).metadata
+    p = part(md)
+    assert (p.isr, p.offline_replicas) == ((1, 2), ())  # back by the leader's AlterPartition
+    assert part(alter(md, (1, 2, 3)).metadata).isr == (1, 2, 3)
+
+
+def test_the_last_isr_member_offline_goes_leaderless_then_returns_when_online() -> None:
+    md = shrink(topic(cluster(), [[1, 2, 3]]), (1,))
+    out = e.set_offline_replicas(md, 1, {T0})
+    p = part(out.metadata)
+    assert (p.leader, p.isr, p.offline_replicas) == (NO_LEADER, (1,), (1,))
+    assert out.offline == [T0]
+    # Its broker is registered and eligible, yet an offline replica is never elected.
+    assert e.elect_offline(out.metadata).changes == []
+    # An operator's unclean election passes over it too, longest log or not.
+    leos = {T0: {1: 50, 2: 10, 3: 20}}
+    unclean = e.elect_leaders(out.metadata, "unclean", [T0], leos)
+    assert (part(unclean.metadata).leader, unclean.unclean_elections) == (3, 1)
+    back = e.set_offline_replicas(out.metadata, 1, set())
+    p = part(back.metadata)
+    assert (p.leader, p.isr, p.offline_replicas, p.leader_epoch) == (1, (1,), (), 2)
+    assert back.unclean_elections == 0
+
+
+def test_unclean_topic_elects_the_longest_log_that_is_not_offline() -> None:
+    md = shrink(topic(cluster(), [[1, 2, 3]], unclean=True), (1,))
+    md = e.set_offline_replicas(md, 2, {T0}).metadata
+    out = e.set_offline_replicas(md, 1, {T0}, {T0: {1: 50, 2: 40, 3: 10}})
+    p = part(out.metadata)
+    assert (p.leader, p.isr, p.offline_replicas) == (3, (3,), (1, 2))
+    assert out.unclean_elections == 1
+
+
+def test_offline_preferred_replica_is_not_elected_preferred_or_by_rebalance() -> None:
+    md = topic(cluster(), [[1, 2, 3]])
+    md = e.set_offline_replicas(md, 1, {T0}).metadata
+    out = e.elect_leaders(md, "preferred", [T0])
+    assert isinstance(out.errors[T0], PreferredLeaderNotAvailableError)
+    assert e.auto_leader_rebalance(md, 0).changes == []
+
+
+def test_a_new_incarnation_of_the_broker_brings_its_replicas_back_online() -> None:
+    md = shrink(topic(cluster(), [[1, 2, 3]]), (1,))
+    md = e.set_offline_replicas(md, 1, {T0}).metadata
+    md = e.fence_broker(md, 1).metadata
+    out = e.register_broker(md, 1, "inc1-b", None, "127.0.0.1", 9092, old_session_live=False)
+    p = part(out.metadata)
+    assert (p.leader, p.offline_replicas) == (1, ())
+
+
+def test_reports_for_partitions_the_broker_does_not_host_are_ignored() -> None:
+    md = topic(cluster(), [[1, 2, 3]])
+    assert e.set_offline_replicas(md, 4, {T0}).metadata is md
+    assert not e.offline_report_differs(md, 4, {T0})
+    assert e.offline_report_differs(md, 3, {T0})
+    md = e.set_offline_replicas(md, 3, {T0}).metadata
+    assert not e.offline_report_differs(md, 3, {T0})
+    assert e.offline_report_differs(md, 3, set())
+
+
+def test_metadata_refuses_an_offline_leader() -> None:
+    with pytest.raises(AssertionError, match="the leader is offline"):
+        m.check_partition(
+            PartitionState(
+                partition=0, replicas=(1, 2), isr=(1, 2), leader=1, offline_replicas=(1,)
+            )
+        )
+    with pytest.raises(AssertionError, match="offline replicas"):
+        m.check_partition(
+            PartitionState(
+                partition=0, replicas=(1, 2), isr=(1, 2), leader=1, offline_replicas=(3,)
+            )
+        )
+
+
 # --- AlterPartition ---------------------------------------------------------------------------
 
 
@@ -373,6 +477,8 @@ step = st.one_of(
     st.tuples(st.just("preferred"), st.integers(0, 0)),
     st.tuples(st.just("rebalance"), st.integers(0, 0)),
     st.tuples(st.just("unclean"), st.integers(0, 0)),
+    st.tuples(st.just("log_failed"), st.integers(0, len(ASSIGNMENT) * N_BROKERS - 1)),
+    st.tuples(st.just("logs_back"), st.integers(1, N_BROKERS)),
 )
 
 
@@ -400,11 +506,20 @@ def _step(md: ClusterMetadata, action: str, arg: int, leos: dict) -> e.Outcome:
         return e.auto_leader_rebalance(md, 10)
     if action == "unclean":
         return e.elect_leaders(md, "unclean", log_end_offsets=leos)
+    if action == "log_failed":  # one more replica of broker b reported offline
+        tp, b = TopicPartition("t", arg // N_BROKERS), arg % N_BROKERS + 1
+        return e.set_offline_replicas(md, b, e.offline_replicas_of(md, b) | {tp}, leos)
+    if action == "logs_back":
+        return e.set_offline_replicas(md, arg, set(), leos)
     tp = TopicPartition("t", arg)
     p = part(md, tp)
     if p.leader == NO_LEADER:
         return e.Outcome(md)
-    live = {b for b in p.replicas if m.is_active(md, b) and b not in p.observers}
+    live = {
+        b
+        for b in p.replicas
+        if m.is_active(md, b) and b not in p.observers and b not in p.offline_replicas
+    }
     isr = tuple(live) if action == "grow_isr" else (p.leader,)
     reg = md.brokers[p.leader]
     return e.alter_partition(
@@ -449,6 +564,11 @@ def test_random_histories_keep_election_invariants(
                     assert unclean or action == "unclean"
                     # (A restarted broker was fenced when the election ran.)
                     restarted = arg if action == "restart" else None
-                    assert not any(m.is_active(md, b) for b in old.isr if b != restarted)
+                    could_lead = [
+                        b
+                        for b in old.isr
+                        if m.is_active(md, b) and b not in p.offline_replicas and b != restarted
+                    ]
+                    assert not could_lead
                 else:
                     assert p.leader in old.isr  # clean: never a non-ISR replica
