@@ -23,6 +23,11 @@ This module owns what a Kafka broker process owns apart from the wire protocol:
 - the AlterPartition path: replicas send their proposals to the broker (``set_controller`` is
   the broker), which adds its broker id and epoch and forwards them to the active controller,
   then hands the answer back to the replica;
+- offline replicas: a replica whose log failed (a full disk, an I/O error) tells the broker
+  (``replica_offline``; lease grants say so too). Every heartbeat carries the set of them, as a
+  KRaft broker's carries its offline log directories, and the controller moves their
+  leadership and ISR membership away. After ``replica.offline.retry.backoff.ms`` the broker
+  re-creates such a replica from its log (reported offline until the new actor is up);
 - controlled shutdown (``shutdown``): the controller moves leadership away first, then the
   broker stops its replicas.
 
@@ -36,6 +41,7 @@ the next ``apply`` (the controller resyncs every ``resync_interval_ms``) and re-
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -140,6 +146,9 @@ class _Hosted:
     configs: dict[str, str]
     throttle_bytes_per_sec: int = 0  # last set on the replica (reassignment catch-up)
     granting: bool = False  # a lease grant to this actor is in flight
+    spec: ReplicaSpec | None = None  # the last one applied
+    offline: str | None = None  # why its log failed; the controller hears it by heartbeat
+    offline_since_ms: int = 0
 
 
 @ray.remote(num_cpus=0, max_restarts=0, max_concurrency=4)
@@ -197,6 +206,8 @@ class BrokerActor:
         self._heartbeats = 0  # answered by the active controller, this incarnation
         self._grants: set[asyncio.Task[None]] = set()
         self._hosted: dict[tuple[str, int], _Hosted] = {}
+        self._recreating: dict[tuple[str, int], asyncio.Task[None]] = {}  # offline ones
+        self._beat_now: asyncio.Event | None = None  # wakes the heartbeat loop early
         self._apply_lock: asyncio.Lock | None = None
         self._start_lock: asyncio.Lock | None = None
         self._sentinel: Any = None
@@ -217,6 +228,7 @@ class BrokerActor:
         if self._apply_lock is None:
             self._apply_lock = asyncio.Lock()
             self._start_lock = asyncio.Lock()
+            self._beat_now = asyncio.Event()
 
     async def start(self) -> int:
         """Register with the active controller and start heartbeating; returns the broker
@@ -297,6 +309,9 @@ class BrokerActor:
             "lease_valid_ms": self._lease_until_ms - monotonic_ms(),
             "heartbeats": self._heartbeats,
             "replicas": sorted(f"{t}-{p}" for t, p in self._hosted),
+            "offline_replicas": {
+                f"{t}-{p}": h.offline for (t, p), h in sorted(self._hosted.items()) if h.offline
+            },
             "rack": self.rack,
             "port": self.port,
             "node_id": self._node_id,
@@ -374,6 +389,7 @@ class BrokerActor:
                     self._applied_epoch,
                     self._self(),
                     self._sentinel,
+                    self._offline_keys(),
                     timeout_ms=max(self._heartbeat_ms, self._session_ms // 3),
                 )
                 self._controller_epoch = max(self._controller_epoch, reply.controller_epoch)
@@ -386,9 +402,13 @@ class BrokerActor:
                 log.warning("broker %d heartbeat failed: %s", self.broker_id, exc)
             except Exception:
                 log.exception("broker %d heartbeat failed", self.broker_id)
+            self._retry_offline()
             delay_ms = t0 + self._heartbeat_ms - monotonic_ms()
-            if delay_ms > 0:
-                await asyncio.sleep(delay_ms / 1000)
+            assert self._beat_now is not None
+            if delay_ms > 0 and not self._beat_now.is_set():
+                with contextlib.suppress(TimeoutError):  # early: a replica went offline
+                    await asyncio.wait_for(self._beat_now.wait(), delay_ms / 1000)
+            self._beat_now.clear()
 
     def _grant_lease(self, until_ms: int) -> None:
         """Extend every hosted replica's write lease (this node's monotonic clock) without
@@ -407,15 +427,84 @@ class BrokerActor:
 
     async def _grant_one(self, key: tuple[str, int], hosted: _Hosted, until_ms: int) -> None:
         try:
-            await ray_call(
+            offline = await ray_call(
                 hosted.handle.set_session_lease.remote(until_ms), REPLICA_CALL_TIMEOUT_MS
             )
+            if offline:
+                self._mark_offline(key, hosted, offline)
         except RaylogError as exc:  # gone or slow: the next apply or heartbeat deals with it
             log.debug("broker %d: lease grant to %s-%d failed: %s", self.broker_id, *key, exc)
         except Exception:
             log.exception("broker %d: lease grant to %s-%d failed", self.broker_id, *key)
         finally:
             hosted.granting = False
+
+    # --- offline replicas (a failed log) -------------------------------------------------------
+
+    async def replica_offline(self, topic: str, partition: int, reason: str, actor_id: str) -> None:
+        """A hosted replica's log failed (it calls this once; lease grants also say so).
+        ``actor_id`` tells a replica re-created since from the one that failed."""
+        self._ensure_loop_state()
+        hosted = self._hosted.get((topic, partition))
+        if hosted is not None and hosted.handle._actor_id.hex() == actor_id:
+            self._mark_offline((topic, partition), hosted, reason)
+
+    def _mark_offline(self, key: tuple[str, int], hosted: _Hosted, reason: str) -> None:
+        if hosted.offline is not None or self._hosted.get(key) is not hosted:
+            return
+        hosted.offline = reason
+        hosted.offline_since_ms = monotonic_ms()
+        log.error(
+            "broker %d: replica %s-%d offline (%s); re-created in %d ms",
+            self.broker_id,
+            *key,
+            reason,
+            self._config.replica_offline_retry_backoff_ms,
+        )
+        if self._beat_now is not None:
+            self._beat_now.set()  # the controller moves its leadership at the next heartbeat
+
+    def _offline_keys(self) -> list[tuple[str, int]]:
+        """What this broker's heartbeats report offline: the replicas whose log failed, and
+        those being re-created since."""
+        keys = {k for k, h in self._hosted.items() if h.offline is not None}
+        return sorted(keys | set(self._recreating))
+
+    def _retry_offline(self) -> None:
+        """Re-create (from its log) each replica offline for replica.offline.retry.backoff.ms."""
+        now = monotonic_ms()
+        backoff = self._config.replica_offline_retry_backoff_ms
+        loop = asyncio.get_running_loop()
+        for key, hosted in list(self._hosted.items()):
+            if hosted.offline is None or key in self._recreating or self._stopping:
+                continue
+            if now - hosted.offline_since_ms >= backoff:
+                task = loop.create_task(self._recreate(key, hosted))
+                self._recreating[key] = task
+                task.add_done_callback(lambda _t, key=key: self._recreating.pop(key, None))
+
+    async def _recreate(self, key: tuple[str, int], hosted: _Hosted) -> None:
+        """Replace an offline replica by a new actor that recovers its log from disk. Not as
+        leader: the controller gave its leadership away, and tells it what it is now once the
+        heartbeats stop reporting it offline."""
+        assert self._apply_lock is not None
+        try:
+            async with self._apply_lock:
+                spec = hosted.spec
+                if self._hosted.get(key) is not hosted or spec is None or self._stopping:
+                    return
+                log.warning("broker %d: re-creating offline replica %s-%d", self.broker_id, *key)
+                await self._remove(key, delete_data=False)
+                await self._ensure(spec)
+                fresh = self._hosted[key]
+                fresh.spec = spec
+                if not spec.is_leader:
+                    if spec.command.__class__.__name__ == "BecomeObserver":
+                        fresh.handle.become_observer.remote(spec.command)
+                    else:
+                        fresh.handle.become_follower.remote(spec.command)
+        except Exception:  # the next push (or retry) re-creates it
+            log.exception("broker %d: re-creating replica %s-%d", self.broker_id, *key)
 
     # --- replicas -------------------------------------------------------------------------------
 
@@ -446,6 +535,7 @@ class BrokerActor:
             for s in specs:
                 keys.append((s.topic, s.partition))
                 hosted = self._hosted[(s.topic, s.partition)]
+                hosted.spec = s
                 if s.is_leader != leaders:
                     calls.append(ray_call(hosted.handle.state.remote(), REPLICA_CALL_TIMEOUT_MS))
                     continue

@@ -66,7 +66,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -84,6 +84,7 @@ from raylog.actors.messages import (
 )
 from raylog.actors.metadata import (
     ClusterMetadata,
+    PartitionChange,
     TopicMetadata,
     TopicPartition,
 )
@@ -526,8 +527,13 @@ class ControllerActor:
         applied_epoch: int,
         handle: Any,
         sentinel: Any,
+        offline: Sequence[tuple[str, int]] = (),
     ) -> HeartbeatReply:
-        """A broker's heartbeat; says whether it may extend its replicas' write leases."""
+        """A broker's heartbeat; says whether it may extend its replicas' write leases.
+
+        ``offline``: the (topic, partition) of every replica of this broker whose log failed
+        (the whole set each time); the metadata is brought in line with it
+        (:func:`election.set_offline_replicas`) before the answer."""
         self._ensure_started()
         current = self._require_active()
         assert self._epoch is not None
@@ -563,8 +569,34 @@ class ControllerActor:
         lease_ok = self._sessions.heartbeat(
             broker_id, applied_epoch, monotonic_ms(), fenced=reg.state == "fenced"
         )
+        reported = {TopicPartition(t, p) for t, p in offline}
+        if election.offline_report_differs(self._require_active().metadata, broker_id, reported):
+            await self._set_offline(broker_id, incarnation_id, reported)
         md = self._require_active().metadata  # is_holder() is checked once more before granting
         return HeartbeatReply(lease_ok, True, reg.state, self._epoch, md.metadata_epoch)
+
+    async def _set_offline(
+        self, broker_id: int, incarnation_id: str, offline: set[TopicPartition]
+    ) -> None:
+        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, list[PartitionChange]]:
+            reg = md.brokers.get(broker_id)
+            if reg is None or reg.incarnation_id != incarnation_id:
+                return md, []
+            out = election.set_offline_replicas(md, broker_id, offline, self._leos())
+            return out.metadata, out.changes
+
+        changes = await self._mutate(change)
+        self._count_unclean(election.Outcome(self._require_active().metadata, changes))
+        for c in changes:
+            log.warning(
+                "%s-%d: the replica on broker %d is %s; leader %s, ISR %s",
+                c.topic,
+                c.partition,
+                broker_id,
+                "offline (its log failed)" if c.topic_partition in offline else "online again",
+                c.leader,
+                c.isr,
+            )
 
     async def controlled_shutdown(self, broker_id: int, incarnation_id: str) -> bool:
         """Move the broker's leaderships away; returns once the move reached the brokers.

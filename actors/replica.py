@@ -491,9 +491,11 @@ class ReplicaActor:
             cleaner_dirty_ratio=self._log.dirty_ratio(),
         )
 
-    def set_session_lease(self, until_ms: int) -> None:
-        """Accept produce until ``until_ms`` (this machine's monotonic ms); only ever extends."""
+    def set_session_lease(self, until_ms: int) -> str | None:
+        """Accept produce until ``until_ms`` (this machine's monotonic ms); only ever extends.
+        Returns why this replica is offline (its log failed), None while it serves."""
         self._lease_until_ms = max(self._lease_until_ms, until_ms)
+        return self._offline
 
     def revoke_session_lease(self) -> bool:
         """Stop accepting produce at once (until the next grant); True once done."""
@@ -531,7 +533,8 @@ class ReplicaActor:
         return True
 
     def set_controller(self, controller: Any) -> None:
-        """The actor that receives AlterPartition proposals (``alter_partition`` method)."""
+        """The actor (this replica's broker) that receives AlterPartition proposals
+        (``alter_partition``) and hears when this replica goes offline (``replica_offline``)."""
         self._controller = controller
 
     # --- controller commands ------------------------------------------------------------------
@@ -1154,6 +1157,10 @@ class ReplicaActor:
         log.error(
             "replica %s-%d@%d offline: %s", self.topic, self.partition, self.replica_id, reason
         )
+        if self._controller is not None:  # else the broker learns it at its next lease grant
+            self._controller.replica_offline.remote(
+                self.topic, self.partition, reason, ray.get_runtime_context().get_actor_id()
+            )
         for waiter in self._produce_waiters.values():
             if not waiter.done():
                 waiter.set_result(ProduceOutcome(KafkaStorageError.error_code, -1, -1, reason))

@@ -509,6 +509,7 @@ class BrokerConfig(msgspec.Struct, frozen=True, kw_only=True):
     log_retention_check_interval_ms: int
     log_cleaner_backoff_ms: int
     leader_replication_throttled_rate: int
+    replica_offline_retry_backoff_ms: int
 
 
 BROKER_CONFIG_DEFS: tuple[ConfigDef, ...] = (
@@ -655,6 +656,18 @@ BROKER_CONFIG_DEFS: tuple[ConfigDef, ...] = (
         note="Kafka applies it to the replicas listed in leader.replication.throttled.replicas "
         "and pairs it with follower.replication.throttled.rate; raylog throttles exactly the "
         "adding replicas of partitions being reassigned, on the leader side only.",
+    ),
+    ConfigDef(
+        name="replica.offline.retry.backoff.ms",
+        type="long",
+        default="60000",
+        minimum=1,
+        doc="How long a replica whose log failed (a full disk, an I/O error) stays offline "
+        "before its broker re-creates it from its log; it goes offline again if the log "
+        "still fails.",
+        note="Kafka has no such setting: a failed log directory stays offline until the broker "
+        "restarts. Each raylog replica has a log directory and a process of its own, so its "
+        "broker retries it alone, and a disk that was full comes back without a restart.",
     ),
 )
 

@@ -19,13 +19,19 @@ Proves, with short sessions and leases so each scenario takes about a second:
   taking writes when its lease lapses, before the controller fences it and elects another;
 - a push to a stopped broker holds up nothing else: the broker is fenced and its partition has
   a new leader taking writes while that push is still waiting for an answer;
-- a stopped replica holds up nothing either: its broker heartbeats on and is not fenced.
+- a stopped replica holds up nothing either: its broker heartbeats on and is not fenced;
+- a leader replica whose log fails (its file size limit lowered below its next write, so the
+  append fails with EFBIG as on a full disk) answers KAFKA_STORAGE_ERROR and goes offline; the
+  controller moves leadership to another ISR member within a few heartbeats, with no
+  acknowledged write lost and the broker still up; the broker re-creates the replica from its
+  log after replica.offline.retry.backoff.ms and it rejoins the ISR.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import signal
 import time
 from collections.abc import Iterator
@@ -45,6 +51,7 @@ from raylog.storage.errors import (
     ElectionNotNeededError,
     InvalidConfigError,
     InvalidReplicationFactorError,
+    KafkaStorageError,
     NotControllerError,
     NotLeaderOrFollowerError,
     RecordTooLargeError,
@@ -57,7 +64,11 @@ CALL_TIMEOUT_S = 30.0
 BROKERS = (1, 2, 3)
 # A loaded 2-core machine can starve a renewal; 3 s keeps the lease while takeover stays short.
 LEASE = {"lease_ms": 3_000, "renew_ms": 1_000, "poll_ms": 100}
-BROKER_CONFIGS = {"broker.heartbeat.interval.ms": "100", "broker.session.timeout.ms": "1500"}
+BROKER_CONFIGS = {
+    "broker.heartbeat.interval.ms": "100",
+    "broker.session.timeout.ms": "1500",
+    "replica.offline.retry.backoff.ms": "2000",
+}
 BROKER_SESSION_S = int(BROKER_CONFIGS["broker.session.timeout.ms"]) / 1000
 PREFIX = "ctl-test"  # actor names of this module (namespace raylog)
 CONTROLLER_CALL_TIMEOUT_MS = 60_000
@@ -499,6 +510,57 @@ def test_a_stopped_replica_does_not_hold_up_its_brokers_heartbeats(cluster: Clus
     finally:
         os.kill(pid, signal.SIGCONT)
     assert _get(cluster.replica(follower, "stalled").pid.remote()) == pid  # resumed, same one
+
+
+def test_a_replica_whose_log_fails_goes_offline_and_its_partition_moves(cluster: Cluster) -> None:
+    _create(cluster, "full-disk")
+    wait_until(
+        lambda: _produce_ok(cluster, "full-disk", 0), timeout_s=CALL_TIMEOUT_S, message="produce"
+    )
+    acked = [0]
+    for i in range(1, 10):
+        outcome = cluster.produce("full-disk", i)
+        assert outcome.error_code == 0
+        acked.append(outcome.base_offset)
+    old = cluster.leader("full-disk")
+    replica = cluster.replica(old, "full-disk")
+    pid = _get(replica.pid.remote())
+    log_dir = cluster.root / "data" / f"broker-{old}" / "full-disk-0"
+    segment = max(log_dir.glob("*.log"))
+    # The replica's process may not grow a file past the segment's end + 64 bytes: the next
+    # batch (about 130 bytes) fails with EFBIG, as a write to a full disk fails with ENOSPC.
+    _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.prlimit(pid, resource.RLIMIT_FSIZE, (segment.stat().st_size + 64, hard))
+    failed = _get(replica.produce.remote(_batch(10), -1, 5_000))
+    assert failed.error_code == KafkaStorageError.error_code, failed
+
+    def moved() -> Any:
+        p = cluster.call("metadata").topics["full-disk"].partitions[0]
+        return p if p.leader not in (old, -1) and p.offline_replicas == (old,) else None
+
+    p = wait_until(moved, timeout_s=CALL_TIMEOUT_S, message="leadership moved off the failed log")
+    assert old not in p.isr and len(p.isr) == 2, p
+    broker = _get(cluster.brokers[old].status.remote())
+    assert "full-disk-0" in broker["offline_replicas"], broker
+    assert cluster.call("metadata").brokers[old].state == "registered"  # the broker stays up
+    wait_until(
+        lambda: _produce_ok(cluster, "full-disk", 11),
+        timeout_s=CALL_TIMEOUT_S,
+        message="acks=all produce on the new leader",
+    )
+    fetched = _get(cluster.replica(p.leader, "full-disk").fetch.remote(0, 1 << 20))
+    offsets = [h.base_offset for _, h in rb.iter_batches(fetched.records)]
+    assert set(acked) <= set(offsets), "an acknowledged acks=all write was lost"
+
+    # replica.offline.retry.backoff.ms (2 s) later the broker re-creates the replica (a new
+    # process: no lowered limit) from its log; it catches up and rejoins the ISR.
+    def back() -> bool:
+        p = cluster.call("metadata").topics["full-disk"].partitions[0]
+        return not p.offline_replicas and old in p.isr
+
+    wait_until(back, timeout_s=CALL_TIMEOUT_S, message="the re-created replica in the ISR")
+    assert _get(cluster.replica(old, "full-disk").pid.remote()) != pid
+    assert not _get(cluster.brokers[old].status.remote())["offline_replicas"]
 
 
 def test_replica_without_a_live_lease_refuses_produce(ray_local: Path, tmp_path: Path) -> None:
