@@ -792,6 +792,7 @@ def _topic_json(t: Any, rows: list[Any]) -> dict[str, Any]:
                 "replicas": list(r.replicas),
                 "isr": list(r.isr),
                 "offline": r.offline,
+                "offline_replicas": list(r.offline_replicas),
                 "under_replicated": r.under_replicated,
                 "under_min_isr": r.under_min_isr,
             }
@@ -968,6 +969,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 "offline_partitions": h.offline_partitions,
                 "under_replicated_partitions": h.under_replicated_partitions,
                 "under_min_isr_partitions": h.under_min_isr_partitions,
+                "offline_replicas": h.offline_replicas,
             }
         )
         return 0
@@ -979,7 +981,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"topics:                      {len(md.topics)} ({h.partitions} partitions)")
     print(f"offline partitions:          {h.offline_partitions}")
     print(f"under-replicated partitions: {h.under_replicated_partitions}")
-    print(f"under-min-ISR partitions:    {h.under_min_isr_partitions}", flush=True)
+    print(f"under-min-ISR partitions:    {h.under_min_isr_partitions}")
+    print(f"offline replicas:            {h.offline_replicas}", flush=True)
     return 0
 
 

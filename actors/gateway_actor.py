@@ -74,7 +74,8 @@ async def _set_topic_configs(backend: AdminBackend, name: str, configs: Mapping[
 def client_view(md: md_.ClusterMetadata) -> tuple[list[Broker], dict[str, TopicState]]:
     """ClusterMetadata as Kafka's Metadata response shows it: live brokers and partitions.
 
-    A broker is live unless fenced; replicas on brokers that are not live are offline.
+    A broker is live unless fenced; replicas on brokers that are not live are offline, and so
+    are those whose log failed.
     """
     from raylog.gateway.backend import Broker, PartitionState, TopicState
 
@@ -90,7 +91,7 @@ def client_view(md: md_.ClusterMetadata) -> tuple[list[Broker], dict[str, TopicS
                     p.leader_epoch,
                     list(p.replicas),
                     list(p.isr),
-                    [r for r in p.replicas if r not in live],
+                    [r for r in p.replicas if r not in live or r in p.offline_replicas],
                 )
                 for p in t.partitions
             ],

@@ -52,6 +52,7 @@ class PartitionHealth(msgspec.Struct, frozen=True, kw_only=True):
     offline: bool
     under_replicated: bool
     under_min_isr: bool
+    offline_replicas: tuple[int, ...] = ()  # replicas whose log failed
 
 
 class ClusterHealth(msgspec.Struct, frozen=True, kw_only=True):
@@ -59,6 +60,7 @@ class ClusterHealth(msgspec.Struct, frozen=True, kw_only=True):
     offline_partitions: int
     under_replicated_partitions: int
     under_min_isr_partitions: int
+    offline_replicas: int = 0  # Kafka's OfflineReplicaCount, over the whole cluster
 
 
 class BrokerRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -90,6 +92,7 @@ def _health(topic: str, p: PartitionState, min_isr: int) -> PartitionHealth:
         offline=offline,
         under_replicated=len(p.isr) < len(voters),
         under_min_isr=not offline and len(p.isr) < min_isr,
+        offline_replicas=p.offline_replicas,
     )
 
 
@@ -112,6 +115,7 @@ def cluster_health(rows: Iterable[PartitionHealth]) -> ClusterHealth:
         offline_partitions=sum(r.offline for r in rows),
         under_replicated_partitions=sum(r.under_replicated for r in rows),
         under_min_isr_partitions=sum(r.under_min_isr for r in rows),
+        offline_replicas=sum(len(r.offline_replicas) for r in rows),
     )
 
 

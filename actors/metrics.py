@@ -16,7 +16,8 @@ counts what was missing) rather than failing the whole scrape.
 Names (all prefixed ``raylog_``; Kafka's MBean in brackets):
 
 - ``active_controller_count`` (ActiveControllerCount), ``offline_partitions_count``,
-  ``under_replicated_partitions``, ``under_min_isr_partition_count``, ``brokers{state}``;
+  ``under_replicated_partitions``, ``under_min_isr_partition_count``,
+  ``offline_replica_count`` (OfflineReplicaCount), ``brokers{state}``;
 - ``isr_shrinks_total``, ``isr_expands_total``, ``leader_elections_total``,
   ``unclean_leader_elections_total`` (counted by the active controller since it became active);
 - ``requests_total{broker,request}``, ``request_latency_seconds{broker,request}`` (histogram;
@@ -156,6 +157,8 @@ class ClusterCollector(Collector):
                 ("under_min_isr_partition_count", h.under_min_isr_partitions,
                  "Online partitions whose ISR is smaller than min.insync.replicas"),
                 ("partitions", h.partitions, "Partitions in the cluster"),
+                ("offline_replica_count", h.offline_replicas,
+                 "Replicas whose log failed (a full disk, an I/O error), until re-created"),
             ):  # fmt: skip
                 family = GaugeMetricFamily(PREFIX + name, text)
                 family.add_metric([], value)

@@ -66,6 +66,7 @@ def test_metrics_endpoint_reports_cluster_health(shared_up: UpProcess) -> None:
     assert value(before, "raylog_under_replicated_partitions") == 0
     assert value(before, "raylog_offline_partitions_count") == 0
     assert value(before, "raylog_under_min_isr_partition_count") == 0
+    assert value(before, "raylog_offline_replica_count") == 0
     assert value(before, "raylog_scrape_errors") == 0
 
     produce(up.bootstrap)

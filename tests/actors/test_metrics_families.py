@@ -1,7 +1,8 @@
 """The per-replica metric families of the Prometheus endpoint, from replica states (no Ray).
 
 Proves: log size is reported for every replica; log compaction counters appear for replicas
-that ran a pass, with their values, and not for others; leaders' offsets as before.
+that ran a pass, with their values, and not for others; leaders' offsets as before; replicas
+whose log failed are counted cluster-wide (OfflineReplicaCount).
 """
 
 from __future__ import annotations
@@ -59,3 +60,22 @@ def test_log_size_and_cleaner_counters_per_replica() -> None:
     assert at("raylog_log_cleaner_dirty_ratio", 1) == 0.25
     assert at("raylog_log_cleaner_dirty_ratio", 2) is None
     assert samples[("raylog_log_end_offset", (("partition", "0"), ("topic", "t")))] == 100
+
+
+def test_offline_replicas_are_counted_cluster_wide() -> None:
+    from raylog.actors import election
+    from raylog.actors import metadata as m
+
+    md = m.ClusterMetadata(cluster_id="c")
+    for b in (1, 2, 3):
+        md = m.register_broker(md, b, f"i{b}", None, "127.0.0.1", 9090 + b)
+    md = m.create_topic(md, "t", "id-t", [[1, 2, 3], [2, 3, 1]], {})
+    md = election.set_offline_replicas(md, 1, {m.TopicPartition("t", 0)}).metadata
+    md = election.set_offline_replicas(md, 3, {m.TopicPartition("t", 1)}).metadata
+    values = {
+        s.name: s.value
+        for family in ClusterCollector._cluster_families(md, {"active": 1})
+        for s in family.samples
+    }
+    assert values["raylog_offline_replica_count"] == 2
+    assert values["raylog_offline_partitions_count"] == 0  # both still have a leader

@@ -591,3 +591,16 @@ def test_elect_leaders(version: int) -> None:
     everything = ElectLeadersRequest(election_type=0, topic_partitions=None, timeout_ms=1000)
     response = roundtrip(backend, everything, version, ElectLeadersResponse)
     assert response.replica_election_results == []  # nothing needed an election
+
+
+def test_metadata_lists_fenced_brokers_and_failed_logs_as_offline_replicas() -> None:
+    md = md_.create_topic(_three_brokers(), "t", "id-t", [[1, 2, 3], [3, 1, 2]], {})
+    md = election.set_offline_replicas(md, 1, {md_.TopicPartition("t", 0)}).metadata
+    md = election.fence_broker(md, 3).metadata
+    backend = AdminMemory(md=md)
+    request = MetadataRequest(topics=[MetadataRequest.MetadataRequestTopic(name="t")])
+    response = roundtrip(backend, request, 5, MetadataResponse)
+    parts = {p.partition_index: p for p in response.topics[0].partitions}
+    assert (parts[0].leader_id, list(parts[0].isr_nodes)) == (2, [2])
+    assert list(parts[0].offline_replicas) == [1, 3]  # 1: its log failed; 3: fenced
+    assert (parts[1].leader_id, list(parts[1].offline_replicas)) == (1, [3])
