@@ -6,11 +6,17 @@ its own Ray session), asks the active controller for the partition's leader, kil
 replica actors (``ray.kill``: no graceful shutdown, nothing flushed or handed over) and its
 broker actor (Ray restarts the broker, which re-creates its replicas from their WALs), and
 prints one line: ``killed: {"leader": id, "replicas": [names]}``.
+
+``python kill_leader.py DATA_DIR TOPIC PARTITION --fail-disk`` fails the leader replica's log
+instead, as a full disk would: the replica's process may no longer grow a file past its
+active segment's end (RLIMIT_FSIZE, set with prlimit), so its next append fails with EFBIG.
+Nothing is killed; it prints ``failed: {"leader": id, "pid": pid, "segment": path}``.
 """
 
 from __future__ import annotations
 
 import json
+import resource
 import sys
 import time
 from pathlib import Path
@@ -37,7 +43,22 @@ def _active_controller(ray: Any) -> Any:
     raise SystemExit("no active controller")
 
 
-def main(data_dir: str, topic: str, partition: str) -> int:
+def _fail_disk(ray: Any, root: Path, topic: str, partition: int, leader: int) -> int:
+    from raylog.actors.replica import NAMESPACE, replica_actor_name
+
+    replica = ray.get_actor(replica_actor_name(topic, partition, leader), namespace=NAMESPACE)
+    pid = ray.get(replica.pid.remote(), timeout=CALL_TIMEOUT_S)
+    segment = max(root.rglob(f"broker-{leader}/{topic}-{partition}/*.log"))
+    _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.prlimit(pid, resource.RLIMIT_FSIZE, (segment.stat().st_size + 64, hard))
+    print(
+        "failed: " + json.dumps({"leader": leader, "pid": pid, "segment": str(segment)}),
+        flush=True,
+    )
+    return 0
+
+
+def main(data_dir: str, topic: str, partition: str, mode: str = "--kill") -> int:
     from raylog.actors import raycluster
 
     root = Path(data_dir)
@@ -55,6 +76,8 @@ def main(data_dir: str, topic: str, partition: str) -> int:
     leader = md.topics[topic].partitions[int(partition)].leader
     if leader < 0:
         raise SystemExit(f"{topic}-{partition} has no leader")
+    if mode == "--fail-disk":
+        return _fail_disk(ray, root, topic, int(partition), leader)
     killed = []
     for name, t in md.topics.items():
         for p in t.partitions:

@@ -5,7 +5,9 @@ default idempotent producer (InitProducerId, sequences, acks=all) and confluent-
 ``enable.idempotence=true`` produce N records each to partition 0; a third of the way in, the
 broker leading it is hard-killed (its replica actors and broker actor, through Ray, in a
 separate process: tests/kill_leader.py) while both keep producing. Then everything is read back
-with an assigned consumer.
+with an assigned consumer. The same again with the leader replica's log failing instead, as on
+a full disk (its next append fails with EFBIG; the broker stays up): the clients get
+KAFKA_STORAGE_ERROR, refresh their metadata and go on with the leader the controller elects.
 
 Proves: every record of both producers is acknowledged; the log holds each exactly once (no
 duplicate from the retries that crossed the failover), in send order, with no gap; and each
@@ -18,6 +20,7 @@ records must still be in the log once, in order, which the first checks prove.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -31,16 +34,15 @@ from waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
-TOPIC = "idempotent"
 RECORDS = 300  # per producer
 CLIENT_TIMEOUT_S = 120.0
 KILL_TIMEOUT_S = 120.0
 
 
-def _kill_leader(data_dir: Path) -> subprocess.Popen[str]:
+def _kill_leader(data_dir: Path, topic: str, mode: str) -> subprocess.Popen[str]:
     script = Path(__file__).with_name("kill_leader.py")
     return subprocess.Popen(
-        [sys.executable, str(script), str(data_dir), TOPIC, "0"],
+        [sys.executable, str(script), str(data_dir), topic, "0", mode],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -48,14 +50,14 @@ def _kill_leader(data_dir: Path) -> subprocess.Popen[str]:
     )
 
 
-def _read_partition(bootstrap: str, end_offset: int) -> list[tuple[int, bytes]]:
+def _read_partition(bootstrap: str, topic: str, end_offset: int) -> list[tuple[int, bytes]]:
     """(offset, value) of every record below ``end_offset``: assign + seek, no group."""
     consumer = Consumer(
         {"bootstrap.servers": bootstrap, "group.id": "unused", "enable.auto.commit": False}
     )
     got: dict[int, bytes] = {}
     try:
-        tp = TopicPartition(TOPIC, 0, 0)
+        tp = TopicPartition(topic, 0, 0)
         consumer.assign([tp])
 
         def seeked() -> bool:
@@ -79,13 +81,16 @@ def _read_partition(bootstrap: str, end_offset: int) -> list[tuple[int, bytes]]:
     return sorted(got.items())
 
 
-def test_idempotent_producers_lose_and_duplicate_nothing_across_a_killed_leader(
-    shared_up: UpProcess,
+@pytest.mark.parametrize(("mode", "done"), [("--kill", "killed:"), ("--fail-disk", "failed:")])
+def test_idempotent_producers_lose_and_duplicate_nothing_across_a_failed_leader(
+    shared_up: UpProcess, mode: str, done: str
 ) -> None:
     up = shared_up
+    up.heal()  # the other case killed a broker: Ray restarts it; wait until it is back
     data_dir = up.data_dir
+    topic = "idempotent" + mode.replace("--", "-")
     created = up.raylog(
-        "topics", "create", TOPIC, "--partitions", "1", "--replication-factor", "3",
+        "topics", "create", topic, "--partitions", "1", "--replication-factor", "3",
         "--config", "min.insync.replicas=2",
     )  # fmt: skip
     assert created.returncode == 0, created.stderr
@@ -110,8 +115,8 @@ def test_idempotent_producers_lose_and_duplicate_nothing_across_a_killed_leader(
             ck_acked[msg.value()] = msg.offset()
 
     def send(i: int) -> None:
-        kp_futures.append(kp.send(TOPIC, value=b"kp-%05d" % i, partition=0))
-        ck.produce(TOPIC, value=b"ck-%05d" % i, partition=0, on_delivery=ck_delivered)
+        kp_futures.append(kp.send(topic, value=b"kp-%05d" % i, partition=0))
+        ck.produce(topic, value=b"ck-%05d" % i, partition=0, on_delivery=ck_delivered)
         ck.poll(0)
 
     i = 0
@@ -119,7 +124,7 @@ def test_idempotent_producers_lose_and_duplicate_nothing_across_a_killed_leader(
         send(i)
         i += 1
     assert kp_futures[0].get(timeout=CLIENT_TIMEOUT_S).offset >= 0  # the producers work
-    killer = _kill_leader(data_dir)
+    killer = _kill_leader(data_dir, topic, mode)
     # Keep producing while the kill lands: batches are in flight when the leader dies. The
     # poll is the pacing (bounded waits for delivery events); a third is kept for after.
     while i < 2 * RECORDS // 3 and killer.poll() is None:
@@ -127,7 +132,8 @@ def test_idempotent_producers_lose_and_duplicate_nothing_across_a_killed_leader(
         i += 1
         ck.poll(0.02)
     out, err = killer.communicate(timeout=KILL_TIMEOUT_S)
-    assert killer.returncode == 0 and "killed:" in out, (out, err[-2000:])
+    assert killer.returncode == 0 and done in out, (out, err[-2000:])
+    failed = json.loads(out.split(done, 1)[1].splitlines()[0])["leader"]
     assert i < RECORDS, "records are still produced after the leader died"
     while i < RECORDS:
         send(i)
@@ -139,7 +145,11 @@ def test_idempotent_producers_lose_and_duplicate_nothing_across_a_killed_leader(
     }
     kp.close(timeout=30)
 
-    log = _read_partition(up.bootstrap, 2 * RECORDS)
+    described = up.raylog("topics", "describe", topic, "--json")
+    assert described.returncode == 0, described.stderr
+    partition = json.loads(described.stdout)[0]["partitions"][0]
+    assert partition["leader_epoch"] > 0, f"leader {failed} was never replaced: {partition}"
+    log = _read_partition(up.bootstrap, topic, 2 * RECORDS)
     assert [offset for offset, _ in log] == list(range(2 * RECORDS)), "offsets are dense"
     for prefix, acked in ((b"kp-", kp_acked), (b"ck-", ck_acked)):
         values = [(offset, v) for offset, v in log if v.startswith(prefix)]
