@@ -5,8 +5,9 @@
 - ``leader TOPIC PARTITION``: the partition's leader and ISR from the active controller;
 - ``kill-broker BROKER``: hard-kills the broker's replica actors and the broker actor itself
   (``ray.kill``: no graceful shutdown; Ray restarts the broker, which starts new replicas);
-- ``read-topic TOPIC OUT [START_TS]``: ``raylog.pipelines.read_topic`` (Ray Data) with headers
-  (from ``start_timestamp`` START_TS when given), written to the Parquet file OUT.
+- ``read-topic TOPIC OUT[@START_TS]...``: ``raylog.pipelines.read_topic`` (Ray Data) with
+  headers (from ``start_timestamp`` START_TS when given), written to the Parquet file OUT; one
+  read per OUT, in one process (joining Ray and starting Ray Data cost seconds each time).
 
 A separate process because Ray reads its token when it is imported: the test process belongs
 to its own Ray session, this one joins the cluster of DATA_DIR (``reading.connect``).
@@ -54,18 +55,24 @@ def kill_broker(broker: str) -> dict[str, Any]:
     return {"killed": killed}
 
 
-def read_topic(topic: str, out: str, start_ts: str | None = None) -> dict[str, Any]:
+def read_topic(topic: str, *outs: str) -> dict[str, Any]:
     import pyarrow as pa
     import pyarrow.parquet as pq
     import ray
 
     from raylog.pipelines import read_topic as _read_topic
 
-    start_timestamp = None if start_ts is None else int(start_ts)
-    ds = _read_topic(topic, include_headers=True, min_partitions=3, start_timestamp=start_timestamp)
-    table = pa.concat_tables(ray.get(ds.to_arrow_refs()))
-    pq.write_table(table, out)
-    return {"rows": table.num_rows}
+    rows = []
+    for spec in outs:
+        out, _, start_ts = spec.partition("@")
+        start_timestamp = int(start_ts) if start_ts else None
+        ds = _read_topic(
+            topic, include_headers=True, min_partitions=3, start_timestamp=start_timestamp
+        )
+        table = pa.concat_tables(ray.get(ds.to_arrow_refs()))
+        pq.write_table(table, out)
+        rows.append(table.num_rows)
+    return {"rows": rows}
 
 
 RESULT = "cluster-action-result: "  # Ray Data prints progress to stdout too

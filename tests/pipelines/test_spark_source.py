@@ -50,6 +50,20 @@ def produced(embedded: Any) -> Iterator[list[dict[str, Any]]]:
     yield sorted(rows, key=lambda r: (r["partition"], r["offset"]))
 
 
+@pytest.fixture(scope="module")
+def ray_data_reads(
+    embedded: Any, produced: list[dict[str, Any]], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[list[int], Path, Path]:
+    """Ray Data's reads of the topic, whole and from MID_BATCH_TS, in one process that joined
+    the cluster: (rows of each, the whole read's Parquet file, the other's)."""
+    out = tmp_path_factory.mktemp("ray-data")
+    whole, from_ts = out / "whole.parquet", out / "from-ts.parquet"
+    result = cluster_action(
+        embedded.data_dir, "read-topic", TOPIC, str(whole), f"{from_ts}@{MID_BATCH_TS}"
+    )
+    return result["rows"], whole, from_ts
+
+
 def _read(spark: Any, up: Any, **options: str) -> Any:
     reader = spark.read.format("raylog").option("cluster", str(up.data_dir))
     for k, v in options.items():
@@ -179,14 +193,13 @@ def test_starting_and_ending_timestamps(
 
 
 def test_ray_data_start_timestamp(
-    spark: Any, embedded: Any, produced: list[dict[str, Any]], tmp_path: Path
+    produced: list[dict[str, Any]], ray_data_reads: tuple[list[int], Path, Path]
 ) -> None:
     start0 = _first_at_or_after(produced, 0, MID_BATCH_TS)
     want = [r for r in produced if r["partition"] == 1 or r["offset"] >= start0]
-    out = tmp_path / "ray-data-from-ts.parquet"
-    result = cluster_action(embedded.data_dir, "read-topic", TOPIC, str(out), str(MID_BATCH_TS))
-    assert result == {"rows": len(want)}
-    assert table_rows(pq.read_table(out)) == want
+    rows, _, from_ts = ray_data_reads
+    assert rows[1] == len(want)
+    assert table_rows(pq.read_table(from_ts)) == want
 
 
 @pytest.mark.parametrize(
@@ -224,11 +237,12 @@ def test_out_of_range_end_fails_at_planning(
 
 
 def test_ray_data_returns_the_same_rows_as_spark(
-    spark: Any, embedded: Any, produced: list[dict[str, Any]], tmp_path: Path
+    spark: Any,
+    embedded: Any,
+    produced: list[dict[str, Any]],
+    ray_data_reads: tuple[list[int], Path, Path],
 ) -> None:
     spark_rows = _rows(_read(spark, embedded, subscribe=TOPIC, includeHeaders="true"))
-    out = tmp_path / "ray-data.parquet"
-    assert cluster_action(embedded.data_dir, "read-topic", TOPIC, str(out)) == {
-        "rows": len(produced)
-    }
-    assert table_rows(pq.read_table(out)) == spark_rows == produced
+    rows, whole, _ = ray_data_reads
+    assert rows[0] == len(produced)
+    assert table_rows(pq.read_table(whole)) == spark_rows == produced
