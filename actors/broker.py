@@ -139,6 +139,15 @@ def _is_dead(result: object) -> bool:
     return isinstance(result, BrokerNotAvailableError)
 
 
+def _send_command(handle: Any, spec: ReplicaSpec) -> Any:
+    """Send the spec's role command to the replica; returns the call's ref."""
+    if isinstance(spec.command, BecomeLeader):
+        return handle.become_leader.remote(spec.command)
+    if spec.command.__class__.__name__ == "BecomeObserver":
+        return handle.become_observer.remote(spec.command)
+    return handle.become_follower.remote(spec.command)
+
+
 @dataclass
 class _Hosted:
     handle: Any
@@ -499,10 +508,7 @@ class BrokerActor:
                 fresh = self._hosted[key]
                 fresh.spec = spec
                 if not spec.is_leader:
-                    if spec.command.__class__.__name__ == "BecomeObserver":
-                        fresh.handle.become_observer.remote(spec.command)
-                    else:
-                        fresh.handle.become_follower.remote(spec.command)
+                    _send_command(fresh.handle, spec)
         except Exception:  # the next push (or retry) re-creates it
             log.exception("broker %d: re-creating replica %s-%d", self.broker_id, *key)
 
@@ -540,16 +546,11 @@ class BrokerActor:
                     calls.append(ray_call(hosted.handle.state.remote(), REPLICA_CALL_TIMEOUT_MS))
                     continue
                 hosted.handle.set_controller.remote(me)  # again: a restarted replica forgot it
-                if isinstance(s.command, BecomeLeader):
-                    if hosted.throttle_bytes_per_sec != s.throttle_bytes_per_sec:
-                        hosted.handle.set_replication_throttle.remote(s.throttle_bytes_per_sec)
-                        hosted.throttle_bytes_per_sec = s.throttle_bytes_per_sec
-                    ref = hosted.handle.become_leader.remote(s.command)
-                elif s.command.__class__.__name__ == "BecomeObserver":
-                    ref = hosted.handle.become_observer.remote(s.command)
-                else:
-                    ref = hosted.handle.become_follower.remote(s.command)
-                calls.append(ray_call(ref, REPLICA_CALL_TIMEOUT_MS))
+                rate = s.throttle_bytes_per_sec
+                if isinstance(s.command, BecomeLeader) and hosted.throttle_bytes_per_sec != rate:
+                    hosted.handle.set_replication_throttle.remote(rate)
+                    hosted.throttle_bytes_per_sec = rate
+                calls.append(ray_call(_send_command(hosted.handle, s), REPLICA_CALL_TIMEOUT_MS))
             results = await asyncio.gather(*calls, return_exceptions=True)
             dead = []
             for key, result in zip(keys, results, strict=True):

@@ -84,7 +84,6 @@ from raylog.actors.messages import (
 )
 from raylog.actors.metadata import (
     ClusterMetadata,
-    PartitionChange,
     TopicMetadata,
     TopicPartition,
 )
@@ -578,16 +577,16 @@ class ControllerActor:
     async def _set_offline(
         self, broker_id: int, incarnation_id: str, offline: set[TopicPartition]
     ) -> None:
-        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, list[PartitionChange]]:
+        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, election.Outcome]:
             reg = md.brokers.get(broker_id)
             if reg is None or reg.incarnation_id != incarnation_id:
-                return md, []
+                return md, election.Outcome(md)
             out = election.set_offline_replicas(md, broker_id, offline, self._leos())
-            return out.metadata, out.changes
+            return out.metadata, out
 
-        changes = await self._mutate(change)
-        self._count_unclean(election.Outcome(self._require_active().metadata, changes))
-        for c in changes:
+        out = await self._mutate(change)
+        self._count_unclean(out)
+        for c in out.changes:
             log.warning(
                 "%s-%d: the replica on broker %d is %s; leader %s, ISR %s",
                 c.topic,

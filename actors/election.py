@@ -327,11 +327,6 @@ def elect_offline(md: ClusterMetadata, log_end_offsets: LogEndOffsets | None = N
 # --- offline replicas (a failed log) --------------------------------------------------------
 
 
-def offline_replicas_of(md: ClusterMetadata, broker_id: int) -> set[TopicPartition]:
-    """The partitions whose replica on ``broker_id`` the metadata records as offline."""
-    return {tp for tp, p in md_.partitions(md) if broker_id in p.offline_replicas}
-
-
 def offline_report_differs(
     md: ClusterMetadata, broker_id: int, offline: Set[TopicPartition]
 ) -> bool:

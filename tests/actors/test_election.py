@@ -280,6 +280,10 @@ def test_auto_rebalance_respects_the_percentage() -> None:
 T1 = TopicPartition("t", 1)
 
 
+def offline_replicas_of(md: ClusterMetadata, broker_id: int) -> set[TopicPartition]:
+    return {tp for tp, p in m.partitions(md) if broker_id in p.offline_replicas}
+
+
 def test_an_offline_leader_replica_is_replaced_for_its_partition_only() -> None:
     md = topic(cluster(), [[1, 2, 3], [1, 2, 3]])
     out = e.set_offline_replicas(md, 1, {T0})
@@ -289,7 +293,7 @@ def test_an_offline_leader_replica_is_replaced_for_its_partition_only() -> None:
     assert (other.leader, other.isr, other.offline_replicas) == (1, (1, 2, 3), ())
     assert out.metadata.brokers[1].state == "registered"  # the broker itself stays up
     assert [c.topic_partition for c in out.changes] == [T0]
-    assert e.offline_replicas_of(out.metadata, 1) == {T0}
+    assert offline_replicas_of(out.metadata, 1) == {T0}
     # The same report again changes nothing (every heartbeat carries the whole set).
     assert e.set_offline_replicas(out.metadata, 1, {T0}).metadata is out.metadata
 
@@ -508,7 +512,7 @@ def _step(md: ClusterMetadata, action: str, arg: int, leos: dict) -> e.Outcome:
         return e.elect_leaders(md, "unclean", log_end_offsets=leos)
     if action == "log_failed":  # one more replica of broker b reported offline
         tp, b = TopicPartition("t", arg // N_BROKERS), arg % N_BROKERS + 1
-        return e.set_offline_replicas(md, b, e.offline_replicas_of(md, b) | {tp}, leos)
+        return e.set_offline_replicas(md, b, offline_replicas_of(md, b) | {tp}, leos)
     if action == "logs_back":
         return e.set_offline_replicas(md, arg, set(), leos)
     tp = TopicPartition("t", arg)
