@@ -24,7 +24,8 @@ Proves, with short sessions and leases so each scenario takes about a second:
   append fails with EFBIG as on a full disk) answers KAFKA_STORAGE_ERROR and goes offline; the
   controller moves leadership to another ISR member within a few heartbeats, with no
   acknowledged write lost and the broker still up; the broker re-creates the replica from its
-  log after replica.offline.retry.backoff.ms and it rejoins the ISR.
+  log after replica.offline.retry.backoff.ms and it rejoins the ISR; a follower whose log
+  fails leaves the ISR at once, and acks=all goes on without it.
 """
 
 from __future__ import annotations
@@ -512,6 +513,14 @@ def test_a_stopped_replica_does_not_hold_up_its_brokers_heartbeats(cluster: Clus
     assert _get(cluster.replica(follower, "stalled").pid.remote()) == pid  # resumed, same one
 
 
+def _fail_log(cluster: Cluster, broker: int, topic: str, pid: int) -> None:
+    """The replica's process may no longer grow a file past its segment's end + 64 bytes: its
+    next batch (about 130 bytes) fails with EFBIG, as a write to a full disk fails with ENOSPC."""
+    segment = max((cluster.root / "data" / f"broker-{broker}" / f"{topic}-0").glob("*.log"))
+    _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.prlimit(pid, resource.RLIMIT_FSIZE, (segment.stat().st_size + 64, hard))
+
+
 def test_a_replica_whose_log_fails_goes_offline_and_its_partition_moves(cluster: Cluster) -> None:
     _create(cluster, "full-disk")
     wait_until(
@@ -525,12 +534,7 @@ def test_a_replica_whose_log_fails_goes_offline_and_its_partition_moves(cluster:
     old = cluster.leader("full-disk")
     replica = cluster.replica(old, "full-disk")
     pid = _get(replica.pid.remote())
-    log_dir = cluster.root / "data" / f"broker-{old}" / "full-disk-0"
-    segment = max(log_dir.glob("*.log"))
-    # The replica's process may not grow a file past the segment's end + 64 bytes: the next
-    # batch (about 130 bytes) fails with EFBIG, as a write to a full disk fails with ENOSPC.
-    _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.prlimit(pid, resource.RLIMIT_FSIZE, (segment.stat().st_size + 64, hard))
+    _fail_log(cluster, old, "full-disk", pid)
     failed = _get(replica.produce.remote(_batch(10), -1, 5_000))
     assert failed.error_code == KafkaStorageError.error_code, failed
 
@@ -561,6 +565,22 @@ def test_a_replica_whose_log_fails_goes_offline_and_its_partition_moves(cluster:
     wait_until(back, timeout_s=CALL_TIMEOUT_S, message="the re-created replica in the ISR")
     assert _get(cluster.replica(old, "full-disk").pid.remote()) != pid
     assert not _get(cluster.brokers[old].status.remote())["offline_replicas"]
+
+    # A follower's log fails at its next append: the controller takes it out of the ISR at
+    # once, so acks=all goes on with the other two well before replica.lag.time.max.ms (30 s)
+    # would have dropped it.
+    leader = cluster.leader("full-disk")
+    follower = next(b for b in BROKERS if b not in (leader, old))
+    _fail_log(
+        cluster, follower, "full-disk", _get(cluster.replica(follower, "full-disk").pid.remote())
+    )
+    wait_until(
+        lambda: _produce_ok(cluster, "full-disk", 12),
+        timeout_s=15,
+        message="acks=all without the follower whose log failed",
+    )
+    p = cluster.call("metadata").topics["full-disk"].partitions[0]
+    assert follower in p.offline_replicas and follower not in p.isr and len(p.isr) == 2, p
 
 
 def test_replica_without_a_live_lease_refuses_produce(ray_local: Path, tmp_path: Path) -> None:
