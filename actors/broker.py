@@ -158,6 +158,7 @@ class _Hosted:
     spec: ReplicaSpec | None = None  # the last one applied
     offline: str | None = None  # why its log failed; the controller hears it by heartbeat
     offline_since_ms: int = 0
+    offline_recorded: bool = False  # a heartbeat reporting it offline was answered
 
 
 @ray.remote(num_cpus=0, max_restarts=0, max_concurrency=4)
@@ -390,6 +391,7 @@ class BrokerActor:
     async def _heartbeat_loop(self) -> None:
         while not self._stopping:  # ends with shutdown(); one heartbeat per interval
             t0 = monotonic_ms()
+            reporting = {k: h for k, h in self._hosted.items() if h.offline is not None}
             try:
                 reply: HeartbeatReply = await self._call_controller(
                     "heartbeat",
@@ -403,6 +405,12 @@ class BrokerActor:
                 )
                 self._controller_epoch = max(self._controller_epoch, reply.controller_epoch)
                 self._heartbeats += 1
+                if reply.registered and reply.state != "fenced":
+                    # The controller wrote the report before answering: the replicas it named
+                    # lead no more (their leader epoch moved on) and may be re-created.
+                    for key, hosted in reporting.items():
+                        if self._hosted.get(key) is hosted:
+                            hosted.offline_recorded = True
                 if not reply.registered:
                     await self._register()
                 elif reply.lease_ok:
@@ -480,14 +488,18 @@ class BrokerActor:
         return sorted(keys | set(self._recreating))
 
     def _retry_offline(self) -> None:
-        """Re-create (from its log) each replica offline for replica.offline.retry.backoff.ms."""
+        """Re-create (from its log) each replica offline for replica.offline.retry.backoff.ms
+        whose offline state the controller has recorded."""
         now = monotonic_ms()
         backoff = self._config.replica_offline_retry_backoff_ms
         loop = asyncio.get_running_loop()
         for key, hosted in list(self._hosted.items()):
             if hosted.offline is None or key in self._recreating or self._stopping:
                 continue
-            if now - hosted.offline_since_ms >= backoff:
+            # Only once the controller has recorded it offline: a replica that lost unsynced
+            # writes must never resume leading the epoch it led (its followers may hold other
+            # records at the same offsets of that epoch, which no truncation would find).
+            if hosted.offline_recorded and now - hosted.offline_since_ms >= backoff:
                 task = loop.create_task(self._recreate(key, hosted))
                 self._recreating[key] = task
                 task.add_done_callback(lambda _t, key=key: self._recreating.pop(key, None))

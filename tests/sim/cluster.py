@@ -83,6 +83,7 @@ from raylog.actors.partition import (
 from raylog.actors.replication_types import AdvanceLogStart, DeleteRecordsResult
 from raylog.storage.errors import (
     DuplicateBrokerRegistrationError,
+    KafkaStorageError,
     NotLeaderOrFollowerError,
     OffsetOutOfRangeError,
 )
@@ -98,6 +99,7 @@ TICK_MS = 20
 CONTROLLER_SYNC_MS = 150
 CONTROLLER_TICK_MS = 50  # how often the controller looks for expired sessions
 HEARTBEAT_MS = 50  # broker.heartbeat.interval.ms, scaled to the simulation's time
+LOG_RETRY_MS = 300  # replica.offline.retry.backoff.ms, scaled
 SESSION_MS = 250  # broker.session.timeout.ms, scaled
 LEASE_GUARD_MS = SESSION_MS // 10  # as raylog's broker: 10 % of the session
 STALE_LEADER_ROUTING = 0.2  # chance that a client sends to the previous leader
@@ -130,6 +132,11 @@ class Scenario:
     # Each broker's clock rate is drawn from this range; the lease guard absorbs up to 10 %.
     clock_rate_min: float = 0.95
     clock_rate_max: float = 1.05
+    # A replica's log fails now and then (a full disk, a failed fsync) while its broker runs
+    # on: the replica goes offline, losing what it had not synced; its broker's heartbeats
+    # report it; LOG_RETRY_MS later the broker re-creates it from its log. Off by default: a
+    # new kind of fault changes every seed's run.
+    log_failures: bool = False
     network: NetworkConfig = field(default_factory=NetworkConfig)
     replica_class: type[PartitionReplica] = PartitionReplica
     controller_class: type[SimController] = SimController
@@ -185,6 +192,9 @@ class SimNode:
     lease_until_ms: int = 0  # on this broker's clock
     applied_epoch: int = -1  # the newest metadata version whose command it applied
     controller_epoch: int = 0  # the newest controller epoch it heard from
+    log_failed: bool = False  # its replica is offline (a failed log), the broker runs on
+    log_failure: int = 0  # which failure of this node's log (heartbeats name it)
+    log_failure_recorded: bool = False  # a heartbeat reporting it was answered
 
 
 @dataclass(frozen=True)
@@ -193,6 +203,7 @@ class Heartbeat:
     broker_incarnation: int
     applied_epoch: int
     t0_ms: int  # the broker's clock, read before sending
+    log_failure: int = 0  # raylog's heartbeats carry the broker's offline replicas (0: none)
 
 
 @dataclass(frozen=True)
@@ -201,6 +212,7 @@ class HeartbeatReply:
     lease_ok: bool
     t0_ms: int
     controller_epoch: int
+    log_failure: int = 0  # the heartbeat's: the controller has recorded that failure
 
 
 @dataclass(frozen=True)
@@ -303,6 +315,9 @@ class Simulation:
             "fenced_expired": 0,
             "controller_failovers": 0,
             "lease_refused": 0,
+            "log_failures": 0,
+            "log_recoveries": 0,
+            "offline_changes": 0,  # the controller's record of offline replicas changed
         }
         self.steps_done = 0
 
@@ -534,6 +549,11 @@ class Simulation:
                 node.controller_epoch = message.command.controller_epoch
                 node.applied_epoch = max(node.applied_epoch, message.metadata_epoch)
                 message = message.command
+                if node.log_failed:
+                    return  # the broker applied it; the offline replica refuses it
+            elif node.log_failed:  # as raylog's offline replica: KAFKA_STORAGE_ERROR
+                self._refuse(node, message, KafkaStorageError.error_code, "offline")
+                return
             elif isinstance(message, (ProduceRequest, DeleteRecordsRequest)) and (
                 self._clock(node) >= node.lease_until_ms
             ):
@@ -559,7 +579,10 @@ class Simulation:
         node = self.nodes[node_id]
         if not node.alive or node.broker_incarnation != broker_incarnation:
             return
-        beat = Heartbeat(node_id, broker_incarnation, node.applied_epoch, self._clock(node))
+        failure = node.log_failure if node.log_failed else 0
+        beat = Heartbeat(
+            node_id, broker_incarnation, node.applied_epoch, self._clock(node), failure
+        )
         self._send(node_id, CONTROLLER, beat)
         self._schedule(HEARTBEAT_MS, "heartbeat", node_id, broker_incarnation)
 
@@ -567,19 +590,27 @@ class Simulation:
         if reply.broker_incarnation != node.broker_incarnation:
             return
         node.controller_epoch = max(node.controller_epoch, reply.controller_epoch)
+        if node.log_failed and reply.log_failure == node.log_failure:
+            node.log_failure_recorded = True
         if reply.lease_ok:
             until = reply.t0_ms + SESSION_MS - LEASE_GUARD_MS
             node.lease_until_ms = max(node.lease_until_ms, until)
 
+    def _refuse(self, node: SimNode, message: Any, code: int, why: str) -> None:
+        """Answer a client's write with an error; anything else (fetches, replication) goes
+        unanswered, as if lost."""
+        if isinstance(message, ProduceRequest):
+            result: Any = ProduceResult(message.request_id, code, -1, why)
+        elif isinstance(message, DeleteRecordsRequest):
+            result = DeleteRecordsResult(message.request_id, code, -1, why)
+        else:
+            return
+        self._send(node.node_id, CLIENT, result, client=True)
+
     def _refuse_without_lease(self, node: SimNode, message: Any) -> None:
         """As raylog's replica actor: no write lease, no write (NOT_LEADER_OR_FOLLOWER)."""
         self.stats["lease_refused"] += 1
-        code = NotLeaderOrFollowerError.error_code
-        if isinstance(message, ProduceRequest):
-            result: Any = ProduceResult(message.request_id, code, -1, "lease lapsed")
-        else:
-            result = DeleteRecordsResult(message.request_id, code, -1, "lease lapsed")
-        self._send(node.node_id, CLIENT, result, client=True)
+        self._refuse(node, message, NotLeaderOrFollowerError.error_code, "lease lapsed")
 
     # --- the controller -------------------------------------------------------------------------
 
@@ -587,6 +618,7 @@ class Simulation:
         before = (self.controller.metadata_epoch, self.leader)
         if isinstance(message, Heartbeat):
             node_id = message.node_id
+            offline_before = self.controller.partition.offline_replicas
             try:
                 lease_ok = self.controller.heartbeat(
                     node_id,
@@ -594,11 +626,16 @@ class Simulation:
                     message.applied_epoch,
                     self.now_ms,
                     self._leos(),
+                    message.log_failure != 0,
                 )
             except DuplicateBrokerRegistrationError:
                 return  # the broker tries again with its next heartbeat
+            if self.controller.partition.offline_replicas != offline_before:
+                self.stats["offline_changes"] += 1
             epoch = self.controller.controller_epoch
-            reply = HeartbeatReply(message.broker_incarnation, lease_ok, message.t0_ms, epoch)
+            reply = HeartbeatReply(
+                message.broker_incarnation, lease_ok, message.t0_ms, epoch, message.log_failure
+            )
             self._send(CONTROLLER, node_id, reply)
         else:
             assert isinstance(message, Forwarded)
@@ -704,6 +741,12 @@ class Simulation:
     def _on_fault(self) -> None:
         if self.settling:
             return
+        if self.scenario.log_failures and self.rng.random() < 0.3:
+            healthy = [n for n in self.nodes.values() if n.alive and not n.log_failed]
+            if healthy:
+                self._fail_log(self.rng.choice(healthy))
+            self._schedule(self.rng.randint(1, 2 * self.scenario.fault_interval_ms), "fault")
+            return
         choice = self.rng.random()
         alive = [n for n in self.nodes.values() if n.alive]
         dead = [n for n in self.nodes.values() if not n.alive]
@@ -724,8 +767,38 @@ class Simulation:
             self.net.cut.clear()
         self._schedule(self.rng.randint(1, 2 * self.scenario.fault_interval_ms), "fault")
 
+    def _fail_log(self, node: SimNode) -> None:
+        """The replica's log fails: it stops (what it had not synced is lost, as after a
+        failed fsync; the write that failed is cut back, no tear); the broker runs on."""
+        node.log_failed = True
+        node.log_failure += 1
+        node.log_failure_recorded = False
+        node.incarnation += 1
+        node.disk.crash(self.rng, tear=False)
+        self.stats["log_failures"] += 1
+        self._schedule(LOG_RETRY_MS, "log_back", node.node_id, node.incarnation)
+
+    def _on_log_back(self, node_id: int, incarnation: int) -> None:
+        """The broker re-creates the offline replica from its log, once a heartbeat reporting
+        it was answered (the controller recorded it: it leads no more). It sends no command:
+        the controller's next push (or resync) tells the new replica what it is."""
+        node = self.nodes[node_id]
+        if not node.alive or node.incarnation != incarnation or not node.log_failed:
+            return
+        if not node.log_failure_recorded:  # as raylog's broker: not before the controller knows
+            self._schedule(LOG_RETRY_MS, "log_back", node.node_id, node.incarnation)
+            return
+        node.log_failed = False
+        node.incarnation += 1
+        node.disk.generation += 1
+        node.replica = self._new_replica(node.node_id, node.disk)
+        node.verified_batches = 0
+        self.stats["log_recoveries"] += 1
+        self._schedule(self.rng.randint(0, TICK_MS), "tick", node.node_id, node.incarnation)
+
     def _crash(self, node: SimNode) -> None:
         node.alive = False
+        node.log_failed = False
         node.incarnation += 1
         node.disk.crash(self.rng, tear=self.rng.random() < 0.5)
         self.stats["crashes"] += 1
@@ -751,6 +824,7 @@ class Simulation:
         write, recovery syncs it, and the controller, which elected no one, sends the same
         command again (a leader resumes the epoch it led)."""
         node.incarnation += 1
+        node.log_failed = False  # a replaced replica is a re-created one
         node.disk.durable_count = len(node.disk.batches)
         node.disk.generation += 1
         node.replica = self._new_replica(node.node_id, node.disk)

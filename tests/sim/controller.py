@@ -118,6 +118,7 @@ class SimController:
         applied_epoch: int,
         now_ms: int,
         leos: Mapping[int, int],
+        log_failed: bool = False,
     ) -> bool:
         """One heartbeat (or the first one of a new incarnation, which registers it); whether
         the broker may extend its write lease. Raises DuplicateBrokerRegistrationError for a new
@@ -138,7 +139,10 @@ class SimController:
             self._write(election.unfence_broker(self.md, broker_id, {TP: leos}))
             self.sessions.unfenced(broker_id, self.md.metadata_epoch)
         fenced = self.md.brokers[broker_id].state == "fenced"
-        return self.sessions.heartbeat(broker_id, applied_epoch, now_ms, fenced)
+        lease_ok = self.sessions.heartbeat(broker_id, applied_epoch, now_ms, fenced)
+        offline = {TP} if log_failed else set()
+        self._write(election.set_offline_replicas(self.md, broker_id, offline, {TP: leos}))
+        return lease_ok
 
     def _fence(self, broker_id: int, leos: Mapping[int, int], expired: bool) -> Fenced:
         p = self.partition

@@ -17,6 +17,10 @@ that grants a lease before the broker applied its unfencing, and brokers' clocks
 the lease guard allows, are caught.
 DeleteRecords runs in every seed: log starts move on leaders and followers, consumers restart at
 them, and no replica elected cleanly starts below an acknowledged low watermark.
+With failed logs (``Scenario.log_failures``, its own seeds): a replica's log fails while its
+broker runs on (unsynced writes lost), the broker's heartbeats report it, the controller takes
+it out of the ISR and leadership with raylog's ``election.set_offline_replicas``, the broker
+re-creates it later, and every checker still holds.
 
 Replay one seed deterministically: ``RAYLOG_SIM_SEED=1234 pytest tests/sim -k replay``; add
 ``RAYLOG_SIM_TRACE=1`` and ``-s`` to print every event of the run.
@@ -46,6 +50,7 @@ SEED_BASE = 1_000_000  # seeds run are SEED_BASE .. SEED_BASE + n - 1
 
 CHUNK_SEEDS = 250  # seeds per test case: keeps each case well inside pytest's timeout
 UNCLEAN_SEEDS = 150  # runs with unclean elections (checker 10 and the invariants)
+LOG_FAILURE_SEEDS = 100  # runs where replicas' logs fail (every checker)
 
 
 def _seed_count(config: pytest.Config) -> int:
@@ -189,6 +194,19 @@ class StaysAboveALeaderThatEndsBelowIt(PartitionReplica):
             super()._handle_out_of_range(msg, request)
 
 
+def test_failed_logs_lose_nothing_and_converge() -> None:
+    totals: dict[str, int] = {}
+    for seed in range(SEED_BASE, SEED_BASE + LOG_FAILURE_SEEDS):
+        sim = run_seed(seed, Scenario.from_seed(seed, log_failures=True))
+        for key, value in sim.stats.items():
+            totals[key] = totals.get(key, 0) + value
+    count = LOG_FAILURE_SEEDS
+    assert totals["log_failures"] > count and totals["log_recoveries"] > count // 2, totals
+    # The controller recorded replicas going offline and coming back, and elected around them.
+    assert totals["offline_changes"] > count, totals
+    assert totals["elections"] > count // 4 and totals["acked_all"] > count, totals
+
+
 def test_runs_with_unclean_elections_converge() -> None:
     """With unclean elections (and DeleteRecords, crashes, partitions): the state machine's own
     invariants hold, no split brain, and the partition converges once the faults stop
@@ -249,6 +267,15 @@ class LeaseBeforeApplying(SimController):
         return self.md.brokers[broker_id].state != "fenced"
 
 
+class IgnoresOfflineReplicas(SimController):
+    """Known bug: heartbeats' reports of failed logs are ignored, so a replica that lost its
+    unsynced writes, re-created by its broker, resumes leading the epoch it led; its followers
+    keep other records at the same offsets of that epoch, and a committed one is lost."""
+
+    def heartbeat(self, *args: Any, **kwargs: Any) -> bool:
+        return super().heartbeat(*args[:5], log_failed=False)
+
+
 @pytest.mark.parametrize(
     ("name", "overrides"),
     [
@@ -263,12 +290,17 @@ class LeaseBeforeApplying(SimController):
             "clocks slower than the lease guard allows",
             {"clock_rate_min": 0.75, "clock_rate_max": 0.8},
         ),
+        (
+            "failed logs not taken out of the ISR and leadership",
+            {"controller_class": IgnoresOfflineReplicas, "log_failures": True},
+        ),
     ],
-    ids=["lease-before-applying", "slow-clocks"],
+    ids=["lease-before-applying", "slow-clocks", "ignores-offline-replicas"],
 )
 def test_checkers_catch_controller_bugs(name: str, overrides: dict[str, Any]) -> None:
-    """Checker 9 (a fenced broker holds no lease and never writes again in the epoch it was
-    deposed from) catches a controller that breaks raylog's lease rules."""
+    """The checkers catch a controller that breaks raylog's lease rules (checker 9: a fenced
+    broker holds no lease and never writes again in the epoch it was deposed from) or ignores
+    its brokers' reports of failed logs (a committed record is lost)."""
     max_seeds = 600
     for seed in range(max_seeds):
         try:
