@@ -391,6 +391,7 @@ class BrokerActor:
     async def _heartbeat_loop(self) -> None:
         while not self._stopping:  # ends with shutdown(); one heartbeat per interval
             t0 = monotonic_ms()
+            # Reported offline: replicas whose log failed, and those being re-created since.
             reporting = {k: h for k, h in self._hosted.items() if h.offline is not None}
             try:
                 reply: HeartbeatReply = await self._call_controller(
@@ -400,7 +401,7 @@ class BrokerActor:
                     self._applied_epoch,
                     self._self(),
                     self._sentinel,
-                    self._offline_keys(),
+                    sorted({*reporting, *self._recreating}),
                     timeout_ms=max(self._heartbeat_ms, self._session_ms // 3),
                 )
                 self._controller_epoch = max(self._controller_epoch, reply.controller_epoch)
@@ -480,12 +481,6 @@ class BrokerActor:
         )
         if self._beat_now is not None:
             self._beat_now.set()  # the controller moves its leadership at the next heartbeat
-
-    def _offline_keys(self) -> list[tuple[str, int]]:
-        """What this broker's heartbeats report offline: the replicas whose log failed, and
-        those being re-created since."""
-        keys = {k for k, h in self._hosted.items() if h.offline is not None}
-        return sorted(keys | set(self._recreating))
 
     def _retry_offline(self) -> None:
         """Re-create (from its log) each replica offline for replica.offline.retry.backoff.ms

@@ -365,9 +365,9 @@ def set_offline_replicas(
         was, now = broker_id in p.offline_replicas, tp in wanted
         if was == now:
             continue
-        marked = tuple(b for b in p.replicas if b != broker_id and b in p.offline_replicas)
-        if now:
-            marked = tuple(b for b in p.replicas if b == broker_id or b in p.offline_replicas)
+        marked = tuple(
+            b for b in p.replicas if (now if b == broker_id else b in p.offline_replicas)
+        )
         trial = msgspec.structs.replace(p, offline_replicas=marked)
         if now or trial.leader == NO_LEADER:
             decided = decide_partition(
