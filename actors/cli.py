@@ -768,13 +768,19 @@ def cmd_topics_describe(args: argparse.Namespace) -> int:
             )
         for r in rows:
             if r.topic == name:
-                print(
-                    f"\tTopic: {name}\tPartition: {r.partition}\tLeader: {r.leader}\t"
-                    f"Replicas: {_ids(r.replicas)}\tIsr: {_ids(r.isr)}\t"
-                    f"LeaderEpoch: {r.leader_epoch}"
-                )
+                print(_partition_line(r))
     sys.stdout.flush()
     return 0
+
+
+def _partition_line(r: Any) -> str:
+    """One partition as kafka-topics.sh --describe prints it; replicas whose log failed (which
+    Kafka's tool leaves out) follow as ``Offline: ...`` where there are any."""
+    line = (
+        f"\tTopic: {r.topic}\tPartition: {r.partition}\tLeader: {r.leader}\t"
+        f"Replicas: {_ids(r.replicas)}\tIsr: {_ids(r.isr)}\tLeaderEpoch: {r.leader_epoch}"
+    )
+    return f"{line}\tOffline: {_ids(r.offline_replicas)}" if r.offline_replicas else line
 
 
 def _topic_json(t: Any, rows: list[Any]) -> dict[str, Any]:

@@ -5,7 +5,8 @@ Proves: a partition is under-replicated when its ISR is smaller than its voting 
 broker's partitions show up in all three as the election moves on; brokers read alive, fenced
 or shutdown; transitions() counts ISR shrinks, expands and leader elections between two
 versions and nothing for a new topic; follower lag is measured against the one leader; the
-gateway's request stats build cumulative Prometheus buckets.
+gateway's request stats build cumulative Prometheus buckets; a failed log counts as an offline
+replica and `topics describe` prints it.
 """
 
 from __future__ import annotations
@@ -119,3 +120,16 @@ def test_request_stats_buckets_are_cumulative() -> None:
     buckets = dict(produce["buckets"])
     assert len(buckets) == len(LATENCY_BUCKETS_S) + 1
     assert (buckets["0.0005"], buckets["0.0025"], buckets["0.005"], buckets["+Inf"]) == (1, 1, 2, 3)
+
+
+def test_a_failed_log_is_counted_and_described() -> None:
+    from raylog.actors import cli
+
+    md = e.set_offline_replicas(with_topic(cluster()), 3, {m.TopicPartition("t", 0)}).metadata
+    rows = health.partition_health(md)
+    assert [r.offline_replicas for r in rows] == [(3,), ()]
+    h = health.cluster_health(rows)
+    assert (h.offline_replicas, h.under_replicated_partitions, h.offline_partitions) == (1, 1, 0)
+    lines = [cli._partition_line(r) for r in rows]
+    assert lines[0].endswith("\tIsr: 1,2\tLeaderEpoch: 0\tOffline: 3"), lines[0]
+    assert "Offline" not in lines[1] and lines[1].endswith("\tLeaderEpoch: 0"), lines[1]
