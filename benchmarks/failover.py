@@ -9,14 +9,21 @@ Prints one JSON document with, per scenario, every trial and the worst:
   (same rack label) and the broker returns by itself before the next trial.
 - ``actor_kill``: the leader broker's actor killed (its replicas die with it; Ray restarts it).
   Same measure.
+- ``failed_log``: the leader replica's log fails (its process may no longer grow a file past
+  the segment's end: RLIMIT_FSIZE set with prlimit, so the next append fails with EFBIG as a
+  write to a full disk fails with ENOSPC). Time from the failing write to the first successful
+  acks=all produce on the new leader: the replica tells its broker, whose heartbeat goes at
+  once, and the controller moves the leadership. ``replica.offline.retry.backoff.ms`` (2 s
+  here) later the broker re-creates the replica, which rejoins the ISR before the next trial.
 - ``controlled_shutdown``: ``broker.shutdown()`` of the leader's broker while a producer sends
   acks=all requests back to back; the unavailability window is the longest gap between two
   successful produces around the shutdown.
 
 Goals (the controller issue): <= 1 s when Ray confirms the death (for a node kill: from the
-confirmation), <= 0.5 s for a controlled shutdown.
+confirmation), <= 0.5 s for a controlled shutdown; a failed log is known at once, so it has
+the 1 s goal from the failing write.
 
-    .venv/bin/python benchmarks/failover.py [--trials 3]
+    .venv/bin/python benchmarks/failover.py [--trials 3] [--scenarios failed_log,...]
 
 The JSON document is the last thing on stdout (Ray's raylets print notices of the removed nodes
 there too). Progress goes to stderr; RAYLOG_BENCH_KEEP=1 keeps the data dir and Ray's worker
@@ -38,7 +45,12 @@ from pathlib import Path
 from typing import Any
 
 RACKS = ("a", "b", "c")
-BROKER_CONFIGS = {"broker.heartbeat.interval.ms": "250", "broker.session.timeout.ms": "3000"}
+BROKER_CONFIGS = {
+    "broker.heartbeat.interval.ms": "250",
+    "broker.session.timeout.ms": "3000",
+    "replica.offline.retry.backoff.ms": "2000",
+}
+SCENARIOS = ("node_kill", "actor_kill", "failed_log", "controlled_shutdown")
 LEASE = {"lease_ms": 2_000, "renew_ms": 500, "poll_ms": 200}
 TOPIC = "failover"
 WAIT_S = 60.0
@@ -263,6 +275,27 @@ class Bench:
         self.wait_healthy()
         return took
 
+    def failed_log(self) -> float:
+        import resource
+
+        import ray
+
+        old = self.leader()
+        replica = ray.get(self.brokers[old].replica.remote(TOPIC, 0), timeout=10)
+        pid = ray.get(replica.pid.remote(), timeout=10)
+        log_dir = self.root / "data" / f"broker-{old}" / f"{TOPIC}-0"
+
+        def fail() -> None:
+            segment = max(log_dir.glob("*.log"))
+            _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+            resource.prlimit(pid, resource.RLIMIT_FSIZE, (segment.stat().st_size + 64, hard))
+            if self.produce(-1, old) is not None:
+                raise RuntimeError("a write past the lowered file size limit succeeded")
+
+        took = self.after_kill(old, fail)
+        self.wait_healthy()  # re-created after the backoff, caught up, in the ISR again
+        return took
+
     def controlled_shutdown(self) -> float:
         import ray
 
@@ -302,7 +335,13 @@ class Bench:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=3, help="per scenario (default 3)")
+    parser.add_argument(
+        "--scenarios", default=",".join(SCENARIOS), help="comma-separated (default: all)"
+    )
     args = parser.parse_args()
+    scenarios = [s for s in args.scenarios.split(",") if s]
+    if unknown := sorted(set(scenarios) - set(SCENARIOS)):
+        parser.error(f"unknown scenarios {unknown}; choose from {list(SCENARIOS)}")
     root = Path(tempfile.mkdtemp(prefix="raylog-failover-"))
     print(f"data in {root}", file=sys.stderr)
     from raylog.actors import raycluster
@@ -312,7 +351,7 @@ def main() -> None:
     results: dict[str, Any] = {}
     try:
         bench.start()
-        for name in ("node_kill", "actor_kill", "controlled_shutdown"):
+        for name in scenarios:
             bench.failures = {}
             trials = [round(getattr(bench, name)(), 4) for _ in range(args.trials)]
             results[name] = {
@@ -333,6 +372,7 @@ def main() -> None:
     results["goals_s"] = {
         "node_kill_after_confirmation": 1.0,
         "actor_kill": 1.0,
+        "failed_log": 1.0,
         "controlled_shutdown": 0.5,
     }
     results["machine"] = {"cpus": os.cpu_count(), "python": sys.version.split()[0]}
