@@ -196,22 +196,54 @@ class EmbeddedCluster:
         """A restart elects each partition's leader among the brokers that registered first,
         so leadership piles up on them. Put it back on the preferred replicas at once (Kafka's
         auto leader rebalance would, after ``leader.imbalance.check.interval.seconds``), then
-        wait until they lead. Best effort: a partition whose preferred replica is not in its
-        ISR keeps its leader, and a controller that does not answer is left alone."""
+        wait until they lead.
+
+        A broker's new incarnation leaves the ISRs until it has caught up, so its preferred
+        replicas are at first PREFERRED_LEADER_NOT_AVAILABLE: those whose broker is registered
+        are elected again as they rejoin, bounded by ``PARTITIONS_LED_TIMEOUT_S``. Best effort:
+        a partition whose preferred broker is gone keeps its leader (the automatic rebalance
+        takes it over later), and a controller that does not answer is left alone."""
+        import ray
+
+        from raylog.storage.errors import PreferredLeaderNotAvailableError
+
+        not_available = PreferredLeaderNotAvailableError.error_code
+        deadline = time.monotonic() + PARTITIONS_LED_TIMEOUT_S
+        wanted: list[tuple[str, int]] | None = None  # None: every partition
+        elected = False
+        while True:  # bounded by the deadline
+            controller = self._active_controller()
+            if controller is None:
+                break
+            try:
+                elect = controller.elect_leaders.remote("preferred", wanted)
+                codes = ray.get(elect, timeout=STOP_STEP_TIMEOUT_S)
+                md = ray.get(controller.metadata.remote(), timeout=STOP_STEP_TIMEOUT_S)
+            except ray.exceptions.RayError:
+                break
+            elected = elected or 0 in codes.values()
+            wanted = [
+                tp
+                for tp, code in sorted(codes.items())
+                if code == not_available and _preferred_catching_up(md, *tp)
+            ]
+            if not wanted or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+        if elected:
+            self._wait_partitions_led()
+
+    def _active_controller(self) -> Any:
+        """The active controller's handle, or None when none answers as active."""
         import ray
 
         for controller in self.controllers:
             try:
-                if not ray.get(controller.status.remote(), timeout=5).active:
-                    continue
-                codes = ray.get(
-                    controller.elect_leaders.remote("preferred", None), timeout=STOP_STEP_TIMEOUT_S
-                )
+                if ray.get(controller.status.remote(), timeout=5).active:
+                    return controller
             except ray.exceptions.RayError:
                 continue
-            if 0 in codes.values():
-                self._wait_partitions_led()
-            return
+        return None
 
     def _wait_ready(self) -> None:
         """Every broker registered and every gateway serving a view that lists them all; then
@@ -446,6 +478,24 @@ class RayNodesCluster(EmbeddedCluster):
         if self.watcher is not None:
             with contextlib.suppress(Exception):
                 ray.kill(self.watcher, no_restart=True)
+
+
+def _preferred_catching_up(md: Any, topic: str, partition: int) -> bool:
+    """Whether the partition's preferred replica is out of its ISR only until it catches up:
+    its broker is registered and its log has not failed."""
+    topic_md = md.topics.get(topic)
+    if topic_md is None or partition >= len(topic_md.partitions):
+        return False
+    p = topic_md.partitions[partition]
+    pref = p.preferred_leader
+    broker = md.brokers.get(pref)
+    return (
+        broker is not None
+        and broker.state == "registered"
+        and pref not in p.isr
+        and pref not in p.offline_replicas
+        and pref not in p.observers
+    )
 
 
 def _rack(index: int) -> str:
