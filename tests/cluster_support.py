@@ -302,8 +302,9 @@ class RayNode:
             self.proc.wait(timeout=NODE_STOP_DEADLINE_S)
 
     def stop(self) -> None:
-        """SIGTERM to the node's processes (`ray start --block` ends its children), then
-        SIGKILL to what is left after a bounded wait."""
+        """SIGINT to the node's processes, as Ctrl-C in its terminal (`ray start --block` ends
+        its children; a head ignores SIGTERM for as long as this waits), then SIGKILL to what
+        is left after a bounded wait."""
         RayNode.stop_all([self])
 
     @staticmethod
@@ -311,7 +312,7 @@ class RayNode:
         """:meth:`stop` for several nodes at once: one grace period for all of them."""
         started = [node for node in nodes if node.proc is not None]
         for node in started:
-            node._signal_group(signal.SIGTERM)
+            node._signal_group(signal.SIGINT)
         deadline = time.monotonic() + NODE_TERM_GRACE_S
         for node in started:
             assert node.proc is not None
