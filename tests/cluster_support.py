@@ -260,7 +260,6 @@ class UpProcess:
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
 NODE_START_DEADLINE_S = 90.0
 NODE_STOP_DEADLINE_S = 30.0
-NODE_TERM_GRACE_S = 10.0  # then SIGKILL: a test node's state is thrown away anyway
 
 
 class RayNode:
@@ -302,25 +301,19 @@ class RayNode:
             self.proc.wait(timeout=NODE_STOP_DEADLINE_S)
 
     def stop(self) -> None:
-        """SIGINT to the node's processes, as Ctrl-C in its terminal (`ray start --block` ends
-        its children; a head ignores SIGTERM for as long as this waits), then SIGKILL to what
-        is left after a bounded wait."""
+        """End the node: SIGKILL to its processes, as :meth:`kill` (a test node's state is thrown
+        away). A signal `ray start --block` would handle cannot be relied on: a head ignores
+        SIGTERM for tens of seconds, and a shell's background jobs inherit SIGINT ignored."""
         RayNode.stop_all([self])
 
     @staticmethod
     def stop_all(nodes: list[RayNode]) -> None:
-        """:meth:`stop` for several nodes at once: one grace period for all of them."""
+        """:meth:`stop` for several nodes at once."""
         started = [node for node in nodes if node.proc is not None]
         for node in started:
-            node._signal_group(signal.SIGINT)
-        deadline = time.monotonic() + NODE_TERM_GRACE_S
-        for node in started:
-            assert node.proc is not None
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                node.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        for node in started:
-            assert node.proc is not None
             node._signal_group(signal.SIGKILL)
+        for node in started:
+            assert node.proc is not None
             node.proc.wait(timeout=NODE_STOP_DEADLINE_S)
 
     def _signal_group(self, sig: int) -> None:
