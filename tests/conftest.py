@@ -230,18 +230,44 @@ def shared_up(shared_cluster: Any) -> Iterator[Any]:
         assert done.returncode == 0, done.stderr[-2000:]
 
 
+_last_ray_local_user: str | None = None  # node id of the last test that uses ``ray_local``
+
+
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
     """Run the modules of the shared cluster last, and tests/pipelines (its Spark session too)
-    after them. Session fixtures stay up until the session ends, and would load the machine
-    under every later module's own clusters."""
+    after them; before either, the tests of the local Ray (``ray_local``), which stops after
+    the last of them (:func:`pytest_runtest_teardown`). Session fixtures stay up until the
+    session ends, and would load the machine under every later module's own clusters."""
+    global _last_ray_local_user
+
+    def uses(item: pytest.Item, fixture: str) -> bool:
+        return fixture in getattr(item, "fixturenames", ())
+
+    # Whole modules move together: a module split in two would set its module fixtures up twice.
+    on_ray_local = {item.path for item in items if uses(item, "ray_local")}
     items.sort(  # stable: the order within each group is kept
         key=lambda item: (
-            "shared_cluster" in getattr(item, "fixturenames", ()),
+            uses(item, "shared_cluster"),
+            item.path not in on_ray_local,
             item.path.parent.name == "pipelines",
         )
     )
+    users = [item.nodeid for item in items if item.path in on_ray_local]
+    _last_ray_local_user = users[-1] if users else None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Once the last test of the local Ray is torn down (its module's fixtures with it), stop
+    that Ray: its processes (raylet, GCS, log monitor, agents) and any actor a module left
+    would otherwise take CPU from every later module until the session ends."""
+    yield
+    if item.nodeid == _last_ray_local_user and "ray" in sys.modules:
+        import ray
+
+        ray.shutdown()  # the fixture's own ray.shutdown() at the session's end does nothing
 
 
 KAFKAJS_DIR = Path(__file__).resolve().parent / "clients" / "kafkajs"

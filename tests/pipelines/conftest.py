@@ -1,10 +1,9 @@
 """Fixtures of the pipelines tests: a produced topic on real replica actors (Ray Data tests),
 and the session's shared embedded cluster plus one Spark session (Spark and streaming tests).
 
-``events_topic`` (session): a 2-partition RF=3 topic (leaders 0 and 1, every replica in sync)
-with one kafka-python-built batch per codec in each partition, produced with acks=all. Starting
-six actors costs seconds on a loaded 2-core machine, so the Spark and Ray Data modules share
-it; both only read it.
+``events_topic`` (module): a 2-partition RF=3 topic (leaders 0 and 1, every replica in sync)
+with one kafka-python-built batch per codec in each partition, produced with acks=all; its six
+replica actors end with the module.
 
 Nothing here imports Ray at module level: pytest loads this file before the root conftest's
 ``pytest_configure`` sets the Ray environment when tests/pipelines is named on the command line,
@@ -23,7 +22,7 @@ if TYPE_CHECKING:
     from pipeline_support import ProducedTopic
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def events_topic(
     ray_local: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ProducedTopic]:
@@ -39,7 +38,7 @@ def events_topic(
 
     replicas = start_topic(tmp_path_factory.mktemp("pipeline-logs"), EVENTS, EVENTS_PARTITIONS)
     rows = produce_topic(replicas, EVENTS)
-    # The handles keep the (non-detached) replica actors alive until the session ends.
+    # The handles keep the (non-detached) replica actors alive until the module ends.
     yield ProducedTopic(EVENTS, EVENTS_PARTITIONS, rows, catalog_json(EVENTS, EVENTS_PARTITIONS))
     for by_id in replicas.values():
         for handle in by_id.values():
