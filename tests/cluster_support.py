@@ -296,19 +296,14 @@ class RayNode:
 
     def kill(self) -> None:
         """A crash of the whole machine: SIGKILL to every process of the node."""
-        self._signal_group(signal.SIGKILL)
-        if self.proc is not None:
-            self.proc.wait(timeout=NODE_STOP_DEADLINE_S)
-
-    def stop(self) -> None:
-        """End the node: SIGKILL to its processes, as :meth:`kill` (a test node's state is thrown
-        away). A signal `ray start --block` would handle cannot be relied on: a head ignores
-        SIGTERM for tens of seconds, and a shell's background jobs inherit SIGINT ignored."""
-        RayNode.stop_all([self])
+        RayNode.kill_all([self])
 
     @staticmethod
-    def stop_all(nodes: list[RayNode]) -> None:
-        """:meth:`stop` for several nodes at once."""
+    def kill_all(nodes: list[RayNode]) -> None:
+        """:meth:`kill` for several nodes at once. Tests end their nodes this way too (their
+        state is thrown away): a signal `ray start --block` would handle cannot be relied on,
+        as a head ignores SIGTERM for tens of seconds and a shell's background jobs inherit
+        SIGINT ignored."""
         started = [node for node in nodes if node.proc is not None]
         for node in started:
             node._signal_group(signal.SIGKILL)

@@ -126,15 +126,13 @@ class Cluster:
                 return
             except AssertionError:
                 print(f"node {name} did not start (attempt {attempt + 1}):", node.log_tail()[-300:])
-                node.stop()
+                node.kill()
                 if attempt == START_ATTEMPTS - 1:
                     raise
 
     def stop(self) -> None:
-        """The worker nodes together, then the head; every one by its own process group."""
-        workers = [node for name, node in self.nodes.items() if name != "head"]
-        RayNode.stop_all(workers)
-        RayNode.stop_all([node for name, node in self.nodes.items() if name == "head"])
+        """Every node at once, each by its own process group."""
+        RayNode.kill_all(list(self.nodes.values()))
 
 
 @pytest.fixture
