@@ -298,6 +298,7 @@ class ControllerActor:
         # Incarnations Ray confirmed dead: a late heartbeat from one (a process outliving its
         # node for a moment) must not unfence it; only a new incarnation comes back.
         self._dead_incarnations: set[str] = set()
+        self._offline_check = election.OfflineReportCheck()  # heartbeats' offline reports
         self.unclean_elections = 0  # metric
         self._ca: pki.CertificateAuthority | None = None  # loaded on the first certificate
         self._transitions = health.Transitions()  # metrics: ISR shrinks/expands, elections
@@ -569,7 +570,7 @@ class ControllerActor:
             broker_id, applied_epoch, monotonic_ms(), fenced=reg.state == "fenced"
         )
         reported = {TopicPartition(t, p) for t, p in offline}
-        if election.offline_report_differs(self._require_active().metadata, broker_id, reported):
+        if self._offline_check.differs(self._require_active().metadata, broker_id, reported):
             await self._set_offline(broker_id, incarnation_id, reported)
         md = self._require_active().metadata  # is_holder() is checked once more before granting
         return HeartbeatReply(lease_ok, True, reg.state, self._epoch, md.metadata_epoch)

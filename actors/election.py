@@ -338,6 +338,29 @@ def offline_report_differs(
     return False
 
 
+class OfflineReportCheck:
+    """:func:`offline_report_differs` for a controller's heartbeats, remembering per broker
+    the last report found in line with the metadata, and the metadata's version then.
+
+    Every heartbeat carries a broker's whole report, nearly always the same one, and the
+    metadata changes far less often than brokers beat: the same report against the same
+    ``metadata_epoch`` is answered without a pass over the partitions. A version is one
+    content (the metadata never changes without bumping it), so the answer stays right.
+    """
+
+    def __init__(self) -> None:
+        self._in_line: dict[int, tuple[int, frozenset[TopicPartition]]] = {}
+
+    def differs(self, md: ClusterMetadata, broker_id: int, offline: Set[TopicPartition]) -> bool:
+        key = (md.metadata_epoch, frozenset(offline))
+        if self._in_line.get(broker_id) == key:
+            return False
+        if offline_report_differs(md, broker_id, offline):
+            return True
+        self._in_line[broker_id] = key
+        return False
+
+
 def set_offline_replicas(
     md: ClusterMetadata,
     broker_id: int,

@@ -365,6 +365,34 @@ def test_reports_for_partitions_the_broker_does_not_host_are_ignored() -> None:
     assert e.offline_report_differs(md, 3, set())
 
 
+def test_the_heartbeat_check_answers_as_the_scan_and_skips_it_for_a_known_version(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    md = topic(cluster(), [[1, 2, 3]])
+    check = e.OfflineReportCheck()
+    scans: list[int] = []
+    scan = e.offline_report_differs
+
+    def counted(*args: object) -> bool:
+        scans.append(1)
+        return scan(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(e, "offline_report_differs", counted)
+    assert not check.differs(md, 3, set())
+    assert not check.differs(md, 3, set())  # the same report, the same version: no pass
+    assert len(scans) == 1
+    assert check.differs(md, 3, {T0})  # a new report is scanned, and differs every time
+    assert check.differs(md, 3, {T0})
+    assert len(scans) == 3
+    md = e.set_offline_replicas(md, 3, {T0}).metadata  # a new version: scanned once more
+    assert not check.differs(md, 3, {T0})
+    assert not check.differs(md, 3, {T0})
+    assert len(scans) == 4
+    assert check.differs(md, 3, set())  # back online: differs from this version
+    assert not check.differs(md, 2, set())  # per broker
+    assert len(scans) == 6
+
+
 def test_metadata_refuses_an_offline_leader() -> None:
     with pytest.raises(AssertionError, match="the leader is offline"):
         m.check_partition(
