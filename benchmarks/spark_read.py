@@ -8,18 +8,27 @@ In one run, on one embedded cluster (`raylog up`, 3 brokers) and one Spark ``loc
    sink (every row is materialised, nothing is collected to the driver);
 3. ``parquet``: the same rows and columns, written once to a Parquet file by Spark, read back
    the same way;
-4. ``python_source_floor``: a Python data source with the same schema and partitions that
-   yields ready-made Arrow batches (no Ray, no decoding): what any ``pyspark.sql.datasource``
-   reader costs on this Spark before it reads a byte, the bound on what the raylog source can
-   reach through that API;
+4. two Python data sources with the same schema and partitions, neither of which calls Ray or
+   decodes a record, that bound what any ``pyspark.sql.datasource`` reader can reach on this
+   Spark:
+   - ``python_source_floor`` yields one ready-made Arrow batch over and over;
+   - ``raylog_batches_floor`` yields the very Arrow batches the raylog source yields for these
+     records, read beforehand and served from memory-mapped Arrow files. Set beside
+     ``raylog``, it is the cost of Ray and decoding alone;
+   - ``python_source_fixed`` is the first floor with one record per partition: what a query
+     costs before it reads a row;
 5. ``ray_data_read_kafka``: ``ray.data.read_kafka`` (bounded, "once") through raylog's gateway,
    rows counted by ``materialize()``; ``ray_data_read_topic``: raylog's own Ray Data reader.
 
-Each reader runs once to warm up (Python workers, Ray connections), then ``--repeats`` times;
-the best run is reported with all the runs. Prints one JSON document, last on stdout. The
-machine is shared: figures are noisy. Goal: raylog >= 0.5 x the Parquet read.
+The Spark readers run in rounds: one warm-up round, then ``--repeats`` rounds, each of which
+runs every reader once in the same order. The JVM keeps getting faster for a while (its JIT),
+so readers timed one after the other would favour whichever runs last; within a round they
+share the JVM's state, and ``rounds_vs_parquet`` gives the ratio of each round. Ray Data's
+readers are timed after Spark stops (warm-up, then ``--repeats`` runs). Every reader reports
+its best run and its runs. Prints one JSON document, last on stdout. The machine is shared:
+figures are noisy. Goal: raylog >= 0.5 x the Parquet read.
 
-    .venv/bin/python benchmarks/spark_read.py [--records 1000000] [--repeats 2]
+    .venv/bin/python benchmarks/spark_read.py [--records 1000000] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -93,6 +102,11 @@ def raylog_up(data_dir: Path) -> Iterator[str]:
             raise RuntimeError("raylog up exited before it was ready")
         yield bootstrap
     finally:
+        # This process leaves the cluster's Ray first: a driver still joined when the cluster
+        # stops is ended by Ray 60 s later, before an error's traceback is printed.
+        ray = sys.modules.get("ray")
+        if ray is not None and ray.is_initialized():
+            ray.shutdown()
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGINT)
             try:
@@ -135,14 +149,7 @@ def produce(bootstrap: str, records: int) -> None:
         raise RuntimeError(f"produce failed: {failed[:3]}")
 
 
-def timed(fn: Callable[[], int], repeats: int) -> dict[str, Any]:
-    fn()  # warm-up
-    runs = []
-    rows = 0
-    for _ in range(repeats):
-        begin = time.perf_counter()
-        rows = fn()
-        runs.append(time.perf_counter() - begin)
+def summary(rows: int, runs: list[float]) -> dict[str, Any]:
     best = min(runs)
     payload_mb = rows * (VALUE_BYTES + KEY_BYTES) / 1e6
     return {
@@ -153,10 +160,35 @@ def timed(fn: Callable[[], int], repeats: int) -> dict[str, Any]:
     }
 
 
+def timed(fn: Callable[[], int], repeats: int) -> dict[str, Any]:
+    fn()  # warm-up
+    runs = []
+    rows = 0
+    for _ in range(repeats):
+        begin = time.perf_counter()
+        rows = fn()
+        runs.append(time.perf_counter() - begin)
+    return summary(rows, runs)
+
+
+def timed_rounds(readers: dict[str, Callable[[], int]], repeats: int) -> dict[str, Any]:
+    """One warm-up round, then ``repeats`` rounds, each running every reader once in order."""
+    runs: dict[str, list[float]] = {name: [] for name in readers}
+    rows: dict[str, int] = {}
+    for round_no in range(repeats + 1):
+        for name, fn in readers.items():
+            log(f"round {round_no}: {name}")
+            begin = time.perf_counter()
+            rows[name] = fn()
+            if round_no:
+                runs[name].append(time.perf_counter() - begin)
+    return {name: summary(rows[name], runs[name]) for name in readers}
+
+
 FLOOR_BATCH_ROWS = 50_000  # about what one 8 MiB fetch of these records decodes to
 
 
-def floor_source(records: int) -> Any:
+def floor_source(records: int, name: str) -> Any:
     """A Python data source yielding ready-made Arrow batches shaped like the raylog source's."""
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
@@ -176,7 +208,7 @@ def floor_source(records: int) -> Any:
             import pyarrow as pa
             from pyspark.sql.pandas.types import to_arrow_schema
 
-            n = FLOOR_BATCH_ROWS
+            n = min(FLOOR_BATCH_ROWS, per_partition)
             batch = pa.RecordBatch.from_arrays(
                 [
                     pa.array([b"k" * KEY_BYTES] * n, pa.binary()),
@@ -197,7 +229,7 @@ def floor_source(records: int) -> Any:
     class FloorSource(DataSource):
         @classmethod
         def name(cls) -> str:
-            return "raylog_bench_floor"
+            return name
 
         def schema(self) -> str:
             return SCHEMA_DDL
@@ -206,6 +238,73 @@ def floor_source(records: int) -> Any:
             return FloorReader(schema)
 
     return FloorSource
+
+
+def save_raylog_batches(data_dir: Path, out: Path) -> int:
+    """Read the topic as the raylog source's tasks do (its reader, in this process) and write
+    each partition's Arrow batches, as yielded, to ``out/<i>.arrow``. Returns how many."""
+    import pyarrow as pa
+
+    from raylog.pipelines.spark_source import RaylogDataSource
+
+    options = {"cluster": str(data_dir), "subscribe": TOPIC}
+    source = RaylogDataSource(options)
+    spark_schema = spark_schema_of(source.schema())
+    reader = source.reader(spark_schema)
+    out.mkdir()
+    count = 0
+    for i, partition in enumerate(reader.partitions()):
+        with pa.OSFile(str(out / f"{i}.arrow"), "wb") as sink:
+            writer = None
+            for batch in reader.read(partition):
+                if writer is None:
+                    writer = pa.ipc.new_file(sink, batch.schema)
+                writer.write_batch(batch)
+                count += 1
+            if writer is not None:
+                writer.close()
+    return count
+
+
+def spark_schema_of(ddl: str) -> Any:
+    from pyspark.sql.types import _parse_datatype_string
+
+    return _parse_datatype_string(ddl)
+
+
+def batches_floor_source(directory: Path) -> Any:
+    """A Python data source yielding the Arrow batches :func:`save_raylog_batches` saved, from
+    memory-mapped files (no copy, no decoding, no Ray)."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    from raylog.pipelines.spark_source import SCHEMA_DDL
+
+    files = sorted(str(p) for p in directory.glob("*.arrow"))
+
+    class BatchesReader(DataSourceReader):
+        def partitions(self) -> list[InputPartition]:
+            return [InputPartition(path) for path in files]
+
+        def read(self, partition: InputPartition) -> Iterator[Any]:
+            import pyarrow as pa
+
+            with pa.memory_map(partition.value) as source:
+                arrow_file = pa.ipc.open_file(source)
+                for i in range(arrow_file.num_record_batches):
+                    yield arrow_file.get_batch(i)
+
+    class BatchesSource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "raylog_bench_batches"
+
+        def schema(self) -> str:
+            return SCHEMA_DDL
+
+        def reader(self, schema: Any) -> DataSourceReader:
+            return BatchesReader()
+
+    return BatchesSource
 
 
 def spark_session() -> Any:
@@ -219,7 +318,7 @@ def spark_session() -> Any:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     result: dict[str, Any] = {
         "records": args.records,
@@ -258,27 +357,47 @@ def main() -> None:
                     .load()
                 )
 
-            def noop(df: Any) -> int:
+            def noop(df: Any, rows: int = args.records) -> int:
                 df.write.format("noop").mode("overwrite").save()
-                return args.records
+                return rows
 
-            log("raylog source")
-            result["raylog"] = timed(lambda: noop(raylog_df()), args.repeats)
             parquet = root / "bench.parquet"
             raylog_df().write.parquet(str(parquet))
-            log("parquet")
-            result["parquet"] = timed(lambda: noop(spark.read.parquet(str(parquet))), args.repeats)
-            result["raylog_vs_parquet"] = round(
-                result["raylog"]["rows_per_s"] / result["parquet"]["rows_per_s"], 2
-            )
-            spark.dataSource.register(floor_source(args.records))
-            log("python data source floor")
-            result["python_source_floor"] = timed(
-                lambda: noop(spark.read.format("raylog_bench_floor").load()), args.repeats
-            )
-            result["floor_vs_parquet"] = round(
-                result["python_source_floor"]["rows_per_s"] / result["parquet"]["rows_per_s"], 2
-            )
+            saved = save_raylog_batches(data_dir, root / "batches")
+            log(f"saved the raylog source's {saved} Arrow batches")
+            spark.dataSource.register(floor_source(args.records, "raylog_bench_floor"))
+            spark.dataSource.register(floor_source(PARTITIONS, "raylog_bench_fixed"))
+            spark.dataSource.register(batches_floor_source(root / "batches"))
+
+            def fmt(name: str, rows: int = args.records) -> Callable[[], int]:
+                return lambda: noop(spark.read.format(name).load(), rows)
+
+            spark_readers = {
+                "raylog": lambda: noop(raylog_df()),
+                "parquet": lambda: noop(spark.read.parquet(str(parquet))),
+                "python_source_floor": fmt("raylog_bench_floor"),
+                "raylog_batches_floor": fmt("raylog_bench_batches"),
+                "python_source_fixed": fmt("raylog_bench_fixed", PARTITIONS),
+            }
+            result.update(timed_rounds(spark_readers, args.repeats))
+
+            def ratio(name: str) -> float:
+                return round(result[name]["rows_per_s"] / result["parquet"]["rows_per_s"], 2)
+
+            result["raylog_vs_parquet"] = ratio("raylog")
+            result["floor_vs_parquet"] = ratio("python_source_floor")
+            result["raylog_batches_floor_vs_parquet"] = ratio("raylog_batches_floor")
+            result["rounds_vs_parquet"] = {
+                name: [
+                    round(p / r, 2)
+                    for r, p in zip(
+                        result[name]["seconds_runs"],
+                        result["parquet"]["seconds_runs"],
+                        strict=True,
+                    )
+                ]
+                for name in ("raylog", "python_source_floor", "raylog_batches_floor")
+            }
             spark.stop()
 
             import ray
