@@ -275,6 +275,16 @@ class TimestampOffset(NamedTuple):
     offset: int
 
 
+class Extents(NamedTuple):
+    """Batches as :meth:`Log.read_extents` locates them: ``(segment file, position, size)``
+    runs in order, and the offsets they span (the first batch's base offset, the offset after
+    the last batch; -1 and -1 for none)."""
+
+    runs: tuple[tuple[str, int, int], ...]
+    first_offset: int
+    next_offset: int
+
+
 class CleanResult(NamedTuple):
     """What one cleaning pass did (:meth:`Log.clean`)."""
 
@@ -1131,6 +1141,34 @@ class Log:
         offset (or at/above max_offset) returns b"". Every returned batch has passed its
         CRC-32C: corrupt stored bytes raise KafkaStorageError and are never served.
         """
+        return b"".join(data for _, _, data in self._collect(offset, max_bytes, max_offset))
+
+    def read_extents(self, offset: int, max_bytes: int, max_offset: int | None = None) -> Extents:
+        """Where the batches :meth:`read` would return lie on disk, for a reader on this machine
+        that reads the segment files itself (their CRCs checked here, as for :meth:`read`).
+
+        The bytes stay there until retention, compaction or a truncation removes, replaces or
+        cuts a segment file, so such a reader checks that what it read spans exactly
+        ``[first_offset, next_offset)`` and falls back to :meth:`read` when it does not.
+        """
+        runs: list[tuple[str, int, int]] = []
+        batches = self._collect(offset, max_bytes, max_offset)
+        for seg, pos, data in batches:
+            path = str(seg.log_path)
+            if runs and runs[-1][0] == path and runs[-1][1] + runs[-1][2] == pos:
+                runs[-1] = (path, runs[-1][1], runs[-1][2] + len(data))
+            else:
+                runs.append((path, pos, len(data)))
+        if not batches:
+            return Extents((), -1, -1)
+        first = rb.parse_header(batches[0][2], 0)
+        last = rb.parse_header(batches[-1][2], 0)
+        return Extents(tuple(runs), first.base_offset, last.next_offset)
+
+    def _collect(
+        self, offset: int, max_bytes: int, max_offset: int | None
+    ) -> list[tuple[Segment, int, bytes | memoryview]]:
+        """The batches a read returns, each as (segment, position, bytes): :meth:`read`'s rules."""
         if max_bytes < 0:
             raise ValueError(f"max_bytes {max_bytes} < 0")
         with self._lock:
@@ -1142,15 +1180,17 @@ class Log:
                 )
             limit = leo if max_offset is None else min(max_offset, leo)
             if offset >= limit:
-                return b""
+                return []
             try:
                 return self._read_locked(offset, max_bytes, limit)
             except OSError as exc:
                 raise KafkaStorageError(f"read of {self.directory} failed: {exc}") from exc
 
-    def _read_locked(self, offset: int, max_bytes: int, limit: int) -> bytes:
-        # Views of the chunks read, joined once at the end: one copy after the read.
-        out: list[bytes | memoryview] = []
+    def _read_locked(
+        self, offset: int, max_bytes: int, limit: int
+    ) -> list[tuple[Segment, int, bytes | memoryview]]:
+        # Views of the chunks read: a caller joins them once (one copy after the read).
+        out: list[tuple[Segment, int, bytes | memoryview]] = []
         total = 0
         i = bisect.bisect_right(self._bases, offset) - 1
         seg = self._segment_at(i)
@@ -1191,13 +1231,13 @@ class Log:
                     # larger than max_bytes: served whole anyway.
                     data = seg.read(pos + at, header.size)
                     self._verify_stored(seg, pos + at, data, 0, header)
-                    out.append(data)
+                    out.append((seg, pos + at, data))
                     total += header.size
                     at += header.size
                     done = True
                     break
                 self._verify_stored(seg, pos + at, chunk, at, header)
-                out.append(view[at : at + header.size])
+                out.append((seg, pos + at, view[at : at + header.size]))
                 total += header.size
                 at += header.size
             if done or (total and total >= max_bytes):
@@ -1205,7 +1245,7 @@ class Log:
             if at == 0 and len(chunk) < rb.HEADER_SIZE:
                 raise KafkaStorageError(f"{seg.log_path} truncated under a read at byte {pos}")
             pos += at
-        return b"".join(out)
+        return out
 
     def _segment_at(self, i: int) -> Segment:
         seg = self._segments[i]

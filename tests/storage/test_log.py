@@ -585,8 +585,9 @@ def test_reads_match_a_reference_for_every_offset_and_budget(log_dir: Path) -> N
         everything = log.read(0, 1 << 20)
         spans = [(h, everything[p : p + h.size]) for p, h in rb.iter_batches(everything)]
         leo = log.log_end_offset
+        runs_across_segments = 0
         for offset in range(leo + 1):
-            for max_bytes in range(0, 400, 23):
+            for max_bytes in [*range(0, 400, 23), 1 << 20]:
                 for max_offset in (None, offset, offset + 1, offset + 4, leo):
                     limit = leo if max_offset is None else min(max_offset, leo)
                     expected: list[bytes] = []
@@ -599,3 +600,24 @@ def test_reads_match_a_reference_for_every_offset_and_budget(log_dir: Path) -> N
                         expected.append(data)
                     got = log.read(offset, max_bytes, max_offset)
                     assert got == b"".join(expected), (offset, max_bytes, max_offset)
+                    # The same batches where they lie on disk, in as few runs as they allow.
+                    extents = log.read_extents(offset, max_bytes, max_offset)
+                    assert b"".join(pread(*run) for run in extents.runs) == got
+                    for (path, pos, size), (next_path, next_pos, _) in itertools.pairwise(
+                        extents.runs
+                    ):
+                        assert (path, pos + size) != (next_path, next_pos)
+                    spanned = offsets(got)
+                    assert (extents.first_offset, extents.next_offset) == (
+                        (spanned[0][0], spanned[-1][1] + 1) if spanned else (-1, -1)
+                    )
+                    runs_across_segments += len(extents.runs) > 1
+        assert runs_across_segments
+
+
+def pread(path: str, position: int, size: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(position)
+        data = f.read(size)
+    assert len(data) == size
+    return data
