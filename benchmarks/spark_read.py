@@ -14,7 +14,7 @@ In one run, on one embedded cluster (`raylog up`, 3 brokers) and one Spark ``loc
    - ``python_source_floor`` yields one ready-made Arrow batch over and over;
    - ``raylog_batches_floor`` yields the very Arrow batches the raylog source yields for these
      records, read beforehand and served from memory-mapped Arrow files. Set beside
-     ``raylog``, it is the cost of Ray and decoding alone;
+     ``raylog``, it is the cost of reading from the replicas and decoding alone;
    - ``python_source_fixed`` is the first floor with one record per partition: what a query
      costs before it reads a row;
 5. ``ray_data_read_kafka``: ``ray.data.read_kafka`` (bounded, "once") through raylog's gateway,

@@ -11,9 +11,11 @@ Owns three things:
    Catalog`, start/end offsets resolved against the partitions' log start offset and high
    watermark (asked of the leader), ``failOnDataLoss`` applied, ranges split for
    ``minPartitions``. Planning is pure given the bounds, so it is tested without Ray.
-3. Reading one range (:func:`read_range`): ``ReplicaActor.fetch`` in a loop with the next fetch
-   in flight while the previous response is decoded, from the preferred replica
-   (:func:`~raylog.pipelines.catalog.read_order`), yielding Arrow record batches.
+3. Reading one range (:func:`read_range`): ``ReplicaActor.read_committed`` in a loop with the
+   next fetch in flight while the previous response is decoded, from the preferred replica
+   (:func:`~raylog.pipelines.catalog.read_order`), yielding Arrow record batches. A replica on
+   this process's Ray node is read short-circuit: it says where the batches lie in its segment
+   files and they are read here (:class:`_Fetcher`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from raylog.pipelines.catalog import (
     catalog_from_metadata,
     read_order,
 )
+from raylog.storage.errors import RaylogError
 
 log = logging.getLogger(__name__)
 
@@ -647,12 +650,14 @@ def read_range(
     include_headers: bool = False,
     fail_on_data_loss: bool = True,
     max_bytes: int = FETCH_MAX_BYTES,
+    stats: ReadStats | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Yield the committed records of ``r`` as Arrow batches (one per fetch), in order.
 
     Tries the range's replicas in order. The next fetch is issued as soon as the previous
     one returns, so one call is in flight while its predecessor is decoded. A replica that
     errs, dies, or stays below the needed offset for CATCH_UP_WAIT_S is left for the next.
+    A replica on this process's Ray node is read short-circuit (:class:`_Fetcher`).
     """
     import ray
 
@@ -666,8 +671,9 @@ def read_range(
         except ValueError as exc:
             errors.append(f"replica {rid}: {exc}")
             continue
+        fetcher = _Fetcher(handle, max_bytes, stats)
         caught_up_by = time.monotonic() + CATCH_UP_WAIT_S
-        ref = handle.read_committed.remote(offset, max_bytes)
+        ref = fetcher.call(offset)
         for _ in range(FETCH_CALLS_MAX):
             try:
                 outcome = ray.get(ref, timeout=CALL_TIMEOUT_S)
@@ -686,26 +692,29 @@ def read_range(
                 offset = outcome.log_start_offset
                 if offset >= r.end:
                     return
-                ref = handle.read_committed.remote(offset, max_bytes)
+                ref = fetcher.call(offset)
                 continue
             if outcome.error_code:
                 errors.append(f"replica {rid}: error {outcome.error_code} {outcome.message}")
                 break
-            if not outcome.records:
+            if not outcome.size:
                 # This replica's high watermark is below ``offset`` (a follower catching up):
                 # long-poll it for a while, then move on.
                 if time.monotonic() > caught_up_by:
                     errors.append(f"replica {rid}: high watermark {outcome.high_watermark}")
                     break
-                ref = handle.read_committed.remote(offset, max_bytes, LONG_POLL_MS)
+                ref = fetcher.call(offset, LONG_POLL_MS)
                 continue
-            cols = records.new_columns(include_headers)
-            next_offset = records.decode_into(outcome.records, cols, offset, r.end)
+            decoded = fetcher.decode(outcome, offset, r.end, include_headers)
+            if decoded is None:  # a short-circuit read that did not hold: ask again by Ray
+                ref = fetcher.call(offset)
+                continue
+            next_offset, cols = decoded
             if next_offset <= offset:
                 raise RuntimeError(f"{r.topic}-{r.partition}: fetch at {offset} did not advance")
             offset = next_offset
             if offset < r.end:  # 1. keep a call in flight while ...
-                ref = handle.read_committed.remote(offset, max_bytes)
+                ref = fetcher.call(offset)
             # 2. ... this response becomes rows.
             yield records.to_arrow(cols, r.topic, r.partition, include_headers)
             if offset >= r.end:
@@ -714,6 +723,113 @@ def read_range(
         f"{r.topic}-{r.partition}: could not read offsets {offset}..{r.end}: "
         + "; ".join(errors[-2 * len(r.replica_ids) :])
     )
+
+
+@dataclass
+class ReadStats:
+    """How a reader's fetches were answered: bytes read from the segment files on this node
+    (short-circuit), bytes that crossed Ray, and short-circuit reads that fell back."""
+
+    local_bytes: int = 0
+    ray_bytes: int = 0
+    fallbacks: int = 0
+
+
+# Short-circuit reads of replicas on this process's Ray node; RAYLOG_SHORT_CIRCUIT_READS=0
+# turns them off (every read then crosses Ray).
+SHORT_CIRCUIT_ENV = "RAYLOG_SHORT_CIRCUIT_READS"
+
+
+class _Fetcher:
+    """The fetch calls of one range to one replica.
+
+    A replica on this process's Ray node is asked where the batches lie
+    (``read_committed_extents``) and the segment files are read here, so no bytes cross Ray.
+    The first answer tells whether the replica is on this node; if not, or once a
+    short-circuit read does not hold (a file gone, cut or replaced by retention, compaction or
+    truncation: the read spans other offsets, or its CRCs fail), every later call is
+    ``read_committed``, whose bytes cross Ray.
+    """
+
+    def __init__(self, handle: Any, max_bytes: int, stats: ReadStats | None) -> None:
+        self.handle = handle
+        self.max_bytes = max_bytes
+        self.stats = stats if stats is not None else ReadStats()
+        self.short_circuit = os.environ.get(SHORT_CIRCUIT_ENV, "1") != "0"
+
+    def call(self, offset: int, max_wait_ms: int = 0) -> Any:
+        method = (
+            self.handle.read_committed_extents if self.short_circuit else self.handle.read_committed
+        )
+        return method.remote(offset, self.max_bytes, max_wait_ms)
+
+    def decode(
+        self, outcome: Any, offset: int, end: int, include_headers: bool
+    ) -> tuple[int, Any] | None:
+        """The answer's records in ``[offset, end)`` as decoded columns, with the offset the
+        next fetch starts at; None when a short-circuit read did not hold (call again)."""
+        cols = records.new_columns(include_headers)
+        if outcome.extents is None:
+            self.stats.ray_bytes += len(outcome.records)
+            return records.decode_into(outcome.records, cols, offset, end), cols
+        self.short_circuit = False  # until a read holds
+        if outcome.node_id != _node_id():
+            return None
+        extents = outcome.extents
+        try:
+            data = read_extents(extents.runs)
+            next_offset = records.decode_into(data, cols, offset, end)
+        except (OSError, RaylogError) as exc:
+            log.info("short-circuit read at %d did not hold (%s); reading through Ray", offset, exc)
+            self.stats.fallbacks += 1
+            return None
+        if next_offset <= offset or not _spans(data, extents.first_offset, extents.next_offset):
+            self.stats.fallbacks += 1
+            return None
+        self.stats.local_bytes += len(data)
+        self.short_circuit = True
+        return next_offset, cols
+
+
+def read_extents(runs: Sequence[tuple[str, int, int]]) -> bytearray:
+    """The bytes of ``(file, position, size)`` runs, read into one buffer; OSError when a file
+    is gone or shorter than a run."""
+    data = bytearray(sum(size for _, _, size in runs))
+    view = memoryview(data)
+    at = 0
+    for path, position, size in runs:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            got = os.preadv(fd, [view[at : at + size]], position)
+        finally:
+            os.close(fd)
+        if got != size:
+            raise OSError(f"{path}: {got} of {size} bytes at {position}")
+        at += size
+    return data
+
+
+def _spans(data: bytes | bytearray, first_offset: int, next_offset: int) -> bool:
+    """Whether ``data`` (whole batches) starts with the batch at ``first_offset`` and ends
+    with the one before ``next_offset``."""
+    from raylog.storage import batch as rb
+
+    if len(data) < rb.HEADER_SIZE:
+        return False
+    first = rb.parse_header(data, 0)
+    last_pos = 0
+    for pos, _ in rb.iter_batches(data, verify=False):
+        last_pos = pos
+    return first.base_offset == first_offset and (
+        rb.parse_header(data, last_pos).next_offset == next_offset
+    )
+
+
+@functools.cache
+def _node_id() -> str:
+    import ray
+
+    return str(ray.get_runtime_context().get_node_id())
 
 
 def _replica_passes(replica_ids: Sequence[int]) -> Iterator[int]:

@@ -21,6 +21,7 @@ import os
 import time
 from pathlib import Path
 
+import msgspec
 import pyarrow as pa
 import pytest
 import ray
@@ -48,14 +49,21 @@ from raylog.pipelines.ray_data import RaylogDatasource
 from raylog.pipelines.reading import (
     EARLIEST,
     LATEST,
+    SHORT_CIRCUIT_ENV,
     Bounds,
     ClusterTarget,
     DataLossError,
     OffsetRange,
+    ReadStats,
+    _Fetcher,
     parse_offsets,
     plan,
+    read_extents,
+    read_range,
+    replica_handle,
     split,
 )
+from raylog.storage import batch as rb
 from raylog.storage.log import Log, LogConfig
 
 
@@ -98,6 +106,77 @@ def test_read_topic_window_and_min_partitions(events_topic: ProducedTopic) -> No
         or (r["partition"] == 1 and r["offset"] >= 50)
     ]
     assert _collect(ds) == want
+
+
+def _partition_ranges(events_topic: ProducedTopic) -> list[OffsetRange]:
+    ends: dict[int, int] = {}
+    for row in events_topic.rows:
+        ends[row["partition"]] = max(ends.get(row["partition"], 0), row["offset"] + 1)
+    return [
+        OffsetRange(events_topic.topic, p, 0, end, tuple(read_order_ids(events_topic, p)))
+        for p, end in sorted(ends.items())
+    ]
+
+
+def read_order_ids(events_topic: ProducedTopic, partition: int) -> list[int]:
+    catalog = StaticCatalog.from_json(events_topic.catalog)
+    (info,) = [i for i in catalog.partitions(events_topic.topic) if i.partition == partition]
+    return read_order(info)
+
+
+def _read(ranges: list[OffsetRange], stats: ReadStats) -> list[dict]:
+    batches = [b for r in ranges for b in read_range(r, include_headers=True, stats=stats)]
+    return table_rows(pa.Table.from_batches(batches))
+
+
+@pytest.mark.slow
+def test_replicas_on_this_node_are_read_short_circuit(
+    events_topic: ProducedTopic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica on the reader's Ray node answers where its batches lie and the reader reads
+    the segment files itself: the same rows as through Ray, with no record bytes crossing
+    Ray; RAYLOG_SHORT_CIRCUIT_READS=0 sends every byte through Ray."""
+    ranges = _partition_ranges(events_topic)
+    local = ReadStats()
+    assert _read(ranges, local) == events_topic.rows
+    assert (local.local_bytes > 0, local.ray_bytes, local.fallbacks) == (True, 0, 0)
+
+    monkeypatch.setenv(SHORT_CIRCUIT_ENV, "0")
+    through_ray = ReadStats()
+    assert _read(ranges, through_ray) == events_topic.rows
+    assert (through_ray.local_bytes, through_ray.ray_bytes) == (0, local.local_bytes)
+
+
+@pytest.mark.slow
+def test_a_short_circuit_read_that_does_not_hold_is_not_used(events_topic: ProducedTopic) -> None:
+    """What a replica locates can be gone, cut or replaced before the reader gets there
+    (retention, truncation, compaction): a file that is missing or shorter, or bytes that
+    span other offsets, are never decoded into rows; the reader asks again through Ray."""
+    r = _partition_ranges(events_topic)[0]
+    handle = replica_handle(r.topic, r.partition, r.replica_ids[0])
+    answer = ray.get(handle.read_committed_extents.remote(0, 1 << 20), timeout=60)
+    runs = answer.extents.runs
+    assert answer.error_code == 0 and runs and answer.node_id
+    path, position, size = runs[0]
+    # The second batch onwards: whole, valid batches, but not the span the replica located.
+    first = rb.parse_header(read_extents([(path, position, rb.HEADER_SIZE)]), 0)
+    shifted = ((path, position + first.size, size - first.size), *runs[1:])
+    broken = {
+        "missing": ((path + ".gone", position, size), *runs[1:]),
+        "cut": ((path, os.path.getsize(path) - size // 2, size), *runs[1:]),
+        "other offsets": shifted,
+    }
+    stats = ReadStats()
+    for name, bad_runs in broken.items():
+        fetcher = _Fetcher(handle, 1 << 20, stats)
+        outcome = msgspec.structs.replace(answer, extents=answer.extents._replace(runs=bad_runs))
+        assert fetcher.decode(outcome, 0, r.end, False) is None, name
+        assert not fetcher.short_circuit, name  # the next call goes through Ray
+    assert stats.fallbacks == len(broken)
+    fetcher = _Fetcher(handle, 1 << 20, stats)
+    decoded = fetcher.decode(answer, 0, r.end, False)  # the answer as given holds
+    assert decoded is not None and decoded[0] == answer.extents.next_offset
+    assert fetcher.short_circuit and stats.local_bytes == size + sum(s for *_, s in runs[1:])
 
 
 # --- planning, no Ray -----------------------------------------------------------------------
