@@ -44,6 +44,7 @@ from raylog.pipelines.catalog import (
     catalog_from_metadata,
     read_order,
 )
+from raylog.storage import batch as rb
 from raylog.storage.errors import RaylogError
 
 log = logging.getLogger(__name__)
@@ -810,18 +811,13 @@ def read_extents(runs: Sequence[tuple[str, int, int]]) -> bytearray:
 
 
 def _spans(data: bytes | bytearray, first_offset: int, next_offset: int) -> bool:
-    """Whether ``data`` (whole batches) starts with the batch at ``first_offset`` and ends
-    with the one before ``next_offset``."""
-    from raylog.storage import batch as rb
-
-    if len(data) < rb.HEADER_SIZE:
-        return False
-    first = rb.parse_header(data, 0)
-    last_pos = 0
-    for pos, _ in rb.iter_batches(data, verify=False):
-        last_pos = pos
-    return first.base_offset == first_offset and (
-        rb.parse_header(data, last_pos).next_offset == next_offset
+    """Whether ``data`` (whole batches, already decoded) starts with the batch at
+    ``first_offset`` and ends with the one before ``next_offset``."""
+    headers = [header for _, header in rb.iter_batches(data, verify=False)]
+    return (
+        bool(headers)
+        and headers[0].base_offset == first_offset
+        and headers[-1].next_offset == next_offset
     )
 
 
