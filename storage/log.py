@@ -1153,8 +1153,10 @@ class Log:
         """
         runs: list[tuple[str, int, int]] = []
         batches = self._collect(offset, max_bytes, max_offset)
+        path, seen = "", None
         for seg, pos, data in batches:
-            path = str(seg.log_path)
+            if seg is not seen:  # absolute: the reader's working directory is its own
+                path, seen = os.path.abspath(seg.log_path), seg
             if runs and runs[-1][0] == path and runs[-1][1] + runs[-1][2] == pos:
                 runs[-1] = (path, runs[-1][1], runs[-1][2] + len(data))
             else:

@@ -615,6 +615,18 @@ def test_reads_match_a_reference_for_every_offset_and_budget(log_dir: Path) -> N
         assert runs_across_segments
 
 
+def test_extents_name_files_by_absolute_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with Log.open(Path("relative") / "topic-0", SMALL) as log:
+        fill(log, 3)
+        extents = log.read_extents(0, 1 << 20)
+    monkeypatch.chdir("/")  # a reader elsewhere
+    assert extents.runs and all(os.path.isabs(path) for path, _, _ in extents.runs)
+    assert offsets(b"".join(pread(*run) for run in extents.runs)) == [(0, 1), (2, 3), (4, 5)]
+
+
 def pread(path: str, position: int, size: int) -> bytes:
     with open(path, "rb") as f:
         f.seek(position)
