@@ -1109,14 +1109,15 @@ class ReplicaActor:
             # split into batches and join again.
             records = b""
             located = None
+            wanted = response.error_code == 0 and out.fetch_offset < out.upper_offset
             if response.request_id in self._extent_requests:
                 self._extent_requests.discard(response.request_id)
                 located = Extents((), -1, -1)
-                if response.error_code == 0 and out.fetch_offset < out.upper_offset:
+                if wanted:
                     located = self._log.read_extents(
                         out.fetch_offset, out.max_bytes, out.upper_offset
                     )
-            elif response.error_code == 0 and out.fetch_offset < out.upper_offset:
+            elif wanted:
                 records = self._log.read(out.fetch_offset, out.max_bytes, out.upper_offset)
             waiter = self._fetch_waiters.pop(response.request_id, None)
             if waiter is not None and not waiter.done():

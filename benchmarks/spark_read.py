@@ -244,13 +244,13 @@ def save_raylog_batches(data_dir: Path, out: Path) -> int:
     """Read the topic as the raylog source's tasks do (its reader, in this process) and write
     each partition's Arrow batches, as yielded, to ``out/<i>.arrow``. Returns how many."""
     import pyarrow as pa
+    from pyspark.sql.types import StructType
 
     from raylog.pipelines.spark_source import RaylogDataSource
 
     options = {"cluster": str(data_dir), "subscribe": TOPIC}
     source = RaylogDataSource(options)
-    spark_schema = spark_schema_of(source.schema())
-    reader = source.reader(spark_schema)
+    reader = source.reader(StructType.fromDDL(source.schema()))
     out.mkdir()
     count = 0
     for i, partition in enumerate(reader.partitions()):
@@ -264,12 +264,6 @@ def save_raylog_batches(data_dir: Path, out: Path) -> int:
             if writer is not None:
                 writer.close()
     return count
-
-
-def spark_schema_of(ddl: str) -> Any:
-    from pyspark.sql.types import _parse_datatype_string
-
-    return _parse_datatype_string(ddl)
 
 
 def batches_floor_source(directory: Path) -> Any:

@@ -113,12 +113,12 @@ def _partition_ranges(events_topic: ProducedTopic) -> list[OffsetRange]:
     for row in events_topic.rows:
         ends[row["partition"]] = max(ends.get(row["partition"], 0), row["offset"] + 1)
     return [
-        OffsetRange(events_topic.topic, p, 0, end, tuple(read_order_ids(events_topic, p)))
+        OffsetRange(events_topic.topic, p, 0, end, tuple(_read_order_ids(events_topic, p)))
         for p, end in sorted(ends.items())
     ]
 
 
-def read_order_ids(events_topic: ProducedTopic, partition: int) -> list[int]:
+def _read_order_ids(events_topic: ProducedTopic, partition: int) -> list[int]:
     catalog = StaticCatalog.from_json(events_topic.catalog)
     (info,) = [i for i in catalog.partitions(events_topic.topic) if i.partition == partition]
     return read_order(info)
