@@ -69,7 +69,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import msgspec
 
@@ -122,8 +122,11 @@ MAX_RELATIVE_OFFSET = (1 << 31) - 1
 MAX_OPEN_INACTIVE_SEGMENTS = 8
 # batch_headers() reads this much at a time while walking headers.
 HEADER_SCAN_CHUNK_BYTES = 1 << 20
+# read_extents reads batch headers through a window of this size (one read per large batch).
+_HEADER_WINDOW = 16 << 10
 
 _DAY_MS = 24 * 60 * 60 * 1000
+_T = TypeVar("_T")
 _LONG_MAX = (1 << 63) - 1
 _SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex)$")
 
@@ -1145,32 +1148,79 @@ class Log:
 
     def read_extents(self, offset: int, max_bytes: int, max_offset: int | None = None) -> Extents:
         """Where the batches :meth:`read` would return lie on disk, for a reader on this machine
-        that reads the segment files itself (their CRCs checked here, as for :meth:`read`).
+        that reads the segment files itself (:mod:`raylog.storage.short_circuit`).
 
-        The bytes stay there until retention, compaction or a truncation removes, replaces or
-        cuts a segment file, so such a reader checks that what it read spans exactly
+        Only the batch headers are read here; the reader checks the CRCs of what it reads. The
+        bytes stay there until retention, compaction or a truncation removes, replaces or cuts
+        a segment file, so such a reader also checks that what it read spans exactly
         ``[first_offset, next_offset)`` and falls back to :meth:`read` when it does not.
         """
+        return self._walk(offset, max_bytes, max_offset, self._locate_locked, Extents((), -1, -1))
+
+    def _locate_locked(self, offset: int, max_bytes: int, limit: int) -> Extents:
+        """:meth:`_read_locked`'s walk over batch headers alone: the same batches, as runs.
+
+        Headers are read through a small window, so a walk over small batches reads each
+        window once and one over large batches reads one window per batch."""
         runs: list[tuple[str, int, int]] = []
-        batches = self._collect(offset, max_bytes, max_offset)
-        path, seen = "", None
-        for seg, pos, data in batches:
-            if seg is not seen:  # absolute: the reader's working directory is its own
-                path, seen = os.path.abspath(seg.log_path), seg
+        total = 0
+        first = next_offset = -1
+        i = bisect.bisect_right(self._bases, offset) - 1
+        seg = self._segment_at(i)
+        path = os.path.abspath(seg.log_path)  # absolute: the reader's working directory is its own
+        pos = seg.lookup_position(offset)
+        window, window_pos = b"", 0
+        while True:
+            if pos >= seg.size:
+                i += 1
+                if i >= len(self._segments):
+                    break
+                seg = self._segment_at(i)
+                path = os.path.abspath(seg.log_path)
+                pos = 0
+                window = b""
+                continue
+            at = pos - window_pos
+            if not window or at < 0 or at + rb.HEADER_SIZE > len(window):
+                window, window_pos, at = seg.read(pos, _HEADER_WINDOW), pos, 0
+                if len(window) < rb.HEADER_SIZE:
+                    raise KafkaStorageError(f"{seg.log_path} truncated under a read at byte {pos}")
+            header = rb.parse_header(window, at)
+            self._check_stored(seg, pos, header, offset)
+            if header.next_offset <= offset:  # before the wanted batch: skip it
+                pos += header.size
+                continue
+            if header.last_offset >= limit or (total and total + header.size > max_bytes):
+                break
             if runs and runs[-1][0] == path and runs[-1][1] + runs[-1][2] == pos:
-                runs[-1] = (path, runs[-1][1], runs[-1][2] + len(data))
+                runs[-1] = (path, runs[-1][1], runs[-1][2] + header.size)
             else:
-                runs.append((path, pos, len(data)))
-        if not batches:
-            return Extents((), -1, -1)
-        first = rb.parse_header(batches[0][2], 0)
-        last = rb.parse_header(batches[-1][2], 0)
-        return Extents(tuple(runs), first.base_offset, last.next_offset)
+                runs.append((path, pos, header.size))
+            if first < 0:
+                first = header.base_offset
+            next_offset = header.next_offset
+            total += header.size
+            pos += header.size
+            if total >= max_bytes:
+                break
+        return Extents(tuple(runs), first, next_offset)
 
     def _collect(
         self, offset: int, max_bytes: int, max_offset: int | None
     ) -> list[tuple[Segment, int, bytes | memoryview]]:
         """The batches a read returns, each as (segment, position, bytes): :meth:`read`'s rules."""
+        return self._walk(offset, max_bytes, max_offset, self._read_locked, [])
+
+    def _walk(
+        self,
+        offset: int,
+        max_bytes: int,
+        max_offset: int | None,
+        walk: Callable[[int, int, int], _T],
+        nothing: _T,
+    ) -> _T:
+        """``walk(offset, max_bytes, limit)`` under the lock, after a read's checks; ``nothing``
+        when no batch can be read below ``max_offset``."""
         if max_bytes < 0:
             raise ValueError(f"max_bytes {max_bytes} < 0")
         with self._lock:
@@ -1182,9 +1232,9 @@ class Log:
                 )
             limit = leo if max_offset is None else min(max_offset, leo)
             if offset >= limit:
-                return []
+                return nothing
             try:
-                return self._read_locked(offset, max_bytes, limit)
+                return walk(offset, max_bytes, limit)
             except OSError as exc:
                 raise KafkaStorageError(f"read of {self.directory} failed: {exc}") from exc
 

@@ -369,13 +369,17 @@ def test_recovery_rebuilds_deleted_or_garbage_indexes(log_dir: Path) -> None:
     assert len(indexes[4].read_bytes()) % 8 == 0
 
 
-def test_bit_flip_in_inactive_segment_is_never_served(log_dir: Path) -> None:
+def _fill_and_flip_a_bit_in_the_first_segment(log_dir: Path) -> None:
     with Log.open(log_dir, SMALL) as log:
         fill(log, 30)
     first = sorted(log_dir.glob("*.log"))[0]
     data = bytearray(first.read_bytes())
     data[len(data) - 3] ^= 0x01  # inside the last batch's records
     first.write_bytes(bytes(data))
+
+
+def test_bit_flip_in_inactive_segment_is_never_served(log_dir: Path) -> None:
+    _fill_and_flip_a_bit_in_the_first_segment(log_dir)
     with Log.open(log_dir, SMALL) as log:
         assert offsets(log.read(0, 1))  # earlier batches still serve
         with pytest.raises(KafkaStorageError, match="CRC"):
@@ -613,6 +617,38 @@ def test_reads_match_a_reference_for_every_offset_and_budget(log_dir: Path) -> N
                     )
                     runs_across_segments += len(extents.runs) > 1
         assert runs_across_segments
+
+
+def test_extents_of_batches_larger_than_the_header_window_match_reads(log_dir: Path) -> None:
+    # read_extents walks headers through a 16 KiB window: batches on both sides of its size,
+    # so headers fall inside, at the edge of and beyond a window.
+    config = LogConfig(segment_bytes=96 << 10, index_interval_bytes=4096)
+    sizes = [100, 20_000, 5, 40_000, 16_300, 3, 9_000, 60_000, 1, 16_384, 200, 33_000]
+    with Log.open(log_dir, config) as log:
+        for i, size in enumerate(sizes * 2):
+            log.append(batch(n=1 + i % 3, size=size, tag=i), 0)
+        leo = log.log_end_offset
+        for offset in range(leo + 1):
+            for max_bytes in (0, 15_000, 70_000, 1 << 20):
+                got = log.read(offset, max_bytes)
+                extents = log.read_extents(offset, max_bytes)
+                assert b"".join(pread(*run) for run in extents.runs) == got, (offset, max_bytes)
+                spanned = offsets(got)
+                assert (extents.first_offset, extents.next_offset) == (
+                    (spanned[0][0], spanned[-1][1] + 1) if spanned else (-1, -1)
+                )
+        assert len({path for path, _, _ in log.read_extents(0, 1 << 30).runs}) > 2
+
+
+def test_extents_leave_the_crc_to_the_reader(log_dir: Path) -> None:
+    _fill_and_flip_a_bit_in_the_first_segment(log_dir)
+    with Log.open(log_dir, SMALL) as log:
+        with pytest.raises(KafkaStorageError, match="CRC"):
+            log.read(0, 1 << 20)
+        extents = log.read_extents(0, 1 << 20)  # headers only: located all the same
+        located = b"".join(pread(*run) for run in extents.runs)
+    with pytest.raises(CorruptRecordError, match="CRC"):
+        list(rb.iter_batches(located))
 
 
 def test_extents_name_files_by_absolute_path(

@@ -1,0 +1,88 @@
+"""Short-circuit reads: a reader on a replica's machine reads the batches the replica located
+(:meth:`raylog.storage.log.Log.read_extents`) from the segment files itself, as HDFS's
+short-circuit local reads do, so the bytes never cross a socket or Ray's object store.
+
+The replica locates the batches from their headers and checks nothing else, so the reader
+checks what it read: every batch whole and passing its CRC (unless the reader decodes them
+with CRC checks of its own), and exactly the located span of offsets. Between the locating and
+the reading, retention or compaction may remove or replace a segment file and a truncation may
+cut it; such a read fails these checks (or raises OSError) and the reader asks the replica for
+the bytes instead.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from raylog.storage import batch as rb
+from raylog.storage.errors import RaylogError
+
+Run = tuple[str, int, int]  # (segment file, position, size)
+
+# RAYLOG_SHORT_CIRCUIT_READS=0 turns short-circuit reads off, in the gateways and the pipeline
+# readers alike: every read then asks the replica for the bytes.
+SHORT_CIRCUIT_ENV = "RAYLOG_SHORT_CIRCUIT_READS"
+
+
+def enabled() -> bool:
+    """Whether short-circuit reads are on (``RAYLOG_SHORT_CIRCUIT_READS``, default on)."""
+    return os.environ.get(SHORT_CIRCUIT_ENV, "1") != "0"
+
+
+@dataclass
+class ReadStats:
+    """How a reader's fetches were answered: bytes read from the segment files on this node
+    (short-circuit), bytes the replica sent (through Ray or a socket), and short-circuit
+    reads that did not hold and were asked again."""
+
+    local_bytes: int = 0
+    ray_bytes: int = 0
+    fallbacks: int = 0
+
+
+class WouldBlock(Exception):
+    """Part of a ``nowait`` read is not in the page cache: reading it would wait for the disk."""
+
+
+def read_runs(runs: Sequence[Run], *, nowait: bool = False) -> bytearray:
+    """The bytes of ``(file, position, size)`` runs, read into one buffer.
+
+    Raises OSError when a file is gone or shorter than a run. With ``nowait`` it never waits
+    for the disk (``RWF_NOWAIT``): it raises WouldBlock when some bytes are not cached, so an
+    event loop can read them in a thread instead of stalling.
+    """
+    data = bytearray(sum(size for _, _, size in runs))
+    view = memoryview(data)
+    flags = os.RWF_NOWAIT if nowait else 0
+    at = 0
+    for path, position, size in runs:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            try:
+                got = os.preadv(fd, [view[at : at + size]], position, flags)
+            except BlockingIOError as exc:
+                raise WouldBlock(path) from exc
+        finally:
+            os.close(fd)
+        if got != size:
+            if nowait:  # a short read may be the cache's edge, not the file's: ask again
+                raise WouldBlock(path)
+            raise OSError(f"{path}: {got} of {size} bytes at {position}")
+        at += size
+    return data
+
+
+def spans(data: bytes | bytearray, first_offset: int, next_offset: int, *, verify: bool) -> bool:
+    """Whether ``data`` holds whole batches, starting with the batch at ``first_offset`` and
+    ending with the one before ``next_offset``; with ``verify``, each passing its CRC."""
+    try:
+        headers = [header for _, header in rb.iter_batches(data, verify=verify)]
+    except RaylogError:
+        return False
+    return (
+        bool(headers)
+        and headers[0].base_offset == first_offset
+        and headers[-1].next_offset == next_offset
+    )
