@@ -106,6 +106,7 @@ CHANNEL_START_S = 10.0  # bound on learning a peer's replication channel address
 _CHANNEL_CALL_ARGS: dict[str, Any] = {
     "produce": tuple[bytes, int, int],
     "fetch": tuple[int, int, int, int, int],
+    "fetch_extents": tuple[int, int, int, int, int],
     "list_offsets": tuple[int, int],
 }
 RETENTION_CHECK_INTERVAL_MS_DEFAULT = 300_000  # log.retention.check.interval.ms (Kafka's)
@@ -197,9 +198,9 @@ class FetchOutcome(msgspec.Struct, frozen=True):
     records: bytes
     leader_epoch: int = UNDEFINED_EPOCH
     message: str = ""
-    # From read_committed_extents: where the batches lie instead of their bytes.
+    # From fetch_extents: where the batches lie instead of their bytes.
     extents: Extents | None = None
-    node_id: str = ""  # the Ray node of the replica that answered read_committed_extents
+    node_id: str = ""  # the Ray node of the replica that answered fetch_extents
 
     @property
     def size(self) -> int:
@@ -301,6 +302,7 @@ class ReplicaActor:
             int, asyncio.Future[tuple[FetchResponse, bytes, Extents | None]]
         ] = {}
         self._extent_requests: set[int] = set()  # consumer fetches answered with extents
+        self._node = ""  # this replica's Ray node id, once asked (fetch_extents)
         self._peers: dict[int, Any] = {}
         self._peer_calls: dict[int, int] = {}
         self._flusher = _Flusher()
@@ -696,7 +698,7 @@ class ReplicaActor:
         extents: bool,
     ) -> FetchOutcome:
         """:meth:`fetch`; with ``extents`` the answer locates the batches instead of holding
-        them (:meth:`read_committed_extents`)."""
+        them (:meth:`fetch_extents`)."""
         self._ensure_started()
         deadline = now_ms() + max(0, min(max_wait_ms, CONSUMER_WAIT_MS_MAX))
         while True:
@@ -769,16 +771,30 @@ class ReplicaActor:
             return outcome
         return msgspec.structs.replace(outcome, records=pickle.PickleBuffer(outcome.records))
 
-    async def read_committed_extents(
-        self, fetch_offset: int, max_bytes: int, max_wait_ms: int = 0
+    async def fetch_extents(
+        self,
+        fetch_offset: int,
+        max_bytes: int,
+        max_wait_ms: int = 0,
+        min_bytes: int = 1,
+        current_leader_epoch: int = UNDEFINED_EPOCH,
     ) -> FetchOutcome:
-        """:meth:`read_committed` for a reader on this replica's Ray node (``node_id``): the
-        answer locates the batches in the segment files (``extents``, CRCs checked here) and
-        the reader reads them itself, so no bytes cross Ray (a short-circuit read, as HDFS
-        has). The reader checks the span it read and falls back to :meth:`read_committed`.
+        """:meth:`fetch` for a reader on this replica's Ray node (``node_id``): the answer
+        locates the batches in the segment files (``extents``, from their headers alone) and
+        the reader reads them itself (:mod:`raylog.storage.short_circuit`), so no record bytes
+        cross a socket or Ray: a short-circuit read, as HDFS has. The reader checks the CRCs
+        and the span it read, and falls back to :meth:`fetch` or :meth:`read_committed`.
+        The local gateway calls it over the channel; pipeline readers by Ray.
         """
-        outcome = await self._fetch(fetch_offset, max_bytes, max_wait_ms, 1, UNDEFINED_EPOCH, True)
-        return msgspec.structs.replace(outcome, node_id=ray.get_runtime_context().get_node_id())
+        outcome = await self._fetch(
+            fetch_offset, max_bytes, max_wait_ms, min_bytes, current_leader_epoch, True
+        )
+        return msgspec.structs.replace(outcome, node_id=self._node_id())
+
+    def _node_id(self) -> str:
+        if not self._node:
+            self._node = str(ray.get_runtime_context().get_node_id())
+        return self._node
 
     async def list_offsets(
         self, timestamp: int, current_leader_epoch: int = UNDEFINED_EPOCH

@@ -44,8 +44,9 @@ from raylog.pipelines.catalog import (
     catalog_from_metadata,
     read_order,
 )
-from raylog.storage import batch as rb
+from raylog.storage import short_circuit
 from raylog.storage.errors import RaylogError
+from raylog.storage.short_circuit import ReadStats
 
 log = logging.getLogger(__name__)
 
@@ -726,26 +727,11 @@ def read_range(
     )
 
 
-@dataclass
-class ReadStats:
-    """How a reader's fetches were answered: bytes read from the segment files on this node
-    (short-circuit), bytes that crossed Ray, and short-circuit reads that fell back."""
-
-    local_bytes: int = 0
-    ray_bytes: int = 0
-    fallbacks: int = 0
-
-
-# Short-circuit reads of replicas on this process's Ray node; RAYLOG_SHORT_CIRCUIT_READS=0
-# turns them off (every read then crosses Ray).
-SHORT_CIRCUIT_ENV = "RAYLOG_SHORT_CIRCUIT_READS"
-
-
 class _Fetcher:
     """The fetch calls of one range to one replica.
 
     A replica on this process's Ray node is asked where the batches lie
-    (``read_committed_extents``) and the segment files are read here, so no bytes cross Ray.
+    (``fetch_extents``) and the segment files are read here, so no bytes cross Ray.
     The first answer tells whether the replica is on this node; if not, or once a
     short-circuit read does not hold (a file gone, cut or replaced by retention, compaction or
     truncation: the read spans other offsets, or its CRCs fail), every later call is
@@ -756,12 +742,10 @@ class _Fetcher:
         self.handle = handle
         self.max_bytes = max_bytes
         self.stats = stats if stats is not None else ReadStats()
-        self.short_circuit = os.environ.get(SHORT_CIRCUIT_ENV, "1") != "0"
+        self.short_circuit = short_circuit.enabled()
 
     def call(self, offset: int, max_wait_ms: int = 0) -> Any:
-        method = (
-            self.handle.read_committed_extents if self.short_circuit else self.handle.read_committed
-        )
+        method = self.handle.fetch_extents if self.short_circuit else self.handle.read_committed
         return method.remote(offset, self.max_bytes, max_wait_ms)
 
     def decode(
@@ -778,47 +762,20 @@ class _Fetcher:
             return None
         extents = outcome.extents
         try:
-            data = read_extents(extents.runs)
+            data = short_circuit.read_runs(extents.runs)
             next_offset = records.decode_into(data, cols, offset, end)
         except (OSError, RaylogError) as exc:
             log.info("short-circuit read at %d did not hold (%s); reading through Ray", offset, exc)
             self.stats.fallbacks += 1
             return None
-        if next_offset <= offset or not _spans(data, extents.first_offset, extents.next_offset):
+        # decode_into checked every CRC
+        spanned = short_circuit.spans(data, extents.first_offset, extents.next_offset, verify=False)
+        if next_offset <= offset or not spanned:
             self.stats.fallbacks += 1
             return None
         self.stats.local_bytes += len(data)
         self.short_circuit = True
         return next_offset, cols
-
-
-def read_extents(runs: Sequence[tuple[str, int, int]]) -> bytearray:
-    """The bytes of ``(file, position, size)`` runs, read into one buffer; OSError when a file
-    is gone or shorter than a run."""
-    data = bytearray(sum(size for _, _, size in runs))
-    view = memoryview(data)
-    at = 0
-    for path, position, size in runs:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            got = os.preadv(fd, [view[at : at + size]], position)
-        finally:
-            os.close(fd)
-        if got != size:
-            raise OSError(f"{path}: {got} of {size} bytes at {position}")
-        at += size
-    return data
-
-
-def _spans(data: bytes | bytearray, first_offset: int, next_offset: int) -> bool:
-    """Whether ``data`` (whole batches, already decoded) starts with the batch at
-    ``first_offset`` and ends with the one before ``next_offset``."""
-    headers = [header for _, header in rb.iter_batches(data, verify=False)]
-    return (
-        bool(headers)
-        and headers[0].base_offset == first_offset
-        and headers[-1].next_offset == next_offset
-    )
 
 
 @functools.cache

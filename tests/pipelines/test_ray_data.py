@@ -49,7 +49,6 @@ from raylog.pipelines.ray_data import RaylogDatasource
 from raylog.pipelines.reading import (
     EARLIEST,
     LATEST,
-    SHORT_CIRCUIT_ENV,
     Bounds,
     ClusterTarget,
     DataLossError,
@@ -58,13 +57,13 @@ from raylog.pipelines.reading import (
     _Fetcher,
     parse_offsets,
     plan,
-    read_extents,
     read_range,
     replica_handle,
     split,
 )
 from raylog.storage import batch as rb
 from raylog.storage.log import Log, LogConfig
+from raylog.storage.short_circuit import SHORT_CIRCUIT_ENV, read_runs
 
 
 def _collect(ds: ray.data.Dataset) -> list[dict]:
@@ -148,23 +147,31 @@ def test_replicas_on_this_node_are_read_short_circuit(
 
 
 @pytest.mark.slow
-def test_a_short_circuit_read_that_does_not_hold_is_not_used(events_topic: ProducedTopic) -> None:
+def test_a_short_circuit_read_that_does_not_hold_is_not_used(
+    events_topic: ProducedTopic, tmp_path: Path
+) -> None:
     """What a replica locates can be gone, cut or replaced before the reader gets there
-    (retention, truncation, compaction): a file that is missing or shorter, or bytes that
-    span other offsets, are never decoded into rows; the reader asks again through Ray."""
+    (retention, truncation, compaction), or damaged on disk (the replica read headers only):
+    a file that is missing or shorter, bytes that span other offsets or fail their CRC, are
+    never decoded into rows; the reader asks again through Ray."""
     r = _partition_ranges(events_topic)[0]
     handle = replica_handle(r.topic, r.partition, r.replica_ids[0])
-    answer = ray.get(handle.read_committed_extents.remote(0, 1 << 20), timeout=60)
+    answer = ray.get(handle.fetch_extents.remote(0, 1 << 20), timeout=60)
     runs = answer.extents.runs
     assert answer.error_code == 0 and runs and answer.node_id
     path, position, size = runs[0]
     # The second batch onwards: whole, valid batches, but not the span the replica located.
-    first = rb.parse_header(read_extents([(path, position, rb.HEADER_SIZE)]), 0)
+    first = rb.parse_header(read_runs([(path, position, rb.HEADER_SIZE)]), 0)
     shifted = ((path, position + first.size, size - first.size), *runs[1:])
+    damaged = bytearray(Path(path).read_bytes())
+    damaged[position + first.size - 2] ^= 0x10  # in the first batch's last record
+    copy = tmp_path / "damaged.log"
+    copy.write_bytes(damaged)
     broken = {
         "missing": ((path + ".gone", position, size), *runs[1:]),
         "cut": ((path, os.path.getsize(path) - size // 2, size), *runs[1:]),
         "other offsets": shifted,
+        "bit flip": ((str(copy), position, size), *runs[1:]),
     }
     stats = ReadStats()
     for name, bad_runs in broken.items():
