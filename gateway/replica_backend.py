@@ -79,7 +79,7 @@ from raylog.gateway.backend import (
 )
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.producer_ids import ProducerIdBlocks, ProducerIdResult
-from raylog.storage import pki
+from raylog.storage import pki, short_circuit
 from raylog.storage.errors import (
     BrokerNotAvailableError,
     InvalidPartitionsError,
@@ -102,6 +102,7 @@ ACKS_VALID = (0, 1, -1)
 _CHANNEL_RESULTS: dict[str, msgspec.msgpack.Decoder[Any]] = {
     "produce": msgspec.msgpack.Decoder(ProduceOutcome),
     "fetch": msgspec.msgpack.Decoder(FetchOutcome),
+    "fetch_extents": msgspec.msgpack.Decoder(FetchOutcome),
     "list_offsets": msgspec.msgpack.Decoder(tuple[int, int, int, int]),
 }
 ADMIN_CALL_TIMEOUT_MS = 30_000  # bound on one admin call to the controller (a CAS write or two)
@@ -233,6 +234,13 @@ class ReplicaBackend:
         # One lookup at a time: callers queue FIFO on it, so calls for one partition are still
         # submitted in the order they arrived (see produce's ordering in handlers/produce.py).
         self._lookup_lock = asyncio.Lock()
+        # Short-circuit fetches (storage/short_circuit.py): a replica on this gateway's Ray
+        # node says where the batches lie and the gateway reads the segment files itself.
+        # A replica found on another node is asked for the bytes from then on.
+        self._short_circuit = short_circuit.enabled()
+        self._remote_replicas: set[str] = set()
+        self._node_id: str | None = None
+        self.read_stats = short_circuit.ReadStats()
 
     # --- metadata -----------------------------------------------------------------------------
 
@@ -305,15 +313,36 @@ class ReplicaBackend:
             if preferred is not None:
                 return preferred
         max_wait_ms = max(0, max_wait_ms)
+        args = (fetch_offset, max_bytes, max_wait_ms, min_bytes, current_leader_epoch)
+        name = replica_actor_name(topic, partition, self.metadata.this_broker_id)
+        method = "fetch"
+        if self._short_circuit and name not in self._remote_replicas:
+            method = "fetch_extents"
         try:
             outcome = await self._call(
                 topic,
                 partition,
-                "fetch",
-                (fetch_offset, max_bytes, max_wait_ms, min_bytes, current_leader_epoch),
+                method,
+                args,
                 timeout_s=max_wait_ms / 1000 + self._call_margin_s,
                 retry=True,
             )
+            records = outcome.records
+            if outcome.extents is not None:
+                located = await self._read_located(name, outcome)
+                if located is None:  # it did not hold: ask for the bytes, which are there
+                    outcome = await self._call(
+                        topic,
+                        partition,
+                        "fetch",
+                        (fetch_offset, max_bytes, 0, 1, current_leader_epoch),
+                        timeout_s=self._call_margin_s,
+                        retry=True,
+                    )
+                    located = outcome.records
+                records = located
+            if outcome.extents is None:
+                self.read_stats.ray_bytes += len(outcome.records)
         except _CallFailed as exc:
             return FetchResult(exc.error_code, -1, -1, -1, b"", -1, str(exc))
         except TimeoutError:
@@ -325,10 +354,47 @@ class ReplicaBackend:
             outcome.high_watermark,
             outcome.last_stable_offset,
             outcome.log_start_offset,
-            outcome.records,
+            records,
             -1,
             outcome.message,
         )
+
+    async def _read_located(self, name: str, outcome: FetchOutcome) -> bytes | bytearray | None:
+        """The batches ``outcome`` locates, read from the segment files on this node and
+        checked (each CRC, and the span located); None when they cannot be read here or did
+        not hold (a file removed, replaced or cut since), so the caller asks for the bytes.
+
+        Reads from the page cache happen inline; a read that would wait for the disk goes to
+        a thread, so one cold read does not stall every connection on this event loop."""
+        extents = outcome.extents
+        assert extents is not None
+        if not extents.runs:
+            return b""
+        if outcome.node_id != self._this_node():
+            self._remote_replicas.add(name)  # on another node: ask it for the bytes from now on
+            return None
+        try:
+            try:
+                data = short_circuit.read_runs(extents.runs, nowait=True)
+            except short_circuit.WouldBlock:
+                data = await asyncio.to_thread(short_circuit.read_runs, extents.runs)
+        except OSError as exc:
+            log.info("short-circuit fetch of %s did not hold (%s); asking for bytes", name, exc)
+            self.read_stats.fallbacks += 1
+            return None
+        if not short_circuit.spans(data, extents.first_offset, extents.next_offset, verify=True):
+            log.info("short-circuit fetch of %s read other batches; asking for bytes", name)
+            self.read_stats.fallbacks += 1
+            return None
+        self.read_stats.local_bytes += len(data)
+        return data
+
+    def _this_node(self) -> str:
+        if self._node_id is None:
+            self._node_id = (
+                str(ray.get_runtime_context().get_node_id()) if ray.is_initialized() else ""
+            )
+        return self._node_id
 
     async def list_offsets(
         self,

@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+import os
 import shutil
 import socket
 import struct
@@ -45,6 +47,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import ray
 from gateway_support import HOST, read_frame
@@ -64,6 +67,7 @@ from raylog.gateway.backend import Broker, PartitionState, TopicState
 from raylog.gateway.replica_backend import MetadataView, ReplicaBackend
 from raylog.gateway.server import GatewayServer
 from raylog.storage import batch as rb
+from raylog.storage import short_circuit
 
 pytestmark = pytest.mark.slow
 
@@ -785,6 +789,64 @@ def test_raw_fetch_rules_and_long_poll(cluster: Cluster) -> None:
     fetcher.join(timeout=CLIENT_TIMEOUT_S)
     assert time.monotonic() - began < 10.0
     assert [h.base_offset for _, h in rb.iter_batches(bytes(part.records))] == [hw]
+
+
+def test_fetches_are_read_short_circuit_and_fall_back_when_that_does_not_hold(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway shares the replicas' Ray node here: it reads the batches the leader locates
+    from its segment files. A read that does not hold (file gone, cut, damaged, other offsets,
+    or a replica on another node) is never served: the gateway asks the replica for the bytes."""
+    port0 = cluster.ports[0]
+    backend = cluster.servers[0].backend
+    start = cluster.high_watermark(0)
+    for i in range(3):
+        produce_raw(port0, 0, _batch([b"short-circuit %d" % i] * (i + 1)))
+    wanted = ray.get(cluster.leader_replica(0).fetch.remote(start, 1 << 20), timeout=CALL_TIMEOUT_S)
+    before = dataclasses.replace(backend.read_stats)
+    part = fetch_raw(port0, 0, start).responses[0].partitions[0]
+    assert bytes(part.records) == wanted.records and len(wanted.records) > 0
+    assert backend.read_stats.local_bytes - before.local_bytes == len(wanted.records)
+    assert backend.read_stats.ray_bytes == before.ray_bytes, "no record bytes from the replica"
+
+    # A read that fails here goes to the replica for the bytes; the client sees no difference.
+    def fail(*_: Any, **__: Any) -> bytearray:
+        raise OSError("gone")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(short_circuit, "read_runs", fail)
+        part = fetch_raw(port0, 0, start).responses[0].partitions[0]
+    assert bytes(part.records) == wanted.records
+    assert backend.read_stats.fallbacks == before.fallbacks + 1
+    assert backend.read_stats.ray_bytes == before.ray_bytes + len(wanted.records)
+
+    # What the leader locates, made wrong every way: never served.
+    name = replica_actor_name(TOPIC, 0, cluster.leaders[0][0])
+    answer = ray.get(
+        cluster.leader_replica(0).fetch_extents.remote(start, 1 << 20), timeout=CALL_TIMEOUT_S
+    )
+    runs = answer.extents.runs
+    path, position, size = runs[0]
+    first = rb.parse_header(short_circuit.read_runs([(path, position, rb.HEADER_SIZE)]), 0)
+    damaged = bytearray(Path(path).read_bytes())
+    damaged[position + first.size - 2] ^= 0x10  # in the first located batch's last record
+    copy = tmp_path / "damaged.log"
+    copy.write_bytes(damaged)
+    broken = {
+        "missing": ((path + ".gone", position, size), *runs[1:]),
+        "cut": ((path, os.path.getsize(path) - size // 2, size), *runs[1:]),
+        "other offsets": ((path, position + first.size, size - first.size), *runs[1:]),
+        "bit flip": ((str(copy), position, size), *runs[1:]),
+    }
+    fallbacks = backend.read_stats.fallbacks
+    for case, bad_runs in broken.items():
+        outcome = msgspec.structs.replace(answer, extents=answer.extents._replace(runs=bad_runs))
+        assert cluster.call(backend._read_located(name, outcome)) is None, case
+    assert backend.read_stats.fallbacks == fallbacks + len(broken)
+    assert bytes(cluster.call(backend._read_located(name, answer))) == wanted.records
+    elsewhere = msgspec.structs.replace(answer, node_id="another-node")
+    assert cluster.call(backend._read_located("replica:x:0:9", elsewhere)) is None
+    assert "replica:x:0:9" in backend._remote_replicas and name not in backend._remote_replicas
 
 
 def test_raw_list_offsets_errors(cluster: Cluster) -> None:
