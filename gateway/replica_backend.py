@@ -54,6 +54,7 @@ import asyncio
 import logging
 import ssl
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import msgspec
@@ -107,6 +108,7 @@ _CHANNEL_RESULTS: dict[str, msgspec.msgpack.Decoder[Any]] = {
 }
 ADMIN_CALL_TIMEOUT_MS = 30_000  # bound on one admin call to the controller (a CAS write or two)
 VIEW_POLL_S = 0.02  # how often a create/delete looks for its result in the local metadata
+COLD_READ_THREADS = 4  # short-circuit fetches reading from the disk at once, not the cache
 VALIDATE_ONLY_TOPIC_ID = "validate-only"  # never stored: validate_only writes nothing
 
 
@@ -241,6 +243,9 @@ class ReplicaBackend:
         self._remote_replicas: set[str] = set()
         self._node_id: str | None = None
         self.read_stats = short_circuit.ReadStats()
+        # Reads that would wait for the disk run here: threads of their own, so that they never
+        # queue behind (or hold up) the default executor's Ray lookups.
+        self._read_pool = ThreadPoolExecutor(COLD_READ_THREADS, thread_name_prefix="raylog-read")
 
     # --- metadata -----------------------------------------------------------------------------
 
@@ -377,7 +382,11 @@ class ReplicaBackend:
             try:
                 data = short_circuit.read_runs(extents.runs, nowait=True)
             except short_circuit.WouldBlock:
-                data = await asyncio.to_thread(short_circuit.read_runs, extents.runs)
+                self.read_stats.disk_reads += 1
+                loop = asyncio.get_running_loop()
+                data = await loop.run_in_executor(
+                    self._read_pool, short_circuit.read_runs, extents.runs
+                )
         except OSError as exc:
             log.info("short-circuit fetch of %s did not hold (%s); asking for bytes", name, exc)
             self.read_stats.fallbacks += 1
@@ -702,6 +711,7 @@ class ReplicaBackend:
         """Close the channels to the replicas (the gateway stops)."""
         links, self._links = list(self._links.values()), {}
         await asyncio.gather(*(link.aclose() for link in links))
+        self._read_pool.shutdown(wait=False)
 
     def set_channel_tls(self, leaf: LeafCertificate) -> None:
         """Use mutual TLS with ``leaf`` (from the cluster CA) on the channels to the replicas;

@@ -12,6 +12,7 @@ the bytes instead.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,12 +35,16 @@ def enabled() -> bool:
 @dataclass
 class ReadStats:
     """How a reader's fetches were answered: bytes read from the segment files on this node
-    (short-circuit), bytes the replica sent (through Ray or a socket), and short-circuit
-    reads that did not hold and were asked again."""
+    (short-circuit), bytes the replica sent (through Ray or a socket), short-circuit reads
+    that did not hold and were asked again, and those that had to wait for the disk."""
 
     local_bytes: int = 0
     ray_bytes: int = 0
     fallbacks: int = 0
+    disk_reads: int = 0
+
+
+_nowait_supported = True  # False once a filesystem refused RWF_NOWAIT
 
 
 class WouldBlock(Exception):
@@ -51,23 +56,32 @@ def read_runs(runs: Sequence[Run], *, nowait: bool = False) -> bytearray:
 
     Raises OSError when a file is gone or shorter than a run. With ``nowait`` it never waits
     for the disk (``RWF_NOWAIT``): it raises WouldBlock when some bytes are not cached, so an
-    event loop can read them in a thread instead of stalling.
+    event loop can read them in a thread instead of stalling. On a filesystem without
+    ``RWF_NOWAIT`` it reads as without ``nowait``.
     """
+    global _nowait_supported
     data = bytearray(sum(size for _, _, size in runs))
     view = memoryview(data)
-    flags = os.RWF_NOWAIT if nowait else 0
     at = 0
     for path, position, size in runs:
+        flags = os.RWF_NOWAIT if nowait and _nowait_supported else 0
         fd = os.open(path, os.O_RDONLY)
         try:
             try:
                 got = os.preadv(fd, [view[at : at + size]], position, flags)
             except BlockingIOError as exc:
                 raise WouldBlock(path) from exc
+            except OSError as exc:
+                if not flags or exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+                # This filesystem cannot tell: read as the replica itself would, blocking.
+                _nowait_supported = False
+                flags = 0
+                got = os.preadv(fd, [view[at : at + size]], position)
         finally:
             os.close(fd)
         if got != size:
-            if nowait:  # a short read may be the cache's edge, not the file's: ask again
+            if flags:  # a short read may be the cache's edge, not the file's: ask again
                 raise WouldBlock(path)
             raise OSError(f"{path}: {got} of {size} bytes at {position}")
         at += size

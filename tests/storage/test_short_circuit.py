@@ -1,0 +1,71 @@
+"""Short-circuit reads of located batches (storage/short_circuit.py) on real files."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from raylog.storage import batch as rb
+from raylog.storage import short_circuit
+from raylog.storage.batch import Record, build_batch
+
+
+def _batches(first_offset: int, count: int) -> bytes:
+    out = bytearray()
+    for i in range(count):
+        data = bytearray(build_batch([Record(b"k", b"v%d" % i * 50, 1_000 + i)]))
+        rb.set_base_offset(data, 0, first_offset + i)
+        out += data
+    return bytes(out)
+
+
+def test_runs_are_read_in_order_across_files(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.log", tmp_path / "b.log"
+    a.write_bytes(b"xx" + _batches(0, 3))
+    b.write_bytes(_batches(3, 2))
+    runs = [(str(a), 2, a.stat().st_size - 2), (str(b), 0, b.stat().st_size)]
+    for nowait in (False, True):
+        data = short_circuit.read_runs(runs, nowait=nowait)
+        assert bytes(data) == _batches(0, 3) + _batches(3, 2)
+        assert short_circuit.spans(data, 0, 5, verify=True)
+    with pytest.raises(OSError):
+        short_circuit.read_runs([(str(tmp_path / "gone.log"), 0, 10)])
+    with pytest.raises(OSError, match="of 100 bytes"):
+        short_circuit.read_runs([(str(a), a.stat().st_size - 10, 100)])
+
+
+def test_spans_holds_only_for_whole_checked_batches_of_the_located_offsets() -> None:
+    data = bytearray(_batches(10, 4))
+    assert short_circuit.spans(data, 10, 14, verify=True)
+    assert not short_circuit.spans(data, 11, 14, verify=True)  # another first batch
+    assert not short_circuit.spans(data, 10, 15, verify=True)  # another last batch
+    assert not short_circuit.spans(data[:-1], 10, 14, verify=True)  # cut
+    assert not short_circuit.spans(b"", 10, 14, verify=True)
+    data[-2] ^= 0x04  # damaged inside the last batch
+    assert not short_circuit.spans(data, 10, 14, verify=True)
+    assert short_circuit.spans(data, 10, 14, verify=False)  # a decoder checks CRCs itself
+
+
+def test_a_nowait_read_of_bytes_not_in_the_page_cache_would_block(tmp_path: Path) -> None:
+    path = tmp_path / "cold.log"
+    payload = _batches(0, 200)
+    with open(path, "wb") as f:
+        f.write(payload)
+        f.flush()
+        os.fsync(f.fileno())
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # clean pages: dropped
+    runs = [(str(path), 0, len(payload))]
+    if not short_circuit._nowait_supported:
+        pytest.skip("this filesystem has no RWF_NOWAIT")
+    try:
+        short_circuit.read_runs(runs, nowait=True)
+    except short_circuit.WouldBlock:
+        pass
+    else:
+        if short_circuit._nowait_supported:  # it was not refused: the read should have blocked
+            pytest.fail("a read of evicted pages did not report that it would block")
+        pytest.skip("this filesystem has no RWF_NOWAIT")
+    assert bytes(short_circuit.read_runs(runs)) == payload  # the blocking read (a thread's)
+    assert bytes(short_circuit.read_runs(runs, nowait=True)) == payload  # cached now
