@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
 import json
 import logging
 import os
@@ -44,6 +45,7 @@ from raylog.pipelines.catalog import (
     catalog_from_metadata,
     read_order,
 )
+from raylog.storage import batch as rb
 from raylog.storage import short_circuit
 from raylog.storage.errors import RaylogError
 from raylog.storage.short_circuit import ReadStats
@@ -55,6 +57,9 @@ EARLIEST = -2
 LATEST = -1
 OFFSET_OUT_OF_RANGE = 1  # Kafka error code
 FETCH_MAX_BYTES = 8 << 20  # per fetch call: few round trips, bounded memory per task
+# The planner locates up to this much of each range's start (:func:`locate`), so that a task on
+# the replica's node reads it with no call at all (within the replica's consumer fetch cap).
+LOCATE_MAX_BYTES = 48 << 20
 CALL_TIMEOUT_S = 30.0  # a replica that does not answer a call in this long is skipped
 # A replica whose high watermark is still below the planned end (a follower catching up) is
 # long-polled this long in total before the reader moves to the next replica.
@@ -559,6 +564,50 @@ def fetch_bounds(partitions: Sequence[PartitionInfo]) -> dict[tuple[str, int], B
     return out
 
 
+@dataclass(frozen=True)
+class Located:
+    """Where a range's first records lay when it was planned: a replica's answer to
+    ``fetch_extents`` at the range's start (the runs of whole batches in its segment files,
+    the offsets they span) and the Ray node of that replica."""
+
+    node_id: str
+    runs: tuple[tuple[str, int, int], ...]
+    first_offset: int
+    next_offset: int
+
+
+def locate(ranges: Sequence[OffsetRange]) -> list[Located | None]:
+    """For each range, where its first records lie (up to LOCATE_MAX_BYTES), asked of its
+    first replica in read order, all calls at once; None where that replica erred, did not
+    answer or has nothing there. A task on that replica's node reads them without a call
+    (:func:`read_range`); the others ignore it. Only a head start: every read is checked."""
+    import ray
+
+    refs: list[Any] = []
+    for r in ranges:
+        try:
+            handle = replica_handle(r.topic, r.partition, r.replica_ids[0])
+            refs.append(handle.fetch_extents.remote(r.start, LOCATE_MAX_BYTES, 0))
+        except (ValueError, IndexError):
+            refs.append(None)
+    out: list[Located | None] = []
+    for ref in refs:
+        located = None
+        if ref is not None:
+            try:
+                answer = ray.get(ref, timeout=CALL_TIMEOUT_S)
+            except (ray.exceptions.RayError, TimeoutError) as exc:
+                log.info("could not locate a range ahead of its task: %r", exc)
+            else:
+                if answer.error_code == 0 and answer.extents is not None and answer.extents.runs:
+                    extents = answer.extents
+                    located = Located(
+                        answer.node_id, extents.runs, extents.first_offset, extents.next_offset
+                    )
+        out.append(located)
+    return out
+
+
 TIMESTAMP_REFINE_FETCHES_MAX = 16  # fetches past the batch ListOffsets found (one suffices)
 TIMESTAMP_REFINE_BYTES = 1  # a fetch returns at least its first whole batch
 
@@ -653,17 +702,25 @@ def read_range(
     fail_on_data_loss: bool = True,
     max_bytes: int = FETCH_MAX_BYTES,
     stats: ReadStats | None = None,
+    located: Located | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Yield the committed records of ``r`` as Arrow batches (one per fetch), in order.
 
-    Tries the range's replicas in order. The next fetch is issued as soon as the previous
-    one returns, so one call is in flight while its predecessor is decoded. A replica that
-    errs, dies, or stays below the needed offset for CATCH_UP_WAIT_S is left for the next.
+    ``located`` (from :func:`locate`, on this process's Ray node) is read first, with no call
+    to any replica; the rest of the range, or all of it when that read does not hold, is
+    fetched. Tries the range's replicas in order. The next fetch is issued as soon as the
+    previous one returns, so one call is in flight while its predecessor is decoded. A replica
+    that errs, dies, or stays below the needed offset for CATCH_UP_WAIT_S is left for the next.
     A replica on this process's Ray node is read short-circuit (:class:`_Fetcher`).
     """
     import ray
 
     offset = r.start
+    if located is not None and short_circuit.enabled() and located.node_id == _node_id():
+        for offset, batch in _read_located(r, located, include_headers, max_bytes, stats):
+            yield batch
+            if offset >= r.end:
+                return
     errors: list[str] = []
     for rid in _replica_passes(r.replica_ids):
         if offset >= r.end:
@@ -725,6 +782,48 @@ def read_range(
         f"{r.topic}-{r.partition}: could not read offsets {offset}..{r.end}: "
         + "; ".join(errors[-2 * len(r.replica_ids) :])
     )
+
+
+def _read_located(
+    r: OffsetRange,
+    located: Located,
+    include_headers: bool,
+    max_bytes: int,
+    stats: ReadStats | None,
+) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """``(next offset, batch)`` for the records of ``r`` in the runs the planner located,
+    read from the segment files here and decoded ``max_bytes`` at a time (every CRC checked).
+
+    Nothing is yielded unless the runs hold whole batches spanning exactly the offsets located
+    from ``r.start``; a later batch failing its CRC ends it after the batches before. Either
+    way the caller fetches the rest from where this stopped."""
+    stats = stats if stats is not None else ReadStats()
+    if located.first_offset > r.start or located.next_offset <= r.start:
+        return  # not the range's start (a plan made for other offsets)
+    try:
+        data = short_circuit.read_runs(located.runs)
+        if not short_circuit.spans(data, located.first_offset, located.next_offset, verify=False):
+            raise RaylogError("the located runs hold other batches")
+        # Slices of whole batches, about max_bytes each (a larger batch is a slice of its own).
+        cuts = [0]
+        for pos, _ in rb.iter_batches(data, verify=False):
+            if pos - cuts[-1] >= max_bytes:
+                cuts.append(pos)
+        cuts.append(len(data))
+        view = memoryview(data)
+        offset = r.start
+        for a, b in itertools.pairwise(cuts):
+            cols = records.new_columns(include_headers)
+            next_offset = records.decode_into(view[a:b], cols, offset, r.end)
+            stats.planned_bytes += b - a
+            if next_offset > offset:
+                offset = next_offset
+                yield offset, records.to_arrow(cols, r.topic, r.partition, include_headers)
+            if offset >= r.end:
+                return
+    except (OSError, RaylogError) as exc:
+        log.info("%s-%d: located runs did not hold (%s); fetching", r.topic, r.partition, exc)
+        stats.fallbacks += 1
 
 
 class _Fetcher:

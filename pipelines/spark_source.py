@@ -88,6 +88,7 @@ from pyspark.sql.types import StructType
 
 from raylog.pipelines import reading, stream_offsets
 from raylog.pipelines.catalog import Catalog, PartitionInfo
+from raylog.storage import short_circuit
 
 log = logging.getLogger(__name__)
 
@@ -251,12 +252,29 @@ class ReadOptions:
 
 
 class RangePartition(InputPartition):
-    """One Spark input partition: an offset range plus how to reach the cluster."""
+    """One Spark input partition: an offset range plus how to reach the cluster, and where
+    the range's first records lay when it was planned (batch reads)."""
 
-    def __init__(self, offset_range: reading.OffsetRange, target_json: str) -> None:
+    def __init__(
+        self,
+        offset_range: reading.OffsetRange,
+        target_json: str,
+        located: reading.Located | None = None,
+    ) -> None:
         super().__init__(offset_range)
         self.offset_range = offset_range
         self.target_json = target_json
+        self.located = located
+
+
+def _range_partitions(
+    ranges: list[reading.OffsetRange], target: reading.ClusterTarget
+) -> list[InputPartition]:
+    """One Spark partition per range, each with where its first records lie now, so that a
+    task on that replica's node starts reading without a call (:func:`reading.locate`)."""
+    target_json = target.to_json()
+    located = reading.locate(ranges) if short_circuit.enabled() else [None] * len(ranges)
+    return [RangePartition(r, target_json, at) for r, at in zip(ranges, located, strict=True)]
 
 
 class RaylogDataSource(DataSource):
@@ -298,6 +316,7 @@ def _read(
         partition.offset_range,
         include_headers=options.include_headers,
         fail_on_data_loss=options.fail_on_data_loss,
+        located=getattr(partition, "located", None),
     ):
         if batch.num_rows:
             yield batch.cast(arrow_schema)
@@ -324,8 +343,7 @@ class RaylogBatchReader(DataSourceReader):
             min_partitions=o.min_partitions,
             fail_on_data_loss=o.fail_on_data_loss,
         )
-        target_json = self.target.to_json()
-        return [RangePartition(r, target_json) for r in ranges]
+        return _range_partitions(ranges, self.target)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         yield from _read(partition, self.options, self.arrow_schema)
@@ -395,8 +413,7 @@ class RaylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             min_partitions=self.options.min_partitions,
             fail_on_data_loss=self.options.fail_on_data_loss,
         )
-        target_json = self.target.to_json()
-        return [RangePartition(r, target_json) for r in ranges]
+        return _range_partitions(ranges, self.target)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         yield from _read(partition, self.options, self.arrow_schema)

@@ -16,6 +16,7 @@ Proves:
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import time
@@ -36,6 +37,7 @@ from pipeline_support import (
     start_trimmed_partition,
     table_rows,
 )
+from waiting import wait_until
 
 from raylog.actors.raycluster import ClusterInfo, write_cluster_info
 from raylog.pipelines import read_topic
@@ -52,9 +54,11 @@ from raylog.pipelines.reading import (
     Bounds,
     ClusterTarget,
     DataLossError,
+    Located,
     OffsetRange,
     ReadStats,
     _Fetcher,
+    locate,
     parse_offsets,
     plan,
     read_range,
@@ -123,9 +127,62 @@ def _read_order_ids(events_topic: ProducedTopic, partition: int) -> list[int]:
     return read_order(info)
 
 
-def _read(ranges: list[OffsetRange], stats: ReadStats) -> list[dict]:
-    batches = [b for r in ranges for b in read_range(r, include_headers=True, stats=stats)]
+def _read(
+    ranges: list[OffsetRange], stats: ReadStats, located: list[Located | None] | None = None
+) -> list[dict]:
+    at = located or [None] * len(ranges)
+    batches = [
+        b
+        for r, where in zip(ranges, at, strict=True)
+        for b in read_range(r, include_headers=True, stats=stats, located=where)
+    ]
     return table_rows(pa.Table.from_batches(batches))
+
+
+@pytest.mark.slow
+def test_ranges_located_when_planned_are_read_without_a_call(
+    events_topic: ProducedTopic, tmp_path: Path
+) -> None:
+    """The planner locates each range's records (reading.locate); a reader on that replica's
+    node reads them with no call at all. Located runs that no longer hold (a file gone or
+    damaged, runs shifted, another node) are never decoded into rows: the range is fetched."""
+    whole = _partition_ranges(events_topic)
+    ranges = split(whole, 3 * len(whole))  # starts inside the log, and inside batches
+    assert any(r.start > 0 for r in ranges)
+    located: list[Located | None] = []
+
+    def all_located() -> bool:  # a follower learns the high watermark with its next fetch
+        located[:] = locate(ranges)
+        return all(where is not None for where in located)
+
+    wait_until(all_located, timeout_s=30, interval_s=0.1, message="every range located")
+    stats = ReadStats()
+    assert _read(ranges, stats, located) == events_topic.rows
+    assert stats.planned_bytes > 0
+    assert (stats.local_bytes, stats.ray_bytes, stats.fallbacks) == (0, 0, 0), "no fetch call"
+
+    first = located[0]
+    assert first is not None
+    path, position, size = first.runs[0]
+    header = rb.parse_header(read_runs([(path, position, rb.HEADER_SIZE)]), 0)
+    damaged = bytearray(Path(path).read_bytes())
+    damaged[position + header.size - 2] ^= 0x10  # in the first located batch
+    copy = tmp_path / "damaged.log"
+    copy.write_bytes(damaged)
+    wrong = {
+        "missing": ((path + ".gone", position, size), *first.runs[1:]),
+        "shifted": ((path, position + header.size, size - header.size), *first.runs[1:]),
+        "bit flip": ((str(copy), position, size), *first.runs[1:]),
+    }
+    for case, runs in wrong.items():
+        stats = ReadStats()
+        bad = dataclasses.replace(first, runs=runs)
+        assert _read(ranges[:1], stats, [bad]) == _read(ranges[:1], ReadStats()), case
+        assert stats.fallbacks == 1 and stats.local_bytes > 0, case
+    elsewhere = ReadStats()
+    bad = dataclasses.replace(first, node_id="another-node")
+    assert _read(ranges[:1], elsewhere, [bad]) == _read(ranges[:1], ReadStats())
+    assert (elsewhere.planned_bytes, elsewhere.fallbacks) == (0, 0) and elsewhere.local_bytes
 
 
 @pytest.mark.slow
