@@ -384,10 +384,11 @@ class ReplicaBackend:
             except short_circuit.WouldBlock:
                 self.read_stats.disk_reads += 1
                 loop = asyncio.get_running_loop()
-                data = await loop.run_in_executor(
-                    self._read_pool, short_circuit.read_runs, extents.runs
-                )
-        except OSError as exc:
+                async with asyncio.timeout(self._call_margin_s):  # then the replica is asked
+                    data = await loop.run_in_executor(
+                        self._read_pool, short_circuit.read_runs, extents.runs
+                    )
+        except (OSError, TimeoutError) as exc:
             log.info("short-circuit fetch of %s did not hold (%s); asking for bytes", name, exc)
             self.read_stats.fallbacks += 1
             return None
