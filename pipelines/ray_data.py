@@ -13,12 +13,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import pyarrow as pa
+import ray
 import ray.data
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
 from raylog.pipelines import reading, records
 from raylog.pipelines.catalog import Catalog, PartitionInfo
+from raylog.storage import short_circuit
 
 # Arrow bytes per record beyond key and value (offset, timestamp, type, partition, topic).
 _ROW_OVERHEAD_BYTES = 32
@@ -53,13 +55,23 @@ class RaylogDatasource(Datasource):
         # One task per planned range: ranges are the unit of parallelism (split them with
         # ``min_partitions``), so ``parallelism`` is not used to re-split here.
         include_headers, fail_on_data_loss = self._include_headers, self._fail_on_data_loss
+        # Where each range's first records lie, so that a task on that replica's node reads
+        # them with no call (reading.locate); only where this process is in Ray.
+        located: list[reading.Located | None] = [None] * len(self._ranges)
+        if ray.is_initialized() and short_circuit.enabled():
+            located = reading.locate(self._ranges)
         tasks = []
-        for r in self._ranges:
+        for r, at in zip(self._ranges, located, strict=True):
 
-            def read_fn(r: reading.OffsetRange = r) -> Iterable[pa.Table]:
+            def read_fn(
+                r: reading.OffsetRange = r, at: reading.Located | None = at
+            ) -> Iterable[pa.Table]:
                 rows = 0
                 for batch in reading.read_range(
-                    r, include_headers=include_headers, fail_on_data_loss=fail_on_data_loss
+                    r,
+                    include_headers=include_headers,
+                    fail_on_data_loss=fail_on_data_loss,
+                    located=at,
                 ):
                     if batch.num_rows:
                         rows += batch.num_rows

@@ -21,6 +21,7 @@ import itertools
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pyarrow as pa
@@ -201,6 +202,29 @@ def test_replicas_on_this_node_are_read_short_circuit(
     through_ray = ReadStats()
     assert _read(ranges, through_ray) == events_topic.rows
     assert (through_ray.local_bytes, through_ray.ray_bytes) == (0, local.local_bytes)
+
+
+@pytest.mark.slow
+def test_ray_data_read_tasks_read_located_ranges_without_a_call(
+    events_topic: ProducedTopic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Read tasks made where this process is in Ray carry their ranges' located records: run
+    here (on the replicas' node) they return every row without a single fetch call."""
+    ranges = _partition_ranges(events_topic)
+    wait_until(  # a follower learns the high watermark with its next fetch
+        lambda: all(where is not None for where in locate(ranges)),
+        timeout_s=30,
+        interval_s=0.1,
+        message="every range located",
+    )
+    tasks = RaylogDatasource(ranges, include_headers=True).get_read_tasks(parallelism=1)
+
+    def no_fetch(*_: Any, **__: Any) -> Any:
+        raise AssertionError("a located range made a fetch call")
+
+    monkeypatch.setattr(_Fetcher, "call", no_fetch)
+    tables = [table for task in tasks for table in task()]
+    assert table_rows(pa.concat_tables(tables)) == events_topic.rows
 
 
 @pytest.mark.slow
