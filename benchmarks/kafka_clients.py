@@ -376,7 +376,11 @@ def confluent_consume(
     return rate(records, size, seconds)
 
 
-MEASURES: dict[str, Callable[..., dict[str, float]]] = {}  # filled below: name -> function
+# What a client process can run (by name: the function is looked up in the spawned process).
+MEASURES: dict[str, Callable[..., dict[str, float]]] = {
+    "confluent_produce": confluent_produce,
+    "confluent_consume": confluent_consume,
+}
 
 
 def _client_process(name: str, args: tuple[Any, ...], barrier: Any, results: Any) -> None:
@@ -645,9 +649,6 @@ def raylog_case(
         return out
     finally:
         bench.stop()
-
-
-MEASURES.update(confluent_produce=confluent_produce, confluent_consume=confluent_consume)
 
 
 def main() -> None:

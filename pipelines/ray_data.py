@@ -20,7 +20,6 @@ from ray.data.datasource import Datasource, ReadTask
 
 from raylog.pipelines import reading, records
 from raylog.pipelines.catalog import Catalog, PartitionInfo
-from raylog.storage import short_circuit
 
 # Arrow bytes per record beyond key and value (offset, timestamp, type, partition, topic).
 _ROW_OVERHEAD_BYTES = 32
@@ -58,7 +57,7 @@ class RaylogDatasource(Datasource):
         # Where each range's first records lie, so that a task on that replica's node reads
         # them with no call (reading.locate); only where this process is in Ray.
         located: list[reading.Located | None] = [None] * len(self._ranges)
-        if ray.is_initialized() and short_circuit.enabled():
+        if ray.is_initialized():
             located = reading.locate(self._ranges)
         tasks = []
         for r, at in zip(self._ranges, located, strict=True):

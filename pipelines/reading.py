@@ -579,10 +579,13 @@ class Located:
 def locate(ranges: Sequence[OffsetRange]) -> list[Located | None]:
     """For each range, where its first records lie (up to LOCATE_MAX_BYTES), asked of its
     first replica in read order, all calls at once; None where that replica erred, did not
-    answer or has nothing there. A task on that replica's node reads them without a call
-    (:func:`read_range`); the others ignore it. Only a head start: every read is checked."""
+    answer or has nothing there, and everywhere when short-circuit reads are off. A task on
+    that replica's node reads them without a call (:func:`read_range`); the others ignore it.
+    Only a head start: every read is checked."""
     import ray
 
+    if not short_circuit.enabled():
+        return [None] * len(ranges)
     refs: list[Any] = []
     for r in ranges:
         try:

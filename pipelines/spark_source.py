@@ -88,7 +88,6 @@ from pyspark.sql.types import StructType
 
 from raylog.pipelines import reading, stream_offsets
 from raylog.pipelines.catalog import Catalog, PartitionInfo
-from raylog.storage import short_circuit
 
 log = logging.getLogger(__name__)
 
@@ -253,7 +252,7 @@ class ReadOptions:
 
 class RangePartition(InputPartition):
     """One Spark input partition: an offset range plus how to reach the cluster, and where
-    the range's first records lay when it was planned (batch reads)."""
+    the range's first records lay when it was planned."""
 
     def __init__(
         self,
@@ -273,7 +272,7 @@ def _range_partitions(
     """One Spark partition per range, each with where its first records lie now, so that a
     task on that replica's node starts reading without a call (:func:`reading.locate`)."""
     target_json = target.to_json()
-    located = reading.locate(ranges) if short_circuit.enabled() else [None] * len(ranges)
+    located = reading.locate(ranges)
     return [RangePartition(r, target_json, at) for r, at in zip(ranges, located, strict=True)]
 
 
@@ -316,7 +315,7 @@ def _read(
         partition.offset_range,
         include_headers=options.include_headers,
         fail_on_data_loss=options.fail_on_data_loss,
-        located=getattr(partition, "located", None),
+        located=partition.located,
     ):
         if batch.num_rows:
             yield batch.cast(arrow_schema)
