@@ -8,9 +8,10 @@ In one run, on one embedded cluster (`raylog up`, 3 brokers) and one Spark ``loc
    sink (every row is materialised, nothing is collected to the driver);
 3. ``parquet``: the same rows and columns, written once to a Parquet file by Spark, read back
    the same way;
-4. two Python data sources with the same schema and partitions, neither of which calls Ray or
-   decodes a record, that bound what any ``pyspark.sql.datasource`` reader can reach on this
-   Spark:
+4. Python data sources with the same schema, in as many input partitions as the raylog source
+   reads in (Spark's task slots: it packs the 4 ranges into them), neither of which calls Ray
+   or decodes a record, that bound what any ``pyspark.sql.datasource`` reader can reach on
+   this Spark:
    - ``python_source_floor`` yields one ready-made Arrow batch over and over;
    - ``raylog_batches_floor`` yields the very Arrow batches the raylog source yields for these
      records, read beforehand and served from memory-mapped Arrow files. Set beside
@@ -188,20 +189,21 @@ def timed_rounds(readers: dict[str, Callable[[], int]], repeats: int) -> dict[st
 FLOOR_BATCH_ROWS = 50_000  # about what one 8 MiB fetch of these records decodes to
 
 
-def floor_source(records: int, name: str) -> Any:
-    """A Python data source yielding ready-made Arrow batches shaped like the raylog source's."""
+def floor_source(records: int, name: str, partitions: int) -> Any:
+    """A Python data source yielding ready-made Arrow batches shaped like the raylog source's,
+    in ``partitions`` input partitions."""
     from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
     from raylog.pipelines.spark_source import SCHEMA_DDL
 
-    per_partition = records // PARTITIONS
+    per_partition = records // partitions
 
     class FloorReader(DataSourceReader):
         def __init__(self, schema: Any) -> None:
             self.schema = schema
 
         def partitions(self) -> list[InputPartition]:
-            return [InputPartition(i) for i in range(PARTITIONS)]
+            return [InputPartition(i) for i in range(partitions)]
 
         def read(self, partition: InputPartition) -> Iterator[Any]:
             import numpy as np
@@ -240,9 +242,10 @@ def floor_source(records: int, name: str) -> Any:
     return FloorSource
 
 
-def save_raylog_batches(data_dir: Path, out: Path) -> int:
-    """Read the topic as the raylog source's tasks do (its reader, in this process) and write
-    each partition's Arrow batches, as yielded, to ``out/<i>.arrow``. Returns how many."""
+def save_raylog_batches(data_dir: Path, out: Path, task_slots: int) -> int:
+    """Read the topic as the raylog source's tasks do (its reader, in this process, with the
+    session's task slots) and write each input partition's Arrow batches, as yielded, to
+    ``out/<i>.arrow``. Returns how many."""
     import pyarrow as pa
     from pyspark.sql.types import StructType
 
@@ -250,6 +253,7 @@ def save_raylog_batches(data_dir: Path, out: Path) -> int:
 
     options = {"cluster": str(data_dir), "subscribe": TOPIC}
     source = RaylogDataSource(options)
+    source.task_slots = task_slots
     reader = source.reader(StructType.fromDDL(source.schema()))
     out.mkdir()
     count = 0
@@ -357,10 +361,12 @@ def main() -> None:
 
             parquet = root / "bench.parquet"
             raylog_df().write.parquet(str(parquet))
-            saved = save_raylog_batches(data_dir, root / "batches")
+            slots = spark.sparkContext.defaultParallelism
+            result["spark_task_slots"] = slots
+            saved = save_raylog_batches(data_dir, root / "batches", slots)
             log(f"saved the raylog source's {saved} Arrow batches")
-            spark.dataSource.register(floor_source(args.records, "raylog_bench_floor"))
-            spark.dataSource.register(floor_source(PARTITIONS, "raylog_bench_fixed"))
+            spark.dataSource.register(floor_source(args.records, "raylog_bench_floor", slots))
+            spark.dataSource.register(floor_source(slots, "raylog_bench_fixed", slots))
             spark.dataSource.register(batches_floor_source(root / "batches"))
 
             def fmt(name: str, rows: int = args.records) -> Callable[[], int]:
@@ -371,7 +377,7 @@ def main() -> None:
                 "parquet": lambda: noop(spark.read.parquet(str(parquet))),
                 "python_source_floor": fmt("raylog_bench_floor"),
                 "raylog_batches_floor": fmt("raylog_bench_batches"),
-                "python_source_fixed": fmt("raylog_bench_fixed", PARTITIONS),
+                "python_source_fixed": fmt("raylog_bench_fixed", slots),
             }
             result.update(timed_rounds(spark_readers, args.repeats))
 

@@ -251,33 +251,61 @@ class ReadOptions:
 
 
 class RangePartition(InputPartition):
-    """One Spark input partition: an offset range plus how to reach the cluster, and where
-    the range's first records lay when it was planned."""
+    """One Spark input partition: the offset ranges its task reads, one after the other, each
+    with where its first records lay when it was planned; plus how to reach the cluster."""
 
     def __init__(
         self,
-        offset_range: reading.OffsetRange,
+        reads: tuple[tuple[reading.OffsetRange, reading.Located | None], ...],
         target_json: str,
-        located: reading.Located | None = None,
     ) -> None:
-        super().__init__(offset_range)
-        self.offset_range = offset_range
+        super().__init__(tuple(r for r, _ in reads))
+        self.reads = reads
         self.target_json = target_json
-        self.located = located
+
+
+def pack(weights: list[int], bins: int) -> list[list[int]]:
+    """Indices of ``weights`` in at most ``bins`` groups of about equal total weight (the
+    heaviest item first, each onto the lightest group so far): each group in index order, the
+    groups in the order of their first index."""
+    groups: list[list[int]] = [[] for _ in range(max(1, min(bins, len(weights))))]
+    loads = [0] * len(groups)
+    for i in sorted(range(len(weights)), key=lambda i: (-weights[i], i)):
+        lightest = min(range(len(groups)), key=lambda g: (loads[g], g))
+        groups[lightest].append(i)
+        loads[lightest] += weights[i]
+    return sorted((sorted(g) for g in groups if g), key=lambda g: g[0])
 
 
 def _range_partitions(
-    ranges: list[reading.OffsetRange], target: reading.ClusterTarget
+    ranges: list[reading.OffsetRange],
+    target: reading.ClusterTarget,
+    *,
+    task_slots: int | None,
+    min_partitions: int,
 ) -> list[InputPartition]:
-    """One Spark partition per range, each with where its first records lie now, so that a
-    task on that replica's node starts reading without a call (:func:`reading.locate`)."""
+    """The Spark partitions of a read: its ranges, each with where its first records lie now,
+    so that a task on that replica's node starts reading without a call (:func:`reading.locate`).
+
+    One range per partition, as Spark's Kafka source does, unless there are more ranges than
+    the session's task slots (``task_slots``, Spark's default parallelism, which
+    :func:`register` records) and ``minPartitions`` is not set: then the ranges are packed into
+    that many partitions of about equal record counts, as Spark's file sources pack small
+    files. Every Spark task costs the JVM tens of milliseconds before it reads a row, and
+    tasks beyond the slots only wait for one."""
     target_json = target.to_json()
-    located = reading.locate(ranges)
-    return [RangePartition(r, target_json, at) for r, at in zip(ranges, located, strict=True)]
+    reads = list(zip(ranges, reading.locate(ranges), strict=True))
+    if task_slots is None or min_partitions or len(reads) <= task_slots:
+        return [RangePartition((read,), target_json) for read in reads]
+    groups = pack([r.size for r in ranges], task_slots)
+    return [RangePartition(tuple(reads[i] for i in g), target_json) for g in groups]
 
 
 class RaylogDataSource(DataSource):
     """``spark.read.format("raylog")`` and ``spark.readStream.format("raylog")``."""
+
+    # Spark's default parallelism in the session that registered the source (see register).
+    task_slots: int | None = None
 
     @classmethod
     def name(cls) -> str:
@@ -290,10 +318,12 @@ class RaylogDataSource(DataSource):
         return SCHEMA_DDL + (HEADERS_DDL if read.include_headers else "")
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return RaylogBatchReader(ReadOptions(self.options), schema)
+        return RaylogBatchReader(ReadOptions(self.options), schema, self.task_slots)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return RaylogStreamReader(ReadOptions(self.options, streaming=True), schema)
+        return RaylogStreamReader(
+            ReadOptions(self.options, streaming=True), schema, self.task_slots
+        )
 
 
 def _arrow_schema(schema: StructType) -> pa.Schema:
@@ -311,23 +341,27 @@ def _read(
         # every range was empty, so there is nothing to read.
         return
     reading.connect(reading.ClusterTarget.from_json(partition.target_json))
-    for batch in reading.read_range(
-        partition.offset_range,
-        include_headers=options.include_headers,
-        fail_on_data_loss=options.fail_on_data_loss,
-        located=partition.located,
-    ):
-        if batch.num_rows:
-            yield batch.cast(arrow_schema)
+    for offset_range, located in partition.reads:
+        for batch in reading.read_range(
+            offset_range,
+            include_headers=options.include_headers,
+            fail_on_data_loss=options.fail_on_data_loss,
+            located=located,
+        ):
+            if batch.num_rows:
+                yield batch.cast(arrow_schema)
 
 
 class RaylogBatchReader(DataSourceReader):
     """Plans offset ranges on the driver side; reads one range per task."""
 
-    def __init__(self, options: ReadOptions, schema: StructType) -> None:
+    def __init__(
+        self, options: ReadOptions, schema: StructType, task_slots: int | None = None
+    ) -> None:
         self.options = options
         self.target = reading.ClusterTarget.resolve(options.cluster)
         self.arrow_schema = _arrow_schema(schema)
+        self.task_slots = task_slots
 
     def partitions(self) -> list[InputPartition]:
         o = self.options
@@ -342,7 +376,12 @@ class RaylogBatchReader(DataSourceReader):
             min_partitions=o.min_partitions,
             fail_on_data_loss=o.fail_on_data_loss,
         )
-        return _range_partitions(ranges, self.target)
+        return _range_partitions(
+            ranges,
+            self.target,
+            task_slots=self.task_slots,
+            min_partitions=self.options.min_partitions,
+        )
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         yield from _read(partition, self.options, self.arrow_schema)
@@ -356,10 +395,13 @@ class RaylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     The decisions are :mod:`raylog.pipelines.stream_offsets`'s.
     """
 
-    def __init__(self, options: ReadOptions, schema: StructType) -> None:
+    def __init__(
+        self, options: ReadOptions, schema: StructType, task_slots: int | None = None
+    ) -> None:
         self.options = options
         self.target = reading.ClusterTarget.resolve(options.cluster)
         self.arrow_schema = _arrow_schema(schema)
+        self.task_slots = task_slots
         self.available_now_target: stream_offsets.Positions | None = None
 
     def _current(
@@ -412,7 +454,12 @@ class RaylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             min_partitions=self.options.min_partitions,
             fail_on_data_loss=self.options.fail_on_data_loss,
         )
-        return _range_partitions(ranges, self.target)
+        return _range_partitions(
+            ranges,
+            self.target,
+            task_slots=self.task_slots,
+            min_partitions=self.options.min_partitions,
+        )
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
         yield from _read(partition, self.options, self.arrow_schema)
@@ -425,10 +472,13 @@ class RaylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 def register(spark: Any) -> None:
     """Make the ``raylog`` format available in this session (batch and streaming).
 
-    Warns when Spark's Python workers run a different Python than this one (set
-    ``PYSPARK_PYTHON`` before creating the session; raylog must be importable there).
+    Records the session's default parallelism, so that a read with more ranges than task
+    slots packs them into that many Spark partitions (:func:`_range_partitions`). Warns when
+    Spark's Python workers run a different Python than this one (set ``PYSPARK_PYTHON``
+    before creating the session; raylog must be importable there).
     """
-    worker_python = getattr(getattr(spark, "sparkContext", None), "pythonExec", None)
+    context = getattr(spark, "sparkContext", None)  # None under Spark Connect
+    worker_python = getattr(context, "pythonExec", None)
     if worker_python and os.path.realpath(worker_python) != os.path.realpath(sys.executable):
         log.warning(
             "Spark's Python workers run %s, not %s: set PYSPARK_PYTHON=%s before creating the "
@@ -437,4 +487,10 @@ def register(spark: Any) -> None:
             sys.executable,
             sys.executable,
         )
-    spark.dataSource.register(RaylogDataSource)
+    slots = getattr(context, "defaultParallelism", None)
+    source: type[RaylogDataSource] = RaylogDataSource
+    if isinstance(slots, int) and slots > 0:
+        # A subclass carrying the figure: Spark pickles the registered class (by value, as it
+        # is not importable by name) to every process that plans a read.
+        source = type(RaylogDataSource.__name__, (RaylogDataSource,), {"task_slots": slots})
+    spark.dataSource.register(source)

@@ -6,6 +6,9 @@ the removed temporary ``catalog`` option is now an unknown option. The timestamp
 startingTimestamp takes precedence over startingOffsetsByTimestamp; bad timestamps, JSON and
 strategies are refused; resolving applies the found offsets, startingOffsets to partitions the
 JSON does not name, and Spark's two strategies to a partition with no record that late.
+Packing: ranges beyond the session's task slots go into that many partitions of about equal
+record counts, each range whole and read in order; minPartitions, or no more ranges than
+slots, keeps one range per partition.
 """
 
 from __future__ import annotations
@@ -18,9 +21,12 @@ from raylog.pipelines.reading import (
     LATEST,
     Bounds,
     ByTimestamp,
+    ClusterTarget,
+    OffsetRange,
     resolve_by_timestamp,
 )
-from raylog.pipelines.spark_source import ReadOptions
+from raylog.pipelines.spark_source import ReadOptions, _range_partitions, pack
+from raylog.storage.short_circuit import SHORT_CIRCUIT_ENV
 
 BASE = {"cluster": "/data", "subscribe": "t"}
 
@@ -105,3 +111,30 @@ def test_resolving_timestamps_per_partition() -> None:
     assert every.wanted(parts[:2]) == {("t", 0): 70, ("t", 1): 70}
     with pytest.raises(ValueError, match=r"names partitions that are not read: \[\('t', 1\)\]"):
         by.wanted(parts[:1])
+
+
+def test_pack_balances_record_counts_and_keeps_each_group_in_order() -> None:
+    assert pack([100, 1, 1, 1], 2) == [[0], [1, 2, 3]]
+    assert pack([5, 7, 3, 9, 4], 2) == [[0, 1, 2], [3, 4]]  # 15 and 13
+    assert pack([5, 7], 4) == [[0], [1]]  # never more groups than items
+    assert pack([], 2) == []
+    groups = pack(list(range(1, 40)), 3)
+    assert sorted(i for g in groups for i in g) == list(range(39))  # each item exactly once
+    loads = [sum(i + 1 for i in g) for g in groups]
+    assert max(loads) - min(loads) <= 39  # within the heaviest item
+
+
+def test_ranges_beyond_the_task_slots_are_packed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SHORT_CIRCUIT_ENV, "0")  # locate() asks no replica
+    target = ClusterTarget.resolve("127.0.0.1:6379")
+    ranges = [OffsetRange("t", p, 0, 10 * (p + 1), (1,)) for p in range(5)]
+
+    def shape(slots: int | None, min_partitions: int = 0) -> list[list[tuple[int, int]]]:
+        parts = _range_partitions(ranges, target, task_slots=slots, min_partitions=min_partitions)
+        return [[(r.partition, r.size) for r, _ in part.reads] for part in parts]
+
+    assert shape(2) == [[(0, 10), (1, 20), (4, 50)], [(2, 30), (3, 40)]]
+    one_each = [[(p, 10 * (p + 1))] for p in range(5)]
+    assert shape(None) == one_each  # a session that did not say its parallelism
+    assert shape(5) == one_each
+    assert shape(2, min_partitions=5) == one_each  # minPartitions asks for splitting

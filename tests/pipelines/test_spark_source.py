@@ -6,6 +6,8 @@ confluent-kafka through the gateway with every codec (none, gzip, snappy, lz4, z
   latest returns exactly what was produced (keys, values, headers, timestamps, offsets);
 - a JSON offset range returns exactly that range; minPartitions splits it into more input
   partitions with the same rows; assign and subscribePattern select partitions;
+- a topic with more partitions than Spark's task slots is read in that many input partitions,
+  each reading whole ranges in order, with the same rows; minPartitions keeps one per range;
 - startingTimestamp / startingOffsetsByTimestamp / endingOffsetsByTimestamp start and end each
   partition at its first record at least that late (a record inside a batch, not the batch's
   start); with no record that late the default strategy fails naming the partition, "latest"
@@ -29,6 +31,7 @@ import pyarrow.parquet as pq
 import pytest
 from embedded_support import BASE_TS, CODECS, cluster_action, create_topic, produce, record
 from pipeline_support import table_rows
+from pyspark.sql import functions as F
 
 # Slow: a whole embedded cluster and Spark; the budget covers starting them on a loaded machine.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -136,6 +139,33 @@ def test_assign_and_pattern_select_partitions(
     assert {r["partition"] for r in _rows(assigned)} == {1}
     pattern = _read(spark, embedded, subscribePattern="co.ecs")
     assert len(_rows(pattern)) == len(produced)
+
+
+def test_more_ranges_than_task_slots_are_packed(spark: Any, embedded: Any) -> None:
+    topic, partitions = "packed", 5
+    create_topic(embedded, topic, partitions)
+    by_partition = {p: [record(n, seed=100 + p) for n in range(30 + 10 * p)] for p in range(5)}
+    produced = sorted(
+        produce(embedded.bootstrap, topic, by_partition),
+        key=lambda r: (r["partition"], r["offset"]),
+    )
+    produced = [{k: v for k, v in r.items() if k != "headers"} for r in produced]
+    slots = spark.sparkContext.defaultParallelism
+    assert slots < partitions
+    df = _read(spark, embedded, subscribe=topic)
+    assert df.rdd.getNumPartitions() == slots
+    assert _rows(df) == produced
+    # Each task reads its ranges whole, one after the other, each in offset order.
+    tagged = df.select("partition", "offset", F.spark_partition_id().alias("task")).collect()
+    read_by_task: dict[int, list[tuple[int, int]]] = {}
+    for row in tagged:
+        read_by_task.setdefault(row["task"], []).append((row["partition"], row["offset"]))
+    assert len(read_by_task) == slots
+    for read in read_by_task.values():
+        assert read == sorted(read)
+    split = _read(spark, embedded, subscribe=topic, minPartitions=str(partitions))
+    assert split.rdd.getNumPartitions() == partitions
+    assert _rows(split) == produced
 
 
 def _first_at_or_after(rows: list[dict[str, Any]], partition: int, timestamp: int) -> int:
