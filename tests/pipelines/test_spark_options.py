@@ -8,13 +8,17 @@ strategies are refused; resolving applies the found offsets, startingOffsets to 
 JSON does not name, and Spark's two strategies to a partition with no record that late.
 Packing: ranges beyond the session's task slots go into that many partitions of about equal
 record counts, each range whole and read in order; minPartitions, or no more ranges than
-slots, keeps one range per partition.
+slots, keeps one range per partition. A Spark worker's first join to the cluster freezes its
+heap (gc.freeze), once per process.
 """
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
+from raylog.pipelines import reading, spark_source
 from raylog.pipelines.catalog import PartitionInfo
 from raylog.pipelines.reading import (
     EARLIEST,
@@ -138,3 +142,20 @@ def test_ranges_beyond_the_task_slots_are_packed(monkeypatch: pytest.MonkeyPatch
     assert shape(None) == one_each  # a session that did not say its parallelism
     assert shape(5) == one_each
     assert shape(2, min_partitions=5) == one_each  # minPartitions asks for splitting
+
+
+def test_a_spark_worker_freezes_its_heap_once_it_joined(monkeypatch: pytest.MonkeyPatch) -> None:
+    joined: list[ClusterTarget] = []
+    monkeypatch.setattr(reading, "connect", joined.append)
+    monkeypatch.setattr(spark_source, "_heap_frozen", False)
+    target = ClusterTarget.resolve("127.0.0.1:6379")
+    assert gc.get_freeze_count() == 0
+    try:
+        spark_source._join(target)
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        spark_source._join(target)
+        assert joined == [target, target]
+        assert gc.get_freeze_count() == frozen  # once per process
+    finally:
+        gc.unfreeze()
