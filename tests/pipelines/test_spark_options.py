@@ -9,7 +9,7 @@ JSON does not name, and Spark's two strategies to a partition with no record tha
 Packing: ranges beyond the session's task slots go into that many partitions of about equal
 record counts, each range whole and read in order; minPartitions, or no more ranges than
 slots, keeps one range per partition. A Spark worker's first join to the cluster freezes its
-heap (gc.freeze), once per process.
+heap (gc.freeze), and its second join once more.
 """
 
 from __future__ import annotations
@@ -144,18 +144,24 @@ def test_ranges_beyond_the_task_slots_are_packed(monkeypatch: pytest.MonkeyPatch
     assert shape(2, min_partitions=5) == one_each  # minPartitions asks for splitting
 
 
-def test_a_spark_worker_freezes_its_heap_once_it_joined(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_spark_worker_freezes_its_heap_at_its_first_two_joins(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     joined: list[ClusterTarget] = []
     monkeypatch.setattr(reading, "connect", joined.append)
-    monkeypatch.setattr(spark_source, "_heap_frozen", False)
+    monkeypatch.setattr(spark_source, "_joins", 0)
     target = ClusterTarget.resolve("127.0.0.1:6379")
     assert gc.get_freeze_count() == 0
     try:
         spark_source._join(target)
-        frozen = gc.get_freeze_count()
-        assert frozen > 0
+        first = gc.get_freeze_count()
+        assert first > 0
+        imported_by_the_first_task = [[i] for i in range(100)]  # lists: always tracked
         spark_source._join(target)
-        assert joined == [target, target]
-        assert gc.get_freeze_count() == frozen  # once per process
+        second = gc.get_freeze_count()
+        assert second >= first + len(imported_by_the_first_task)
+        spark_source._join(target)
+        assert joined == [target, target, target]
+        assert gc.get_freeze_count() == second  # no more: a task's garbage stays collectable
     finally:
         gc.unfreeze()
