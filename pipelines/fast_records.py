@@ -96,8 +96,8 @@ def decode(
     per_record = np.repeat(np.arange(len(sections)), counts)
 
     offsets = _offsets(sections, per_record, offset_delta)
-    rows = np.flatnonzero((offsets >= start_offset) & (offsets < end_offset))
-    if not rows.size:
+    rows = _window(offsets, start_offset, end_offset)
+    if rows is None:
         return None
     timestamps, log_append = _timestamps(sections, per_record[rows], ts_delta[rows])
     buffer = pa.py_buffer(blob)
@@ -112,6 +112,21 @@ def decode(
         timestamp_types=pa.array(log_append.astype(np.int32), pa.int32()),
         headers=headers,
     )
+
+
+def _window(offsets: np.ndarray, start_offset: int, end_offset: int) -> slice | np.ndarray | None:
+    """The rows with ``start_offset <= offset < end_offset``: a slice when they are one run,
+    the usual case (a window cuts only its first and last batches), which numpy takes as a
+    view where indices would copy every column; else their indices; None when there are none.
+    """
+    keep = (offsets >= start_offset) & (offsets < end_offset)
+    first = int(keep.argmax())
+    if not keep[first]:
+        return None
+    end = len(keep) - int(keep[::-1].argmax())
+    if keep[first:end].all():
+        return slice(first, end)
+    return np.flatnonzero(keep)
 
 
 def record_ends(blob: bytes, sections: Sequence[tuple[BatchHeader, Buffer]]) -> np.ndarray:

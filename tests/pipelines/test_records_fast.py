@@ -18,6 +18,7 @@
 - its field walk (``record_fields``) agrees with the numpy twin ``record_fields_numpy``, field
   for field or in refusing, on valid, corrupt and random input and on every oddity; its field
   copy (``gather``) builds the same binary arrays as Arrow's ``take``, nulls included.
+- the rows of a window are taken as a slice when they are one run, by index otherwise.
 """
 
 from __future__ import annotations
@@ -455,3 +456,14 @@ def test_no_rows_in_the_window_is_an_empty_batch() -> None:
     next_offset, batch = decoded(R.decode_into_fast, buf, True, start=20)
     assert next_offset == 20 and batch.num_rows == 0 and batch.schema == R.schema(True)
     assert pa.Table.from_batches([batch]).num_rows == 0
+
+
+def test_the_window_is_a_slice_when_its_rows_are_one_run() -> None:
+    offsets = np.array([5, 6, 7, 9, 12, 13], dtype=np.int64)
+    assert fast_records._window(offsets, 6, 13) == slice(1, 5)
+    assert fast_records._window(offsets, 0, END) == slice(0, 6)
+    assert fast_records._window(offsets, 10, 12) is None
+    assert fast_records._window(offsets, 14, END) is None
+    out_of_order = np.array([5, 9, 6, 7], dtype=np.int64)  # offset deltas out of order
+    assert fast_records._window(out_of_order, 6, 8) == slice(2, 4)
+    assert fast_records._window(out_of_order, 5, 7).tolist() == [0, 2]  # not one run
