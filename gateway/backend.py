@@ -152,13 +152,15 @@ class DataBackend(Backend, Protocol):
         self,
         topic: str,
         partition: int,
-        records: bytes,
+        records: bytes | memoryview,
         acks: int,
         timeout_ms: int,
         *,
         on_sent: Callable[[], None] | None = None,
     ) -> ProduceResult:
         """Append one client batch (validated and stamped by the leader replica).
+
+        ``records`` may be a view into the client's request, valid until this returns.
 
         ``on_sent``, if given, is called once the batch is on a path that keeps order: a later
         produce to the same partition, started after it, is appended after this one. Then

@@ -264,7 +264,7 @@ class ReplicaBackend:
         self,
         topic: str,
         partition: int,
-        records: bytes,
+        records: bytes | memoryview,
         acks: int,
         timeout_ms: int,
         *,
@@ -682,6 +682,8 @@ class ReplicaBackend:
                 )
                 if done:
                     return result
+            # Ray pickles its arguments, and a memoryview does not pickle: bytes of it.
+            args = tuple(bytes(a) if isinstance(a, memoryview) else a for a in args)
             for attempt in range(1, attempts + 1):
                 # Invariant: with a cached handle nothing is awaited before .remote(), so calls
                 # are submitted in the order this coroutine was entered.

@@ -110,11 +110,12 @@ async def _produce_one(
     error = _refusal(body, topic, records)
     if error:
         return ProduceResult(error, -1, -1, -1)
-    batch = bytes(records)  # a view into the request frame; Ray needs an owned copy
+    # A view into the request frame, which it keeps alive: the replica's channel copies it
+    # into its own frame when the call is made, and only a Ray call takes a copy of it.
     return await _in_order(
         (connection, topic, partition),
         lambda sent: backend.produce(
-            topic, partition, batch, body.acks, body.timeout_ms, on_sent=sent
+            topic, partition, records, body.acks, body.timeout_ms, on_sent=sent
         ),
     )
 
