@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import itertools
 import json
 import logging
 import os
@@ -795,35 +794,34 @@ def _read_located(
     stats: ReadStats | None,
 ) -> Iterator[tuple[int, pa.RecordBatch]]:
     """``(next offset, batch)`` for the records of ``r`` in the runs the planner located,
-    read from the segment files here and decoded ``max_bytes`` at a time (every CRC checked).
+    read from the segment files here and decoded a slice of whole batches at a time, about
+    ``max_bytes`` each (:func:`short_circuit.read_slices`), every CRC checked: the first
+    batches reach Spark while the later ones are still in the file.
 
-    Nothing is yielded unless the runs hold whole batches spanning exactly the offsets located
-    from ``r.start``; a later batch failing its CRC ends it after the batches before. Either
-    way the caller fetches the rest from where this stopped."""
+    The first batch must be the one located at ``r.start``, every later one must start at or
+    after the offset the one before it ends, and the last must end where the located span
+    ends. Whatever breaks that (a file gone, cut or replaced since, a CRC failing) ends it
+    after the batches before, which held; the caller fetches the rest from there."""
     stats = stats if stats is not None else ReadStats()
     if located.first_offset > r.start or located.next_offset <= r.start:
         return  # not the range's start (a plan made for other offsets)
+    offset, expected, first = r.start, located.first_offset, True
     try:
-        data = short_circuit.read_runs(located.runs)
-        if not short_circuit.spans(data, located.first_offset, located.next_offset, verify=False):
-            raise RaylogError("the located runs hold other batches")
-        # Slices of whole batches, about max_bytes each (a larger batch is a slice of its own).
-        cuts = [0]
-        for pos, _ in rb.iter_batches(data, verify=False):
-            if pos - cuts[-1] >= max_bytes:
-                cuts.append(pos)
-        cuts.append(len(data))
-        view = memoryview(data)
-        offset = r.start
-        for a, b in itertools.pairwise(cuts):
+        for data, last in short_circuit.read_slices(located.runs, max_bytes):
+            base = rb.parse_header(data, 0).base_offset
+            if (base != expected) if first else (base < expected):
+                raise RaylogError(f"a batch at offset {base} where {expected} was due")
+            expected, first = rb.parse_header(data, last).next_offset, False
             cols = records.new_columns(include_headers)
-            next_offset = records.decode_into(view[a:b], cols, offset, r.end)
-            stats.planned_bytes += b - a
+            next_offset = records.decode_into(memoryview(data), cols, offset, r.end)
+            stats.planned_bytes += len(data)
             if next_offset > offset:
                 offset = next_offset
                 yield offset, records.to_arrow(cols, r.topic, r.partition, include_headers)
             if offset >= r.end:
                 return
+        if expected != located.next_offset:
+            raise RaylogError(f"the runs end at {expected}, not {located.next_offset}")
     except (OSError, RaylogError) as exc:
         log.info("%s-%d: located runs did not hold (%s); fetching", r.topic, r.partition, exc)
         stats.fallbacks += 1

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Sequence
+import struct
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from raylog.storage import batch as rb
@@ -88,6 +89,65 @@ def read_runs(runs: Sequence[Run], *, nowait: bool = False) -> bytearray:
             raise OSError(f"{path}: {got} of {size} bytes at {position}")
         at += size
     return data
+
+
+_LENGTH = struct.Struct(">i")  # a batch's length field, at byte 8 of its header
+
+
+def read_slices(runs: Sequence[Run], slice_bytes: int) -> Iterator[tuple[bytearray, int]]:
+    """The bytes of ``(file, position, size)`` runs of whole batches, read ``slice_bytes`` at a
+    time: each slice whole batches, about ``slice_bytes`` (a larger batch is a slice of its
+    own), with where its last batch starts. So a reader decodes the first batches while the
+    later ones are still in the file, and holds one slice at a time.
+
+    Only the batches' length fields are read here; the caller checks their headers and CRCs.
+    Raises OSError when a file is gone or shorter than a run, RaylogError when the lengths do
+    not cut a run into whole batches.
+    """
+    if slice_bytes < rb.HEADER_SIZE:
+        raise ValueError(f"slice_bytes {slice_bytes} < one batch header")
+    for path, position, size in runs:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            done = 0
+            while done < size:  # bounded: every pass takes at least one batch, or raises
+                data = _pread(fd, path, position + done, min(slice_bytes, size - done))
+                end, last = _whole_batches(data)
+                if end == 0:  # one batch larger than a slice: read it whole
+                    if len(data) < rb.HEADER_SIZE:
+                        raise RaylogError(f"{path}: a run ends inside a batch header")
+                    need = _LENGTH.unpack_from(data, 8)[0] + rb.LOG_OVERHEAD
+                    if need > size - done:
+                        raise RaylogError(f"{path}: a batch at {position + done} passes its run")
+                    data = _pread(fd, path, position + done, need)
+                    end = need
+                del data[end:]
+                done += end
+                yield data, last
+        finally:
+            os.close(fd)
+
+
+def _pread(fd: int, path: str, position: int, size: int) -> bytearray:
+    data = bytearray(size)
+    got = os.preadv(fd, [data], position)
+    if got != size:
+        raise OSError(f"{path}: {got} of {size} bytes at {position}")
+    return data
+
+
+def _whole_batches(data: bytearray) -> tuple[int, int]:
+    """Where the whole batches at the start of ``data`` end, and where the last one starts
+    (0, 0 when not even the first is whole)."""
+    pos = last = 0
+    while len(data) - pos >= rb.HEADER_SIZE:  # bounded: pos grows by >= one header
+        size = _LENGTH.unpack_from(data, pos + 8)[0] + rb.LOG_OVERHEAD
+        if size < rb.HEADER_SIZE:
+            raise RaylogError(f"a batch length of {size - rb.LOG_OVERHEAD} bytes at {pos}")
+        if pos + size > len(data):
+            break
+        last, pos = pos, pos + size
+    return pos, last
 
 
 def spans(data: bytes | bytearray, first_offset: int, next_offset: int, *, verify: bool) -> bool:

@@ -10,6 +10,7 @@ import pytest
 from raylog.storage import batch as rb
 from raylog.storage import short_circuit
 from raylog.storage.batch import Record, build_batch
+from raylog.storage.errors import RaylogError
 
 
 def _batches(first_offset: int, count: int) -> bytes:
@@ -69,3 +70,30 @@ def test_a_nowait_read_of_bytes_not_in_the_page_cache_would_block(tmp_path: Path
         pytest.skip("this filesystem has no RWF_NOWAIT")
     assert bytes(short_circuit.read_runs(runs)) == payload  # the blocking read (a thread's)
     assert bytes(short_circuit.read_runs(runs, nowait=True)) == payload  # cached now
+
+
+def test_runs_are_read_in_slices_of_whole_batches(tmp_path: Path) -> None:
+    small = _batches(0, 6)  # six batches of about 200 bytes
+    big = bytearray(build_batch([Record(b"k", b"x" * 3000, 2_000)]))  # larger than a slice
+    rb.set_base_offset(big, 0, 6)
+    a, b = tmp_path / "a.log", tmp_path / "b.log"
+    a.write_bytes(b"xx" + small + bytes(big))
+    b.write_bytes(_batches(7, 3))
+    runs = [(str(a), 2, a.stat().st_size - 2), (str(b), 0, b.stat().st_size)]
+    slices = list(short_circuit.read_slices(runs, 1024))
+    assert b"".join(bytes(data) for data, _ in slices) == small + bytes(big) + _batches(7, 3)
+    assert bytes(big) in [bytes(data) for data, _ in slices]  # a slice of its own
+    for data, last in slices:
+        headers = [(pos, h) for pos, h in rb.iter_batches(data, verify=True)]  # whole batches
+        assert headers[-1][0] == last
+        assert len(data) <= 1024 or len(headers) == 1
+    with pytest.raises(RaylogError, match="passes its run"):  # cut inside the big batch
+        list(short_circuit.read_slices([(str(a), 2, len(small) + 100)], 1024))
+    with pytest.raises(RaylogError, match="inside a batch header"):
+        list(short_circuit.read_slices([(str(a), 2, len(small) + 20)], 1024))
+    with pytest.raises(RaylogError, match="batch length"):  # not batches at all
+        list(short_circuit.read_slices([(str(a), 0, 500)], 1024))
+    with pytest.raises(OSError):
+        list(short_circuit.read_slices([(str(tmp_path / "gone.log"), 0, 10)], 1024))
+    with pytest.raises(OSError, match="of 100 bytes"):
+        list(short_circuit.read_slices([(str(b), b.stat().st_size - 10, 100)], 1024))
