@@ -346,9 +346,10 @@ def _join(target: reading.ClusterTarget) -> None:
     that walked 120,000 long-lived objects each time, 15-50 ms of CPU per task that the next
     task waits for. ``gc.freeze()`` moves what the process holds into a generation the
     collector skips: once after joining Ray, and once more when the second task starts, by
-    which time the first task's imports are done and its garbage was collected. Only
-    here, in the processes Spark starts for its tasks and plans: a user's own process keeps
-    its collector as it was."""
+    which time the first task's imports are done and its garbage was collected (a process
+    that plans, where nothing collects in between, keeps what its first plan left, once).
+    Only here, in the processes Spark starts for its tasks and plans: a user's own process
+    keeps its collector as it was."""
     global _joins
     reading.connect(target)
     if _joins < 2:
@@ -376,7 +377,7 @@ def _read(
 
 
 class RaylogBatchReader(DataSourceReader):
-    """Plans offset ranges on the driver side; reads one range per task."""
+    """Plans offset ranges on the driver side; each task reads its partition's ranges."""
 
     def __init__(
         self, options: ReadOptions, schema: StructType, task_slots: int | None = None
