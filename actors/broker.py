@@ -647,6 +647,7 @@ class BrokerActor:
         cfg = topic_config.effective(configs)
         return ReplicaConfig(
             replica_lag_time_max_ms=self._config.replica_lag_time_max_ms,
+            fetch_max_bytes=self._config.replica_fetch_max_bytes,
             min_insync_replicas=cfg.min_insync_replicas,
             replication_mode=cfg.replication_mode,
             unclean_leader_election_enable=cfg.unclean_leader_election_enable,

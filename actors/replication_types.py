@@ -46,6 +46,13 @@ class Role(enum.Enum):
     STOPPED = "stopped"
 
 
+# replica.fetch.max.bytes: raylog's default and bound (see its note in topic_config). A fetch
+# answer holds at most this or one whole batch (at most 64 MiB), whichever is larger, so it
+# fits one replication channel frame (``channel.FRAME_BYTES_MAX``).
+REPLICA_FETCH_BYTES_DEFAULT = 10 << 20
+REPLICA_FETCH_BYTES_MAX = 64 << 20
+
+
 class ReplicaConfig(msgspec.Struct, frozen=True):
     """Per-topic settings the state machine needs (Kafka's keys in the comments)."""
 
@@ -55,7 +62,7 @@ class ReplicaConfig(msgspec.Struct, frozen=True):
     unclean_leader_election_enable: bool = False  # unclean.leader.election.enable
     max_pending_acks_all: int = 1_000  # acks=all requests waiting for the HW
     max_pending_acks_local: int = 10_000  # acks 0/1 requests waiting for the local fsync
-    fetch_max_bytes: int = 1 << 20  # replica.fetch.max.bytes
+    fetch_max_bytes: int = REPLICA_FETCH_BYTES_DEFAULT  # replica.fetch.max.bytes
     # fetch.max.bytes (broker): a consumer's fetch of one partition returns up to what it asks
     # for, within this; Kafka caps consumers by this, not by replica.fetch.max.bytes.
     consumer_fetch_max_bytes: int = 57_671_680
@@ -84,6 +91,11 @@ class ReplicaConfig(msgspec.Struct, frozen=True):
         for key, value in positive.items():
             if value < 1:
                 raise InvalidConfigError(f"{key} must be >= 1, got {value}")
+        if self.fetch_max_bytes > REPLICA_FETCH_BYTES_MAX:
+            raise InvalidConfigError(
+                f"replica.fetch.max.bytes must be <= {REPLICA_FETCH_BYTES_MAX}, "
+                f"got {self.fetch_max_bytes}"
+            )
         if self.fetch_max_wait_ms < 0 or self.fetch_backoff_ms < 0:
             raise InvalidConfigError("fetch wait and backoff must be >= 0")
 

@@ -42,6 +42,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from raylog.actors.replication_types import REPLICA_FETCH_BYTES_DEFAULT, REPLICA_FETCH_BYTES_MAX
 from raylog.storage.errors import InvalidConfigError
 from raylog.storage.log import cleanup_policies
 
@@ -506,6 +507,7 @@ class BrokerConfig(msgspec.Struct, frozen=True, kw_only=True):
     broker_heartbeat_interval_ms: int
     broker_session_timeout_ms: int
     replica_lag_time_max_ms: int
+    replica_fetch_max_bytes: int
     log_retention_check_interval_ms: int
     log_cleaner_backoff_ms: int
     leader_replication_throttled_rate: int
@@ -629,6 +631,20 @@ BROKER_CONFIG_DEFS: tuple[ConfigDef, ...] = (
         minimum=1,
         doc="A follower that has not caught up to the leader's log end for this long leaves "
         "the ISR.",
+    ),
+    ConfigDef(
+        name="replica.fetch.max.bytes",
+        type="int",
+        default=str(REPLICA_FETCH_BYTES_DEFAULT),
+        minimum=1,
+        maximum=REPLICA_FETCH_BYTES_MAX,
+        doc="The most a follower's fetch of one partition takes from its leader (at least one "
+        "whole batch, however large).",
+        note="Kafka's default is 1 MiB per partition within 10 MiB per response "
+        "(replica.fetch.response.max.bytes). A raylog follower fetches each partition on its "
+        "own, and fsyncs every fetch before the next: at 1 MiB it moved one ~1 MB client batch "
+        "per fsync, which capped a partition's RF=3 acks=all produce. So its fetch takes up to "
+        "Kafka's response limit, and at most 64 MiB.",
     ),
     ConfigDef(
         name="log.retention.check.interval.ms",

@@ -523,9 +523,9 @@ def test_consumers_read_up_to_fetch_max_bytes_and_followers_up_to_replica_fetch_
     leader.step(FetchRequest(-1, 10, -1, 0, -1, 100 << 20), 3)
     (out,) = [m for m in leader.ready().messages if isinstance(m, SendFetchData)]
     assert out.max_bytes == 64 << 20
-    leader.step(FetchRequest(1, 11, EPOCH, 0, -1, 8 << 20), 4)  # a follower asking 8 MiB
+    leader.step(FetchRequest(1, 11, EPOCH, 0, -1, 16 << 20), 4)  # a follower asking 16 MiB
     (out,) = [m for m in leader.ready().messages if isinstance(m, SendFetchData)]
-    assert out.max_bytes == 1 << 20  # replica.fetch.max.bytes
+    assert out.max_bytes == 10 << 20  # replica.fetch.max.bytes: raylog's default
 
 
 def test_invariant_checks_survive_python_optimize() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from raylog.actors import topic_config
+from raylog.actors.replication_types import ReplicaConfig
 from raylog.actors.topic_config import (
     BROKER_CONFIGS,
     SOURCE_DEFAULT_CONFIG,
@@ -54,6 +55,19 @@ def test_broker_defaults() -> None:
     assert b.broker_heartbeat_interval_ms == 2000
     assert b.broker_session_timeout_ms == 9000
     assert b.replica_lag_time_max_ms == 30000
+    assert b.replica_fetch_max_bytes == 10 << 20  # raylog: see its note
+
+
+def test_replica_fetch_max_bytes_is_bounded_by_what_one_channel_frame_carries() -> None:
+    assert broker_config({"replica.fetch.max.bytes": str(64 << 20)}).replica_fetch_max_bytes == (
+        64 << 20
+    )
+    for bad in (str((64 << 20) + 1), "0", "-1", "ten"):
+        with pytest.raises(InvalidConfigError, match=r"replica\.fetch\.max\.bytes"):
+            broker_config({"replica.fetch.max.bytes": bad})
+    with pytest.raises(InvalidConfigError, match=r"replica\.fetch\.max\.bytes"):
+        ReplicaConfig(fetch_max_bytes=(64 << 20) + 1).validate()
+    ReplicaConfig(fetch_max_bytes=64 << 20).validate()
 
 
 def test_values_are_parsed_like_kafka_and_normalised() -> None:
