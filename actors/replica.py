@@ -165,6 +165,17 @@ def _fresh_range(
     return tuple(batches) if batches else None
 
 
+def _picklable(message: Any) -> Any:
+    """``message`` with its batches as bytes, for a Ray call: a batch read from the log is a
+    memoryview of the bytes read (:meth:`ReplicaActor._read_batches`), which the channel encodes
+    as it is and pickle refuses."""
+    batches = getattr(message, "batches", None)
+    if not batches or not any(isinstance(b.data, memoryview) for b in batches):
+        return message
+    copies = tuple(RecordBatch(b.meta, bytes(b.data)) for b in batches)
+    return msgspec.structs.replace(message, batches=copies)
+
+
 def _batch_meta(header: rb.BatchHeader) -> BatchMeta:
     """What the state machine knows of a stored batch, from its header."""
     return BatchMeta(
@@ -1110,13 +1121,12 @@ class ReplicaActor:
         self._hw_checkpointed = hw
 
     def _read_batches(self, offset: int, max_bytes: int, upper: int) -> tuple[RecordBatch, ...]:
-        data = self._log.read(offset, max_bytes, max_offset=upper)
-        view = memoryview(data)
-        batches = []
-        for pos, header in rb.iter_batches(view, verify=False):  # read() verified the CRCs
-            meta = _batch_meta(header)
-            batches.append(RecordBatch(meta, bytes(view[pos : pos + header.size])))
-        return tuple(batches)
+        """Whole batches as the log stores them, each a view of the bytes read (the log
+        verified their CRCs): the channel copies them once, into the message's frame."""
+        return tuple(
+            RecordBatch(_batch_meta(rb.parse_header(data, 0)), data)  # type: ignore[arg-type]
+            for data in self._log.read_batches(offset, max_bytes, max_offset=upper)
+        )
 
     def _send_fetch_data(self, out: SendFetchData) -> None:
         response = out.response
@@ -1186,6 +1196,7 @@ class ReplicaActor:
             return
         self._peer_calls[to] = self._peer_calls.get(to, 0) + 1
         self._ray_calls_out += 1
+        message = _picklable(message)
         self._loop.create_task(self._await_peer_call(to, handle.deliver.remote(message)))
 
     async def _channel_address_of(self, to: int) -> ChannelAddress:
