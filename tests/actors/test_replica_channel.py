@@ -118,3 +118,23 @@ def test_replication_over_channels_and_over_ray(
     stored = [_stored(tmp_path / topic / str(rid)) for rid in range(RF)]
     assert len(stored[0]) > 0
     assert stored[1] == stored[0] and stored[2] == stored[0]
+
+
+def test_batches_read_as_views_go_by_ray_call_as_bytes() -> None:
+    """A fetch answer's batches are views of the bytes the log read, which the channel encodes
+    as they are; a Ray call pickles its message, and pickle refuses a memoryview."""
+    import pickle
+
+    from raylog.actors.messages import BatchMeta, RecordBatch, ReplicateRequest
+    from raylog.actors.replica import _picklable
+
+    data = rb.build_batch([rb.Record(b"k", b"v", 1_700_000_000_000)])
+    view = memoryview(b"xx" + data)[2:]
+    request = ReplicateRequest(0, 1, 0, -1, (RecordBatch(BatchMeta(0, 1, len(data), 1), view),))  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        pickle.dumps(request)
+    sent = pickle.loads(pickle.dumps(_picklable(request)))
+    assert sent.batches[0].data == data and type(sent.batches[0].data) is bytes
+    assert ch.encode_frame(request) == ch.encode_frame(sent)  # the channel's frame: the same
+    plain = ReplicateRequest(0, 1, 0, -1, (RecordBatch(BatchMeta(0, 1, len(data), 1), data),))
+    assert _picklable(plain) is plain  # nothing to convert: no copy

@@ -604,6 +604,9 @@ def test_reads_match_a_reference_for_every_offset_and_budget(log_dir: Path) -> N
                         expected.append(data)
                     got = log.read(offset, max_bytes, max_offset)
                     assert got == b"".join(expected), (offset, max_bytes, max_offset)
+                    # The same batches one by one, as a replica's fetch answer takes them.
+                    each = log.read_batches(offset, max_bytes, max_offset)
+                    assert [bytes(b) for b in each] == expected, (offset, max_bytes, max_offset)
                     # The same batches where they lie on disk, in as few runs as they allow.
                     extents = log.read_extents(offset, max_bytes, max_offset)
                     assert b"".join(pread(*run) for run in extents.runs) == got
