@@ -43,7 +43,9 @@ import kafka.protocol.consumer
 import kafka.protocol.metadata
 import kafka.protocol.producer
 from kafka.protocol.api_message import ApiMessage
+from kafka.protocol.schemas.fields.codecs import Bytes, UnsignedVarInt32
 from kafka.protocol.schemas.fields.codecs.encode_buffer import EncodeBufferPool
+from kafka.protocol.schemas.fields.simple import SimpleField
 
 __all__ = [
     "API_VERSIONS_KEY",
@@ -110,6 +112,48 @@ def _collect_message_classes() -> tuple[dict[int, type[ApiMessage]], dict[int, t
 
 
 _REQUESTS, _RESPONSES = _collect_message_classes()
+
+
+class _RecordsView(Bytes):
+    """A Produce request's ``records`` decoded as a view into the request frame: the batch is
+    handed on (to the replica's channel, or by reference from shared memory) without the copy
+    kafka-python's ``bytes`` decoder makes. Decoding only; encoding is ``Bytes``'."""
+
+    @classmethod
+    def emit_decode_from(cls, ctx: Any, var_name: str, indent: str, compact: bool = False) -> None:
+        length = ctx.next_var("ln")
+        if compact:
+            UnsignedVarInt32.emit_decode_from(ctx, length, indent)
+            ctx.emit(indent, f"{length} -= 1")
+        else:
+            ctx.emit(indent, f'{length} = unpack_from(">i", data, pos)[0]')
+            ctx.emit(indent, "pos += 4")
+        ctx.emit(indent, f"if {length} < 0:")
+        ctx.emit(indent, f"    {var_name} = None")
+        ctx.emit(indent, "else:")
+        ctx.emit(indent, f"    {var_name} = data[pos:pos+{length}]")
+        ctx.emit(indent, f"    pos += {length}")
+
+
+def _decode_records_as_views(struct_field: Any) -> None:
+    """Make every ``records`` field under ``struct_field`` decode as :class:`_RecordsView`
+    (before its decoders are compiled: they are compiled on first use and cached)."""
+    seen: set[int] = set()
+    todo = [struct_field]
+    while todo:
+        field = todo.pop()
+        if id(field) in seen:
+            continue
+        seen.add(id(field))
+        if isinstance(field, SimpleField) and field._type_str == "records":
+            field._type = _RecordsView
+        todo.extend(getattr(field, "_fields", None) or ())
+        inner = getattr(field, "array_of", None)
+        if inner is not None:
+            todo.append(inner)
+
+
+_decode_records_as_views(kafka.protocol.producer.ProduceRequest._struct)
 
 
 def known_api_keys() -> frozenset[int]:
