@@ -368,6 +368,7 @@ class _Connection(WritableProtocol):
         self._eof = False
         self._error: BaseException | None = None
         self._read_waiter: asyncio.Future[None] | None = None
+        self.local = False  # a same-host Unix socket to a peer of this user (_connect_local)
 
     # -- asyncio.BufferedProtocol ---------------------------------------------------------------
 
@@ -804,6 +805,7 @@ async def _connect_local(local: str) -> _Connection | None:
         conn.close()
         return None
     _widen_send_buffer(conn)
+    conn.local = True
     return conn
 
 
@@ -824,6 +826,11 @@ class _Link:
     @property
     def connected(self) -> bool:
         return self._writer is not None
+
+    @property
+    def local(self) -> bool:
+        """Connected over a same-host Unix socket to a peer running as this user."""
+        return self._writer is not None and self._writer.local
 
     def ensure_connecting(self, resolve: Callable[[], Any]) -> None:
         """Start connecting unless connected, connecting, or backing off after a failure.
@@ -936,6 +943,9 @@ class CallLink(_Link):
     ) -> None:
         super().__init__(peer_name, secret, tls)
         self._pending: dict[int, asyncio.Future[msgspec.Raw]] = {}
+        # What a call handed to the peer by reference (a shared-memory block): released when
+        # its reply arrives, even if nobody waits for it any more; lost with the link.
+        self._holds: dict[int, Any] = {}
         self._outbox = _Outbox(queue_bytes_max)
         self._next_id = 1
         self.calls_out = 0
@@ -948,7 +958,12 @@ class CallLink(_Link):
     async def wait_room(self) -> None:
         await self._outbox.wait_room()
 
-    def call(self, method: str, args: tuple[Any, ...]) -> asyncio.Future[msgspec.Raw] | None:
+    def call(
+        self, method: str, args: tuple[Any, ...], hold: Any = None
+    ) -> asyncio.Future[msgspec.Raw] | None:
+        """``hold``, if given, is what the peer reads by reference while it runs the call
+        (``acquire()``; ``release()`` once the reply arrives; ``lose()`` if the link breaks
+        first, as the peer may still read it)."""
         writer = self._writer
         if writer is None or writer.is_closing():
             return None
@@ -956,6 +971,9 @@ class CallLink(_Link):
         self._next_id += 1
         future: asyncio.Future[msgspec.Raw] = asyncio.get_running_loop().create_future()
         self._pending[call_id] = future
+        if hold is not None:
+            hold.acquire()
+            self._holds[call_id] = hold
         self._outbox.put(encode_frame(_CallRequestOut(call_id, method, args)))
         self.calls_out += 1
         return future
@@ -977,6 +995,9 @@ class CallLink(_Link):
                 raise ConnectionError("peer closed the channel")
             if not isinstance(reply, CallReply):
                 raise FrameError(f"{type(reply).__name__} on a call link")
+            hold = self._holds.pop(reply.call_id, None)
+            if hold is not None:
+                hold.release()  # the peer is done with it
             future = self._pending.pop(reply.call_id, None)
             if future is None or future.done():
                 continue
@@ -987,6 +1008,9 @@ class CallLink(_Link):
 
     def _down(self) -> None:
         self._outbox.clear()
+        holds, self._holds = self._holds, {}
+        for hold in holds.values():
+            hold.lose()
         pending, self._pending = self._pending, {}
         for future in pending.values():
             if not future.done():

@@ -218,6 +218,25 @@ def test_link_reconnects_to_a_restarted_peer(transport: str) -> None:
     _run(test)
 
 
+class _Hold:
+    """Counts what a CallLink does with a call's ``hold``."""
+
+    def __init__(self) -> None:
+        self.holders = 0
+        self.lost = False
+
+    def acquire(self) -> None:
+        self.holders += 1
+
+    def release(self) -> None:
+        assert self.holders > 0
+        self.holders -= 1
+
+    def lose(self) -> None:
+        self.lost = True
+        self.release()
+
+
 def test_calls_answer_in_any_order_and_fail_cleanly(transport: str) -> None:
     async def test() -> None:
         release = asyncio.Event()
@@ -240,27 +259,45 @@ def test_calls_answer_in_any_order_and_fail_cleanly(transport: str) -> None:
         assert link.call("fast", (1, b"x")) is None  # not connected: the caller uses Ray
         link.ensure_connecting(resolve)
         await _until(lambda: link.connected)
+        assert link.local == (transport == "unix")
 
-        slow = link.call("slow", (5, b"s"))
-        fast = link.call("fast", (7, b"f"))
+        # What a call hands over by reference is held until its reply arrives, whatever the
+        # reply, and whether or not anyone still waits for it.
+        held = [_Hold() for _ in range(5)]
+        slow = link.call("slow", (5, b"s"), held[0])
+        fast = link.call("fast", (7, b"f"), held[1])
         assert slow is not None and fast is not None
+        assert [h.holders for h in held[:2]] == [1, 1]
         assert msgspec.msgpack.decode(await fast) == ["fast", 14, b"f"]  # not held by "slow"
+        assert (held[0].holders, held[1].holders) == (1, 0)
         release.set()
         assert msgspec.msgpack.decode(await slow) == ["slow", 10, b"s"]
+        assert held[0].holders == 0
 
-        boom = link.call("boom", (0, b""))
+        boom = link.call("boom", (0, b""), held[2])
         assert boom is not None
         with pytest.raises(ch.CallFailed, match="ValueError: no such offset") as failed:
             await boom
         assert not failed.value.lost
+        assert held[2].holders == 0 and not held[2].lost
 
         release.clear()
-        pending = link.call("slow", (1, b""))
+        forgotten = link.call("slow", (2, b""), held[3])
+        assert forgotten is not None
+        link.forget(forgotten)  # its caller gave up: the peer may still be reading
+        assert held[3].holders == 1
+        release.set()
+        await _until(lambda: held[3].holders == 0)
+
+        release.clear()
+        pending = link.call("slow", (1, b""), held[4])
         assert pending is not None
         server.close()
         with pytest.raises(ch.CallFailed) as lost:
             await asyncio.wait_for(pending, DEADLINE_S)
         assert lost.value.lost
+        assert held[4].lost and held[4].holders == 0  # never released: lost with the link
+        assert not any(h.lost for h in held[:4])
         link.close()
 
     _run(test)
