@@ -37,9 +37,10 @@ when the gateway misuses the connection (a bug).
 
 from __future__ import annotations
 
+import collections
 import enum
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +87,9 @@ class Request:
     header: codec.RequestHeader
     body: Any | None
     response_version: int
+    # The shared-memory block the request was received into (``raylog.actors.arena``), which
+    # its server releases once it is answered; None for a request received in private memory.
+    hold: Any = None
 
     @property
     def api_key(self) -> int:
@@ -120,7 +124,10 @@ class Connection:
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         max_in_flight_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        allocate: Callable[[int], Any] | None = None,
     ) -> None:
+        """``allocate(n)``, if given, returns a block of shared memory (``.view``, writable,
+        ``n`` bytes; ``.release()``) for a large request to be received in, or None."""
         if max_frame_bytes < 8 or max_in_flight < 1 or max_in_flight_bytes < 1:
             raise ValueError("max_frame_bytes must be >= 8, the in-flight limits >= 1")
         for api_key, (low, high) in api_versions.items():
@@ -134,8 +141,12 @@ class Connection:
         self._frame_bytes: dict[int, int] = {}  # sequence -> size of its request frame
         self._buffer = bytearray()
         self._scratch = bytearray(RECEIVE_SCRATCH_BYTES)
-        self._large: bytearray | None = None  # a large frame being received in place
+        self._large: bytearray | memoryview | None = None  # a large frame received in place
         self._large_pos = 0
+        self._allocate = allocate
+        self._large_block: Any = None  # the shared block _large is, if it is one
+        # Large frames received whole into shared blocks, before whatever _buffer holds.
+        self._blocks: collections.deque[tuple[memoryview, Any]] = collections.deque()
         self._eof = False
         self._error: RemoteProtocolError | None = None
         self._next_sequence = 0  # sequence of the next request handed out
@@ -164,7 +175,16 @@ class Connection:
 
     @property
     def buffered_bytes(self) -> int:
-        return len(self._buffer) + self._large_pos
+        return len(self._buffer) + self._large_pos + sum(len(v) for v, _ in self._blocks)
+
+    def discard(self) -> None:
+        """Release the shared blocks of frames never handed out (the connection is closed)."""
+        blocks, self._blocks = self._blocks, collections.deque()
+        for _, block in blocks:
+            block.release()
+        if self._large_block is not None:
+            block, self._large_block, self._large = self._large_block, None, None
+            block.release()
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Feed bytes read from the peer; ``b""`` means the peer closed its side."""
@@ -196,7 +216,11 @@ class Connection:
                 and have < 4 + size
                 and have * RECEIVE_IN_PLACE_AMPLIFICATION_MAX >= 4 + size
             ):
-                self._large = bytearray(4 + size)
+                block = self._allocate(4 + size) if self._allocate is not None else None
+                if block is not None:
+                    self._large, self._large_block = block.view, block
+                else:
+                    self._large = bytearray(4 + size)
                 self._large[:have] = self._buffer
                 self._large_pos = have
                 self._buffer = bytearray()
@@ -211,7 +235,13 @@ class Connection:
             return
         self._large_pos += nbytes
         if self._large_pos == len(self._large):
+            if self._large_block is not None:
+                # Whole, in shared memory: handed over as it is, before anything after it.
+                self._blocks.append((memoryview(self._large), self._large_block))
+                self._large, self._large_block, self._large_pos = None, None, 0
+                return
             # Whole: it becomes the buffer, which _take_frame hands over without a copy.
+            assert isinstance(self._large, bytearray)
             self._buffer, self._large, self._large_pos = self._large, None, 0
 
     def next_event(self) -> Event:
@@ -223,12 +253,19 @@ class Connection:
             raise self._error
         if self.paused:
             return Signal.PAUSED
+        block = None
         try:
-            frame = self._take_frame()
+            if self._blocks:
+                frame, block = self._blocks.popleft()
+                frame = frame[4:]
+            else:
+                frame = self._take_frame()
             if frame is None:
                 return Signal.CLOSED if self._eof else Signal.NEED_DATA
-            request = self._admit(frame)
+            request = self._admit(frame, block)
         except RemoteProtocolError as exc:
+            if block is not None:
+                block.release()
             self._error = exc
             raise
         self._unanswered[request.sequence] = request
@@ -259,7 +296,7 @@ class Connection:
         del self._buffer[:end]
         return memoryview(frame)
 
-    def _admit(self, frame: memoryview) -> Request:
+    def _admit(self, frame: memoryview, hold: Any = None) -> Request:
         if len(frame) < _HEADER_PREFIX.size:
             raise RemoteProtocolError(f"frame of {len(frame)} bytes has no request header")
         api_key, api_version, correlation_id = _HEADER_PREFIX.unpack_from(frame, 0)
@@ -273,7 +310,7 @@ class Connection:
                 header, _ = codec.parse_request_header(frame)
             except codec.CodecError:
                 header = codec.RequestHeader(api_key, api_version, correlation_id, None, 1)
-            return Request(self._next_sequence, header, None, response_version=0)
+            return Request(self._next_sequence, header, None, response_version=0, hold=hold)
         if not supported:
             what = "API key" if versions is None else "version of API"
             raise RemoteProtocolError(
@@ -286,7 +323,7 @@ class Connection:
             raise RemoteProtocolError(
                 f"bad request {api_key} v{api_version} (correlation id {correlation_id}): {exc}"
             ) from exc
-        return Request(self._next_sequence, header, body, response_version=api_version)
+        return Request(self._next_sequence, header, body, response_version=api_version, hold=hold)
 
     def send(self, request: Request, response: Any) -> bytes | bytearray:
         """Record ``response`` to ``request``; return the bytes that may be written now.

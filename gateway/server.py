@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from raylog.actors.arena import ArenaPool
 from raylog.actors.channel import Buffer, WritableProtocol
 from raylog.gateway.backend import Backend
 from raylog.gateway.errors import RemoteProtocolError
@@ -102,6 +103,9 @@ class GatewayServer:
     ) -> None:
         self.backend = backend
         self.groups = groups  # the group coordinator the group APIs use (None: unavailable)
+        # Shared memory that large requests are received into, when the backend hands them to
+        # its replicas from there (``raylog.actors.arena``).
+        self.arenas: ArenaPool | None = getattr(backend, "arenas", None)
         self._handlers = dict(handlers)
         self._api_versions = advertised_versions(self._handlers)
         self.limits = Limits(
@@ -244,6 +248,7 @@ class _ClientConnection:
             max_frame_bytes=limits.max_frame_bytes,
             max_in_flight=limits.max_in_flight,
             max_in_flight_bytes=limits.max_in_flight_bytes,
+            allocate=server.arenas.allocate if server.arenas is not None else None,
         )
         sock.connection = self._connection
         self._context = RequestContext(
@@ -320,6 +325,13 @@ class _ClientConnection:
                 return
 
     async def _answer(self, request: Request) -> None:
+        try:
+            await self._answer_held(request)
+        finally:
+            if request.hold is not None:
+                request.hold.release()  # the calls that handed it on hold it themselves
+
+    async def _answer_held(self, request: Request) -> None:
         handler = self._handlers[request.api_key]
         started_s = time.monotonic()
         try:
@@ -381,3 +393,4 @@ class _ClientConnection:
             task.cancel()
         with contextlib.suppress(Exception):
             self._transport.close()
+        self._connection.discard()

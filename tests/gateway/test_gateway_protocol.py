@@ -262,6 +262,78 @@ def test_a_large_request_is_received_in_place_between_small_ones(step: int) -> N
     assert event.correlation_id == 2 and connection.buffered_bytes == 0
 
 
+class _Block:
+    """A shared-memory block as the protocol sees one (``raylog.actors.arena.Block``)."""
+
+    def __init__(self, size: int) -> None:
+        self.view = memoryview(bytearray(size))
+        self.released = 0
+
+    def release(self) -> None:
+        self.released += 1
+
+
+class _Allocator:
+    def __init__(self, room: int) -> None:
+        self.room = room  # blocks it still hands out
+        self.blocks: list[_Block] = []
+
+    def __call__(self, size: int) -> _Block | None:
+        if not self.room:
+            return None
+        self.room -= 1
+        self.blocks.append(_Block(size))
+        return self.blocks[-1]
+
+
+@pytest.mark.parametrize("step", [1000, 65536])
+def test_large_requests_are_received_into_shared_blocks_in_order(step: int) -> None:
+    # (Reads of at most ``step`` bytes: a read that brings a whole request into the scratch
+    # leaves nothing to receive in place.)
+    names = [f"topic-with-a-long-name-{i:05d}" for i in range(4000)]
+    large = [metadata_request_frame(4, names[: 3000 + i], 10 + i) for i in range(3)]
+    small = [metadata_request_frame(4, [f"s{i}"], i) for i in range(4)]
+    data = small[0] + large[0] + large[1] + small[1] + small[2] + large[2] + small[3]
+    allocate = _Allocator(room=2)  # the third large request finds no room: private memory
+    connection = Connection(ADVERTISED, allocate=allocate)
+    events = _receive_like_a_socket(connection, data, step)
+    assert [e.correlation_id for e in events] == [0, 10, 11, 1, 2, 12, 3]
+    assert [len(e.body.topics) for e in events] == [1, 3000, 3001, 1, 1, 3002, 1]
+    assert [e.hold for e in events] == [None, *allocate.blocks, None, None, None, None]
+    for block, frame in zip(allocate.blocks, large[:2], strict=True):
+        assert bytes(block.view) == frame  # received whole, in place
+        assert block.released == 0  # the server releases it once the request is answered
+    assert connection.buffered_bytes == 0
+
+
+def test_shared_blocks_of_refused_or_unread_requests_are_released() -> None:
+    names = [f"topic-with-a-long-name-{i:05d}" for i in range(4000)]
+    frame = bytearray(metadata_request_frame(4, names, 7))
+    struct.pack_into(">h", frame, 6, 99)  # an API version nobody supports
+    allocate = _Allocator(room=3)
+    connection = Connection(ADVERTISED, allocate=allocate)
+    with pytest.raises(RemoteProtocolError, match="unsupported"):
+        _receive_like_a_socket(connection, bytes(frame), 4096)
+    assert [b.released for b in allocate.blocks] == [1]
+    # Closed with one request whole and never taken, and one half received: both released.
+    good = metadata_request_frame(4, names, 8)
+    connection = Connection(ADVERTISED, allocate=allocate)
+    data = good + good[: len(good) // 2]
+    pos = 0
+    while pos < len(data):
+        view = connection.get_buffer()
+        n = min(len(view), 1 << 16, len(data) - pos)
+        view[:n] = data[pos : pos + n]
+        connection.buffer_updated(n)
+        pos += n
+    connection.get_buffer()  # where the socket's next read would go: the second's own block
+    assert len(allocate.blocks) == 3
+    connection.discard()
+    assert [b.released for b in allocate.blocks] == [1, 1, 1]
+    connection.discard()  # once only
+    assert [b.released for b in allocate.blocks] == [1, 1, 1]
+
+
 def test_a_size_prefix_alone_allocates_nothing_in_place() -> None:
     # A client declaring a 100 MiB request and sending 1 KiB of it gets no 100 MiB buffer.
     connection = Connection(ADVERTISED)
