@@ -39,6 +39,7 @@ from typing import Any
 import msgspec
 import ray
 
+from raylog.actors.arena import ArenaError, ArenaViews
 from raylog.actors.channel import (
     ChannelAddress,
     ChannelServer,
@@ -105,6 +106,8 @@ CHANNEL_START_S = 10.0  # bound on learning a peer's replication channel address
 # (Types, not msgspec Decoders: Ray pickles this module's globals with the actor class.)
 _CHANNEL_CALL_ARGS: dict[str, Any] = {
     "produce": tuple[bytes, int, int],
+    "open_arena": tuple[int, int, str],
+    "produce_shared": tuple[int, int, str, int, int, int, int],
     "fetch": tuple[int, int, int, int, int],
     "fetch_extents": tuple[int, int, int, int, int],
     "list_offsets": tuple[int, int],
@@ -342,6 +345,8 @@ class ReplicaActor:
         self._links: dict[int, PeerLink] = {}
         self._ray_calls_out = 0
         self._sent_before_write = 0  # pushes / fetch answers built before the local write
+        self._arenas = ArenaViews()  # same-host gateways' produce arenas (actors/arena.py)
+        self.shared_produces = 0  # batches appended straight from a gateway's arena
         self._channel_secret = channel_secret() if replication_channel else b""
         # Mutual TLS on the channels when the broker has a certificate from the cluster CA.
         self._tls_server = pki.server_context(tls) if tls is not None else None
@@ -394,6 +399,7 @@ class ReplicaActor:
             "calls_in": self._channel.calls_in if self._channel else 0,
             "ray_calls_out": self._ray_calls_out,
             "sent_before_write": self._sent_before_write,
+            "shared_produces": self.shared_produces,
         }
 
     async def _channel_call(self, method: str, raw_args: msgspec.Raw) -> Any:
@@ -649,6 +655,26 @@ class ReplicaActor:
         if self._lease_required and now_ms() >= self._lease_until_ms:
             return NotLeaderOrFollowerError.error_code, "broker session lease lapsed"
         return None
+
+    async def open_arena(self, pid: int, fd: int, nonce: str) -> bool:
+        """Map a same-host gateway's produce arena (``raylog.actors.arena``); True when that
+        worked, after which the gateway hands this replica batches by reference."""
+        try:
+            self._arenas.open((pid, fd, nonce))
+        except ArenaError as exc:
+            log.info("%s-%d: %s; batches come in the calls", self.topic, self.partition, exc)
+            return False
+        return True
+
+    async def produce_shared(
+        self, pid: int, fd: int, nonce: str, offset: int, length: int, acks: int, timeout_ms: int
+    ) -> ProduceOutcome:
+        """:meth:`produce` of the batch at ``offset`` in the gateway arena ``(pid, fd,
+        nonce)``: validated and written to the log from there (the gateway changes nothing in
+        it until this call's reply). Raises ArenaError when the arena or range is not there."""
+        batch = self._arenas.view((pid, fd, nonce), offset, length)
+        self.shared_produces += 1
+        return await self.produce(batch, acks, timeout_ms)  # type: ignore[arg-type]
 
     async def delete_records(self, offset: int, timeout_ms: int) -> DeleteRecordsOutcome:
         """Kafka's DeleteRecords for this partition, on its leader: move the log start offset

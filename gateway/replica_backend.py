@@ -51,6 +51,7 @@ each plus ``call_margin_ms``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import ssl
 from collections.abc import Callable, Mapping, Sequence
@@ -61,8 +62,9 @@ import msgspec
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
+from raylog.actors import arena, placement, topic_config
 from raylog.actors import metadata as md_
-from raylog.actors import placement, topic_config
+from raylog.actors.arena import ArenaPool, ArenaRef, Block
 from raylog.actors.channel import CallFailed, CallLink, ChannelAddress, channel_secret
 from raylog.actors.controller import ray_call
 from raylog.actors.replica import NAMESPACE, FetchOutcome, ProduceOutcome, replica_actor_name
@@ -102,6 +104,8 @@ ACKS_VALID = (0, 1, -1)
 # Replica methods called over the replica's channel once it is connected, and their results.
 _CHANNEL_RESULTS: dict[str, msgspec.msgpack.Decoder[Any]] = {
     "produce": msgspec.msgpack.Decoder(ProduceOutcome),
+    "produce_shared": msgspec.msgpack.Decoder(ProduceOutcome),
+    "open_arena": msgspec.msgpack.Decoder(bool),
     "fetch": msgspec.msgpack.Decoder(FetchOutcome),
     "fetch_extents": msgspec.msgpack.Decoder(FetchOutcome),
     "list_offsets": msgspec.msgpack.Decoder(tuple[int, int, int, int]),
@@ -246,6 +250,12 @@ class ReplicaBackend:
         # Reads that would wait for the disk run here: threads of their own, so that they never
         # queue behind (or hold up) the default executor's Ray lookups.
         self._read_pool = ThreadPoolExecutor(COLD_READ_THREADS, thread_name_prefix="raylog-read")
+        # Produce by reference (actors/arena.py): the server receives large requests into
+        # this shared memory, and a replica on a same-host link that could open it is handed
+        # each batch's place instead of its bytes. Per (replica, arena): True once it opened
+        # it, False if it could not, None while asking.
+        self.arenas = ArenaPool() if use_channels and arena.enabled() else None
+        self._arena_open: dict[tuple[str, ArenaRef], bool | None] = {}
 
     # --- metadata -----------------------------------------------------------------------------
 
@@ -740,7 +750,10 @@ class ReplicaBackend:
             link = self._links[name] = CallLink(name, self._channel_secret, self._channel_tls)
         if link.full:  # the replica is behind on this link: wait (never go round it by Ray)
             await link.wait_room()
-        future = link.call(method, args) if not self._ray_in_flight.get(name) else None
+        hold = None
+        if method == "produce" and self.arenas is not None and link.local:
+            method, args, hold = self._by_reference(name, link, args)
+        future = link.call(method, args, hold) if not self._ray_in_flight.get(name) else None
         if future is None:
             link.ensure_connecting(lambda: self._channel_address(name))
             return False, None
@@ -749,6 +762,12 @@ class ReplicaBackend:
         try:
             raw = await future
         except CallFailed as exc:
+            if not exc.lost and hold is not None:
+                # It opened the arena before, and cannot read this batch from it now: hand it
+                # batches in the calls from now on; the client resends this one.
+                self._arena_open[(name, hold.arena.ref)] = False
+                log.warning("replica %s refused a batch by reference: %s", name, exc)
+                raise _CallFailed(ErrorCode.NOT_LEADER_OR_FOLLOWER, str(exc)) from exc
             if not exc.lost:
                 log.error("replica %s failed in %s: %s", name, method, exc)
                 code = ErrorCode.UNKNOWN_SERVER_ERROR
@@ -760,6 +779,39 @@ class ReplicaBackend:
             if future.cancelled():  # timed out here: its reply, if it comes, is dropped
                 link.forget(future)
         return True, _CHANNEL_RESULTS[method].decode(raw)
+
+    def _by_reference(
+        self, name: str, link: CallLink, args: tuple[Any, ...]
+    ) -> tuple[str, tuple[Any, ...], Block | None]:
+        """A produce call that hands the replica its batch's place in the arena, when the
+        batch is in it and the replica opened it; else the call as it is. The first batch
+        from an arena to a replica goes as it is while the replica is asked to open it."""
+        records = args[0]
+        assert self.arenas is not None
+        block = self.arenas.block_of(records) if isinstance(records, memoryview) else None
+        if block is None:
+            return "produce", args, None
+        ref = block.arena.ref
+        key = (name, ref)
+        if key not in self._arena_open:
+            probe = link.call("open_arena", ref)
+            if probe is not None:
+                self._arena_open[key] = None
+                probe.add_done_callback(functools.partial(self._arena_opened, key))
+            return "produce", args, None
+        if not self._arena_open[key]:
+            return "produce", args, None
+        offset = block.arena.offset_of(records)
+        return "produce_shared", (*ref, offset, len(records), *args[1:]), block
+
+    def _arena_opened(self, key: tuple[str, ArenaRef], probe: asyncio.Future[Any]) -> None:
+        if probe.cancelled() or probe.exception() is not None:
+            del self._arena_open[key]  # the link broke: ask again on the next connection
+            return
+        opened = _CHANNEL_RESULTS["open_arena"].decode(probe.result())
+        self._arena_open[key] = opened
+        if not opened:
+            log.info("replica %s cannot open the produce arena: batches go in calls", key[0])
 
     async def _channel_address(self, name: str) -> ChannelAddress:
         handle = self._handles.get(name) or await self._lookup(name)

@@ -36,6 +36,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import random
 import shutil
 import socket
 import struct
@@ -712,6 +713,70 @@ def test_pipelined_produce_requests_keep_their_order(cluster: Cluster, acks: int
     offsets = [d.responses[0].partition_responses[0].base_offset for d in decoded]
     sizes = [1 + i % 3 for i in range(count)]
     assert offsets == [offsets[0] + sum(sizes[:i]) for i in range(count)]
+
+
+def test_large_batches_reach_the_leader_by_reference(cluster: Cluster) -> None:
+    """Large requests are received into the gateway's shared arena, and the leader
+    appends each batch from there (actors/arena.py): answers keep their order, the stored bytes
+    are the sent ones, and every block is free again once its request is answered."""
+    server = cluster.servers[0]
+    arenas = server.arenas
+    assert arenas is not None and arenas.current is not None
+    leader = cluster.leader_replica(0)
+    count = 12
+    rng = random.Random(5)
+    # Larger than the receive scratch (256 KiB), so that each is received in place.
+    sent = [_batch([rng.randbytes(1000) for _ in range(500 + 20 * i)]) for i in range(count)]
+    frames = []
+    for i, batch in enumerate(sent):
+        request = ProduceRequest(
+            transactional_id=None,
+            acks=-1,
+            timeout_ms=10_000,
+            topic_data=[
+                ProduceRequest.TopicProduceData(
+                    name=TOPIC,
+                    partition_data=[
+                        ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=batch)
+                    ],
+                )
+            ],
+        )
+        request.API_VERSION = 7
+        request.with_header(correlation_id=i, client_id="by-reference")
+        frames.append(bytes(request.encode(version=7, header=True, framed=True)))
+    with socket.create_connection((HOST, cluster.ports[0]), timeout=CLIENT_TIMEOUT_S) as sock:
+        # Until the gateway's channel to the leader is up and the leader opened the arena,
+        # batches go in the calls: warm up with the first batch until one went by reference.
+        def shared() -> int:
+            stats = ray.get(leader.channel_stats.remote(), timeout=CALL_TIMEOUT_S)
+            return int(stats["shared_produces"])
+
+        def warm_up() -> bool:
+            sock.sendall(frames[0])
+            (response,) = _produce_errors(ProduceResponse.decode(read_frame(sock)[4:], version=7))
+            assert response == 0
+            return shared() > shared_before
+
+        shared_before = shared()
+        wait_until(warm_up, timeout_s=CALL_TIMEOUT_S)
+        shared_before = shared()
+        for frame in frames:  # pipelined
+            sock.sendall(frame)
+        responses = [read_frame(sock) for _ in range(count)]
+    assert [struct.unpack(">i", r[:4])[0] for r in responses] == list(range(count))
+    decoded = [ProduceResponse.decode(r[4:], version=7) for r in responses]
+    assert all(_produce_errors(d) == [0] for d in decoded)
+    offsets = [d.responses[0].partition_responses[0].base_offset for d in decoded]
+    assert shared() - shared_before == count  # every one by reference
+    for offset, batch in zip(offsets, sent, strict=True):
+        fetched = ray.get(leader.fetch.remote(offset, 1), timeout=CALL_TIMEOUT_S)
+        ((pos, header),) = list(rb.iter_batches(fetched.records))
+        stored = fetched.records[pos : pos + header.size]
+        assert header.base_offset == offset and len(stored) == len(batch)
+        # The leader stamps the base offset and its epoch; everything else is the client's.
+        assert stored[8:12] == batch[8:12] and stored[16:] == batch[16:]
+    wait_until(lambda: arenas.current.allocated_bytes == 0, timeout_s=CALL_TIMEOUT_S)
 
 
 def test_failed_acks_0_produce_closes_the_connection(cluster: Cluster) -> None:
