@@ -55,10 +55,15 @@ class BatchMeta(msgspec.Struct, frozen=True):
 
 
 class RecordBatch(msgspec.Struct, frozen=True):
-    """One batch on the replication wire: metadata plus the untouched bytes."""
+    """One batch on the replication wire: metadata plus the untouched bytes.
+
+    ``data`` is any bytes-like object where a replica builds one (the bytes it read from its
+    log, or stamped in memory); decoded from a replication channel frame it is a view into
+    that frame, so a follower stores the batch without another copy of it.
+    """
 
     meta: BatchMeta
-    data: bytes
+    data: memoryview
 
 
 class EpochEndOffset(msgspec.Struct, frozen=True):
