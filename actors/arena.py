@@ -281,6 +281,20 @@ class ArenaPool:
                     break
         return block
 
+    def stats(self) -> dict[str, int]:
+        """For the gateway's metrics: the current arena's size and use, and counts over every
+        arena so far (allocations; refusals: large requests received in private memory)."""
+        arenas = [*self._retired, *([self.current] if self.current is not None else [])]
+        current = self.current
+        return {
+            "bytes": current.size if current is not None else 0,
+            "allocated_bytes": current.allocated_bytes if current is not None else 0,
+            "lost_bytes": sum(a.lost_bytes for a in arenas),
+            "allocations": sum(a.allocations for a in arenas),
+            "refusals": sum(a.refusals for a in arenas),
+            "retired": len(self._retired),
+        }
+
     def _retire(self) -> Arena | None:
         assert self.current is not None
         self._retired.append(self.current)

@@ -217,15 +217,23 @@ class GatewayActor:
 
     async def metrics(self) -> dict[str, Any]:
         """Request counts, latency histograms and bytes since start (see ``request_stats``),
-        and how fetches were read: ``fetch_reads`` (bytes read from the segment files on this
-        node, bytes the replicas sent, short-circuit reads that did not hold)."""
+        how fetches were read: ``fetch_reads`` (bytes read from the segment files on this
+        node, bytes the replicas sent, short-circuit reads that did not hold), and the use of
+        the shared memory large produce requests are received into (``produce_arena``)."""
         import dataclasses
 
         from raylog.gateway.request_stats import RequestStats
 
         stats = self._server.request_stats if self._server is not None else RequestStats()
-        reads = dataclasses.asdict(self._backend.read_stats) if self._backend is not None else {}
-        return {"broker_id": self.broker_id, **stats.snapshot(), "fetch_reads": reads}
+        backend = self._backend
+        reads = dataclasses.asdict(backend.read_stats) if backend is not None else {}
+        arena = backend.arenas.stats() if backend is not None and backend.arenas else {}
+        return {
+            "broker_id": self.broker_id,
+            **stats.snapshot(),
+            "fetch_reads": reads,
+            "produce_arena": arena,
+        }
 
     # --- metadata -------------------------------------------------------------------------------
 

@@ -83,6 +83,14 @@ def test_a_lost_block_is_never_reused_and_a_worn_arena_is_replaced() -> None:
     assert fresh is not None and fresh.arena is not first and pool.current is fresh.arena
     # A lost block has left the live set; its memory is never handed out again.
     assert pool.block_of(blocks[0].view[10:20]) is None
+    assert pool.stats() == {
+        "bytes": ar.HEADER_BYTES + 8 * 4096,
+        "allocated_bytes": 4096,
+        "lost_bytes": 4 * 4096,
+        "allocations": 9,
+        "refusals": 0,
+        "retired": 1,
+    }
     fresh.release()
 
 
