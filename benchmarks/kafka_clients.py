@@ -106,6 +106,23 @@ and 2.33, 393 and 284 MiB/s. Ratios to Tansu after: produce RF=1 0.99 and 1.07, 
 0.61, consume 1.52 and 1.25. With two clients the machine's cores were 82-97% busy for both
 brokers. A scratch run profiling consume (two clients, 500,000 records, RF=1) went from
 305-328 MiB/s at 2.25-2.38 broker CPU-s per GiB to 450-489 MiB/s at 1.16-1.29.
+
+Runs of 2026-11-27, session 22 (``--records 300000 --clients 2``; broker CPU-s per GiB, then
+MiB/s), before (session 21's main) and after ``replica.fetch.max.bytes`` went from 1 to 10 MiB
+and the gateway began to hand large batches to the leader by reference (actors/arena.py):
+
+| figure                | before                  | after, three runs                   |
+|-----------------------|-------------------------|-------------------------------------|
+| RF=1 produce acks=all | 3.90, 214               | 2.47 / 2.15 / 2.36, 260 / 291 / 246 |
+| RF=3 produce acks=all | 10.74, 106              | 6.69 / 6.77 / 6.84, 126 / 135 / 139 |
+| RF=3 consume          | 1.09, 646               | 1.43 / 1.57 / 1.18, 520 / 504 / 621 |
+
+The run before was made last, at load 6.5 (Tansu 265 MiB/s produce, 439 consume; ratios 0.81,
+0.40 and 1.47). Tansu in the runs after: produce 229 / 242 / 212 MiB/s, consume 421 / 523 /
+417. Ratios after:
+produce RF=1 1.14 / 1.21 / 1.16, RF=3 0.55 / 0.56 / 0.66, consume 1.24 / 0.96 / 1.49. A scratch
+run of the benchmark's ``Bench`` (RF=3 acks=all, per process, CPU-s per GiB): gateway 1.0-1.5,
+leader 2.1-2.8, each follower 1.1-1.3, where session 21 had 2.42, 4.04 and 2.53.
 """
 
 from __future__ import annotations
