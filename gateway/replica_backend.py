@@ -806,7 +806,7 @@ class ReplicaBackend:
 
     def _arena_opened(self, key: tuple[str, ArenaRef], probe: asyncio.Future[Any]) -> None:
         if probe.cancelled() or probe.exception() is not None:
-            del self._arena_open[key]  # the link broke: ask again on the next connection
+            self._arena_open.pop(key, None)  # the link broke: ask again on the next connection
             return
         opened = _CHANNEL_RESULTS["open_arena"].decode(probe.result())
         self._arena_open[key] = opened
