@@ -176,6 +176,8 @@ class ReplicateAck(msgspec.Struct, frozen=True):
     error_code: int = 0
     in_push: bool = True
     log_start_offset: int = UNDEFINED_OFFSET  # the follower's, as in its fetches
+    # The follower's log end (durable or not): where the leader's next push must start.
+    log_end_offset: int = UNDEFINED_OFFSET
 
 
 # --- replica ↔ controller ---------------------------------------------------------------------

@@ -61,10 +61,15 @@ Decisions:
   it learns a new HW when no writes arrive).
 - Push and pull share one code path on the leader: a push ack and a fetch both go through
   ``_record_follower_progress``. The leader pushes a new batch to a follower only when that
-  follower is known to end exactly at the batch's base offset (``pushed_end_offset``); any
-  fetch below the leader's end, or a refusing ack, stops pushes to it until it fetches at the
-  leader's end again. A follower accepts a push only if the batch starts at its log end and the
-  epoch below matches its own; otherwise it refuses and pulls.
+  follower is known to end exactly at the batch's base offset (``pushed_end_offset``) and no
+  push to it is in flight (``push_in_flight_from``); the batches appended while one is in
+  flight go together in the next push (up to replica.fetch.max.bytes), sent when the follower
+  acknowledges the last one, from where its ack says its log ends: one push and one fsync per
+  round trip, not per batch, as a fetch takes what accumulated. Any fetch below the leader's
+  end, or a refusing ack, stops pushes to it until it fetches at the leader's end again; a
+  fetch also clears a push in flight (a lost push or ack costs one idle fetch). A follower
+  accepts a push only if its first batch starts at its log end and the epoch below matches
+  its own; otherwise it refuses and pulls.
 - Idempotent producers (``raylog.actors.producer_state``, Kafka's rules): the leader checks a
   client batch's producer id, epoch and sequence before appending it; a retry of one of the
   producer's last five batches is answered with the ORIGINAL offsets once this request's acks
@@ -193,6 +198,9 @@ class FollowerState:
     # Push mode: where the follower's log ends once every push sent so far lands; None while
     # it catches up by fetching.
     pushed_end_offset: int | None = None
+    # Push mode: where the one push in flight starts (None: none in flight). Batches appended
+    # meanwhile go together in the next push, sent when this one is acknowledged.
+    push_in_flight_from: int | None = None
     log_start_offset: int = UNDEFINED_OFFSET  # unknown until it fetches or acks in this epoch
 
 
@@ -622,9 +630,14 @@ class PartitionReplica:
         if self.config.replication_mode == "push":
             prev_epoch = self._epoch_at(batch.base_offset - 1)
             for rid, state in self.followers.items():
-                if rid in self.observers or state.pushed_end_offset != batch.base_offset:
+                if (
+                    rid in self.observers
+                    or state.pushed_end_offset != batch.base_offset
+                    or state.push_in_flight_from is not None  # it rides the next push
+                ):
                     continue
                 state.pushed_end_offset = batch.next_offset
+                state.push_in_flight_from = batch.base_offset
                 # The shell fills the batch from its log: the bytes as stored, with the base
                 # offset and leader epoch (and LogAppendTime) that the log stamped in them.
                 request = ReplicateRequest(
@@ -751,6 +764,7 @@ class PartitionReplica:
                         self.leader_epoch,
                         self.durable_end_offset,
                         log_start_offset=self.log_start_offset,
+                        log_end_offset=self.log_end_offset,
                     ),
                 )
             self._maybe_fetch(now_ms)
@@ -852,6 +866,7 @@ class PartitionReplica:
             # Caught up: pushes carry it from here. Behind: it pulls, and we stop pushing.
             caught_up = msg.fetch_offset == self.log_end_offset
             state.pushed_end_offset = self.log_end_offset if caught_up else None
+            state.push_in_flight_from = None  # what it fetched from says where it is
             self._reply_fetch_data(msg)
             return
         if msg.fetch_offset < self.log_end_offset or msg.max_wait_ms <= 0:
@@ -873,9 +888,44 @@ class PartitionReplica:
         state.log_start_offset = max(state.log_start_offset, msg.log_start_offset)
         if not msg.in_push:
             state.pushed_end_offset = None
+            state.push_in_flight_from = None
+        elif (
+            state.push_in_flight_from is not None
+            and state.pushed_end_offset is not None
+            and msg.durable_end_offset > state.push_in_flight_from
+        ):
+            # The push in flight landed (some of it durable): the next one takes everything
+            # appended since, from where the follower's log ends.
+            state.push_in_flight_from = None
+            if msg.log_end_offset != UNDEFINED_OFFSET:
+                state.pushed_end_offset = min(msg.log_end_offset, self.log_end_offset)
+            self._push_next(msg.replica_id, state)
         if msg.durable_end_offset < state.log_end_offset:
             return  # a late ack overtaken by a newer one: a follower's durable end only grows
         self._record_follower_progress(msg.replica_id, state, msg.durable_end_offset, now_ms)
+
+    def _push_next(self, replica_id: int, state: FollowerState) -> None:
+        """Push mode: send ``replica_id`` what was appended since its last push, up to
+        replica.fetch.max.bytes (the shell cuts at whole batches; the ack says where the
+        follower's log then ends)."""
+        start = state.pushed_end_offset
+        if start is None or start >= self.log_end_offset or replica_id in self.observers:
+            return
+        request = ReplicateRequest(
+            self.replica_id,
+            self.leader_epoch,
+            self.high_watermark,
+            self._epoch_at(start - 1),
+            (),
+            log_start_offset=self.log_start_offset,
+        )
+        state.push_in_flight_from = start
+        state.pushed_end_offset = self.log_end_offset
+        self._ready.messages.append(
+            SendPushData(
+                replica_id, request, start, self.log_end_offset, self.config.fetch_max_bytes
+            )
+        )
 
     def _record_follower_progress(
         self, replica_id: int, state: FollowerState, end_offset: int, now_ms: int

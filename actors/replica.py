@@ -144,7 +144,7 @@ def _log_and_flush_configs(configs: dict[str, str] | None) -> tuple[LogConfig, i
 
 
 # The pushes of one Ready, by range: the message and its frame (None over Ray calls).
-_Pushed = dict[tuple[int, int, ReplicateRequest], tuple[ReplicateRequest, bytearray | None]]
+_Pushed = dict[tuple[int, int, int, ReplicateRequest], tuple[ReplicateRequest, bytearray | None]]
 
 
 def _fresh_range(
@@ -1023,7 +1023,7 @@ class ReplicaActor:
         pushed: _Pushed = {}
         for index, out in enumerate(ready.messages):
             if isinstance(out, SendPushData):
-                batches = _fresh_range(fresh, out.base_offset, out.end_offset, 1 << 30)
+                batches = _fresh_range(fresh, out.base_offset, out.end_offset, out.max_bytes)
                 if batches is None:
                     continue
                 self._send_push(out, pushed, batches)
@@ -1048,11 +1048,11 @@ class ReplicaActor:
     ) -> None:
         """Send one push; its batches (read from the log when None) are read and encoded once
         per range, however many followers it goes to (the request is the same for each)."""
-        key = (out.base_offset, out.end_offset, out.request)
+        key = (out.base_offset, out.end_offset, out.max_bytes, out.request)
         push = pushed.get(key)
         if push is None:
             if batches is None:
-                batches = self._read_batches(out.base_offset, 1 << 30, out.end_offset)
+                batches = self._read_batches(out.base_offset, out.max_bytes, out.end_offset)
             message = msgspec.structs.replace(out.request, batches=batches)
             frame = encode_frame(message) if self._use_channel else None
             push = pushed[key] = (message, frame)

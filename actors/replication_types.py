@@ -157,7 +157,8 @@ class SendFetchData(msgspec.Struct, frozen=True):
 
 
 class SendPushData(msgspec.Struct, frozen=True):
-    """Push mode: read the whole batches in [``base_offset``, ``end_offset``) from the log (just
+    """Push mode: read the whole batches in [``base_offset``, ``end_offset``) (within
+    ``max_bytes``) from the log (just
     appended by this same Ready, so read them after its log operations, or build them from
     the Ready's ``AppendBatch``es and send before those: see the partition module), put them
     in ``request.batches`` and send the ReplicateRequest to replica ``to``. Do not wait for
@@ -167,6 +168,9 @@ class SendPushData(msgspec.Struct, frozen=True):
     request: ReplicateRequest
     base_offset: int
     end_offset: int
+    # At most this many bytes (at least one batch): the batches appended while the previous
+    # push was in flight go together, up to replica.fetch.max.bytes.
+    max_bytes: int = 1 << 30
 
 
 class ProduceResult(msgspec.Struct, frozen=True):

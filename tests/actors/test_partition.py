@@ -415,6 +415,40 @@ def test_push_mode_leader_pushes_to_caught_up_follower_and_stops_when_it_falls_b
     assert len(pushes) == 1
 
 
+def test_push_mode_keeps_one_push_in_flight_and_sends_the_rest_together() -> None:
+    leader = make_leader(isr=(0, 1), replicas=(0, 1), replication_mode="push", fetch_max_bytes=25)
+    follower_fetch(leader, 1, 0, 1)  # caught up: pushes start
+
+    def pushes(ready: Ready) -> list[tuple[int, int, int]]:
+        return [
+            (m.base_offset, m.end_offset, m.max_bytes)
+            for m in ready.messages
+            if isinstance(m, SendPushData)
+        ]
+
+    assert pushes(produce(leader, 1)) == [(0, 1, 1 << 30)]  # the first goes at once
+    for request_id in (2, 3, 4):  # appended while it is in flight: they wait for its ack
+        assert pushes(produce(leader, request_id)) == []
+    make_durable(leader)
+    # Its ack: the three go in one push, from where the follower's log ends, within
+    # replica.fetch.max.bytes.
+    leader.step(ReplicateAck(1, EPOCH, 1, log_end_offset=1), 2)
+    ready = leader.ready()
+    assert pushes(ready) == [(1, 4, 25)]
+    (push,) = [m for m in ready.messages if isinstance(m, SendPushData)]
+    assert push.request.prev_epoch == EPOCH and leader.high_watermark == 1
+    # The shell cut that push after two batches (the byte limit): the follower's ack says its
+    # log ends at 3, and the next push starts there.
+    leader.step(ReplicateAck(1, EPOCH, 3, log_end_offset=3), 3)
+    assert pushes(leader.ready()) == [(3, 4, 25)] and leader.high_watermark == 3
+    # A late ack of an earlier push sends nothing: the push in flight starts at 3.
+    leader.step(ReplicateAck(1, EPOCH, 2, log_end_offset=2), 4)
+    assert pushes(leader.ready()) == []
+    # A fetch says where the follower is, and clears the push in flight (it was lost).
+    follower_fetch(leader, 1, 4, 5)
+    assert pushes(produce(leader, 5)) == [(4, 5, 1 << 30)]
+
+
 def test_push_mode_follower_falls_back_to_pull_on_a_gap() -> None:
     follower = PartitionReplica(1, ReplicaConfig(replication_mode="push"))
     follower.step(BecomeFollower(1, 0, EPOCH, 0), 0)
