@@ -583,8 +583,7 @@ def _roundtrip(port: int, request: Any, version: int, correlation_id: int = 1) -
     return frame[4:]
 
 
-def produce_raw(
-    port: int,
+def _produce_request(
     partition: int,
     batch: bytes,
     *,
@@ -592,7 +591,7 @@ def produce_raw(
     topic: str = TOPIC,
     transactional_id: str | None = None,
 ) -> Any:
-    request = ProduceRequest(
+    return ProduceRequest(
         transactional_id=transactional_id,
         acks=acks,
         timeout_ms=10_000,
@@ -606,6 +605,28 @@ def produce_raw(
                 ],
             )
         ],
+    )
+
+
+def _produce_frame(batch: bytes, correlation_id: int, *, acks: int, client_id: str) -> bytes:
+    """A whole Produce v7 request frame for partition 0 of TOPIC."""
+    request = _produce_request(0, batch, acks=acks)
+    request.API_VERSION = 7
+    request.with_header(correlation_id=correlation_id, client_id=client_id)
+    return bytes(request.encode(version=7, header=True, framed=True))
+
+
+def produce_raw(
+    port: int,
+    partition: int,
+    batch: bytes,
+    *,
+    acks: int = -1,
+    topic: str = TOPIC,
+    transactional_id: str | None = None,
+) -> Any:
+    request = _produce_request(
+        partition, batch, acks=acks, topic=topic, transactional_id=transactional_id
     )
     return ProduceResponse.decode(_roundtrip(port, request, 7), version=7)
 
@@ -679,26 +700,12 @@ def test_pipelined_produce_requests_keep_their_order(cluster: Cluster, acks: int
     # acks=all the gateway sends the next batch on the replica's channel before the previous
     # one is acknowledged, and order still holds.
     count = 30
-    frames = []
-    for i in range(count):
-        request = ProduceRequest(
-            transactional_id=None,
-            acks=acks,
-            timeout_ms=10_000,
-            topic_data=[
-                ProduceRequest.TopicProduceData(
-                    name=TOPIC,
-                    partition_data=[
-                        ProduceRequest.TopicProduceData.PartitionProduceData(
-                            index=0, records=_batch([f"order-{i}".encode()] * (1 + i % 3))
-                        )
-                    ],
-                )
-            ],
+    frames = [
+        _produce_frame(
+            _batch([f"order-{i}".encode()] * (1 + i % 3)), i, acks=acks, client_id="pipeline"
         )
-        request.API_VERSION = 7
-        request.with_header(correlation_id=i, client_id="pipeline")
-        frames.append(bytes(request.encode(version=7, header=True, framed=True)))
+        for i in range(count)
+    ]
     leader = cluster.leader_replica(0)
     calls_before = ray.get(leader.channel_stats.remote(), timeout=CALL_TIMEOUT_S)["calls_in"]
     with socket.create_connection((HOST, cluster.ports[0]), timeout=CLIENT_TIMEOUT_S) as sock:
@@ -727,24 +734,9 @@ def test_large_batches_reach_the_leader_by_reference(cluster: Cluster) -> None:
     rng = random.Random(5)
     # Larger than the receive scratch (256 KiB), so that each is received in place.
     sent = [_batch([rng.randbytes(1000) for _ in range(500 + 20 * i)]) for i in range(count)]
-    frames = []
-    for i, batch in enumerate(sent):
-        request = ProduceRequest(
-            transactional_id=None,
-            acks=-1,
-            timeout_ms=10_000,
-            topic_data=[
-                ProduceRequest.TopicProduceData(
-                    name=TOPIC,
-                    partition_data=[
-                        ProduceRequest.TopicProduceData.PartitionProduceData(index=0, records=batch)
-                    ],
-                )
-            ],
-        )
-        request.API_VERSION = 7
-        request.with_header(correlation_id=i, client_id="by-reference")
-        frames.append(bytes(request.encode(version=7, header=True, framed=True)))
+    frames = [
+        _produce_frame(batch, i, acks=-1, client_id="by-reference") for i, batch in enumerate(sent)
+    ]
     with socket.create_connection((HOST, cluster.ports[0]), timeout=CLIENT_TIMEOUT_S) as sock:
         # Until the gateway's channel to the leader is up and the leader opened the arena,
         # batches go in the calls: warm up with the first batch until one went by reference.
@@ -780,22 +772,7 @@ def test_large_batches_reach_the_leader_by_reference(cluster: Cluster) -> None:
 
 
 def test_failed_acks_0_produce_closes_the_connection(cluster: Cluster) -> None:
-    request = ProduceRequest(
-        transactional_id=None,
-        acks=0,
-        timeout_ms=10_000,
-        topic_data=[
-            ProduceRequest.TopicProduceData(
-                name=TOPIC,
-                partition_data=[
-                    ProduceRequest.TopicProduceData.PartitionProduceData(
-                        index=1,
-                        records=_batch([b"x"]),  # p1 is led by broker 1, not 0
-                    )
-                ],
-            )
-        ],
-    )
+    request = _produce_request(1, _batch([b"x"]), acks=0)  # p1 is led by broker 1, not 0
     request.API_VERSION = 7
     request.with_header(correlation_id=1, client_id="raw")
     rejected_before = cluster.servers[0].connections_rejected
