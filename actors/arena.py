@@ -72,15 +72,15 @@ def _address(view: memoryview) -> int:
 
 
 class Block:
-    """One allocation: ``view`` is writable, exactly ``size`` bytes at ``offset``."""
+    """One allocation at ``offset``: ``view`` is writable, exactly the bytes asked for."""
 
     __slots__ = ("_holders", "_lost", "arena", "offset", "size", "view")
 
-    def __init__(self, arena: Arena, offset: int, size: int) -> None:
+    def __init__(self, arena: Arena, offset: int, size: int, length: int) -> None:
         self.arena = arena
         self.offset = offset
-        self.size = size
-        self.view = arena.view[offset : offset + size]
+        self.size = size  # aligned: what it takes from the arena
+        self.view = arena.view[offset : offset + length]
         self._holders = 1  # the receiver that asked for it
         self._lost = False
 
@@ -144,9 +144,7 @@ class Arena:
                 else:
                     self._free_starts[i] += need
                     self._free_sizes[i] -= need
-                block = Block(self, start, need)
-                block.view = block.view[:size]
-                block.size = need
+                block = Block(self, start, need, size)
                 self._live[start] = block
                 bisect.insort(self._live_starts, start)
                 self.allocated_bytes += need
@@ -155,8 +153,9 @@ class Arena:
         self.refusals += 1
         return None
 
-    def block_of(self, view: memoryview) -> Block | None:
-        """The live block ``view`` lies in (a slice of its frame), or None."""
+    def locate(self, view: memoryview) -> tuple[Block, int] | None:
+        """The live block ``view`` lies in (a slice of its frame) and where ``view`` starts in
+        the arena, or None."""
         if view.readonly or not view.contiguous or len(view) == 0:
             return None
         try:
@@ -171,10 +170,7 @@ class Arena:
         block = self._live[self._live_starts[i]]
         if offset + len(view) > block.offset + block.size:
             return None
-        return block
-
-    def offset_of(self, view: memoryview) -> int:
-        return _address(view) - self._base
+        return block, offset
 
     @property
     def worn_out(self) -> bool:
@@ -271,15 +267,13 @@ class ArenaPool:
                 return None
         return arena.allocate(size)
 
-    def block_of(self, view: memoryview) -> Block | None:
-        arena = self.current
-        block = arena.block_of(view) if arena is not None else None
-        if block is None:
-            for old in self._retired:
-                block = old.block_of(view)
-                if block is not None:
-                    break
-        return block
+    def locate(self, view: memoryview) -> tuple[Block, int] | None:
+        """:meth:`Arena.locate` in the current arena or a retired one."""
+        for arena in ([self.current] if self.current is not None else []) + self._retired:
+            found = arena.locate(view)
+            if found is not None:
+                return found
+        return None
 
     def stats(self) -> dict[str, int]:
         """For the gateway's metrics: the current arena's size and use, and counts over every

@@ -788,9 +788,10 @@ class ReplicaBackend:
         from an arena to a replica goes as it is while the replica is asked to open it."""
         records = args[0]
         assert self.arenas is not None
-        block = self.arenas.block_of(records) if isinstance(records, memoryview) else None
-        if block is None:
+        found = self.arenas.locate(records) if isinstance(records, memoryview) else None
+        if found is None:
             return "produce", args, None
+        block, offset = found
         ref = block.arena.ref
         key = (name, ref)
         if key not in self._arena_open:
@@ -801,7 +802,6 @@ class ReplicaBackend:
             return "produce", args, None
         if not self._arena_open[key]:
             return "produce", args, None
-        offset = block.arena.offset_of(records)
         return "produce_shared", (*ref, offset, len(records), *args[1:]), block
 
     def _arena_opened(self, key: tuple[str, ArenaRef], probe: asyncio.Future[Any]) -> None:

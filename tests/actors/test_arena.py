@@ -82,7 +82,7 @@ def test_a_lost_block_is_never_reused_and_a_worn_arena_is_replaced() -> None:
     fresh = pool.allocate(4096)
     assert fresh is not None and fresh.arena is not first and pool.current is fresh.arena
     # A lost block has left the live set; its memory is never handed out again.
-    assert pool.block_of(blocks[0].view[10:20]) is None
+    assert pool.locate(blocks[0].view[10:20]) is None
     assert pool.stats() == {
         "bytes": ar.HEADER_BYTES + 8 * 4096,
         "allocated_bytes": 4096,
@@ -100,14 +100,13 @@ def test_views_are_found_in_their_block_only() -> None:
     b = arena.allocate(5000)
     assert a is not None and b is not None
     inner = b.view[100:4000]
-    assert arena.block_of(inner) is b
-    assert arena.offset_of(inner) == b.offset + 100
-    assert arena.block_of(a.view[:1]) is a
-    assert arena.block_of(memoryview(bytearray(100))) is None  # private memory
-    assert arena.block_of(memoryview(b"read-only")) is None
-    assert arena.block_of(b.view[0:0]) is None
+    assert arena.locate(inner) == (b, b.offset + 100)
+    assert arena.locate(a.view[:1]) == (a, a.offset)
+    assert arena.locate(memoryview(bytearray(100))) is None  # private memory
+    assert arena.locate(memoryview(b"read-only")) is None
+    assert arena.locate(b.view[0:0]) is None
     a.release()
-    assert arena.block_of(arena.view[a.offset : a.offset + 10]) is None  # freed
+    assert arena.locate(arena.view[a.offset : a.offset + 10]) is None  # freed
 
 
 def test_a_replica_maps_what_the_gateway_wrote_and_refuses_anything_else() -> None:
