@@ -616,18 +616,9 @@ def _produce_frame(batch: bytes, correlation_id: int, *, acks: int, client_id: s
     return bytes(request.encode(version=7, header=True, framed=True))
 
 
-def produce_raw(
-    port: int,
-    partition: int,
-    batch: bytes,
-    *,
-    acks: int = -1,
-    topic: str = TOPIC,
-    transactional_id: str | None = None,
-) -> Any:
-    request = _produce_request(
-        partition, batch, acks=acks, topic=topic, transactional_id=transactional_id
-    )
+def produce_raw(port: int, partition: int, batch: bytes, **fields: Any) -> Any:
+    """One Produce v7 round trip; ``fields``: :func:`_produce_request`'s keywords."""
+    request = _produce_request(partition, batch, **fields)
     return ProduceResponse.decode(_roundtrip(port, request, 7), version=7)
 
 
