@@ -628,29 +628,13 @@ class PartitionReplica:
             self.pending_acks_all += 1
         # 3. Push mode: send it to every caught-up follower in parallel with our own fsync.
         if self.config.replication_mode == "push":
-            prev_epoch = self._epoch_at(batch.base_offset - 1)
             for rid, state in self.followers.items():
                 if (
-                    rid in self.observers
-                    or state.pushed_end_offset != batch.base_offset
-                    or state.push_in_flight_from is not None  # it rides the next push
+                    rid not in self.observers
+                    and state.pushed_end_offset == batch.base_offset
+                    and state.push_in_flight_from is None  # else it rides the next push
                 ):
-                    continue
-                state.pushed_end_offset = batch.next_offset
-                state.push_in_flight_from = batch.base_offset
-                # The shell fills the batch from its log: the bytes as stored, with the base
-                # offset and leader epoch (and LogAppendTime) that the log stamped in them.
-                request = ReplicateRequest(
-                    self.replica_id,
-                    self.leader_epoch,
-                    self.high_watermark,
-                    prev_epoch,
-                    (),
-                    log_start_offset=self.log_start_offset,
-                )
-                self._ready.messages.append(
-                    SendPushData(rid, request, batch.base_offset, batch.next_offset)
-                )
+                    self._push(rid, state, batch.base_offset, 1 << 30)
         # 4. Parked fetches (pull mode, and observers in push mode) now have data.
         self._answer_parked(now_ms, only_expired=False)
 
@@ -911,6 +895,12 @@ class PartitionReplica:
         start = state.pushed_end_offset
         if start is None or start >= self.log_end_offset or replica_id in self.observers:
             return
+        self._push(replica_id, state, start, self.config.fetch_max_bytes)
+
+    def _push(self, replica_id: int, state: FollowerState, start: int, max_bytes: int) -> None:
+        """Push [``start``, our log end) to ``replica_id``, within ``max_bytes``. The shell
+        fills the batches from its log: the bytes as stored, with the base offset and leader
+        epoch (and LogAppendTime) that the log stamped in them."""
         request = ReplicateRequest(
             self.replica_id,
             self.leader_epoch,
@@ -922,9 +912,7 @@ class PartitionReplica:
         state.push_in_flight_from = start
         state.pushed_end_offset = self.log_end_offset
         self._ready.messages.append(
-            SendPushData(
-                replica_id, request, start, self.log_end_offset, self.config.fetch_max_bytes
-            )
+            SendPushData(replica_id, request, start, self.log_end_offset, max_bytes)
         )
 
     def _record_follower_progress(
