@@ -28,7 +28,7 @@ system-deps:
 
 # kafkajs for the client tests, from its lock file, where Node.js is installed (the test says it
 # skips where it is not). Installed here rather than inside the timed test run.
-KAFKAJS = tests/clients/kafkajs
+KAFKAJS = tests/e2e/kafkajs
 client-deps:
 	@if command -v npm >/dev/null 2>&1 && [ ! -d $(KAFKAJS)/node_modules/kafkajs ]; then \
 		cd $(KAFKAJS) && npm ci --no-audit --no-fund --loglevel=error; fi

@@ -53,20 +53,25 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from raylog.actors import topic_config
+from raylog.actors.calls import (
+    NAMESPACE,
+    ReplicaState,
+    call_self_after_init,
+    controller_actor_name,
+    monotonic_ms,
+    ray_call,
+    replica_actor_name,
+)
+from raylog.actors.control import config_keys
 from raylog.actors.controller import (
     SESSION_GUARD_FRACTION,
     HeartbeatReply,
     RegisterReply,
     ReplicaSpec,
-    call_self_after_init,
-    controller_actor_name,
-    monotonic_ms,
-    ray_call,
 )
-from raylog.actors.messages import AlterPartitionRequest, BecomeLeader
-from raylog.actors.replica import NAMESPACE, ReplicaActor, ReplicaState, replica_actor_name
-from raylog.actors.replication_types import ReplicaConfig
+from raylog.actors.replica import ReplicaActor
+from raylog.actors.replication.messages import AlterPartitionRequest, BecomeLeader
+from raylog.actors.replication.ready import ReplicaConfig
 from raylog.storage.errors import (
     BrokerNotAvailableError,
     DuplicateBrokerRegistrationError,
@@ -112,11 +117,6 @@ def delete_replica_data(log_dir: Path) -> None:
             doomed = log_dir
         shutil.rmtree(doomed, ignore_errors=True)
     log_dir.with_name(log_dir.name + TOPIC_ID_SUFFIX).unlink(missing_ok=True)
-
-
-def broker_actor_name(broker_id: int) -> str:
-    """The Ray actor name of a broker (unique in the ``raylog`` namespace)."""
-    return f"broker:{broker_id}"
 
 
 def read_or_write_broker_id(broker_dir: Path, broker_id: int) -> int:
@@ -203,7 +203,7 @@ class BrokerActor:
         self.port = port
         self.incarnation_id = uuid.uuid4().hex
         self._controller_names = tuple(controller_names)
-        self._config = topic_config.broker_config(broker_configs)
+        self._config = config_keys.broker_config(broker_configs)
         self._heartbeat_ms = self._config.broker_heartbeat_interval_ms
         self._session_ms = self._config.broker_session_timeout_ms
         self._guard_ms = int(self._session_ms * SESSION_GUARD_FRACTION)
@@ -644,7 +644,7 @@ class BrokerActor:
         self._hosted[key] = _Hosted(handle, spec.topic_id, dict(spec.configs))
 
     def _replica_config(self, configs: dict[str, str]) -> ReplicaConfig:
-        cfg = topic_config.effective(configs)
+        cfg = config_keys.effective(configs)
         return ReplicaConfig(
             replica_lag_time_max_ms=self._config.replica_lag_time_max_ms,
             fetch_max_bytes=self._config.replica_fetch_max_bytes,
@@ -749,4 +749,4 @@ class BrokerActor:
             ray.kill(self._sentinel, no_restart=True)
 
 
-__all__ = ["BrokerActor", "broker_actor_name", "delete_replica_data", "read_or_write_broker_id"]
+__all__ = ["BrokerActor", "delete_replica_data", "read_or_write_broker_id"]

@@ -4,7 +4,7 @@ This module owns the Ray shell of raylog's controller: who is active (the lease)
 of the cluster metadata it acts on (compare-and-swapped in the object store before anything is
 done with it), broker sessions, and the loop that makes replicas match the metadata. Every
 decision comes from the pure modules: ``metadata`` (transitions), ``election`` (leaders, ISR,
-fencing, AlterPartition), ``placement`` (where replicas go) and ``topic_config`` (validation).
+fencing, AlterPartition), ``placement`` (where replicas go) and ``config_keys`` (validation).
 
 Active and standby. Every ControllerActor runs a :class:`LeaseKeeper` on ``controller/lease``.
 The holder is active and its controller epoch is the lease epoch. On election it re-reads the
@@ -44,8 +44,8 @@ lapsed. The controller moves leadership away from broker ``b`` only:
 A broker that was fenced and comes back (same incarnation, heartbeat) or registers anew gets
 no lease until it has applied the metadata version that unfenced it (``lease_from_epoch``), so a
 replica that still thinks it leads an old epoch is demoted before it can write again. The
-session rules (expiry, ``lease_from_epoch``, takeover) are the pure ``raylog.actors.sessions``,
-which the seeded simulator drives too.
+session rules (expiry, ``lease_from_epoch``, takeover) are the pure
+``raylog.actors.control.sessions``, which the seeded simulator drives too.
 
 Reconcile. One loop, woken by every metadata change and at least every ``reconcile_interval_ms``:
 fence brokers whose session expired, then push each unfenced broker its desired replicas (topic
@@ -64,7 +64,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -73,23 +72,29 @@ from typing import Any, Literal, TypeVar
 import msgspec
 import ray
 
-from raylog.actors import election, health, placement, reassignment, topic_config
-from raylog.actors import metadata as md_
-from raylog.actors.messages import (
+from raylog.actors.calls import (
+    NAMESPACE,
+    call_self_after_init,
+    monotonic_ms,
+    ray_call,
+    replica_actor_name,
+)
+from raylog.actors.control import config_keys, election, health, placement, reassignment
+from raylog.actors.control import metadata as md_
+from raylog.actors.control.metadata import (
+    ClusterMetadata,
+    TopicMetadata,
+    TopicPartition,
+)
+from raylog.actors.control.metadata_store import MetadataStore, VersionedMetadata
+from raylog.actors.control.sessions import BrokerSessions
+from raylog.actors.replication.messages import (
     AlterPartitionRequest,
     AlterPartitionResponse,
     BecomeFollower,
     BecomeLeader,
     BecomeObserver,
 )
-from raylog.actors.metadata import (
-    ClusterMetadata,
-    TopicMetadata,
-    TopicPartition,
-)
-from raylog.actors.metadata_store import MetadataStore, VersionedMetadata
-from raylog.actors.replica import NAMESPACE, replica_actor_name
-from raylog.actors.sessions import BrokerSessions
 from raylog.storage import pki
 from raylog.storage.errors import (
     BrokerIdNotRegisteredError,
@@ -130,53 +135,6 @@ def _codes(
     for tp, exc in out.errors.items():
         codes[(tp.topic, tp.partition)] = (exc.error_code, str(exc))
     return codes
-
-
-def controller_actor_name(index: int) -> str:
-    """The Ray actor name of controller ``index`` (0 and 1 by default: active + standby)."""
-    return f"controller:{index}"
-
-
-def monotonic_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
-
-
-# --- the one wrapper for Ray calls ------------------------------------------------------------
-
-
-async def ray_call(ref: Any, timeout_ms: int | None) -> Any:
-    """Await one Ray call; the only place Ray failures are translated.
-
-    - the peer actor is dead or restarting (RayActorError) -> BrokerNotAvailableError;
-    - no answer within ``timeout_ms`` (None: wait forever) -> RequestTimedOutError;
-    - an exception raised by the remote method comes back as itself (Ray re-raises it as an
-      instance of its own class), e.g. NotControllerError.
-    """
-    try:
-        if timeout_ms is None:
-            return await ref
-        return await asyncio.wait_for(_awaited(ref), timeout=timeout_ms / 1000)
-    except ray.exceptions.RayActorError as exc:
-        raise BrokerNotAvailableError(f"peer actor gone: {type(exc).__name__}") from exc
-    except TimeoutError as exc:
-        raise RequestTimedOutError(f"no answer within {timeout_ms} ms") from exc
-
-
-async def _awaited(ref: Any) -> Any:
-    return await ref
-
-
-# A call an actor makes to itself from its constructor is refused while Ray still sees the actor
-# as restarting ("The actor is restarting"); without retries it is lost. Measured with an actor
-# killed 15 times: 8 of its self-starts were lost with no retry, none with retries.
-SELF_CALL_RETRIES = 10
-
-
-def call_self_after_init(method: str) -> None:
-    """Call the current actor's ``method`` once its constructor has returned, also when Ray is
-    restarting the actor; retried until Ray delivers it (``method`` must be idempotent)."""
-    handle = ray.get_runtime_context().current_actor
-    getattr(handle, method).options(max_task_retries=SELF_CALL_RETRIES).remote()
 
 
 # --- what crosses Ray between the controller and brokers --------------------------------------
@@ -276,7 +234,7 @@ class ControllerActor:
         self._store = open_object_store(store_url, endpoint_url=s3_endpoint)
         self._mstore = MetadataStore(self._store)
         self._lease_args = {"lease_ms": lease_ms, "renew_ms": renew_ms, "poll_ms": poll_ms}
-        self._broker_config = topic_config.broker_config(broker_configs)
+        self._broker_config = config_keys.broker_config(broker_configs)
         self._broker_overrides = dict(broker_configs or {})
         self._leader_rebalance_due: tuple[int, int] | None = None  # (controller epoch, due ms)
         self._session_ms = self._broker_config.broker_session_timeout_ms
@@ -1064,9 +1022,9 @@ class ControllerActor:
         self._ensure_started()
         return md_.get_topic(self._require_active().metadata, name)
 
-    async def describe_configs(self, name: str) -> list[topic_config.ConfigEntry]:
+    async def describe_configs(self, name: str) -> list[config_keys.ConfigEntry]:
         self._ensure_started()
-        return topic_config.describe(md_.get_topic(self._require_active().metadata, name).configs)
+        return config_keys.describe(md_.get_topic(self._require_active().metadata, name).configs)
 
     async def alter_configs(self, name: str, overrides: dict[str, str]) -> TopicMetadata:
         """AlterConfigs (the whole override set). Brokers apply the new configs to the topic's
@@ -1217,7 +1175,7 @@ class ControllerActor:
     def _throttle_bytes_per_sec(self, md: ClusterMetadata) -> int:
         """``leader.replication.throttled.rate`` (dynamic over static); 0 when unlimited."""
         configs = {**self._broker_overrides, **md.dynamic_broker_configs}
-        rate = topic_config.broker_config(configs).leader_replication_throttled_rate
+        rate = config_keys.broker_config(configs).leader_replication_throttled_rate
         return 0 if rate >= UNTHROTTLED_RATE_MIN else rate
 
     async def _reassignment_round(self) -> None:
@@ -1357,6 +1315,4 @@ __all__ = [
     "HeartbeatReply",
     "RegisterReply",
     "ReplicaSpec",
-    "controller_actor_name",
-    "ray_call",
 ]

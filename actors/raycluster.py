@@ -48,7 +48,7 @@ class ClusterInfo:
     token_path: str
     ray_temp_dir: str
     pid: int
-    admin_port: int = 0  # `raylog up`'s command endpoint (actors/cli_server.py); 0: none
+    admin_port: int = 0  # `raylog up`'s command endpoint (actors/cli/server.py); 0: none
 
 
 def token_path(data_dir: Path) -> Path:

@@ -1,7 +1,8 @@
 """ReplicaActor: the Ray actor that hosts one partition replica and its write-ahead log.
 
-A thin shell around the pure state machine (:class:`raylog.actors.partition.PartitionReplica`)
-and a :class:`raylog.storage.Log`. It owns the I/O the state machine may not do:
+A thin shell around the pure state machine
+(:class:`raylog.actors.replication.partition.PartitionReplica`) and a :class:`raylog.storage.Log`.
+It owns the I/O the state machine may not do:
 
 - carrying out each Ready in the order the state machine's contract fixes: log operations
   (truncate, append) on the real log, then the high-watermark checkpoint, then messages to
@@ -15,9 +16,9 @@ and a :class:`raylog.storage.Log`. It owns the I/O the state machine may not do:
 Peers are found by name (:func:`replica_actor_name`) in the ``raylog`` namespace, so the
 controller only has to create actors and send commands. Messages to peers are one-way (the state
 machine retries what gets lost, as on any network): over the peer's replication channel, an
-authenticated TCP link (:mod:`raylog.actors.channel`), once it is connected; by a Ray call until
-then, with at most ``PEER_CALLS_IN_FLIGHT_MAX`` outstanding per peer, beyond which messages are
-dropped. The same channel takes the local gateway's produce, fetch and list_offsets calls.
+authenticated TCP link (:mod:`raylog.actors.transport.channel`), once it is connected; by a Ray call
+until then, with at most ``PEER_CALLS_IN_FLIGHT_MAX`` outstanding per peer, beyond which messages
+are dropped. The same channel takes the local gateway's produce, fetch and list_offsets calls.
 
 A failed log (full disk, failed fsync) takes the replica offline, as Kafka does with an offline
 log directory: every call then answers KAFKA_STORAGE_ERROR until the actor is re-created, which
@@ -39,16 +40,16 @@ from typing import Any
 import msgspec
 import ray
 
-from raylog.actors.arena import ArenaError, ArenaViews
-from raylog.actors.channel import (
-    ChannelAddress,
-    ChannelServer,
-    PeerLink,
-    channel_secret,
-    encode_frame,
-    is_channel_message,
+from raylog.actors.calls import (
+    NAMESPACE,
+    DeleteRecordsOutcome,
+    FetchOutcome,
+    ProduceOutcome,
+    ReplicaState,
+    replica_actor_name,
 )
-from raylog.actors.messages import (
+from raylog.actors.control.reassignment import ByteRateThrottle
+from raylog.actors.replication.messages import (
     CONSUMER_REPLICA_ID,
     UNDEFINED_EPOCH,
     AlterPartitionRequest,
@@ -66,9 +67,8 @@ from raylog.actors.messages import (
     ReplicateRequest,
     StopReplica,
 )
-from raylog.actors.partition import PartitionReplica
-from raylog.actors.reassignment import ByteRateThrottle
-from raylog.actors.replication_types import (
+from raylog.actors.replication.partition import PartitionReplica
+from raylog.actors.replication.ready import (
     AdvanceLogStart,
     AppendBatch,
     Ready,
@@ -78,6 +78,15 @@ from raylog.actors.replication_types import (
     SendPushData,
     SendToReplica,
     TruncateTo,
+)
+from raylog.actors.transport.arena import ArenaError, ArenaViews
+from raylog.actors.transport.channel import (
+    ChannelAddress,
+    ChannelServer,
+    PeerLink,
+    channel_secret,
+    encode_frame,
+    is_channel_message,
 )
 from raylog.storage import batch as rb
 from raylog.storage import pki
@@ -94,11 +103,10 @@ from raylog.storage.errors import (
 )
 from raylog.storage.log import Extents, Log, LogConfig
 from raylog.storage.pki import LeafCertificate
-from raylog.storage.records import first_record_without_key
+from raylog.storage.records import first_record_without_key, iter_records, records_section
 
 log = logging.getLogger(__name__)
 
-NAMESPACE = "raylog"
 TICK_MS = 50  # timer resolution of the state machine (ISR lag, timeouts, parked fetches, flush.ms)
 PEER_CALLS_IN_FLIGHT_MAX = 64  # one-way messages outstanding per peer before dropping
 CHANNEL_START_S = 10.0  # bound on learning a peer's replication channel address
@@ -121,11 +129,6 @@ REQUEST_TIMEOUT_MS_MAX = 300_000  # bound on a produce request's timeout
 # the replica applies flush.messages and flush.ms itself.
 _NO_FLUSH = (1 << 63) - 1
 _LOG_NEVER_FLUSHES = {"flush.messages": _NO_FLUSH, "flush.ms": _NO_FLUSH}
-
-
-def replica_actor_name(topic: str, partition: int, replica_id: int) -> str:
-    """The Ray actor name of a replica (unique in the ``raylog`` namespace)."""
-    return f"replica:{topic}:{partition}:{replica_id}"
 
 
 def now_ms() -> int:
@@ -190,69 +193,6 @@ def _batch_meta(header: rb.BatchHeader) -> BatchMeta:
         header.producer_epoch,
         header.base_sequence,
     )
-
-
-class ProduceOutcome(msgspec.Struct, frozen=True):
-    """What a produce call returns: Kafka's error code, base offset and log start offset."""
-
-    error_code: int
-    base_offset: int
-    log_start_offset: int
-    message: str = ""
-
-
-class FetchOutcome(msgspec.Struct, frozen=True):
-    """What a consumer fetch returns: whole stored batches as one opaque byte string (a
-    read-only buffer from :meth:`ReplicaActor.read_committed`)."""
-
-    error_code: int
-    high_watermark: int
-    last_stable_offset: int
-    log_start_offset: int
-    records: bytes
-    leader_epoch: int = UNDEFINED_EPOCH
-    message: str = ""
-    # From fetch_extents: where the batches lie instead of their bytes.
-    extents: Extents | None = None
-    node_id: str = ""  # the Ray node of the replica that answered fetch_extents
-
-    @property
-    def size(self) -> int:
-        """The bytes the answer holds or locates."""
-        if self.extents is not None:
-            return sum(size for _, _, size in self.extents.runs)
-        return len(self.records)
-
-
-class DeleteRecordsOutcome(msgspec.Struct, frozen=True):
-    """What a delete_records call returns: Kafka's error code and the partition's low
-    watermark (-1 on error)."""
-
-    error_code: int
-    low_watermark: int
-    message: str = ""
-
-
-class ReplicaState(msgspec.Struct, frozen=True):
-    """A snapshot for operators and tests."""
-
-    topic: str
-    partition: int
-    replica_id: int
-    role: str
-    leader_id: int
-    leader_epoch: int
-    partition_epoch: int
-    isr: tuple[int, ...]
-    high_watermark: int
-    log_start_offset: int
-    log_end_offset: int
-    durable_end_offset: int
-    offline: str | None
-    log_size_bytes: int = 0  # every segment's bytes (Kafka's Log Size)
-    cleaner_passes: int = 0  # log compaction passes this replica ran since it started
-    cleaner_records_removed: int = 0
-    cleaner_dirty_ratio: float = 0.0  # closed segments' bytes not compacted yet, as a share
 
 
 @dataclass
@@ -338,14 +278,16 @@ class ReplicaActor:
         self._cleaner_stats = {"passes": 0, "records_removed": 0, "bytes_freed": 0}
         self._throttle: ByteRateThrottle | None = None  # see set_replication_throttle
         # Replication messages go over direct links (TCP; a Unix socket within one machine; see
-        # actors/channel.py) when enabled.
+        # actors/transport/channel.py) when enabled.
         self._use_channel = replication_channel
         self._channel: ChannelServer | None = None
         self._channel_address: asyncio.Future[ChannelAddress | None] | None = None
         self._links: dict[int, PeerLink] = {}
         self._ray_calls_out = 0
         self._sent_before_write = 0  # pushes / fetch answers built before the local write
-        self._arenas = ArenaViews()  # same-host gateways' produce arenas (actors/arena.py)
+        self._arenas = (
+            ArenaViews()
+        )  # same-host gateways' produce arenas (actors/transport/arena.py)
         self.shared_produces = 0  # batches appended straight from a gateway's arena
         self._channel_secret = channel_secret() if replication_channel else b""
         # Mutual TLS on the channels when the broker has a certificate from the cluster CA.
@@ -657,8 +599,8 @@ class ReplicaActor:
         return None
 
     async def open_arena(self, pid: int, fd: int, nonce: str) -> bool:
-        """Map a same-host gateway's produce arena (``raylog.actors.arena``); True when that
-        worked, after which the gateway hands this replica batches by reference."""
+        """Map a same-host gateway's produce arena (``raylog.actors.transport.arena``); True when
+        that worked, after which the gateway hands this replica batches by reference."""
         try:
             self._arenas.open((pid, fd, nonce))
         except ArenaError as exc:
@@ -878,18 +820,15 @@ class ReplicaActor:
         """``(timestamp, offset)`` of the first record at or after ``timestamp`` in the batch
         at ``batch_offset`` (whose maxTimestamp is that late): Kafka's record precision, as its
         LogSegment.findOffsetByTimestamp reads records inside the batch it found."""
-        # Imported here: Arrow is only needed for the rare lookup by time, not in every replica.
-        import pyarrow as pa
-
-        from raylog.pipelines.records import decode_batches
-
         data = self._log.read(batch_offset, 1, max_offset=below)  # that one batch, whole
-        rows = decode_batches(
-            data, topic=self.topic, partition=self.partition, start_offset=batch_offset
-        )
-        offsets = rows.column("offset").to_pylist()
-        stamps = rows.column("timestamp").cast(pa.int64()).to_pylist()
-        for offset, stamp in zip(offsets, stamps, strict=True):
+        header = rb.parse_header(data, 0)
+        for record in iter_records(records_section(data, header), header.records_count):
+            offset = header.base_offset + record.offset_delta
+            stamp = (
+                header.max_timestamp
+                if header.is_log_append_time
+                else header.base_timestamp + record.timestamp_delta
+            )
             # batch_offset is the log start offset when that lies inside the batch.
             if offset >= batch_offset and stamp >= timestamp:
                 return stamp, offset
@@ -1283,13 +1222,4 @@ class ReplicaActor:
         self._extent_requests.clear()
 
 
-__all__ = [
-    "NAMESPACE",
-    "DeleteRecordsOutcome",
-    "FetchOutcome",
-    "NotLeaderOrFollowerError",
-    "ProduceOutcome",
-    "ReplicaActor",
-    "ReplicaState",
-    "replica_actor_name",
-]
+__all__ = ["ReplicaActor"]

@@ -106,9 +106,9 @@ class Bench:
     def start(self) -> None:
         import ray
 
-        from raylog.actors.broker import BrokerActor, broker_actor_name
-        from raylog.actors.controller import ControllerActor, controller_actor_name
-        from raylog.actors.replica import NAMESPACE
+        from raylog.actors.broker import BrokerActor
+        from raylog.actors.calls import NAMESPACE, broker_actor_name, controller_actor_name
+        from raylog.actors.controller import ControllerActor
 
         self.controllers = [
             ControllerActor.options(  # type: ignore[attr-defined]

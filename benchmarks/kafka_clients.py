@@ -109,7 +109,7 @@ brokers. A scratch run profiling consume (two clients, 500,000 records, RF=1) we
 
 Runs of 2026-11-27, session 22 (``--records 300000 --clients 2``; broker CPU-s per GiB, then
 MiB/s), before (session 21's main) and after ``replica.fetch.max.bytes`` went from 1 to 10 MiB
-and the gateway began to hand large batches to the leader by reference (actors/arena.py):
+and the gateway began to hand large batches to the leader by reference (actors/transport/arena.py):
 
 | figure                | before                  | after, three runs                   |
 |-----------------------|-------------------------|-------------------------------------|
@@ -158,9 +158,10 @@ class Bench:
     ) -> None:
         import ray
 
-        from raylog.actors.messages import BecomeFollower, BecomeLeader
-        from raylog.actors.replica import NAMESPACE, ReplicaActor, replica_actor_name
-        from raylog.actors.replication_types import ReplicaConfig
+        from raylog.actors.calls import NAMESPACE, replica_actor_name
+        from raylog.actors.replica import ReplicaActor
+        from raylog.actors.replication.messages import BecomeFollower, BecomeLeader
+        from raylog.actors.replication.ready import ReplicaConfig
 
         self.topic = topic
         min_isr = min(2, rf)
@@ -703,7 +704,7 @@ def main() -> None:
     env = raycluster.apply_ray_env(root)  # before importing ray: Ray reads it at import
     import ray
 
-    from raylog.actors.replica import NAMESPACE
+    from raylog.actors.calls import NAMESPACE
 
     value = os.urandom(args.value_bytes)
     results: dict[str, Any] = {
@@ -732,7 +733,7 @@ def main() -> None:
 
                 ca = pki.CertificateAuthority.generate("raylog-bench")
             results["tls"] = args.tls
-            from raylog.actors.channel import local_sockets_enabled
+            from raylog.actors.transport.channel import local_sockets_enabled
 
             results["channel_local_sockets"] = local_sockets_enabled()
             results["raylog_rf1"] = raylog_case(root, 1, args, value, ca=ca)

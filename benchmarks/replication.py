@@ -138,7 +138,7 @@ class _ChannelProducer:
     them (``CallLink``), from an event loop in a thread of this script."""
 
     def __init__(self, ray: Any, leader: Any, name: str) -> None:
-        from raylog.actors.channel import CallLink, channel_secret
+        from raylog.actors.transport.channel import CallLink, channel_secret
 
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -159,7 +159,7 @@ class _ChannelProducer:
         self._link = asyncio.run_coroutine_threadsafe(connect(), self._loop).result()
 
     def submit(self, batch: bytes) -> concurrent.futures.Future[Any]:
-        from raylog.actors.replica import ProduceOutcome
+        from raylog.actors.calls import ProduceOutcome
 
         async def produce() -> Any:
             future = self._link.call("produce", (batch, -1, 30_000))
@@ -234,9 +234,10 @@ def _produce_case(
     """One partition of ``rf`` replicas; acks=all produce from this script to the leader over
     ``path``: "channel" (the leader's channel, as a broker's gateway produces) or "ray" (a Ray
     call with the batch as its argument)."""
-    from raylog.actors.messages import BecomeFollower, BecomeLeader
-    from raylog.actors.replica import NAMESPACE, ReplicaActor, replica_actor_name
-    from raylog.actors.replication_types import ReplicaConfig
+    from raylog.actors.calls import NAMESPACE, replica_actor_name
+    from raylog.actors.replica import ReplicaActor
+    from raylog.actors.replication.messages import BecomeFollower, BecomeLeader
+    from raylog.actors.replication.ready import ReplicaConfig
     from raylog.storage import batch as rb
 
     topic = f"bench-{size}-{rf}-{mode}-{path}"

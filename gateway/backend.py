@@ -236,7 +236,7 @@ class AdminBackend(Backend, Protocol):
     """
 
     async def broker_configs(self) -> tuple[int, Mapping[str, str]]:
-        """This broker's id and its broker config overrides (``topic_config.BROKER_CONFIGS``)."""
+        """This broker's id and its broker config overrides (``config_keys.BROKER_CONFIGS``)."""
         ...
 
     async def create_topic(

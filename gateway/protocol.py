@@ -87,8 +87,8 @@ class Request:
     header: codec.RequestHeader
     body: Any | None
     response_version: int
-    # The shared-memory block the request was received into (``raylog.actors.arena``), which
-    # its server releases once it is answered; None for a request received in private memory.
+    # The shared-memory block the request was received into (``raylog.actors.transport.arena``),
+    # which its server releases once it is answered; None for a request received in private memory.
     hold: Any = None
 
     @property

@@ -38,7 +38,7 @@ Admin requests (CreateTopics, DeleteTopics, AlterConfigs, ...) may arrive at any
 to the active controller, found through a :class:`ControllerLocator` (the gateway actor), and
 retried once on a freshly found controller when the one asked is gone or no longer active.
 ``validate_only`` runs the same pure checks the controller runs (``metadata``, ``placement``,
-``topic_config``) on the controller's current metadata, and writes nothing.
+``config_keys``) on the controller's current metadata, and writes nothing.
 
 Actor handles are cached by name and looked up again when a call fails with RayActorError (a
 dead or restarting actor). A produce that failed that way is not retried here: whether it was
@@ -62,12 +62,18 @@ import msgspec
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from raylog.actors import arena, placement, topic_config
-from raylog.actors import metadata as md_
-from raylog.actors.arena import ArenaPool, ArenaRef, Block
-from raylog.actors.channel import CallFailed, CallLink, ChannelAddress, channel_secret
-from raylog.actors.controller import ray_call
-from raylog.actors.replica import NAMESPACE, FetchOutcome, ProduceOutcome, replica_actor_name
+from raylog.actors.calls import (
+    NAMESPACE,
+    FetchOutcome,
+    ProduceOutcome,
+    ray_call,
+    replica_actor_name,
+)
+from raylog.actors.control import config_keys, placement
+from raylog.actors.control import metadata as md_
+from raylog.actors.transport import arena
+from raylog.actors.transport.arena import ArenaPool, ArenaRef, Block
+from raylog.actors.transport.channel import CallFailed, CallLink, ChannelAddress, channel_secret
 from raylog.gateway.backend import (
     AdminResult,
     Broker,
@@ -224,12 +230,12 @@ class ReplicaBackend:
         self._controller = controller
         self._producer_ids = ProducerIdBlocks(self._allocate_producer_ids)
         # Validated once here, so that a bad broker config fails the gateway's start.
-        self._broker_overrides = topic_config.BROKER_CONFIGS.validate(broker_configs or {})
+        self._broker_overrides = config_keys.BROKER_CONFIGS.validate(broker_configs or {})
         self._namespace = namespace
         self._call_margin_s = call_margin_ms / 1000
         self._handles: dict[str, Any] = {}
-        # Data calls go over each local replica's TCP channel (actors/channel.py) once it is
-        # connected; until then, and when it is down, by Ray calls. ``_ray_in_flight`` counts
+        # Data calls go over each local replica's TCP channel (actors/transport/channel.py) once it
+        # is connected; until then, and when it is down, by Ray calls. ``_ray_in_flight`` counts
         # Ray calls per replica: the channel is used only when none is outstanding, so a
         # partition's calls never overtake each other while switching paths.
         self._use_channels = use_channels
@@ -250,7 +256,7 @@ class ReplicaBackend:
         # Reads that would wait for the disk run here: threads of their own, so that they never
         # queue behind (or hold up) the default executor's Ray lookups.
         self._read_pool = ThreadPoolExecutor(COLD_READ_THREADS, thread_name_prefix="raylog-read")
-        # Produce by reference (actors/arena.py): the server receives large requests into
+        # Produce by reference (actors/transport/arena.py): the server receives large requests into
         # this shared memory, and a replica on a same-host link that could open it is handed
         # each batch's place instead of its bytes. Per (replica, arena): True once it opened
         # it, False if it could not, None while asking.

@@ -3,7 +3,8 @@
 Kafka's RequestMetrics and BytesIn/BytesOut, reduced to what an operator graphs: per API key,
 how many requests were answered and a cumulative latency histogram; per gateway, the bytes read
 from and written to client sockets. The server feeds it durations it measured; ``snapshot()``
-returns plain data that crosses Ray and becomes Prometheus families in ``raylog.actors.metrics``.
+returns plain data that crosses Ray and becomes Prometheus families in
+``raylog.actors.cluster.metrics``.
 """
 
 from __future__ import annotations

@@ -36,11 +36,11 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from raylog.actors.arena import ArenaPool
-from raylog.actors.channel import Buffer, WritableProtocol
+from raylog.actors.transport.arena import ArenaPool
+from raylog.actors.transport.channel import Buffer, WritableProtocol
 from raylog.gateway.backend import Backend
 from raylog.gateway.errors import RemoteProtocolError
-from raylog.gateway.group_coordinator import GroupCoordinator
+from raylog.gateway.groups.coordinator import GroupCoordinator
 from raylog.gateway.handlers import (
     HANDLERS,
     CloseConnection,
@@ -104,7 +104,7 @@ class GatewayServer:
         self.backend = backend
         self.groups = groups  # the group coordinator the group APIs use (None: unavailable)
         # Shared memory that large requests are received into, when the backend hands them to
-        # its replicas from there (``raylog.actors.arena``).
+        # its replicas from there (``raylog.actors.transport.arena``).
         self.arenas: ArenaPool | None = getattr(backend, "arenas", None)
         self._handlers = dict(handlers)
         self._api_versions = advertised_versions(self._handlers)

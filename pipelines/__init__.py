@@ -5,7 +5,7 @@
 - ``read_topic(topic, ...)``: a ``ray.data.Dataset`` of a topic's committed records
   (:mod:`raylog.pipelines.ray_data`);
 - :mod:`raylog.pipelines.features`: the example feature pipeline and its event generator
-  (`raylog pipeline features|generate`, :mod:`raylog.pipelines.cli`).
+  (`raylog pipeline features|generate`, :mod:`raylog.actors.cli.pipeline`).
 
 Both are imported on first use, so that a Spark worker does not import Ray Data and a Ray
 Data job does not import PySpark.

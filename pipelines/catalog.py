@@ -2,7 +2,7 @@
 
 A :class:`Catalog` answers two questions for the Spark and Ray Data readers: which topics
 exist, and for a topic, each partition's leader, ISR and replica ids. Replicas are Ray actors
-named :func:`raylog.actors.replica.replica_actor_name` in the ``raylog`` namespace, so a
+named :func:`raylog.actors.calls.replica_actor_name` in the ``raylog`` namespace, so a
 partition's metadata is enough to reach any of its replicas.
 
 Implementations:
@@ -121,7 +121,7 @@ class StaticCatalog:
 
 
 def catalog_from_metadata(metadata: Any) -> StaticCatalog:
-    """A catalog of the controller's ``ClusterMetadata`` (:mod:`raylog.actors.metadata`).
+    """A catalog of the controller's ``ClusterMetadata`` (:mod:`raylog.actors.control.metadata`).
 
     Replica ids are broker ids; a partition without a leader has ``leader`` -1 (NO_LEADER),
     which :func:`read_order` then skips.

@@ -36,6 +36,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from raylog.actors import raycluster
+from raylog.actors.calls import (
+    CONTROLLERS,
+    NAMESPACE,
+    controller_actor_name,
+    replica_actor_name,
+)
 from raylog.pipelines import records
 from raylog.pipelines.catalog import (
     Catalog,
@@ -51,7 +58,6 @@ from raylog.storage.short_circuit import ReadStats
 
 log = logging.getLogger(__name__)
 
-NAMESPACE = "raylog"  # the replicas' Ray namespace (raylog.actors.replica.NAMESPACE)
 EARLIEST = -2
 LATEST = -1
 OFFSET_OUT_OF_RANGE = 1  # Kafka error code
@@ -91,8 +97,6 @@ class ClusterTarget:
         With an address, the token and the other Ray variables come from this process's
         environment (a driver that has joined the cluster, or was set up to).
         """
-        from raylog.actors import raycluster
-
         path = Path(cluster)
         if (path / raycluster.CLUSTER_FILE).exists():
             info = raycluster.read_cluster_info(path)
@@ -148,17 +152,15 @@ def keep_large_buffers_on_the_heap() -> bool:
     ``mallopt`` (once per process). A process started with either variable set keeps its
     own. Returns whether the settings were applied (glibc only).
     """
-    from raylog.actors.raycluster import MALLOC_ENV
-
-    if any(key in os.environ for key in MALLOC_ENV) or platform.libc_ver()[0] != "glibc":
+    if any(key in os.environ for key in raycluster.MALLOC_ENV) or platform.libc_ver()[0] != "glibc":
         return False
     try:
         libc = ctypes.CDLL(None)
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False
-    ok = mallopt(M_MMAP_THRESHOLD, int(MALLOC_ENV["MALLOC_MMAP_THRESHOLD_"]))
-    ok &= mallopt(M_TRIM_THRESHOLD, int(MALLOC_ENV["MALLOC_TRIM_THRESHOLD_"]))
+    ok = mallopt(M_MMAP_THRESHOLD, int(raycluster.MALLOC_ENV["MALLOC_MMAP_THRESHOLD_"]))
+    ok &= mallopt(M_TRIM_THRESHOLD, int(raycluster.MALLOC_ENV["MALLOC_TRIM_THRESHOLD_"]))
     return bool(ok)
 
 
@@ -202,9 +204,6 @@ def controller_catalog(timeout_s: float = CONTROLLER_WAIT_S) -> StaticCatalog:
     global _controller
     import ray
 
-    from raylog.actors.cli import CONTROLLERS
-    from raylog.actors.controller import controller_actor_name
-
     deadline = time.monotonic() + timeout_s
     errors: list[str] = []
     while True:
@@ -238,8 +237,6 @@ def replica_handle(topic: str, partition: int, replica_id: int) -> Any:
     """The replica's actor handle (cached per process: ``get_actor`` is a GCS round trip)."""
     import ray
 
-    from raylog.actors.replica import replica_actor_name
-
     name = replica_actor_name(topic, partition, replica_id)
     handle = _handles.get(name)
     if handle is None:
@@ -250,8 +247,6 @@ def replica_handle(topic: str, partition: int, replica_id: int) -> Any:
 
 def forget_handle(topic: str, partition: int, replica_id: int) -> None:
     """Drop a cached handle that failed: a restarted broker makes a new actor of that name."""
-    from raylog.actors.replica import replica_actor_name
-
     _handles.pop(replica_actor_name(topic, partition, replica_id), None)
 
 

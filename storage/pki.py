@@ -1,8 +1,8 @@
 """The cluster's certificate authority, kept in the object store, and the TLS contexts of its
 replication channels.
 
-raylog's replication channels (``actors/channel.py``) are mutually authenticated with TLS: both
-ends present a certificate signed by the cluster's CA and refuse any other. The CA is generated
+raylog's replication channels (``actors/transport/channel.py``) are mutually authenticated with TLS:
+both ends present a certificate signed by the cluster's CA and refuse any other. The CA is generated
 on the first start (P-256, ten years) and stored at :data:`CA_KEY` in the object store with a
 conditional create, so that two controllers starting at once agree on one CA: the loser of the
 race reads the winner's. Its private key lives in that object: whoever can read the store can

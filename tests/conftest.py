@@ -195,7 +195,7 @@ def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     Modules that need their own flags, count global state or restart the cluster start their
     own ``UpProcess``. Topic and group names differ between the sharing modules.
     """
-    from cluster_support import UpProcess
+    from support.cluster import UpProcess
 
     for attempt in range(UP_ATTEMPTS_MAX):
         up = UpProcess(tmp_path_factory.mktemp("shared-up"))
@@ -270,13 +270,13 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         ray.shutdown()  # the fixture's own ray.shutdown() at the session's end does nothing
 
 
-KAFKAJS_DIR = Path(__file__).resolve().parent / "clients" / "kafkajs"
+KAFKAJS_DIR = Path(__file__).resolve().parent / "e2e" / "kafkajs"
 NPM_TIMEOUT_S = 300
 
 
 @pytest.fixture(scope="session")
 def kafkajs() -> Path:
-    """The ``node`` binary, with kafkajs installed by npm from ``clients/kafkajs``'s lock file;
+    """The ``node`` binary, with kafkajs installed by npm from ``e2e/kafkajs``'s lock file;
     skips (saying so) only where Node.js or npm is missing."""
     node, npm = shutil.which("node"), shutil.which("npm")
     if node is None or npm is None:

@@ -22,7 +22,7 @@ from raylog.gateway.backend import Backend
 from raylog.gateway.protocol import Request
 
 if TYPE_CHECKING:
-    from raylog.gateway.group_coordinator import GroupCoordinator
+    from raylog.gateway.groups.coordinator import GroupCoordinator
 
 __all__ = [
     "HANDLERS",

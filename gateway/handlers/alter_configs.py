@@ -2,7 +2,7 @@
 
 Kafka's legacy AlterConfigs is not a patch: the configs in the request become the topic's
 overrides, and every key left out goes back to its default. Keys and values are checked by the
-controller against ``topic_config`` (INVALID_CONFIG, 40, with a message naming the key); an
+controller against ``config_keys`` (INVALID_CONFIG, 40, with a message naming the key); an
 unknown topic is UNKNOWN_TOPIC_OR_PARTITION (3); a null value is INVALID_REQUEST (42), as in
 Kafka. ``validate_only`` checks and changes nothing.
 

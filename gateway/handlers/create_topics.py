@@ -9,7 +9,7 @@ Kafka's rules kept here (``ZkAdminManager`` / ``ReplicationControlManager``):
   brokers (unregistered, repeated, unequal lengths: INVALID_REPLICA_ASSIGNMENT, 39).
 - A name that appears twice in one request gets INVALID_REQUEST (42) and is not created.
 - Config values may not be null (INVALID_CONFIG, 40); keys and values are checked by the
-  controller against ``topic_config`` (INVALID_CONFIG with a message naming the key).
+  controller against ``config_keys`` (INVALID_CONFIG with a message naming the key).
 - Everything else is the controller's verdict: TOPIC_ALREADY_EXISTS (36), INVALID_PARTITIONS
   (37), INVALID_REPLICATION_FACTOR (38), INVALID_TOPIC_EXCEPTION (17), each with a message.
 - ``validate_only`` runs every check and creates nothing. ``timeout_ms`` > 0: the answer waits
@@ -27,7 +27,7 @@ from typing import Any, cast
 
 from kafka.protocol.admin import CreateTopicsResponse
 
-from raylog.actors import topic_config
+from raylog.actors.control import config_keys
 from raylog.gateway.backend import AdminBackend, AdminResult
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.handlers import RequestContext
@@ -44,7 +44,7 @@ async def handle(context: RequestContext, request: Request) -> Any:
     body = request.body
     backend = cast(AdminBackend, context.backend)
     _, overrides = await backend.broker_configs()
-    defaults = topic_config.broker_config(overrides)
+    defaults = config_keys.broker_config(overrides)
     counts = Counter(topic.name for topic in body.topics)
     firsts = {topic.name: topic for topic in reversed(body.topics)}  # one entry per name
 
@@ -69,7 +69,7 @@ async def handle(context: RequestContext, request: Request) -> Any:
 
 async def _create(
     backend: AdminBackend,
-    defaults: topic_config.BrokerConfig,
+    defaults: config_keys.BrokerConfig,
     topic: Any,
     validate_only: bool,
     timeout_ms: int,

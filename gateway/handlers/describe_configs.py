@@ -3,7 +3,7 @@
 This module also owns the config-resource rules the AlterConfigs handlers share
 (:data:`RESOURCE_TOPIC`, :data:`RESOURCE_BROKER`, :func:`broker_resource_error`).
 
-- A topic resource (type 2) lists every key of ``topic_config.TOPIC_CONFIGS`` (null or empty
+- A topic resource (type 2) lists every key of ``config_keys.TOPIC_CONFIGS`` (null or empty
   ``configuration_keys``) or the keys asked for (keys raylog does not know are left out, as
   Kafka leaves out unknown names): an override has source DYNAMIC_TOPIC_CONFIG (1) and
   ``is_default`` false, anything else the registry default with source DEFAULT_CONFIG (5) and
@@ -28,7 +28,7 @@ from typing import Any, cast
 
 from kafka.protocol.admin import DescribeConfigsResponse
 
-from raylog.actors import topic_config
+from raylog.actors.control import config_keys
 from raylog.gateway.backend import AdminBackend
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.handlers import RequestContext
@@ -82,8 +82,8 @@ async def _describe(
         result = await backend.topic_configs(name)
         if result.error_code:
             return answer(result.error_code, result.message)
-        rows = topic_config.TOPIC_CONFIGS.describe(
-            result.overrides, _known(topic_config.TOPIC_CONFIGS, keys)
+        rows = config_keys.TOPIC_CONFIGS.describe(
+            result.overrides, _known(config_keys.TOPIC_CONFIGS, keys)
         )
         return answer(ErrorCode.NONE, "", (_entry(row, False, synonyms) for row in rows))
     if resource_type == RESOURCE_BROKER:
@@ -93,10 +93,10 @@ async def _describe(
             return answer(ErrorCode.INVALID_REQUEST, why)
         if name == "":
             return answer(ErrorCode.NONE, "")  # no cluster-wide dynamic defaults in raylog
-        rows = topic_config.BROKER_CONFIGS.describe(
+        rows = config_keys.BROKER_CONFIGS.describe(
             overrides,
-            _known(topic_config.BROKER_CONFIGS, keys),
-            override_source=topic_config.SOURCE_STATIC_BROKER_CONFIG,
+            _known(config_keys.BROKER_CONFIGS, keys),
+            override_source=config_keys.SOURCE_STATIC_BROKER_CONFIG,
         )
         return answer(ErrorCode.NONE, "", (_entry(row, True, synonyms) for row in rows))
     return answer(
@@ -106,13 +106,13 @@ async def _describe(
     )
 
 
-def _known(registry: topic_config.ConfigRegistry, keys: Sequence[str] | None) -> list[str] | None:
+def _known(registry: config_keys.ConfigRegistry, keys: Sequence[str] | None) -> list[str] | None:
     if not keys:  # null or empty: every key (Kafka's ConfigHelper)
         return None
     return [k for k in dict.fromkeys(keys) if k in registry.defs]
 
 
-def _entry(row: topic_config.ConfigEntry, read_only: bool, synonyms: bool) -> Any:
+def _entry(row: config_keys.ConfigEntry, read_only: bool, synonyms: bool) -> Any:
     return _Entry(
         name=row.name,
         value=row.value,

@@ -6,13 +6,13 @@
   that is not overridden is a no-op);
 - APPEND (2) / SUBTRACT (3) only for list configs (``cleanup.policy``): the current list, the
   override or else the default, gains the given items not already in it / loses them (then
-  stored sorted, as ``topic_config`` stores every list: APPEND compact to delete stores
+  stored sorted, as ``config_keys`` stores every list: APPEND compact to delete stores
   ``compact,delete``). On any other config they are INVALID_CONFIG (40), naming the key;
 - a key named twice in one resource, an unknown operation, or a null value for SET, APPEND or
   SUBTRACT is INVALID_REQUEST (42); an unknown key is INVALID_CONFIG.
 
 The handler reads the topic's overrides from the controller, applies the operations and stores
-the result with the controller's AlterConfigs, whose validation (``topic_config``) is the one
+the result with the controller's AlterConfigs, whose validation (``config_keys``) is the one
 gate. Known gap: the read and the write are two controller calls, so two patches of one topic
 racing through different brokers can lose one of them; the controller has no compare-and-set
 on a topic's configs for the gateway to use yet.
@@ -27,7 +27,7 @@ from typing import Any, NamedTuple, cast
 
 from kafka.protocol.admin import IncrementalAlterConfigsResponse
 
-from raylog.actors import topic_config
+from raylog.actors.control import config_keys
 from raylog.gateway.backend import AdminBackend, AdminResult
 from raylog.gateway.handlers import RequestContext
 from raylog.gateway.handlers.alter_configs import repeated_resources, resource_error
@@ -49,7 +49,7 @@ class ConfigOp(NamedTuple):
 
 
 def apply_ops(
-    registry: topic_config.ConfigRegistry, current: Mapping[str, str], ops: Sequence[ConfigOp]
+    registry: config_keys.ConfigRegistry, current: Mapping[str, str], ops: Sequence[ConfigOp]
 ) -> dict[str, str]:
     """The overrides after ``ops`` (not yet validated); raises InvalidConfigError (40) or
     InvalidRequestError (42) naming the key."""
@@ -122,7 +122,7 @@ async def _alter(
         return AdminResult(current.error_code, current.message)
     ops = [ConfigOp(c.name, c.config_operation, c.value) for c in resource.configs]
     try:
-        overrides = apply_ops(topic_config.TOPIC_CONFIGS, current.overrides, ops)
+        overrides = apply_ops(config_keys.TOPIC_CONFIGS, current.overrides, ops)
     except RaylogError as exc:
         return AdminResult(exc.error_code, str(exc))
     return await backend.alter_topic_configs(resource.resource_name, overrides, validate_only)

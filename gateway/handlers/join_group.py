@@ -17,7 +17,7 @@ from typing import Any
 from kafka.protocol.consumer import JoinGroupResponse
 
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.groups import JoinResult
+from raylog.gateway.groups.group import JoinResult
 from raylog.gateway.handlers import RequestContext
 from raylog.gateway.protocol import Request
 

@@ -15,7 +15,7 @@ from typing import Any
 from kafka.protocol.consumer import LeaveGroupResponse
 
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.groups import MemberIdentity
+from raylog.gateway.groups.group import MemberIdentity
 from raylog.gateway.handlers import RequestContext
 from raylog.gateway.protocol import Request
 

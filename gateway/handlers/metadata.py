@@ -5,7 +5,7 @@ Kafka's rules kept here:
 - A null topic list asks for every topic; an empty list for none (v1+).
 - A topic that does not exist is UNKNOWN_TOPIC_OR_PARTITION (3) with no partitions, unless
   auto-creation is allowed: by the broker config ``auto.create.topics.enable`` (raylog's
-  default false, see ``topic_config``) AND by the request (``allow_auto_topic_creation``, v4+;
+  default false, see ``config_keys``) AND by the request (``allow_auto_topic_creation``, v4+;
   before v4 Kafka always allows it). Then the topic is created with the broker defaults
   ``num.partitions`` and ``default.replication.factor`` and answered as Kafka answers it:
   LEADER_NOT_AVAILABLE (5) with no partitions, so the client asks again (the creation returns
@@ -26,7 +26,7 @@ from typing import Any
 
 from kafka.protocol.metadata import MetadataResponse
 
-from raylog.actors import topic_config
+from raylog.actors.control import config_keys
 from raylog.gateway.backend import AdminBackend, Backend, TopicState
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.handlers import RequestContext
@@ -108,7 +108,7 @@ async def _auto_create(backend: Backend, names: Sequence[str]) -> dict[str, int]
     if not isinstance(backend, AdminBackend):
         return {}
     _, overrides = await backend.broker_configs()
-    defaults = topic_config.broker_config(overrides)
+    defaults = config_keys.broker_config(overrides)
     if not defaults.auto_create_topics_enable:
         return {}
 

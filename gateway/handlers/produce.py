@@ -21,12 +21,13 @@ Rules kept here, each Kafka's:
 4. Transactions are not supported yet: a request with a ``transactional_id`` or a transactional
    batch gets INVALID_TXN_STATE (48), since no transaction was begun through a coordinator here.
 5. Idempotent producers (producerId >= 0, from InitProducerId) are checked by the leader
-   replica (``raylog.actors.producer_state``): a retry of one of the producer's last five batches
-   succeeds with the ORIGINAL batch's base offset (never DUPLICATE_SEQUENCE_NUMBER, which kafkajs
-   cannot handle), a sequence that does not follow is OUT_OF_ORDER_SEQUENCE_NUMBER (45), an epoch
-   older than the partition has seen INVALID_PRODUCER_EPOCH (47). A producer the partition holds
-   no state for is accepted at any sequence (KIP-360), so UNKNOWN_PRODUCER_ID (59) is never
-   answered. producerId -1 (aiokafka, librdkafka and kafkajs by default) is a plain producer.
+   replica (``raylog.actors.replication.producer_state``): a retry of one of the producer's last
+   five batches succeeds with the ORIGINAL batch's base offset (never DUPLICATE_SEQUENCE_NUMBER,
+   which kafkajs cannot handle), a sequence that does not follow is OUT_OF_ORDER_SEQUENCE_NUMBER
+   (45), an epoch older than the partition has seen INVALID_PRODUCER_EPOCH (47). A producer the
+   partition holds no state for is accepted at any sequence (KIP-360), so UNKNOWN_PRODUCER_ID (59)
+   is never answered. producerId -1 (aiokafka, librdkafka and kafkajs by default) is a plain
+   producer.
 6. Missing records (null) are INVALID_RECORD (87); anything else wrong with a batch is the
    replica's verdict (CORRUPT_MESSAGE, MESSAGE_TOO_LARGE, INVALID_RECORD, ...).
 7. A client cannot append to ``__consumer_offsets``: INVALID_TOPIC_EXCEPTION (17), Kafka's
@@ -44,7 +45,7 @@ from kafka.protocol.producer import ProduceResponse
 
 from raylog.gateway.backend import DataBackend, ProduceResult
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.group_coordinator import OFFSETS_TOPIC
+from raylog.gateway.groups.coordinator import OFFSETS_TOPIC
 from raylog.gateway.handlers import CloseConnection, RequestContext
 from raylog.gateway.protocol import Request
 from raylog.storage import batch as rb

@@ -41,12 +41,18 @@ from typing import Any
 
 import pytest
 import ray
-from waiting import wait_until
+from support.waiting import wait_until
 
-from raylog.actors.broker import BrokerActor, broker_actor_name
-from raylog.actors.controller import ControllerActor, controller_actor_name
-from raylog.actors.messages import BecomeLeader
-from raylog.actors.replica import NAMESPACE, ReplicaActor, replica_actor_name
+from raylog.actors.broker import BrokerActor
+from raylog.actors.calls import (
+    NAMESPACE,
+    broker_actor_name,
+    controller_actor_name,
+    replica_actor_name,
+)
+from raylog.actors.controller import ControllerActor
+from raylog.actors.replica import ReplicaActor
+from raylog.actors.replication.messages import BecomeLeader
 from raylog.storage import batch as rb
 from raylog.storage.errors import (
     ElectionNotNeededError,

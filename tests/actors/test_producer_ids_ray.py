@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 import ray
-from waiting import wait_until
+from support.waiting import wait_until
 
-from raylog.actors.controller import ControllerActor, controller_actor_name
-from raylog.actors.metadata import PRODUCER_ID_BLOCK_SIZE
-from raylog.actors.replica import NAMESPACE
+from raylog.actors.calls import NAMESPACE, controller_actor_name
+from raylog.actors.control.metadata import PRODUCER_ID_BLOCK_SIZE
+from raylog.actors.controller import ControllerActor
 from raylog.storage.errors import NotControllerError
 
 pytestmark = pytest.mark.slow

@@ -25,12 +25,12 @@ from typing import Any
 
 import pytest
 import ray
+from support.waiting import wait_until
 from test_controller_ray import CALL_TIMEOUT_S, LEASE, Cluster, _get
-from waiting import wait_until
 
-from raylog.actors.broker import BrokerActor, broker_actor_name
-from raylog.actors.controller import ControllerActor, controller_actor_name
-from raylog.actors.replica import NAMESPACE
+from raylog.actors.broker import BrokerActor
+from raylog.actors.calls import NAMESPACE, broker_actor_name, controller_actor_name
+from raylog.actors.controller import ControllerActor
 from raylog.storage import batch as rb
 from raylog.storage.errors import NoReassignmentInProgressError, PolicyViolationError
 

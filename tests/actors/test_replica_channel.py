@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 import ray
-from waiting import wait_until
+from support.waiting import wait_until
 
-from raylog.actors import channel as ch
-from raylog.actors.messages import BecomeFollower, BecomeLeader
-from raylog.actors.replica import NAMESPACE, ReplicaActor, replica_actor_name
-from raylog.actors.replication_types import ReplicaConfig
+from raylog.actors.calls import NAMESPACE, replica_actor_name
+from raylog.actors.replica import ReplicaActor
+from raylog.actors.replication.messages import BecomeFollower, BecomeLeader
+from raylog.actors.replication.ready import ReplicaConfig
+from raylog.actors.transport import channel as ch
 from raylog.storage import batch as rb
 from raylog.storage.log import Log
 
@@ -125,8 +126,8 @@ def test_batches_read_as_views_go_by_ray_call_as_bytes() -> None:
     as they are; a Ray call pickles its message, and pickle refuses a memoryview."""
     import pickle
 
-    from raylog.actors.messages import BatchMeta, RecordBatch, ReplicateRequest
     from raylog.actors.replica import _picklable
+    from raylog.actors.replication.messages import BatchMeta, RecordBatch, ReplicateRequest
 
     data = rb.build_batch([rb.Record(b"k", b"v", 1_700_000_000_000)])
     view = memoryview(b"xx" + data)[2:]

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 import ray
-from waiting import wait_until
+from support.waiting import wait_until
 
-from raylog.actors.messages import BecomeFollower, BecomeLeader
-from raylog.actors.replica import NAMESPACE, ReplicaActor, replica_actor_name
+from raylog.actors.calls import NAMESPACE, replica_actor_name
+from raylog.actors.replica import ReplicaActor
+from raylog.actors.replication.messages import BecomeFollower, BecomeLeader
 from raylog.pipelines import records as R
 from raylog.storage import batch as rb
 

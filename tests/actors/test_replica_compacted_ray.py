@@ -20,11 +20,12 @@ from typing import Any
 import pytest
 import ray
 from kafka.record.default_records import DefaultRecordBatch
-from kafka_batches import kafka_batch
+from support.kafka_batches import kafka_batch
 
-from raylog.actors.messages import BecomeLeader
-from raylog.actors.replica import NAMESPACE, ReplicaActor, replica_actor_name
-from raylog.actors.replication_types import ReplicaConfig
+from raylog.actors.calls import NAMESPACE, replica_actor_name
+from raylog.actors.replica import ReplicaActor
+from raylog.actors.replication.messages import BecomeLeader
+from raylog.actors.replication.ready import ReplicaConfig
 from raylog.storage import batch as rb
 from raylog.storage.errors import CorruptRecordError, InvalidRecordError
 

@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 import ray
-from waiting import wait_until
+from support.waiting import wait_until
 
 from raylog.actors import raycluster
-from raylog.actors.messages import BecomeFollower, BecomeLeader
-from raylog.actors.replica import NAMESPACE, ReplicaActor, replica_actor_name
-from raylog.actors.replication_types import ReplicaConfig
+from raylog.actors.calls import NAMESPACE, replica_actor_name
+from raylog.actors.replica import ReplicaActor
+from raylog.actors.replication.messages import BecomeFollower, BecomeLeader
+from raylog.actors.replication.ready import ReplicaConfig
 from raylog.storage import batch as rb
 from raylog.storage.errors import CorruptRecordError
 

@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 import ray
-from waiting import wait_until
+from support.waiting import wait_until
 
-from raylog.actors.messages import BecomeLeader
-from raylog.actors.replica import NAMESPACE, ReplicaActor, replica_actor_name
+from raylog.actors.calls import NAMESPACE, replica_actor_name
+from raylog.actors.replica import ReplicaActor
+from raylog.actors.replication.messages import BecomeLeader
 from raylog.storage import batch as rb
 from raylog.storage.errors import OffsetOutOfRangeError
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from gateway_support import InMemoryBackend, LiveGateway, sample_topics
+from support.gateway import InMemoryBackend, LiveGateway, sample_topics
 
 
 @pytest.fixture(scope="module")

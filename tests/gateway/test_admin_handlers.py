@@ -2,7 +2,7 @@
 
 ``AdminMemory`` keeps a real ``ClusterMetadata`` (three brokers, racks a, b, c) and changes it
 with the same pure functions the controller runs (``metadata``, ``placement``,
-``topic_config``): it is the gateway's input, not a stand-in for the handlers under test.
+``config_keys``): it is the gateway's input, not a stand-in for the handlers under test.
 Requests are encoded by kafka-python, go through a real ``Connection`` and the registered
 handler, and the responses are decoded by kafka-python at the version asked.
 
@@ -36,7 +36,6 @@ from typing import Any
 
 import msgspec
 import pytest
-from gateway_support import InMemoryBackend
 from kafka.protocol.admin import (
     AlterConfigsRequest,
     AlterConfigsResponse,
@@ -54,10 +53,11 @@ from kafka.protocol.admin import (
     IncrementalAlterConfigsResponse,
 )
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
+from support.gateway import InMemoryBackend
 
-from raylog.actors import election, placement, topic_config
-from raylog.actors import metadata as md_
-from raylog.actors.gateway_actor import _set_topic_configs, client_view
+from raylog.actors.control import config_keys, election, placement
+from raylog.actors.control import metadata as md_
+from raylog.gateway.actor import _set_topic_configs, client_view
 from raylog.gateway.backend import AdminBackend, AdminResult, TopicConfigsResult, TopicState
 from raylog.gateway.handlers import HANDLERS, RequestContext, advertised_versions
 from raylog.gateway.handlers.incremental_alter_configs import (
@@ -327,7 +327,7 @@ def test_describe_topic_configs(version: int) -> None:
     (result,) = describe(backend, [(TOPIC, "t", None)], version, synonyms=version > 0)
     assert result.error_code == 0
     entries = {c.name: c for c in result.configs}
-    assert set(entries) == set(topic_config.TOPIC_CONFIGS.defs)
+    assert set(entries) == set(config_keys.TOPIC_CONFIGS.defs)
     retention, mode = entries["retention.ms"], entries["replication.mode"]
     assert (retention.value, retention.read_only) == ("1000", False)
     assert (mode.value, mode.read_only) == ("pull", False)
@@ -350,7 +350,7 @@ def test_describe_broker_configs_and_errors() -> None:
          (3, "g", None)],
     )  # fmt: skip
     entries = {c.name: c for c in mine.configs}
-    assert set(entries) == set(topic_config.BROKER_CONFIGS.defs)
+    assert set(entries) == set(config_keys.BROKER_CONFIGS.defs)
     assert all(c.read_only for c in mine.configs)
     assert (entries["num.partitions"].value, entries["num.partitions"].config_source) == ("4", 4)
     auto = entries["auto.create.topics.enable"]
@@ -475,10 +475,10 @@ class _ListStruct(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def test_apply_ops_on_lists() -> None:
-    registry = topic_config.ConfigRegistry(
+    registry = config_keys.ConfigRegistry(
         [
-            topic_config.ConfigDef(name="a.list", type="list", default="x,y", doc=""),
-            topic_config.ConfigDef(name="n", type="int", default="1", doc=""),
+            config_keys.ConfigDef(name="a.list", type="list", default="x,y", doc=""),
+            config_keys.ConfigDef(name="n", type="int", default="1", doc=""),
         ],
         _ListStruct,
     )

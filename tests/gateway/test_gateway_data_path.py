@@ -26,7 +26,7 @@ Proves:
   batch always).
 
 kafka-python runs with ``enable_idempotence=False`` here: these gateways have no controller to
-allocate producer ids (tests/test_idempotent_producer_live.py covers its idempotent default).
+allocate producer ids (tests/e2e/test_idempotent_producer_live.py covers its idempotent default).
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ from typing import Any
 import msgspec
 import pytest
 import ray
-from gateway_support import HOST, read_frame
 from kafka.protocol.consumer import (
     FetchRequest,
     FetchResponse,
@@ -59,11 +58,13 @@ from kafka.protocol.consumer import (
     ListOffsetsResponse,
 )
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
-from waiting import wait_until
+from support.gateway import HOST, read_frame
+from support.waiting import wait_until
 
-from raylog.actors.messages import BecomeFollower, BecomeLeader
-from raylog.actors.replica import NAMESPACE, ReplicaActor, replica_actor_name
-from raylog.actors.replication_types import ReplicaConfig
+from raylog.actors.calls import NAMESPACE, replica_actor_name
+from raylog.actors.replica import ReplicaActor
+from raylog.actors.replication.messages import BecomeFollower, BecomeLeader
+from raylog.actors.replication.ready import ReplicaConfig
 from raylog.gateway.backend import Broker, PartitionState, TopicState
 from raylog.gateway.replica_backend import MetadataView, ReplicaBackend
 from raylog.gateway.server import GatewayServer
@@ -715,8 +716,8 @@ def test_pipelined_produce_requests_keep_their_order(cluster: Cluster, acks: int
 
 def test_large_batches_reach_the_leader_by_reference(cluster: Cluster) -> None:
     """Large requests are received into the gateway's shared arena, and the leader
-    appends each batch from there (actors/arena.py): answers keep their order, the stored bytes
-    are the sent ones, and every block is free again once its request is answered."""
+    appends each batch from there (actors/transport/arena.py): answers keep their order, the stored
+    bytes are the sent ones, and every block is free again once its request is answered."""
     server = cluster.servers[0]
     arenas = server.arenas
     assert arenas is not None and arenas.current is not None

@@ -13,7 +13,9 @@ import random
 import socket
 import struct
 
-from gateway_support import (
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from support.gateway import (
     HOST,
     LiveGateway,
     api_versions_v0_frame,
@@ -21,8 +23,6 @@ from gateway_support import (
     read_frame,
     wait_for,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 IO_TIMEOUT_S = 5.0
 READ_LIMIT_BYTES = 1 << 20  # bound on what one garbage connection may read back

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import struct
 
-from gateway_support import api_versions_v0_frame
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kafka.protocol.metadata import MetadataRequest
+from support.gateway import api_versions_v0_frame
 
 from raylog.gateway import codec
 from raylog.gateway.errors import RemoteProtocolError

@@ -16,7 +16,7 @@ import asyncio
 import struct
 
 import pytest
-from gateway_support import InMemoryBackend, sample_topics
+from support.gateway import InMemoryBackend, sample_topics
 
 from raylog.gateway.handlers import HANDLERS, RequestContext, advertised_versions
 from raylog.gateway.protocol import Connection, Request

@@ -28,7 +28,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
-from gateway_support import (
+from kafka.protocol.metadata import ApiVersionsResponse, MetadataRequest
+from support.gateway import (
     CLUSTER_ID,
     HOST,
     InMemoryBackend,
@@ -39,7 +40,6 @@ from gateway_support import (
     sample_topics,
     wait_for,
 )
-from kafka.protocol.metadata import ApiVersionsResponse, MetadataRequest
 
 from raylog.gateway import protocol, server
 from raylog.gateway.backend import TopicState

@@ -12,8 +12,8 @@ import asyncio
 from typing import Any
 
 import pytest
-from gateway_support import CLUSTER_ID, InMemoryBackend, sample_topics
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
+from support.gateway import CLUSTER_ID, InMemoryBackend, sample_topics
 
 from raylog.gateway.backend import Backend, PartitionState, TopicState
 from raylog.gateway.handlers import HANDLERS, RequestContext, advertised_versions

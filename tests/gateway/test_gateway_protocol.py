@@ -16,10 +16,10 @@ import struct
 from typing import Any
 
 import pytest
-from gateway_support import InMemoryBackend, api_versions_v0_frame, sample_topics
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest, MetadataResponse
+from support.gateway import InMemoryBackend, api_versions_v0_frame, sample_topics
 
 from raylog.gateway import codec, protocol
 from raylog.gateway.errors import LocalProtocolError, RemoteProtocolError
@@ -263,7 +263,7 @@ def test_a_large_request_is_received_in_place_between_small_ones(step: int) -> N
 
 
 class _Block:
-    """A shared-memory block as the protocol sees one (``raylog.actors.arena.Block``)."""
+    """A shared-memory block as the protocol sees one (``raylog.actors.transport.arena.Block``)."""
 
     def __init__(self, size: int) -> None:
         self.view = memoryview(bytearray(size))

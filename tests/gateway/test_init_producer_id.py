@@ -6,7 +6,7 @@ allocation, and no id is handed out twice); a transactional_id gets UNSUPPORTED_
 when no id can be had the answer is the retriable COORDINATOR_LOAD_IN_PROGRESS (14); requests
 and responses go through the real sans-io connection in v0 and v1. The controller side (the
 CAS-persisted next id) is tested in test_metadata.py and, live, in
-tests/test_idempotent_producer_live.py.
+tests/e2e/test_idempotent_producer_live.py.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import asyncio
 from dataclasses import dataclass, field
 
 import pytest
-from gateway_support import InMemoryBackend
 from kafka.protocol.producer import InitProducerIdRequest, InitProducerIdResponse
+from support.gateway import InMemoryBackend
 
 from raylog.gateway.handlers import HANDLERS, RequestContext, advertised_versions
 from raylog.gateway.producer_ids import ProducerIdBlocks, ProducerIdResult

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from pipeline_support import ProducedTopic
+    from support.pipelines import ProducedTopic
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def events_topic(
     ray_local: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ProducedTopic]:
     import ray
-    from pipeline_support import (
+    from support.pipelines import (
         EVENTS,
         EVENTS_PARTITIONS,
         ProducedTopic,
@@ -57,7 +57,7 @@ def embedded(shared_up: Any) -> Any:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """Spark local[2], the ``raylog`` format registered (one session for the whole run)."""
-    from embedded_support import spark_session
+    from support.embedded import spark_session
 
     with spark_session("raylog-pipelines-test") as session:
         yield session

@@ -20,9 +20,9 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from cluster_support import RAYLOG, cli_env
-from embedded_support import CLIENT_TIMEOUT_S, committed_files, create_topic
-from waiting import wait_until
+from support.cluster import RAYLOG, cli_env
+from support.embedded import CLIENT_TIMEOUT_S, committed_files, create_topic
+from support.waiting import wait_until
 
 from raylog.pipelines import features
 

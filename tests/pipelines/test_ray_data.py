@@ -27,7 +27,7 @@ import msgspec
 import pyarrow as pa
 import pytest
 import ray
-from pipeline_support import (
+from support.pipelines import (
     CODECS,
     ProducedTopic,
     expected_rows,
@@ -38,7 +38,7 @@ from pipeline_support import (
     start_trimmed_partition,
     table_rows,
 )
-from waiting import wait_until
+from support.waiting import wait_until
 
 from raylog.actors.raycluster import ClusterInfo, write_cluster_info
 from raylog.pipelines import read_topic
@@ -441,7 +441,7 @@ def test_read_topic_returns_a_compacted_partition_as_consumers_see_it(
 
 
 def test_catalog_from_controller_metadata() -> None:
-    from raylog.actors.metadata import ClusterMetadata, PartitionState, TopicMetadata
+    from raylog.actors.control.metadata import ClusterMetadata, PartitionState, TopicMetadata
 
     md = ClusterMetadata(
         cluster_id="c",

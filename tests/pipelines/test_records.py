@@ -23,8 +23,8 @@ import pyarrow as pa
 import pytest
 from kafka import codec as kcodec
 from kafka.record import default_records as kdr
-from pipeline_support import BASE_TS, CODECS, kafka_codecs, make_records
-from pipeline_support import kafka_batch as producer_batch
+from support.pipelines import BASE_TS, CODECS, kafka_codecs, make_records
+from support.pipelines import kafka_batch as producer_batch
 
 from raylog.pipelines import records as R
 from raylog.storage import batch as rb

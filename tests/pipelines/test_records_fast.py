@@ -32,7 +32,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pipeline_support import BASE_TS, CODECS, kafka_batch, kafka_codecs
+from support.pipelines import BASE_TS, CODECS, kafka_batch, kafka_codecs
 
 from raylog.pipelines import fast_records
 from raylog.pipelines import records as R

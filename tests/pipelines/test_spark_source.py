@@ -29,9 +29,9 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from embedded_support import BASE_TS, CODECS, cluster_action, create_topic, produce, record
-from pipeline_support import table_rows
 from pyspark.sql import functions as F
+from support.embedded import BASE_TS, CODECS, cluster_action, create_topic, produce, record
+from support.pipelines import table_rows
 
 # Slow: a whole embedded cluster and Spark; the budget covers starting them on a loaded machine.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

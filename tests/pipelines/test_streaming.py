@@ -20,8 +20,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from embedded_support import cluster_action, committed_files, create_topic, produce_values
-from waiting import wait_until
+from support.embedded import cluster_action, committed_files, create_topic, produce_values
+from support.waiting import wait_until
 
 # Slow: a whole embedded cluster and Spark; the budget covers starting them on a loaded machine.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

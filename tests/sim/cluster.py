@@ -3,10 +3,10 @@
 Everything non-deterministic comes from one ``random.Random(seed)``: network delays, drops,
 duplicates and partitions (network.py), fsync latency, crashes that lose unsynced writes or
 tear them (disk.py), and the clients' choices. The replicas run the production state machine
-(``raylog.actors.partition.PartitionReplica``) behind a tiny shell (``SimNode``) that carries out
-each Ready exactly as the Ray shell must: log operations, fsync (later, as an event), HW
-checkpoint, messages, produce results. Time is simulated; a run is a bounded number of steps,
-each the processing of one event, and the checkers (checkers.py) run after every step.
+(``raylog.actors.replication.partition.PartitionReplica``) behind a tiny shell (``SimNode``) that
+carries out each Ready exactly as the Ray shell must: log operations, fsync (later, as an event), HW
+checkpoint, messages, produce results. Time is simulated; a run is a bounded number of steps, each
+the processing of one event, and the checkers (checkers.py) run after every step.
 
 The controller (controller.py) decides with raylog's own pure election module on real cluster
 metadata: it fences a broker whose death Ray confirmed (~20 ms after a crash, the fast path) or
@@ -60,7 +60,7 @@ from typing import Any
 
 import msgspec
 
-from raylog.actors.messages import (
+from raylog.actors.replication.messages import (
     CONSUMER_REPLICA_ID,
     AlterPartitionRequest,
     DeleteRecordsRequest,
@@ -69,7 +69,7 @@ from raylog.actors.messages import (
     LocalAppendDurable,
     ProduceRequest,
 )
-from raylog.actors.partition import (
+from raylog.actors.replication.partition import (
     AppendBatch,
     PartitionReplica,
     ProduceResult,
@@ -80,7 +80,7 @@ from raylog.actors.partition import (
     SendToReplica,
     TruncateTo,
 )
-from raylog.actors.replication_types import AdvanceLogStart, DeleteRecordsResult
+from raylog.actors.replication.ready import AdvanceLogStart, DeleteRecordsResult
 from raylog.storage.errors import (
     DuplicateBrokerRegistrationError,
     KafkaStorageError,

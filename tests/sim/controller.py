@@ -1,11 +1,11 @@
 """The simulator's controller: raylog's own election rules and session protocol for one partition.
 
-Every decision comes from the production pure module ``raylog.actors.election`` on a real
-:class:`~raylog.actors.metadata.ClusterMetadata`: fencing a broker (session expiry, or Ray
+Every decision comes from the production pure module ``raylog.actors.control.election`` on a real
+:class:`~raylog.actors.control.metadata.ClusterMetadata`: fencing a broker (session expiry, or Ray
 confirming its death), registering a new incarnation of a broker, unfencing one that heartbeats
 again, the preferred election, AlterPartition validation, and the command each replica is sent
 (``election.role_command``). The broker sessions are production's too:
-:class:`raylog.actors.sessions.BrokerSessions`, which ``ControllerActor`` keeps beside the
+:class:`raylog.actors.control.sessions.BrokerSessions`, which ``ControllerActor`` keeps beside the
 metadata. What this class adds is the call order of the Ray shell
 (``raylog.actors.controller.ControllerActor``):
 
@@ -29,17 +29,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from raylog.actors import election
-from raylog.actors import metadata as md_
-from raylog.actors.messages import (
+from raylog.actors.control import election
+from raylog.actors.control import metadata as md_
+from raylog.actors.control.metadata import ClusterMetadata, PartitionState, TopicPartition
+from raylog.actors.control.sessions import BrokerSessions
+from raylog.actors.replication.messages import (
     AlterPartitionRequest,
     AlterPartitionResponse,
     BecomeFollower,
     BecomeLeader,
     BecomeObserver,
 )
-from raylog.actors.metadata import ClusterMetadata, PartitionState, TopicPartition
-from raylog.actors.sessions import BrokerSessions
 from raylog.storage.errors import RaylogError
 
 TOPIC = "sim"

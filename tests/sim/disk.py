@@ -17,7 +17,7 @@ from __future__ import annotations
 import bisect
 import random
 
-from raylog.actors.messages import BatchMeta, RecordBatch
+from raylog.actors.replication.messages import BatchMeta, RecordBatch
 
 
 class SimDisk:

@@ -34,9 +34,14 @@ from typing import Any
 import msgspec
 import pytest
 
-from raylog.actors.messages import BatchMeta, EpochEndOffset, FetchRequest, FetchResponse
-from raylog.actors.partition import InvariantViolation, PartitionReplica
-from raylog.actors.producer_state import APPEND, Verdict
+from raylog.actors.replication.messages import (
+    BatchMeta,
+    EpochEndOffset,
+    FetchRequest,
+    FetchResponse,
+)
+from raylog.actors.replication.partition import InvariantViolation, PartitionReplica
+from raylog.actors.replication.producer_state import APPEND, Verdict
 
 from .checkers import SimViolation
 from .cluster import Scenario, Simulation, run_seed
@@ -236,7 +241,7 @@ def test_checker_10_catches_a_follower_that_never_converges() -> None:
 
 
 # Seeds that found bugs, each replayed with its scenario (their failures are described where
-# the fix is: actors/partition.py).
+# the fix is: actors/replication/partition.py).
 FOUND_BUGS = [
     # A leader re-created in the same epoch advanced its HW past a follower whose addition to
     # the ISR its predecessor had proposed; the controller committed it, the follower was

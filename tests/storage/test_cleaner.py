@@ -21,7 +21,9 @@ from typing import Any
 import msgspec
 import pytest
 from kafka.record import default_records as kdr
-from waiting import wait_until
+from support.kafka_batches import kafka_batch
+from support.pipelines import kafka_codecs
+from support.waiting import wait_until
 
 from raylog.pipelines import records as R
 from raylog.storage import batch as rb
@@ -31,8 +33,6 @@ from raylog.storage.cleaner_process import run_in_child
 from raylog.storage.errors import CorruptRecordError
 from raylog.storage.log import CLEANED_SUFFIX, Log, LogConfig
 from raylog.storage.records import first_record_without_key, iter_records
-from tests.kafka_batches import kafka_batch
-from tests.pipelines.pipeline_support import kafka_codecs
 
 COMPACT = LogConfig(segment_bytes=2048, index_interval_bytes=256, cleanup_policy="compact")
 

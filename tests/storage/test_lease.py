@@ -26,10 +26,10 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
-from cut_store import CutStore
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from waiting import wait_until
+from support.cut_store import CutStore
+from support.waiting import wait_until
 
 from raylog.storage.errors import InvalidConfigError
 from raylog.storage.lease import (

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cut_store import CutStore
-from waiting import wait_until
+from support.cut_store import CutStore
+from support.waiting import wait_until
 
 from raylog.storage.leasekeeper import LeaseKeeper, monotonic_ms
 from raylog.storage.s3store import S3ObjectStore

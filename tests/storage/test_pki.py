@@ -16,8 +16,8 @@ from typing import Any
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from raylog.actors import channel as ch
-from raylog.actors.messages import ReplicateAck
+from raylog.actors.replication.messages import ReplicateAck
+from raylog.actors.transport import channel as ch
 from raylog.storage import pki
 from raylog.storage.localstore import LocalObjectStore
 
@@ -82,7 +82,7 @@ def _exchange(server_tls: ssl.SSLContext, client_tls: ssl.SSLContext | None) -> 
 
 def test_mutual_tls_admits_only_leaves_of_the_cluster_ca(monkeypatch: Any) -> None:
     # TLS guards links between machines; on one machine links go over a Unix socket (see
-    # actors/channel.py), so TCP is pinned here.
+    # actors/transport/channel.py), so TCP is pinned here.
     monkeypatch.setenv(ch.LOCAL_SOCKETS_ENV, "0")
     ca = pki.CertificateAuthority.generate("c")
     server_tls = pki.server_context(ca.issue("replica:t:0:2"))

@@ -1,0 +1,711 @@
+"""The one registry of raylog's configuration keys: topic configs and broker configs.
+
+This module owns every configuration key raylog accepts, with Kafka's names, types, defaults and
+validation rules, and turns the ``dict[str, str]`` of overrides that travels in CreateTopics,
+AlterConfigs and the cluster metadata into:
+
+- :func:`validate` — the same overrides, checked and normalised (what the metadata stores);
+- :func:`effective` — a typed :class:`TopicConfig` with every key resolved;
+- :func:`describe` — one :class:`ConfigEntry` per key for DescribeConfigs.
+
+:data:`BROKER_CONFIGS` does the same for the broker-level keys (:class:`BrokerConfig`).
+
+Unknown keys and bad values raise :class:`~raylog.storage.errors.InvalidConfigError` (Kafka code
+40) whose message names the key and the value, as Kafka does.
+
+Where raylog's default differs from Kafka's, the definition's ``note`` says why.
+Rules followed from Kafka:
+
+- values are trimmed; booleans are ``true``/``false`` in any case; ints and longs are decimal
+  (Java's ``parseInt``: an optional sign, digits only) within the 32/64-bit range; doubles are
+  decimal as Java's ``parseDouble`` reads them (``0.5``, ``1``, ``1e-1``, ``.5d``; not NaN or
+  infinite) and stored as Java's ``Double.toString`` writes them, as Kafka shows them
+  (``1`` -> ``1.0``);
+- a list is stored with its items sorted and each once: ``cleanup.policy``, the only list, is
+  a set of policies, so ``delete,compact`` and ``compact, delete`` are one value
+  (``compact,delete``). Kafka stores a list as given;
+- ``min.insync.replicas`` may exceed the replication factor: Kafka creates such a topic and then
+  fails acks=all produce requests with NOT_ENOUGH_REPLICAS, so raylog does the same;
+- ``min.compaction.lag.ms`` must not exceed ``max.compaction.lag.ms`` (Kafka's
+  ``LogConfig.validateValues``, with its message);
+- topic configs Kafka has but raylog does not implement (``compression.type``,
+  ``file.delete.delay.ms``, ...) are unknown keys here, refused rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable, Mapping
+from decimal import Decimal
+from typing import Any, Literal
+
+import msgspec
+
+from raylog.actors.replication.ready import REPLICA_FETCH_BYTES_DEFAULT, REPLICA_FETCH_BYTES_MAX
+from raylog.storage.errors import InvalidConfigError
+from raylog.storage.log import cleanup_policies
+
+ConfigType = Literal["boolean", "string", "int", "long", "double", "list"]
+
+# DescribeConfigs ``config_type`` codes (Kafka's ConfigEntry.ConfigType).
+CONFIG_TYPE_CODES: dict[ConfigType, int] = {
+    "boolean": 1,
+    "string": 2,
+    "int": 3,
+    "long": 5,
+    "double": 6,
+    "list": 7,
+}
+
+# DescribeConfigs ``config_source`` codes (Kafka's DescribeConfigsResponse.ConfigSource).
+SOURCE_TOPIC_CONFIG = 1  # DYNAMIC_TOPIC_CONFIG: an override stored with the topic
+SOURCE_STATIC_BROKER_CONFIG = 4  # set in the broker's configuration at start-up
+SOURCE_DEFAULT_CONFIG = 5  # the registry's default
+
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+# Java's Double.parseDouble, decimal forms: digits with an optional point, exponent and type
+# suffix. Its NaN, Infinity and hexadecimal forms are refused.
+_DOUBLE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[fFdD]?")
+
+
+class ConfigDef(msgspec.Struct, frozen=True, kw_only=True):
+    """One key: its Kafka name, type, default (as its normalised string) and rule."""
+
+    name: str
+    type: ConfigType
+    default: str
+    doc: str
+    minimum: int | None = None  # ints, longs and doubles: inclusive lower bound
+    maximum: int | None = None  # ints, longs and doubles: inclusive upper bound
+    choices: tuple[str, ...] = ()  # strings and list items: the allowed values (case-sensitive)
+    note: str = ""  # why raylog's default or rule differs from Kafka's
+
+
+class ConfigEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """One row of a DescribeConfigs answer."""
+
+    name: str
+    value: str
+    is_default: bool
+    source: int  # SOURCE_* code
+    config_type: int  # CONFIG_TYPE_CODES value
+    read_only: bool = False
+    is_sensitive: bool = False
+    documentation: str = ""
+
+
+def _fail(key: str, value: object, why: str) -> InvalidConfigError:
+    return InvalidConfigError(f"Invalid value {value!r} for configuration {key}: {why}")
+
+
+def _parse(d: ConfigDef, raw: str) -> Any:
+    """Parse and check one value; return the typed value (raises InvalidConfigError)."""
+    if not isinstance(raw, str):
+        raise _fail(d.name, raw, f"expected a string holding a {d.type}")
+    text = raw.strip()
+    if d.type == "boolean":
+        low = text.lower()
+        if low not in ("true", "false"):
+            raise _fail(d.name, raw, "expected true or false")
+        return low == "true"
+    if d.type in ("int", "long", "double"):
+        value = _number(d, raw, text)
+        if d.minimum is not None and value < d.minimum:
+            raise _fail(d.name, raw, f"value must be at least {d.minimum}")
+        if d.maximum is not None and value > d.maximum:
+            raise _fail(d.name, raw, f"value must be at most {d.maximum}")
+        return value
+    items = [t.strip() for t in text.split(",")] if d.type == "list" else [text]
+    if d.type == "list":
+        items = sorted({t for t in items if t})
+        if not items:
+            raise _fail(d.name, raw, f"expected at least one of {', '.join(d.choices)}")
+    for item in items:
+        if d.choices and item not in d.choices:
+            raise _fail(d.name, raw, f"must be one of {', '.join(d.choices)}")
+    return ",".join(items) if d.type == "list" else text
+
+
+def _number(d: ConfigDef, raw: str, text: str) -> int | float:
+    """An int, long or double as Java parses it, within its type's range."""
+    if d.type == "double":
+        if not _DOUBLE.fullmatch(text):
+            raise _fail(d.name, raw, "expected a decimal number (double)")
+        value = float(text.rstrip("fFdD"))
+        if math.isinf(value):
+            raise _fail(d.name, raw, "out of the double range")
+        return value
+    if not _INTEGER.fullmatch(text):
+        raise _fail(d.name, raw, f"expected a decimal integer ({d.type})")
+    bound = INT32_MAX if d.type == "int" else INT64_MAX
+    if not -bound - 1 <= int(text) <= bound:
+        raise _fail(d.name, raw, f"out of the {d.type} range")
+    return int(text)
+
+
+def _normalise(d: ConfigDef, value: Any) -> str:
+    if d.type == "boolean":
+        return "true" if value else "false"
+    if d.type == "double":
+        return _java_double(value)
+    return str(value)
+
+
+def _java_double(value: float) -> str:
+    """``value`` as Java's ``Double.toString`` writes it: the shortest digits that read back
+    as ``value`` (Python's ``repr`` finds the same), plain from 1e-3 up to 1e7 with at least
+    one digit after the point (``1.0``, ``0.5``), else ``1.0E-4`` style."""
+    if value == 0:
+        return "0.0"
+    _, digit_tuple, exponent = Decimal(repr(abs(value))).as_tuple()
+    digits = "".join(map(str, digit_tuple))
+    point = len(digits) + int(exponent)  # the decimal point sits after this many digits
+    digits = digits.rstrip("0")
+    sign = "-" if value < 0 else ""
+    if point > 7 or point < -2:
+        return f"{sign}{digits[0]}.{digits[1:] or '0'}E{point - 1}"
+    if point <= 0:
+        return f"{sign}0.{'0' * -point}{digits}"
+    return f"{sign}{digits[:point].ljust(point, '0')}.{digits[point:] or '0'}"
+
+
+CrossCheck = Callable[["ConfigRegistry", Mapping[str, str]], None]
+
+
+class ConfigRegistry:
+    """A set of :class:`ConfigDef` and the typed struct its resolved values fill.
+
+    Invariant (checked at construction): the struct's fields are exactly the keys with ``.``
+    replaced by ``_``, and every default passes its own rule.
+    """
+
+    def __init__(
+        self,
+        defs: Iterable[ConfigDef],
+        struct: type[msgspec.Struct],
+        checks: Iterable[CrossCheck] = (),
+    ) -> None:
+        self.defs: dict[str, ConfigDef] = {d.name: d for d in defs}
+        self.struct = struct
+        # Rules across keys; validate() runs them so that it stays the only gate.
+        self.checks = tuple(checks)
+        fields = set(struct.__struct_fields__)
+        keys = {_field(k) for k in self.defs}
+        if fields != keys:
+            raise RuntimeError(f"{struct.__name__} fields {fields ^ keys} do not match the keys")
+        for d in self.defs.values():
+            if _normalise(d, _parse(d, d.default)) != d.default:
+                raise RuntimeError(f"default of {d.name} is not normalised: {d.default!r}")
+
+    def validate(self, overrides: Mapping[str, str]) -> dict[str, str]:
+        """Check every key and value; return the overrides normalised, sorted by key."""
+        out: dict[str, str] = {}
+        for key in sorted(overrides):
+            d = self.defs.get(key)
+            if d is None:
+                raise InvalidConfigError(
+                    f"Unknown configuration {key} (value {overrides[key]!r}); "
+                    f"known keys: {', '.join(sorted(self.defs))}"
+                )
+            out[key] = _normalise(d, _parse(d, overrides[key]))
+        for check in self.checks:
+            check(self, out)
+        return out
+
+    def effective(self, overrides: Mapping[str, str]) -> Any:
+        """The typed struct with every key resolved: overrides over defaults."""
+        given = self.validate(overrides)
+        values = {_field(k): _parse(d, given.get(k, d.default)) for k, d in self.defs.items()}
+        return self.struct(**values)
+
+    def describe(
+        self,
+        overrides: Mapping[str, str],
+        keys: Iterable[str] | None = None,
+        *,
+        override_source: int = SOURCE_TOPIC_CONFIG,
+    ) -> list[ConfigEntry]:
+        """DescribeConfigs rows for ``keys`` (all keys when None), sorted by key.
+
+        A key DescribeConfigs asks about that the registry does not hold raises
+        InvalidConfigError, like any unknown key.
+        """
+        given = self.validate(overrides)
+        wanted = sorted(self.defs) if keys is None else list(keys)
+        rows = []
+        for key in wanted:
+            d = self.defs.get(key)
+            if d is None:
+                raise InvalidConfigError(f"Unknown configuration {key}")
+            is_default = key not in given
+            rows.append(
+                ConfigEntry(
+                    name=key,
+                    value=d.default if is_default else given[key],
+                    is_default=is_default,
+                    source=SOURCE_DEFAULT_CONFIG if is_default else override_source,
+                    config_type=CONFIG_TYPE_CODES[d.type],
+                    documentation=d.doc,
+                )
+            )
+        return rows
+
+    def apply_incremental(
+        self,
+        current: Mapping[str, str],
+        set_configs: Mapping[str, str] | None = None,
+        delete_configs: Iterable[str] = (),
+    ) -> dict[str, str]:
+        """IncrementalAlterConfigs SET/DELETE on ``current``; returns the validated result.
+
+        Deleting a key that is not overridden is a no-op, as in Kafka; deleting an unknown key
+        raises.
+        """
+        out = dict(current)
+        for key in delete_configs:
+            if key not in self.defs:
+                raise InvalidConfigError(f"Unknown configuration {key}")
+            out.pop(key, None)
+        out.update(set_configs or {})
+        return self.validate(out)
+
+
+def _field(key: str) -> str:
+    return key.replace(".", "_")
+
+
+# --- topic configs ----------------------------------------------------------------------------
+
+
+class TopicConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Every topic config resolved to its typed value (see TOPIC_CONFIG_DEFS for meanings)."""
+
+    min_insync_replicas: int
+    unclean_leader_election_enable: bool
+    replication_mode: str  # "pull" | "push"
+    retention_ms: int  # -1 = keep forever
+    retention_bytes: int  # -1 = no size limit
+    segment_bytes: int
+    segment_ms: int
+    max_message_bytes: int
+    message_timestamp_type: str  # "CreateTime" | "LogAppendTime"
+    flush_messages: int
+    flush_ms: int
+    cleanup_policy: str  # "delete" | "compact" | "compact,delete"
+    delete_retention_ms: int
+    min_cleanable_dirty_ratio: float
+    min_compaction_lag_ms: int
+    max_compaction_lag_ms: int
+
+    @property
+    def compact(self) -> bool:
+        """The log cleaner compacts the topic (and produce refuses records without a key)."""
+        return "compact" in cleanup_policies(self.cleanup_policy)
+
+    @property
+    def delete(self) -> bool:
+        """Retention deletes old segments (retention.ms / retention.bytes)."""
+        return "delete" in cleanup_policies(self.cleanup_policy)
+
+
+TOPIC_CONFIG_DEFS: tuple[ConfigDef, ...] = (
+    ConfigDef(
+        name="min.insync.replicas",
+        type="int",
+        default="1",
+        minimum=1,
+        doc="The fewest ISR members an acks=all produce needs; fewer fails with "
+        "NOT_ENOUGH_REPLICAS. May exceed the replication factor (then acks=all always fails).",
+    ),
+    ConfigDef(
+        name="unclean.leader.election.enable",
+        type="boolean",
+        default="false",
+        doc="Elect a replica outside the ISR when no ISR member is alive, losing committed "
+        "records, rather than leaving the partition offline.",
+    ),
+    ConfigDef(
+        name="replication.mode",
+        type="string",
+        default="pull",
+        choices=("pull", "push"),
+        doc="raylog only: pull (followers long-poll the leader, as Kafka) or push (the leader "
+        "sends each batch to its followers).",
+    ),
+    ConfigDef(
+        name="retention.ms",
+        type="long",
+        default="604800000",
+        minimum=-1,
+        doc="How long a closed segment is kept; -1 keeps segments forever.",
+    ),
+    ConfigDef(
+        name="retention.bytes",
+        type="long",
+        default="-1",
+        minimum=-1,
+        doc="The most bytes a partition keeps before deleting old segments; -1 means no limit.",
+    ),
+    ConfigDef(
+        name="segment.bytes",
+        type="int",
+        default="1073741824",
+        minimum=14,  # Kafka's minimum: the size of the smallest legacy record
+        doc="The size at which a segment is rolled.",
+    ),
+    ConfigDef(
+        name="segment.ms",
+        type="long",
+        default="604800000",
+        minimum=1,
+        doc="The age at which a segment is rolled even when not full.",
+    ),
+    ConfigDef(
+        name="max.message.bytes",
+        type="int",
+        default="1048588",
+        minimum=0,
+        doc="The largest record batch (after compression) the topic accepts.",
+    ),
+    ConfigDef(
+        name="message.timestamp.type",
+        type="string",
+        default="CreateTime",
+        choices=("CreateTime", "LogAppendTime"),
+        doc="Whether record timestamps are the producer's (CreateTime) or the leader's append "
+        "time (LogAppendTime).",
+    ),
+    ConfigDef(
+        name="flush.messages",
+        type="long",
+        default="1",
+        minimum=1,
+        doc="fsync the log after this many appended records; 1 = before each append is acked.",
+        note="Kafka's default is Long.MAX_VALUE (leave flushing to the OS and rely on "
+        "replication). raylog's replicas often share one machine and one power supply in the "
+        "embedded cluster, so replication alone does not protect an acknowledged write there; "
+        "group-committed fsync of every append keeps acks durable at a small cost.",
+    ),
+    ConfigDef(
+        name="flush.ms",
+        type="long",
+        default=str(INT64_MAX),
+        minimum=0,
+        doc="With flush.messages above 1: fsync once the oldest unflushed append is this old, "
+        "also when no further append comes.",
+    ),
+    ConfigDef(
+        name="cleanup.policy",
+        type="list",
+        default="delete",
+        choices=("compact", "delete"),
+        doc="delete: drop old segments by retention.ms / retention.bytes. compact: the log "
+        "cleaner keeps the latest record of each key, and produce refuses records without a key "
+        "(INVALID_RECORD). compact,delete (either order): both.",
+        note="Kafka takes an empty list too (neither retention nor compaction); raylog refuses "
+        "it, so that a topic always says how it is cleaned.",
+    ),
+    ConfigDef(
+        name="delete.retention.ms",
+        type="long",
+        default="86400000",
+        minimum=0,
+        doc="Compacted topics: how long a tombstone (a record with a null value) stays after "
+        "the log cleaner first keeps it, so that a consumer reading from the start sees the "
+        "delete.",
+    ),
+    ConfigDef(
+        name="min.cleanable.dirty.ratio",
+        type="double",
+        default="0.5",
+        minimum=0,
+        maximum=1,
+        doc="Compacted topics: the log cleaner cleans a partition once the part of its log not "
+        "yet cleaned is at least this share of the log.",
+    ),
+    ConfigDef(
+        name="min.compaction.lag.ms",
+        type="long",
+        default="0",
+        minimum=0,
+        doc="Compacted topics: the least time a record stays uncompacted after it is appended.",
+    ),
+    ConfigDef(
+        name="max.compaction.lag.ms",
+        type="long",
+        default=str(INT64_MAX),
+        minimum=1,
+        doc="Compacted topics: the longest a record may stay uncompacted; a partition holding "
+        "one this old is cleaned whatever its dirty ratio.",
+    ),
+)
+
+
+def _resolved_int(reg: ConfigRegistry, given: Mapping[str, str], key: str) -> int:
+    """An int or long key of validated overrides, else its default."""
+    return int(given.get(key, reg.defs[key].default))
+
+
+def _compaction_lags_in_order(reg: ConfigRegistry, given: Mapping[str, str]) -> None:
+    # Kafka's LogConfig.validateValues, with its message.
+    low = _resolved_int(reg, given, "min.compaction.lag.ms")
+    high = _resolved_int(reg, given, "max.compaction.lag.ms")
+    if low > high:
+        raise InvalidConfigError(
+            f"conflict topic config setting min.compaction.lag.ms ({low}) > "
+            f"max.compaction.lag.ms ({high})"
+        )
+
+
+TOPIC_CONFIGS = ConfigRegistry(TOPIC_CONFIG_DEFS, TopicConfig, checks=(_compaction_lags_in_order,))
+
+
+def validate(overrides: Mapping[str, str]) -> dict[str, str]:
+    """Check topic config overrides; return them normalised (raises InvalidConfigError)."""
+    return TOPIC_CONFIGS.validate(overrides)
+
+
+def effective(overrides: Mapping[str, str]) -> TopicConfig:
+    """The typed topic config: overrides over the registry defaults."""
+    return TOPIC_CONFIGS.effective(overrides)
+
+
+def describe(overrides: Mapping[str, str], keys: Iterable[str] | None = None) -> list[ConfigEntry]:
+    """DescribeConfigs rows of a topic: each key, its value, is_default and source."""
+    return TOPIC_CONFIGS.describe(overrides, keys)
+
+
+def apply_incremental(
+    current: Mapping[str, str],
+    set_configs: Mapping[str, str] | None = None,
+    delete_configs: Iterable[str] = (),
+) -> dict[str, str]:
+    """IncrementalAlterConfigs on a topic's overrides; returns the validated result."""
+    return TOPIC_CONFIGS.apply_incremental(current, set_configs, delete_configs)
+
+
+# --- broker configs ---------------------------------------------------------------------------
+
+
+class BrokerConfig(msgspec.Struct, frozen=True, kw_only=True):
+    """Every broker-level config resolved to its typed value (see BROKER_CONFIG_DEFS)."""
+
+    auto_create_topics_enable: bool
+    default_replication_factor: int
+    num_partitions: int
+    offsets_topic_num_partitions: int
+    offsets_topic_replication_factor: int
+    offsets_retention_minutes: int
+    offsets_retention_check_interval_ms: int
+    group_initial_rebalance_delay_ms: int
+    auto_leader_rebalance_enable: bool
+    leader_imbalance_per_broker_percentage: int
+    leader_imbalance_check_interval_seconds: int
+    broker_heartbeat_interval_ms: int
+    broker_session_timeout_ms: int
+    replica_lag_time_max_ms: int
+    replica_fetch_max_bytes: int
+    log_retention_check_interval_ms: int
+    log_cleaner_backoff_ms: int
+    leader_replication_throttled_rate: int
+    replica_offline_retry_backoff_ms: int
+
+
+BROKER_CONFIG_DEFS: tuple[ConfigDef, ...] = (
+    ConfigDef(
+        name="auto.create.topics.enable",
+        type="boolean",
+        default="false",
+        doc="Create a topic when a client asks for metadata of an unknown one.",
+        note="Kafka's default is true. Each replica is a Ray actor (~57 MiB, ~0.5 s to start), "
+        "so a typo in a topic name must not silently cost a process per replica.",
+    ),
+    ConfigDef(
+        name="default.replication.factor",
+        type="int",
+        default="1",
+        minimum=1,
+        maximum=INT32_MAX,
+        doc="The replication factor of topics created without one (auto-created, or "
+        "CreateTopics with replication factor -1).",
+    ),
+    ConfigDef(
+        name="num.partitions",
+        type="int",
+        default="1",
+        minimum=1,
+        doc="The partition count of topics created without one.",
+    ),
+    ConfigDef(
+        name="offsets.topic.num.partitions",
+        type="int",
+        default="3",
+        minimum=1,
+        doc="Partitions of __consumer_offsets; fixed once the topic exists.",
+        note="Kafka's default is 50. A raylog replica is a Ray actor costing ~57 MiB, so 50 "
+        "partitions x RF 3 would take ~8.4 GiB before any user topic exists.",
+    ),
+    ConfigDef(
+        name="offsets.topic.replication.factor",
+        type="int",
+        default="3",
+        minimum=1,
+        maximum=32767,
+        doc="Replication factor of __consumer_offsets (capped by the brokers present when it is "
+        "created).",
+    ),
+    ConfigDef(
+        name="offsets.retention.minutes",
+        type="int",
+        default="10080",
+        minimum=1,
+        doc="Committed offsets of a group that has been empty this long (a group that never "
+        "joins: since each offset's commit) are deleted (KIP-211).",
+        note="Kafka also expires, in a Stable consumer group, the offsets of topics no member "
+        "subscribes to; raylog keeps those.",
+    ),
+    ConfigDef(
+        name="offsets.retention.check.interval.ms",
+        type="long",
+        default="600000",
+        minimum=1,
+        doc="How often each group coordinator looks for expired offsets.",
+    ),
+    ConfigDef(
+        name="group.initial.rebalance.delay.ms",
+        type="int",
+        default="3000",
+        minimum=0,
+        doc="How long the first rebalance of an empty consumer group waits for more members, "
+        "extended by as much while new ones arrive (within the rebalance timeout); 0 completes "
+        "it as soon as every member has joined.",
+    ),
+    ConfigDef(
+        name="auto.leader.rebalance.enable",
+        type="boolean",
+        default="true",
+        doc="Move leadership back to preferred replicas when a broker's imbalance exceeds "
+        "leader.imbalance.per.broker.percentage.",
+    ),
+    ConfigDef(
+        name="leader.imbalance.per.broker.percentage",
+        type="int",
+        default="10",
+        minimum=0,
+        maximum=100,
+        doc="Percent of a broker's preferred partitions it may fail to lead before a rebalance.",
+    ),
+    ConfigDef(
+        name="leader.imbalance.check.interval.seconds",
+        type="long",
+        default="30",
+        minimum=1,
+        doc="How often the controller checks leader imbalance.",
+        note="Kafka's default is 300. After `raylog up` restarts, the broker stopped last leads "
+        "every partition until this check runs; a check is one pure pass over the metadata and, "
+        "when it elects, one metadata write and one push round (milliseconds), so raylog "
+        "does not leave a laptop cluster skewed for five minutes.",
+    ),
+    ConfigDef(
+        name="broker.heartbeat.interval.ms",
+        type="int",
+        default="2000",
+        minimum=1,
+        doc="How often a broker heartbeats the controller.",
+    ),
+    ConfigDef(
+        name="broker.session.timeout.ms",
+        type="int",
+        default="9000",
+        minimum=1,
+        doc="A broker not heard from for this long is fenced (judged by the controller's "
+        "monotonic clock). Must be at least twice broker.heartbeat.interval.ms.",
+    ),
+    ConfigDef(
+        name="replica.lag.time.max.ms",
+        type="long",
+        default="30000",
+        minimum=1,
+        doc="A follower that has not caught up to the leader's log end for this long leaves "
+        "the ISR.",
+    ),
+    ConfigDef(
+        name="replica.fetch.max.bytes",
+        type="int",
+        default=str(REPLICA_FETCH_BYTES_DEFAULT),
+        minimum=1,
+        maximum=REPLICA_FETCH_BYTES_MAX,
+        doc="The most a follower's fetch of one partition takes from its leader (at least one "
+        "whole batch, however large).",
+        note="Kafka's default is 1 MiB per partition within 10 MiB per response "
+        "(replica.fetch.response.max.bytes). A raylog follower fetches each partition on its "
+        "own, and fsyncs every fetch before the next: at 1 MiB it moved one ~1 MB client batch "
+        "per fsync, which capped a partition's RF=3 acks=all produce. So its fetch takes up to "
+        "Kafka's response limit, and at most 64 MiB.",
+    ),
+    ConfigDef(
+        name="log.retention.check.interval.ms",
+        type="long",
+        default="300000",
+        minimum=1,
+        doc="How often each replica deletes segments past retention.ms / retention.bytes.",
+    ),
+    ConfigDef(
+        name="log.cleaner.backoff.ms",
+        type="long",
+        default="15000",
+        minimum=1,
+        doc="How often each replica of a compacted topic checks whether a cleaning pass is due "
+        "(min.cleanable.dirty.ratio, max.compaction.lag.ms, a tombstone's delete horizon).",
+    ),
+    ConfigDef(
+        name="leader.replication.throttled.rate",
+        type="long",
+        default="9223372036854775807",
+        minimum=1,
+        doc="Bytes per second a leader sends to the replicas a reassignment adds while they "
+        "catch up (followers already in the ISR are never throttled). `raylog reassign "
+        "--throttle` sets it for the duration of the reassignments.",
+        note="Kafka applies it to the replicas listed in leader.replication.throttled.replicas "
+        "and pairs it with follower.replication.throttled.rate; raylog throttles exactly the "
+        "adding replicas of partitions being reassigned, on the leader side only.",
+    ),
+    ConfigDef(
+        name="replica.offline.retry.backoff.ms",
+        type="long",
+        default="60000",
+        minimum=1,
+        doc="How long a replica whose log failed (a full disk, an I/O error) stays offline "
+        "before its broker re-creates it from its log; it goes offline again if the log "
+        "still fails.",
+        note="Kafka has no such setting: a failed log directory stays offline until the broker "
+        "restarts. Each raylog replica has a log directory and a process of its own, so its "
+        "broker retries it alone, and a disk that was full comes back without a restart.",
+    ),
+)
+
+
+def _session_outlives_heartbeats(reg: ConfigRegistry, given: Mapping[str, str]) -> None:
+    # A session must survive one lost heartbeat, else a single delayed message fences a healthy
+    # broker and moves its leaders (the lease rule: lease >= 2 x renew).
+    session = _resolved_int(reg, given, "broker.session.timeout.ms")
+    heartbeat = _resolved_int(reg, given, "broker.heartbeat.interval.ms")
+    if session < 2 * heartbeat:
+        raise _fail(
+            "broker.session.timeout.ms",
+            str(session),
+            f"must be at least 2 x broker.heartbeat.interval.ms ({heartbeat})",
+        )
+
+
+BROKER_CONFIGS = ConfigRegistry(
+    BROKER_CONFIG_DEFS, BrokerConfig, checks=(_session_outlives_heartbeats,)
+)
+
+
+def broker_config(overrides: Mapping[str, str] | None = None) -> BrokerConfig:
+    """The typed broker config: overrides (e.g. from ``raylog up``) over the defaults."""
+    return BROKER_CONFIGS.effective(overrides or {})

@@ -1,0 +1,592 @@
+"""The cluster metadata and the pure transitions that change it.
+
+This module owns the shape of raylog's cluster metadata — broker registrations, topics with their
+config overrides, and per partition its replicas, leader, epochs and ISR — as msgspec Structs that
+encode to JSON or msgpack for the controller's compare-and-swap writes to the object store, and
+the mechanical transitions on it. Every transition takes a :class:`ClusterMetadata` and returns a
+new one (never mutating), bumping ``metadata_epoch`` once, or returns the very same object when
+nothing changed (so the caller can skip the write).
+
+Decisions (who becomes leader, which ISR a leader may propose) live in
+``raylog.actors.control.election``; where replicas go lives in ``raylog.actors.control.placement``.
+This module only applies what those decided and checks that the result still holds the invariants
+below.
+
+Epochs (Kafka's rules):
+
+- ``leader_epoch`` bumps whenever the leader changes, including to and from "no leader" (-1);
+- ``partition_epoch`` bumps on every change of a partition's state: leader, ISR, replicas or
+  observers;
+- ``broker_epoch`` is assigned at registration (the ``metadata_epoch`` that records it) and so
+  grows with every new incarnation of a broker;
+- ``metadata_epoch`` bumps once per transition that changes anything: it is the version of the
+  document that compare-and-swap protects.
+
+Invariants of every partition (:func:`check_partition`):
+
+- ``replicas`` are distinct; ``observers`` ⊆ ``replicas``; the ISR is a non-empty subset of the
+  non-observer replicas with no duplicates, kept in assignment order (so equal ISRs compare
+  equal);
+- ``leader`` is -1 or a member of the ISR (hence never an observer);
+- ``offline_replicas`` (replicas whose log failed) are replicas, kept in assignment order, and
+  never the leader (a replica going offline leaves the ISR unless it is its last member);
+- the ISR is never empty: when its last member fails the partition goes offline (leader -1) and
+  keeps that member as the ISR, so that the replica holding every committed record is the one
+  elected when it returns (Kafka does the same).
+
+Session liveness is not in the metadata: the controller judges sessions by its own monotonic
+clock and records only the outcome (a broker's ``state``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Literal
+
+import msgspec
+
+from raylog.actors.control import config_keys
+from raylog.storage.errors import (
+    BrokerIdNotRegisteredError,
+    InvalidPartitionsError,
+    InvalidReplicaAssignmentError,
+    InvalidReplicationFactorError,
+    InvalidTopicError,
+    TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
+)
+
+NO_LEADER = -1
+PRODUCER_ID_BLOCK_SIZE = 1000  # Kafka's block size for InitProducerId allocation
+
+BrokerState = Literal["registered", "fenced", "controlled_shutdown"]
+# registered: unfenced, may lead and be in ISRs. fenced: session expired or died (or a new
+#   incarnation has not caught up). controlled_shutdown: going away on purpose; it keeps serving
+#   until the controller has moved its leaders, but is not eligible for leadership or the ISR.
+BROKER_STATES: tuple[BrokerState, ...] = ("registered", "fenced", "controlled_shutdown")
+
+_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]+")
+MAX_TOPIC_NAME_LENGTH = 249
+
+
+class TopicPartition(msgspec.Struct, frozen=True, order=True):
+    """A partition's address; hashable and ordered so it can key dicts and sort."""
+
+    topic: str
+    partition: int
+
+
+class BrokerRegistration(msgspec.Struct, frozen=True, kw_only=True):
+    """One broker as the controller knows it. ``port`` is its Kafka gateway's port."""
+
+    broker_id: int
+    incarnation_id: str  # uuid hex, new every time the broker process starts
+    broker_epoch: int  # the metadata_epoch that recorded this incarnation's registration
+    rack: str | None
+    host: str
+    port: int
+    state: BrokerState = "registered"
+
+
+class PartitionState(msgspec.Struct, frozen=True, kw_only=True):
+    """A partition's assignment, leadership and ISR (Kafka's PartitionRecord)."""
+
+    partition: int
+    replicas: tuple[int, ...]  # assignment order; replicas[0] is the preferred leader
+    isr: tuple[int, ...]
+    observers: tuple[int, ...] = ()  # ⊆ replicas; replicate but never join the ISR nor lead
+    leader: int = NO_LEADER
+    leader_epoch: int = 0
+    partition_epoch: int = 0
+    # A reassignment in progress (KIP-455; see raylog.actors.control.reassignment): ``replicas`` is
+    # then target + original, ``adding_replicas`` = target - original and ``removing_replicas`` =
+    # original - target, both ⊆ replicas and disjoint.
+    adding_replicas: tuple[int, ...] = ()
+    removing_replicas: tuple[int, ...] = ()
+    # Replicas whose log failed (a full disk, an I/O error), as their broker reports them: they
+    # neither lead nor join the ISR until their broker reports them back (Kafka's offline log
+    # directories, per replica here since each replica has a log directory of its own).
+    offline_replicas: tuple[int, ...] = ()
+
+    @property
+    def preferred_leader(self) -> int:
+        return self.replicas[0]
+
+    @property
+    def reassigning(self) -> bool:
+        return bool(self.adding_replicas or self.removing_replicas)
+
+    @property
+    def target_replicas(self) -> tuple[int, ...]:
+        """The replica list once the reassignment in progress (if any) completes."""
+        return tuple(b for b in self.replicas if b not in self.removing_replicas)
+
+    @property
+    def original_replicas(self) -> tuple[int, ...]:
+        """The replica list before the reassignment in progress (if any) started."""
+        return tuple(b for b in self.replicas if b not in self.adding_replicas)
+
+
+class TopicMetadata(msgspec.Struct, frozen=True, kw_only=True):
+    """A topic: its id, its config overrides (validated, normalised) and its partitions."""
+
+    name: str
+    topic_id: str  # uuid hex; a re-created topic gets a new id
+    configs: dict[str, str] = {}  # overrides only; defaults come from config_keys
+    partitions: tuple[PartitionState, ...] = ()  # partitions[i].partition == i
+
+
+class ClusterMetadata(msgspec.Struct, frozen=True, kw_only=True):
+    """The root document the controller reads and compare-and-swaps in the object store."""
+
+    cluster_id: str
+    metadata_epoch: int = 0
+    controller_epoch: int = 0  # the lease epoch of the controller that wrote this version
+    next_producer_id: int = 0  # first id of the next producer-id block to hand out
+    brokers: dict[int, BrokerRegistration] = {}
+    topics: dict[str, TopicMetadata] = {}
+    # Cluster-wide dynamic broker configs (validated by config_keys.BROKER_CONFIGS), over the
+    # static ones the controller was started with; e.g. the reassignment throttle.
+    dynamic_broker_configs: dict[str, str] = {}
+
+
+class PartitionChange(msgspec.Struct, frozen=True, kw_only=True):
+    """A decided change to one partition; None fields stay as they are.
+
+    ``unclean`` marks a leader chosen outside the ISR, so the caller can count it in a metric.
+    """
+
+    topic: str
+    partition: int
+    leader: int | None = None
+    isr: tuple[int, ...] | None = None
+    replicas: tuple[int, ...] | None = None
+    observers: tuple[int, ...] | None = None
+    adding_replicas: tuple[int, ...] | None = None
+    removing_replicas: tuple[int, ...] | None = None
+    offline_replicas: tuple[int, ...] | None = None
+    unclean: bool = False
+    bump_partition_epoch: bool = False  # even if nothing else changes (a fencing AlterPartition)
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+
+# --- encoding ---------------------------------------------------------------------------------
+
+_json_decoder = msgspec.json.Decoder(ClusterMetadata)
+_msgpack_decoder = msgspec.msgpack.Decoder(ClusterMetadata)
+
+
+def encode_json(md: ClusterMetadata) -> bytes:
+    return msgspec.json.encode(md)
+
+
+def decode_json(data: bytes) -> ClusterMetadata:
+    md = _json_decoder.decode(data)
+    check(md)
+    return md
+
+
+def encode_msgpack(md: ClusterMetadata) -> bytes:
+    return msgspec.msgpack.encode(md)
+
+
+def decode_msgpack(data: bytes) -> ClusterMetadata:
+    md = _msgpack_decoder.decode(data)
+    check(md)
+    return md
+
+
+# --- queries ----------------------------------------------------------------------------------
+
+
+def is_active(md: ClusterMetadata, broker_id: int) -> bool:
+    """Whether the broker may lead and be in an ISR: registered, neither fenced nor leaving."""
+    reg = md.brokers.get(broker_id)
+    return reg is not None and reg.state == "registered"
+
+
+def active_brokers(md: ClusterMetadata) -> list[BrokerRegistration]:
+    """Brokers that can take new replicas and leadership, by broker id."""
+    return [md.brokers[b] for b in sorted(md.brokers) if md.brokers[b].state == "registered"]
+
+
+def get_topic(md: ClusterMetadata, topic: str) -> TopicMetadata:
+    t = md.topics.get(topic)
+    if t is None:
+        raise UnknownTopicOrPartitionError(f"Unknown topic {topic!r}")
+    return t
+
+
+def get_partition(md: ClusterMetadata, topic: str, partition: int) -> PartitionState:
+    t = get_topic(md, topic)
+    if not 0 <= partition < len(t.partitions):
+        raise UnknownTopicOrPartitionError(f"Unknown partition {topic}-{partition}")
+    return t.partitions[partition]
+
+
+def partitions(md: ClusterMetadata) -> Iterable[tuple[TopicPartition, PartitionState]]:
+    """Every partition, topics in name order."""
+    for name in sorted(md.topics):
+        for p in md.topics[name].partitions:
+            yield TopicPartition(name, p.partition), p
+
+
+# --- invariants -------------------------------------------------------------------------------
+
+
+def check_partition(p: PartitionState, where: str = "") -> None:
+    """Raise AssertionError naming the partition when one of the module's invariants breaks.
+
+    Raises rather than ``assert`` so that the check stays on under ``python -O``.
+    """
+    where = where or f"partition {p.partition}"
+
+    def fail(why: str) -> None:
+        raise AssertionError(f"{where}: {why} ({p})")
+
+    if not p.replicas or len(set(p.replicas)) != len(p.replicas):
+        fail("replicas empty or not distinct")
+    if not set(p.observers) <= set(p.replicas) or len(set(p.observers)) != len(p.observers):
+        fail("observers not distinct replicas")
+    if not p.isr or len(set(p.isr)) != len(p.isr):
+        fail("ISR empty or not distinct")
+    if not set(p.isr) <= set(p.replicas) - set(p.observers):
+        fail("ISR holds a non-replica or an observer")
+    if list(p.isr) != [b for b in p.replicas if b in p.isr]:
+        fail("ISR not in assignment order")
+    if p.leader != NO_LEADER and p.leader not in p.isr:
+        fail("leader not in the ISR")
+    if p.leader_epoch < 0 or p.partition_epoch < 0:
+        fail("negative epoch")
+    adding, removing = set(p.adding_replicas), set(p.removing_replicas)
+    if not (adding | removing) <= set(p.replicas) or adding & removing:
+        fail("adding/removing replicas not disjoint subsets of the replicas")
+    if len(adding) != len(p.adding_replicas) or len(removing) != len(p.removing_replicas):
+        fail("adding/removing replicas not distinct")
+    if removing == set(p.replicas):
+        fail("a reassignment removes every replica")
+    if list(p.offline_replicas) != [b for b in p.replicas if b in p.offline_replicas]:
+        fail("offline replicas not distinct replicas in assignment order")
+    if p.leader in p.offline_replicas:
+        fail("the leader is offline")
+
+
+def check(md: ClusterMetadata) -> None:
+    """Check every invariant of the document (raises AssertionError)."""
+    for b, reg in md.brokers.items():
+        if b != reg.broker_id or reg.state not in BROKER_STATES:
+            raise AssertionError(f"broker {b}: bad registration {reg}")
+    for name, t in md.topics.items():
+        if name != t.name:
+            raise AssertionError(f"topic {name!r} stored under another name {t.name!r}")
+        if not t.partitions:
+            raise AssertionError(f"topic {name!r} has no partitions")
+        # The replication factor may differ between partitions: a reassignment changes it for
+        # the partitions it moves, as in Kafka.
+        for i, p in enumerate(t.partitions):
+            if p.partition != i:
+                raise AssertionError(f"{name}-{i}: stored as partition {p.partition}")
+            check_partition(p, f"{name}-{i}")
+
+
+# --- transitions ------------------------------------------------------------------------------
+
+
+def _bump(md: ClusterMetadata, **changes: object) -> ClusterMetadata:
+    return msgspec.structs.replace(md, metadata_epoch=md.metadata_epoch + 1, **changes)
+
+
+def validate_topic_name(name: str) -> None:
+    """Kafka's topic name rule (raises InvalidTopicError)."""
+    if name in ("", ".", ".."):
+        raise InvalidTopicError(f"Topic name {name!r} is illegal")
+    if len(name) > MAX_TOPIC_NAME_LENGTH:
+        raise InvalidTopicError(
+            f"Topic name {name[:20]!r}... is {len(name)} characters, above the "
+            f"{MAX_TOPIC_NAME_LENGTH} maximum"
+        )
+    if not _TOPIC_NAME.fullmatch(name):
+        raise InvalidTopicError(
+            f"Topic name {name!r} is illegal: only ASCII letters, digits, '.', '_' and '-' are "
+            f"allowed"
+        )
+
+
+def _check_assignment(
+    md: ClusterMetadata, topic: str, assignment: Sequence[Sequence[int]], rf: int | None
+) -> None:
+    for i, replicas in enumerate(assignment):
+        if not replicas:
+            raise InvalidReplicationFactorError(f"{topic}: partition {i} has no replicas")
+        if len(set(replicas)) != len(replicas):
+            raise InvalidReplicaAssignmentError(
+                f"{topic}: partition {i} lists a broker twice: {list(replicas)}"
+            )
+        unknown = [b for b in replicas if b not in md.brokers]
+        if unknown:
+            raise InvalidReplicaAssignmentError(
+                f"{topic}: partition {i} names unregistered brokers {unknown}"
+            )
+        if rf is not None and len(replicas) != rf:
+            raise InvalidReplicaAssignmentError(
+                f"{topic}: partition {i} has {len(replicas)} replicas, the topic has {rf}"
+            )
+
+
+def _new_partition(
+    md: ClusterMetadata,
+    topic: str,
+    index: int,
+    replicas: Sequence[int],
+    observers: Sequence[int],
+) -> PartitionState:
+    # Kafka: the ISR starts as the active replicas, and the leader is the first of them in
+    # assignment order. Observers never join the ISR.
+    obs = tuple(b for b in replicas if b in set(observers))
+    isr = tuple(b for b in replicas if b not in obs and is_active(md, b))
+    if not isr:
+        raise InvalidReplicationFactorError(
+            f"Unable to start partition {topic}-{index}: none of its voting replicas "
+            f"{[b for b in replicas if b not in obs]} is on an active broker"
+        )
+    return PartitionState(
+        partition=index, replicas=tuple(replicas), isr=isr, observers=obs, leader=isr[0]
+    )
+
+
+def create_topic(
+    md: ClusterMetadata,
+    name: str,
+    topic_id: str,
+    assignment: Sequence[Sequence[int]],
+    configs: Mapping[str, str] | None = None,
+    observers: Sequence[Sequence[int]] | None = None,
+) -> ClusterMetadata:
+    """CreateTopics: a topic whose partition ``i`` has replicas ``assignment[i]``.
+
+    ``assignment`` comes from ``placement.place_replicas`` or from the client (manual
+    assignment); ``observers[i]`` (optional) names which of partition ``i``'s replicas observe.
+    ``configs`` are validated here, so nothing unvalidated is ever stored.
+    """
+    validate_topic_name(name)
+    if name in md.topics:
+        raise TopicAlreadyExistsError(f"Topic {name!r} already exists")
+    # Kafka refuses names that differ from an existing one only by '.' versus '_', because
+    # both map to the same metric names.
+    clash = [t for t in md.topics if t.replace(".", "_") == name.replace(".", "_")]
+    if clash:
+        raise InvalidTopicError(f"Topic {name!r} collides with existing topic {clash[0]!r}")
+    if any(t.topic_id == topic_id for t in md.topics.values()):
+        raise AssertionError(f"topic id {topic_id} already in use")
+    if not assignment:
+        raise InvalidPartitionsError(f"{name}: the number of partitions must be at least 1")
+    _check_assignment(md, name, assignment, len(assignment[0]))
+    if observers is not None and len(observers) != len(assignment):
+        raise InvalidReplicaAssignmentError(f"{name}: observers given for some partitions only")
+    normalised = config_keys.validate(configs or {})
+    parts = tuple(
+        _new_partition(md, name, i, r, observers[i] if observers else ())
+        for i, r in enumerate(assignment)
+    )
+    topic = TopicMetadata(name=name, topic_id=topic_id, configs=normalised, partitions=parts)
+    return _bump(md, topics={**md.topics, name: topic})
+
+
+def delete_topic(md: ClusterMetadata, name: str) -> ClusterMetadata:
+    """DeleteTopics: drop the topic; its replicas are stopped by the controller's reconcile."""
+    get_topic(md, name)
+    return _bump(md, topics={k: v for k, v in md.topics.items() if k != name})
+
+
+def add_partitions(
+    md: ClusterMetadata, name: str, new_assignment: Sequence[Sequence[int]]
+) -> ClusterMetadata:
+    """CreatePartitions: append partitions with replicas ``new_assignment`` (one per new one)."""
+    t = get_topic(md, name)
+    if not new_assignment:
+        raise InvalidPartitionsError(
+            f"Topic {name!r} already has {len(t.partitions)} partitions; a new count must be higher"
+        )
+    _check_assignment(md, name, new_assignment, len(t.partitions[0].target_replicas))
+    start = len(t.partitions)
+    added = tuple(_new_partition(md, name, start + i, r, ()) for i, r in enumerate(new_assignment))
+    topic = msgspec.structs.replace(t, partitions=t.partitions + added)
+    return _bump(md, topics={**md.topics, name: topic})
+
+
+def alter_configs(md: ClusterMetadata, name: str, overrides: Mapping[str, str]) -> ClusterMetadata:
+    """AlterConfigs: replace the topic's whole set of overrides (validated here).
+
+    IncrementalAlterConfigs computes the new set with ``config_keys.apply_incremental`` first.
+    Enabling unclean.leader.election.enable does not elect anything by itself: the controller
+    follows up with ``election.elect_leaders(..., "unclean")`` for offline partitions.
+    """
+    t = get_topic(md, name)
+    normalised = config_keys.validate(overrides)
+    if normalised == t.configs:
+        return md
+    topic = msgspec.structs.replace(t, configs=normalised)
+    return _bump(md, topics={**md.topics, name: topic})
+
+
+def register_broker(
+    md: ClusterMetadata,
+    broker_id: int,
+    incarnation_id: str,
+    rack: str | None,
+    host: str,
+    port: int,
+) -> ClusterMetadata:
+    """BrokerRegistration of a new incarnation: the broker is active at once.
+
+    A re-registration of the same incarnation is a retry and changes nothing. A new incarnation
+    of a known broker must first be fenced by ``election.fence_broker`` (which takes it out of
+    ISRs and moves its leaders: the new process has none of the old one's in-memory state), and
+    ``election.register_broker`` does that and refuses while the old session is live.
+    """
+    old = md.brokers.get(broker_id)
+    if old is not None and old.incarnation_id == incarnation_id:
+        return md
+    if old is not None and old.state != "fenced":
+        raise AssertionError(f"broker {broker_id}: new incarnation while the old is not fenced")
+    reg = BrokerRegistration(
+        broker_id=broker_id,
+        incarnation_id=incarnation_id,
+        broker_epoch=md.metadata_epoch + 1,
+        rack=rack,
+        host=host,
+        port=port,
+    )
+    return _bump(md, brokers={**md.brokers, broker_id: reg})
+
+
+def set_broker_state(md: ClusterMetadata, broker_id: int, state: BrokerState) -> ClusterMetadata:
+    """Record a broker's new state only. Use ``election.fence_broker`` /
+    ``election.controlled_shutdown`` / ``election.unfence_broker``, which also apply the
+    partition changes that must be written in the same version."""
+    reg = md.brokers.get(broker_id)
+    if reg is None:
+        raise BrokerIdNotRegisteredError(f"Broker {broker_id} is not registered")
+    if reg.state == state:
+        return md
+    return _bump(md, brokers={**md.brokers, broker_id: msgspec.structs.replace(reg, state=state)})
+
+
+def unregister_broker(md: ClusterMetadata, broker_id: int) -> ClusterMetadata:
+    """Forget a broker (decommissioned). It must hold no replicas: reassign them first."""
+    if broker_id not in md.brokers:
+        raise BrokerIdNotRegisteredError(f"Broker {broker_id} is not registered")
+    holding = [str(tp) for tp, p in partitions(md) if broker_id in p.replicas]
+    if holding:
+        raise InvalidReplicaAssignmentError(
+            f"Broker {broker_id} still holds {len(holding)} replicas; reassign them first"
+        )
+    return _bump(md, brokers={k: v for k, v in md.brokers.items() if k != broker_id})
+
+
+def apply_partition_changes(
+    md: ClusterMetadata, changes: Iterable[PartitionChange]
+) -> ClusterMetadata:
+    """Apply decided partition changes in one version, bumping epochs by Kafka's rules.
+
+    A change that changes nothing is skipped; when none changes anything the same object is
+    returned. Every changed partition is checked against the invariants.
+    """
+    topics = dict(md.topics)
+    changed = False
+    for c in changes:
+        t = topics.get(c.topic)
+        if t is None or not 0 <= c.partition < len(t.partitions):
+            raise UnknownTopicOrPartitionError(f"Unknown partition {c.topic}-{c.partition}")
+        old = t.partitions[c.partition]
+        new = _changed_partition(old, c)
+        if new is old:
+            continue
+        check_partition(new, f"{c.topic}-{c.partition}")
+        parts = list(t.partitions)
+        parts[c.partition] = new
+        topics[c.topic] = msgspec.structs.replace(t, partitions=tuple(parts))
+        changed = True
+    return _bump(md, topics=topics) if changed else md
+
+
+def _changed_partition(old: PartitionState, c: PartitionChange) -> PartitionState:
+    leader = old.leader if c.leader is None else c.leader
+    isr = old.isr if c.isr is None else tuple(c.isr)
+    replicas = old.replicas if c.replicas is None else tuple(c.replicas)
+    observers = old.observers if c.observers is None else tuple(c.observers)
+    adding = old.adding_replicas if c.adding_replicas is None else tuple(c.adding_replicas)
+    removing = old.removing_replicas if c.removing_replicas is None else tuple(c.removing_replicas)
+    offline = old.offline_replicas if c.offline_replicas is None else set(c.offline_replicas)
+    # Kept in assignment order; a replica that leaves the assignment leaves this list too.
+    offline = tuple(b for b in replicas if b in offline)
+    new = (leader, isr, replicas, observers, adding, removing, offline)
+    if not c.bump_partition_epoch and new == (
+        old.leader,
+        old.isr,
+        old.replicas,
+        old.observers,
+        old.adding_replicas,
+        old.removing_replicas,
+        old.offline_replicas,
+    ):
+        return old
+    # The leader epoch also bumps when the replica set changes under the same leader: a leader
+    # learns its followers only from a BecomeLeader of a new epoch (Kafka KRaft bumps it when
+    # replicas are removed; raylog's replicas need it for additions too).
+    bump = leader != old.leader or replicas != old.replicas or observers != old.observers
+    return PartitionState(
+        partition=old.partition,
+        replicas=replicas,
+        isr=isr,
+        observers=observers,
+        leader=leader,
+        leader_epoch=old.leader_epoch + (1 if bump else 0),
+        partition_epoch=old.partition_epoch + 1,
+        adding_replicas=adding,
+        removing_replicas=removing,
+        offline_replicas=offline,
+    )
+
+
+def apply_election(md: ClusterMetadata, changes: Iterable[PartitionChange]) -> ClusterMetadata:
+    """Apply the outcome of an election decided by ``raylog.actors.control.election``."""
+    return apply_partition_changes(md, changes)
+
+
+def apply_alter_partition(
+    md: ClusterMetadata, topic: str, partition: int, isr: Sequence[int], fence: bool = False
+) -> ClusterMetadata:
+    """Apply an ISR proposal already accepted by ``election.validate_alter_partition``."""
+    change = PartitionChange(
+        topic=topic, partition=partition, isr=tuple(isr), bump_partition_epoch=fence
+    )
+    return apply_partition_changes(md, [change])
+
+
+def allocate_producer_ids(md: ClusterMetadata) -> tuple[ClusterMetadata, range]:
+    """AllocateProducerIds: hand out the next block of producer ids."""
+    start = md.next_producer_id
+    block = range(start, start + PRODUCER_ID_BLOCK_SIZE)
+    return _bump(md, next_producer_id=block.stop), block
+
+
+def set_dynamic_broker_configs(md: ClusterMetadata, configs: Mapping[str, str]) -> ClusterMetadata:
+    """Replace the cluster-wide dynamic broker configs (validated here)."""
+    normalised = config_keys.BROKER_CONFIGS.validate(configs)
+    if normalised == md.dynamic_broker_configs:
+        return md
+    return _bump(md, dynamic_broker_configs=normalised)
+
+
+def take_controllership(md: ClusterMetadata, controller_epoch: int) -> ClusterMetadata:
+    """Record the lease epoch of the controller that now writes (it only grows)."""
+    if controller_epoch <= md.controller_epoch:
+        raise AssertionError(
+            f"controller epoch {controller_epoch} is not above {md.controller_epoch}"
+        )
+    return _bump(md, controller_epoch=controller_epoch)

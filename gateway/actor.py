@@ -1,0 +1,278 @@
+"""GatewayActor: one broker's Kafka listener, run as a Ray actor next to its BrokerActor.
+
+Owns the listener's lifetime and keeping its routing metadata fresh. The actor runs a
+:class:`~raylog.gateway.server.GatewayServer` with a
+:class:`~raylog.gateway.replica_backend.ReplicaBackend` inside its own event loop, and polls the
+active controller's ``metadata()`` every ``poll_ms`` to refresh the backend's
+:class:`~raylog.gateway.replica_backend.MetadataView` (brokers and partitions as clients see
+them; a leaderless partition has leader -1). The same controller handle serves the gateway's
+admin requests (``active_controller``), and ``broker_configs`` (``config_keys.BROKER_CONFIGS``
+keys, e.g. ``auto.create.topics.enable``, ``num.partitions``) decide what the gateway does on its
+own: topic auto-creation from Metadata and the defaults of CreateTopics' -1 counts. Whoever
+starts the gateways passes them the same broker configs it passes the controllers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import ray
+
+from raylog.actors.calls import NAMESPACE, ray_call
+from raylog.actors.control import config_keys
+from raylog.actors.control import metadata as md_
+from raylog.gateway.backend import AdminBackend, Broker, PartitionState, TopicState
+from raylog.gateway.groups.coordinator import GroupCoordinator
+from raylog.gateway.replica_backend import MetadataView, ReplicaBackend
+from raylog.gateway.request_stats import RequestStats
+from raylog.gateway.server import GatewayServer
+from raylog.storage.errors import RaylogError
+
+log = logging.getLogger(__name__)
+
+POLL_MS_DEFAULT = 200
+CALL_TIMEOUT_MS = 2_000  # bound on one status()/metadata() call to a controller
+CREATE_TIMEOUT_MS = 30_000  # bound on creating __consumer_offsets through the controller
+LOOKUP_TIMEOUT_S = 5.0  # bound on ray.get_actor (a GCS round trip, run in a thread)
+
+
+# Topics Metadata marks is_internal (the group coordinator's; see gateway/groups/coordinator.py).
+INTERNAL_TOPICS = frozenset({"__consumer_offsets"})
+
+
+class GatewayStartError(Exception):
+    """The listener could not be opened (e.g. the port is in use); the message says why."""
+
+
+async def _set_topic_configs(backend: AdminBackend, name: str, configs: Mapping[str, str]) -> None:
+    """Set ``configs`` among the topic's overrides, the others kept (DescribeConfigs, then
+    AlterConfigs, as an admin client does); nothing is written when they are set already."""
+    current = await backend.topic_configs(name)
+    if current.error_code:
+        raise RaylogError(f"configs of {name}: error {current.error_code} {current.message}")
+    wanted = {**current.overrides, **configs}
+    if wanted == dict(current.overrides):
+        return
+    done = await backend.alter_topic_configs(name, wanted, validate_only=False)
+    if done.error_code:
+        raise RaylogError(f"altering {name}: error {done.error_code} {done.message}")
+    log.info("%s: configs %s set", name, ", ".join(f"{k}={v}" for k, v in configs.items()))
+
+
+def client_view(md: md_.ClusterMetadata) -> tuple[list[Broker], dict[str, TopicState]]:
+    """ClusterMetadata as Kafka's Metadata response shows it: live brokers and partitions.
+
+    A broker is live unless fenced; replicas on brokers that are not live are offline, and so
+    are those whose log failed.
+    """
+    live = {b: r for b, r in md.brokers.items() if r.state != "fenced"}
+    brokers = [Broker(r.broker_id, r.host, r.port, r.rack) for _, r in sorted(live.items())]
+    topics = {
+        name: TopicState(
+            name,
+            [
+                PartitionState(
+                    p.partition,
+                    p.leader,  # NO_LEADER (-1) when leaderless
+                    p.leader_epoch,
+                    list(p.replicas),
+                    list(p.isr),
+                    [r for r in p.replicas if r not in live or r in p.offline_replicas],
+                )
+                for p in t.partitions
+            ],
+            internal=name in INTERNAL_TOPICS,
+        )
+        for name, t in md.topics.items()
+    }
+    return brokers, topics
+
+
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1000)
+class GatewayActor:
+    """The Kafka listener of broker ``broker_id`` on ``host:port``."""
+
+    def __init__(
+        self,
+        broker_id: int,
+        cluster_id: str,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 9092,
+        controller_names: tuple[str, ...] = (),
+        poll_ms: int = POLL_MS_DEFAULT,
+        broker_configs: dict[str, str] | None = None,
+    ) -> None:
+        self.broker_id = broker_id
+        self.cluster_id = cluster_id
+        self.host = host
+        self.port = port
+        self._controller_names = tuple(controller_names)
+        self._poll_ms = max(10, poll_ms)
+        self._view: MetadataView | None = None
+        self._server: GatewayServer | None = None
+        self._backend: ReplicaBackend | None = None
+        self._has_certificate = False
+        self._poller: asyncio.Task[None] | None = None
+        self._controller: Any = None  # handle of the controller last found active
+        self._metadata_epoch = -1
+        self._groups: GroupCoordinator | None = None
+        self._broker_configs = dict(broker_configs or {})
+
+    async def start(self) -> int:
+        """Open the listener and start polling metadata; returns the bound port. Idempotent."""
+        if self._server is not None:
+            return self.port
+        view = MetadataView(self.broker_id, self.cluster_id)
+        backend = ReplicaBackend(view, controller=self, broker_configs=self._broker_configs)
+        self._backend = backend
+        groups = self._group_coordinator(backend)
+        server = GatewayServer(backend, groups=groups)
+        try:
+            self.port = await server.start(self.host, self.port)
+        except OSError as exc:
+            raise GatewayStartError(
+                f"gateway of broker {self.broker_id} cannot listen on {self.host}:{self.port}: "
+                f"{exc.strerror or exc}"
+            ) from None
+        self._view, self._server = view, server
+        self._poller = asyncio.get_running_loop().create_task(self._poll_loop())
+        self._groups = groups
+        groups.start()
+        return self.port
+
+    def _group_coordinator(self, backend: ReplicaBackend) -> GroupCoordinator:
+        """This broker's group coordinator; it creates ``__consumer_offsets`` through the
+        active controller on the first FindCoordinator, and sets configs of an existing one
+        through the admin path (AlterConfigs) as any client would."""
+        config = config_keys.broker_config(self._broker_configs)
+        return GroupCoordinator(
+            backend,
+            self.broker_id,
+            offsets_topic_num_partitions=config.offsets_topic_num_partitions,
+            offsets_topic_replication_factor=config.offsets_topic_replication_factor,
+            create_topic=self._create_internal_topic,
+            configure_topic=lambda name, configs: _set_topic_configs(backend, name, configs),
+            initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
+            offsets_retention_ms=config.offsets_retention_minutes * 60_000,
+            offsets_retention_check_interval_ms=config.offsets_retention_check_interval_ms,
+        )
+
+    async def _create_internal_topic(
+        self, name: str, partitions: int, replication_factor: int, configs: dict[str, str]
+    ) -> None:
+        controller = self._controller or await self._find_active()
+        if controller is None:
+            raise RaylogError("no active controller")
+        await ray_call(
+            controller.create_topic.remote(name, partitions, replication_factor, configs),
+            CREATE_TIMEOUT_MS,
+        )
+
+    async def stop(self) -> None:
+        """Stop polling and close the listener (in-flight requests drain, bounded)."""
+        if self._groups is not None:
+            await self._groups.stop()
+            self._groups = None
+        if self._poller is not None:
+            self._poller.cancel()
+            self._poller = None
+        if self._server is not None:
+            await self._server.stop()
+            if self._backend is not None:
+                await self._backend.aclose()  # its channels to the replicas
+                self._backend = None
+            self._server = None
+
+    async def status(self) -> dict[str, Any]:
+        view = self._view
+        return {
+            "broker_id": self.broker_id,
+            "port": self.port,
+            "serving": self._server is not None and self._server.serving,
+            "metadata_epoch": self._metadata_epoch,
+            "brokers": sorted(b.node_id for b in view.cluster().brokers) if view else [],
+            "topics": sorted(view.topics()) if view else [],
+        }
+
+    async def metrics(self) -> dict[str, Any]:
+        """Request counts, latency histograms and bytes since start (see ``request_stats``),
+        how fetches were read: ``fetch_reads`` (bytes read from the segment files on this
+        node, bytes the replicas sent, short-circuit reads that did not hold), and the use of
+        the shared memory large produce requests are received into (``produce_arena``)."""
+        stats = self._server.request_stats if self._server is not None else RequestStats()
+        backend = self._backend
+        reads = dataclasses.asdict(backend.read_stats) if backend is not None else {}
+        arena = backend.arenas.stats() if backend is not None and backend.arenas else {}
+        return {
+            "broker_id": self.broker_id,
+            **stats.snapshot(),
+            "fetch_reads": reads,
+            "produce_arena": arena,
+        }
+
+    # --- metadata -------------------------------------------------------------------------------
+
+    async def _poll_loop(self) -> None:
+        while True:
+            try:
+                await self._refresh()
+            except (RaylogError, ray.exceptions.RayError) as exc:
+                # Keep serving the last view: stale leaders get NOT_LEADER_OR_FOLLOWER from the
+                # replicas themselves, and clients retry.
+                log.debug("gateway %d: metadata not refreshed: %s", self.broker_id, exc)
+                self._controller = None
+            await asyncio.sleep(self._poll_ms / 1000)
+
+    async def _refresh(self) -> None:
+        if self._controller is None:
+            self._controller = await self._find_active()
+            if self._controller is None:
+                return
+        if not self._has_certificate and self._server is not None:
+            # The gateway's certificate for the TLS channels to its local replicas.
+            leaf = await ray_call(
+                self._controller.issue_certificate.remote(
+                    f"gateway:{self.broker_id}", [ray.util.get_node_ip_address()]
+                ),
+                CALL_TIMEOUT_MS,
+            )
+            self._server.backend.set_channel_tls(leaf)
+            self._has_certificate = True
+        md: md_.ClusterMetadata = await ray_call(
+            self._controller.metadata.remote(), CALL_TIMEOUT_MS
+        )
+        if md.metadata_epoch == self._metadata_epoch:
+            return
+        brokers, topics = client_view(md)
+        live = [b.node_id for b in brokers]
+        assert self._view is not None
+        self._view.update(controller_id=min(live) if live else -1, brokers=brokers, topics=topics)
+        self._metadata_epoch = md.metadata_epoch
+
+    async def active_controller(self, refresh: bool = False) -> Any:
+        """The active controller's handle for admin requests (ReplicaBackend's locator)."""
+        if refresh or self._controller is None:
+            self._controller = await self._find_active()
+        return self._controller
+
+    async def _find_active(self) -> Any:
+        for name in self._controller_names:
+            try:
+                handle = await asyncio.wait_for(
+                    asyncio.to_thread(ray.get_actor, name, namespace=NAMESPACE),
+                    timeout=LOOKUP_TIMEOUT_S,
+                )
+                status = await ray_call(handle.status.remote(), CALL_TIMEOUT_MS)
+            except (ValueError, TimeoutError, RaylogError, ray.exceptions.RayError):
+                continue
+            if status.active:
+                return handle
+        return None
+
+
+__all__ = ["GatewayActor", "GatewayStartError", "client_view"]

@@ -1,0 +1,927 @@
+"""The group coordinator of one gateway: consumer groups kept in ``__consumer_offsets``.
+
+This module owns the asyncio side of Kafka's classic group protocol: which groups this broker
+coordinates, loading them from the internal topic, writing their records, waking the JoinGroup
+and SyncGroup requests that wait for a rebalance, and the timer that expires sessions. Every
+decision about one group is :class:`~raylog.gateway.groups.group.Group`'s (pure, unit-tested); this
+class feeds it requests and time and carries out what it returns.
+
+Ownership, as Kafka's brokers do it:
+
+1. A group lives in partition ``abs(java_hash(group_id)) % partitions`` of ``__consumer_offsets``
+   (:func:`partition_for`); the broker leading that partition is its coordinator. Every gateway
+   answers FindCoordinator with that leader; the topic is created through the controller on the
+   first FindCoordinator (RF = min(``offsets.topic.replication.factor``, live brokers)) with
+   Kafka's configs (:data:`OFFSETS_TOPIC_CONFIGS`: compacted). A topic an older raylog created
+   without compaction (``retention.ms=-1`` instead) is given ``cleanup.policy=compact``
+   through AlterConfigs once the coordinator sees it, its other overrides kept.
+2. Every ``TICK_MS`` the coordinator compares the partitions this broker leads (the gateway's
+   metadata view) with those it has loaded. On gaining one (or a new leader epoch of one) it
+   loads it; until loaded, requests for its groups get COORDINATOR_LOAD_IN_PROGRESS (14). On
+   losing one its groups are dropped and their waiting requests get NOT_COORDINATOR (16).
+3. Loading: (a) append a barrier record with acks=all; once acknowledged, the high watermark is
+   past everything the previous leader acknowledged (a new leader's HW may lag its log until
+   the followers report in); (b) read the partition from its log start to the barrier through
+   the backend's fetch and replay it: the last record of a key wins and a null value (a
+   tombstone) deletes. The barrier is a tombstone of group "", which no group can have (Kafka's
+   own loader would read it as a no-op too). A group's metadata record names each static
+   member's ``group_instance_id``, so the new coordinator fences the same old member ids.
+4. Writes (offset commits, a group's metadata after each completed rebalance or static
+   member's takeover of a Stable group) are appended with acks=all through the backend's
+   produce path, one at a time per partition, and applied to the group only once acknowledged.
+   Produce errors become Kafka's coordinator errors (:data:`_STORE_ERRORS`).
+
+5. Deleting a group (DeleteGroups) or offsets (OffsetDelete) writes tombstones (null values)
+   for the group's metadata key and each deleted offset's key with acks=all, and changes the
+   group only once they are acknowledged, so a new coordinator replaying the partition does
+   not bring them back. The group's lock is held across the write, so no request changes it
+   in between; a request that was waiting on it finds it Dead (COORDINATOR_NOT_AVAILABLE).
+
+6. Offset expiry (KIP-211): every ``offsets.retention.check.interval.ms`` the coordinator
+   tombstones the committed offsets past ``offsets.retention.minutes`` by Kafka's rules
+   (:meth:`Group.plan_offset_expiry`: a group Empty that long loses them all, and then itself)
+   with acks=all, and applies that once acknowledged, as OffsetDelete does.
+
+The log cleaner compacts the topic: a key's older records and, after ``delete.retention.ms``, its
+tombstones are removed, so loading reads little more than the live groups and offsets. A
+compact-only topic is never shrunk by retention, so no live offset is lost to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from kafka.record import MemoryRecords
+
+from raylog.gateway.backend import DataBackend, TopicState
+from raylog.gateway.errors import ErrorCode
+from raylog.gateway.groups import records as gr
+from raylog.gateway.groups.group import (
+    CommittedOffset,
+    Group,
+    GroupDescription,
+    GroupListing,
+    GroupState,
+    JoinResult,
+    Member,
+    MemberIdentity,
+    OffsetDeletePlan,
+    SyncResult,
+)
+from raylog.storage import batch as rb
+
+__all__ = [
+    "OFFSETS_TOPIC",
+    "CoordinatorNode",
+    "GroupCoordinator",
+    "OffsetFetchResult",
+    "java_string_hash",
+    "partition_for",
+]
+
+log = logging.getLogger(__name__)
+
+OFFSETS_TOPIC = "__consumer_offsets"
+TICK_MS = 100  # leadership checks and session expiry run this often
+OFFSETS_RETENTION_MS_DEFAULT = 7 * 24 * 3600 * 1000  # offsets.retention.minutes = 10080
+OFFSETS_RETENTION_CHECK_INTERVAL_MS_DEFAULT = 600_000  # offsets.retention.check.interval.ms
+APPEND_TIMEOUT_MS = 5_000  # acks=all wait for a coordinator write (offsets.commit.timeout.ms)
+LOAD_FETCH_BYTES = 1 << 20
+LOAD_RETRY_MS = 500
+WAIT_MARGIN_MS = 5_000  # beyond a rebalance timeout, the most a JoinGroup/SyncGroup waits
+CREATE_RETRY_MS = 2_000  # the least time between two attempts to create or configure the topic
+BARRIER_GROUP = ""  # the group of the load barrier's tombstone: no group has an empty id
+
+# Kafka's __consumer_offsets configs (offsets.topic.segment.bytes: 100 MiB, compacted).
+OFFSETS_TOPIC_CONFIGS: Mapping[str, str] = {
+    "cleanup.policy": "compact",
+    "segment.bytes": "104857600",
+}
+
+CreateTopic = Callable[[str, int, int, dict[str, str]], Awaitable[None]]
+# Set these configs among a topic's overrides (the others kept); raises when it cannot.
+ConfigureTopic = Callable[[str, Mapping[str, str]], Awaitable[None]]
+
+# Produce errors -> what a group client is told (Kafka's GroupMetadataManager mapping).
+_STORE_ERRORS: Mapping[int, int] = {
+    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NOT_ENOUGH_REPLICAS: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.REQUEST_TIMED_OUT: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.KAFKA_STORAGE_ERROR: ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    ErrorCode.NOT_LEADER_OR_FOLLOWER: ErrorCode.NOT_COORDINATOR,
+    ErrorCode.FENCED_LEADER_EPOCH: ErrorCode.NOT_COORDINATOR,
+    ErrorCode.MESSAGE_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
+    ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
+}
+
+
+def java_string_hash(s: str) -> int:
+    """Java's ``String.hashCode``: 31-polynomial over UTF-16 code units, as a signed int32."""
+    h = 0
+    data = s.encode("utf-16-be")
+    for i in range(0, len(data), 2):
+        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def partition_for(group_id: str, partitions: int) -> int:
+    """The ``__consumer_offsets`` partition of a group (Kafka's ``Utils.abs(hash) % n``)."""
+    h = java_string_hash(group_id)
+    return (0 if h == -(1 << 31) else abs(h)) % partitions
+
+
+class CoordinatorNode(NamedTuple):
+    """FindCoordinator's answer."""
+
+    error_code: int
+    node_id: int = -1
+    host: str = ""
+    port: int = -1
+
+
+class OffsetFetchResult(NamedTuple):
+    error_code: int  # the group-level error
+    offsets: Mapping[tuple[str, int], CommittedOffset | None]
+
+
+@dataclass
+class _Partition:
+    """One ``__consumer_offsets`` partition this broker leads."""
+
+    leader_epoch: int
+    loaded: bool = False
+    groups: dict[str, Group] = field(default_factory=dict)
+    # Group -> wall-clock ms since which it has been Empty (KIP-211's currentStateTimestamp):
+    # from its metadata record when loaded Empty, else when a tick first saw it Empty.
+    empty_since: dict[str, int] = field(default_factory=dict)
+    loader: asyncio.Task[None] | None = None
+    write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def _unknown_group_as(error: int, code: int) -> int:
+    """``code`` for a group this coordinator does not have (Kafka answers a Heartbeat,
+    SyncGroup or LeaveGroup for one UNKNOWN_MEMBER_ID, and a generation's OffsetCommit
+    ILLEGAL_GENERATION, so that the client rejoins); any other error as it is."""
+    return code if error == ErrorCode.GROUP_ID_NOT_FOUND else error
+
+
+class GroupCoordinator:
+    """The groups of the ``__consumer_offsets`` partitions that broker ``broker_id`` leads."""
+
+    def __init__(
+        self,
+        backend: DataBackend,
+        broker_id: int,
+        *,
+        offsets_topic_num_partitions: int = 3,
+        offsets_topic_replication_factor: int = 3,
+        create_topic: CreateTopic | None = None,
+        configure_topic: ConfigureTopic | None = None,
+        initial_rebalance_delay_ms: int = 0,
+        offsets_retention_ms: int = OFFSETS_RETENTION_MS_DEFAULT,
+        offsets_retention_check_interval_ms: int = OFFSETS_RETENTION_CHECK_INTERVAL_MS_DEFAULT,
+        monotonic_ms: Callable[[], int] = lambda: time.monotonic_ns() // 1_000_000,
+        wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        self._backend = backend
+        self.broker_id = broker_id
+        self._num_partitions = offsets_topic_num_partitions
+        self._replication_factor = offsets_topic_replication_factor
+        self._create_topic = create_topic
+        self._configure_topic = configure_topic
+        # The existing topic's cleanup.policy is compact (or there is no way to set it).
+        self._topic_compacted = configure_topic is None
+        self._initial_rebalance_delay_ms = initial_rebalance_delay_ms
+        self._retention_ms = offsets_retention_ms
+        self._retention_check_ms = offsets_retention_check_interval_ms
+        self._last_retention_check_ms: int | None = None
+        self._expiring: asyncio.Task[None] | None = None
+        self._now = monotonic_ms
+        self._wall = wall_ms
+        self._owned: dict[int, _Partition] = {}
+        self._group_locks: dict[str, asyncio.Lock] = {}
+        # (group, member, "join" | "sync") -> the request waiting for that answer.
+        self._waiters: dict[tuple[str, str, str], asyncio.Future[Any]] = {}
+        self._setting_up: asyncio.Task[None] | None = None
+        self._last_set_up_ms = -CREATE_RETRY_MS
+        self._ticker: asyncio.Task[None] | None = None
+        self._topics_snapshot: Mapping[str, TopicState] = {}
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._ticker is None:
+            self._ticker = asyncio.get_running_loop().create_task(self._tick_loop())
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._ticker, self._setting_up, self._expiring) if t is not None]
+        tasks += [p.loader for p in self._owned.values() if p.loader is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for partition in list(self._owned):
+            self._unload(partition)
+        self._ticker = None
+
+    def loaded_partitions(self) -> list[int]:
+        return sorted(p for p, s in self._owned.items() if s.loaded)
+
+    # --- FindCoordinator ------------------------------------------------------------------------
+
+    async def find_coordinator(self, group_id: str) -> CoordinatorNode:
+        topics = await self._backend.topics([OFFSETS_TOPIC])
+        state = topics.get(OFFSETS_TOPIC)
+        if state is None or not state.partitions:
+            self._maybe_set_up_topic()
+            return CoordinatorNode(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        leader = state.partitions[partition_for(group_id, len(state.partitions))].leader
+        cluster = await self._backend.cluster()
+        broker = next((b for b in cluster.brokers if b.node_id == leader), None)
+        if leader < 0 or broker is None:
+            return CoordinatorNode(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        return CoordinatorNode(ErrorCode.NONE, broker.node_id, broker.host, broker.port)
+
+    def _maybe_set_up_topic(self) -> None:
+        """Start :meth:`_set_up_topic` unless it runs or ran less than CREATE_RETRY_MS ago."""
+        now = self._now()
+        if self._create_topic is None and self._configure_topic is None:
+            return
+        if (self._setting_up and not self._setting_up.done()) or (
+            now - self._last_set_up_ms < CREATE_RETRY_MS
+        ):
+            return
+        self._last_set_up_ms = now
+        self._setting_up = asyncio.get_running_loop().create_task(self._set_up_topic())
+
+    async def _set_up_topic(self) -> None:
+        """Create the topic with OFFSETS_TOPIC_CONFIGS; or, when it exists, make sure its
+        cleanup.policy is compact (module docstring, step 1)."""
+        try:
+            if OFFSETS_TOPIC not in await self._backend.topics([OFFSETS_TOPIC]):
+                if self._create_topic is not None:
+                    cluster = await self._backend.cluster()
+                    rf = max(1, min(self._replication_factor, len(cluster.brokers)))
+                    configs = dict(OFFSETS_TOPIC_CONFIGS)
+                    await self._create_topic(OFFSETS_TOPIC, self._num_partitions, rf, configs)
+                    log.info(
+                        "created %s: %d partitions, RF %d", OFFSETS_TOPIC, self._num_partitions, rf
+                    )
+            elif self._configure_topic is not None:
+                policy = {"cleanup.policy": OFFSETS_TOPIC_CONFIGS["cleanup.policy"]}
+                await self._configure_topic(OFFSETS_TOPIC, policy)
+                self._topic_compacted = True
+        except Exception as exc:  # created by another gateway meanwhile, or no controller yet
+            log.info("setting up %s: %s", OFFSETS_TOPIC, exc)
+
+    # --- JoinGroup / SyncGroup / Heartbeat / LeaveGroup ----------------------------------------
+
+    async def join_group(
+        self,
+        *,
+        group_id: str,
+        member_id: str,
+        client_id: str,
+        client_host: str,
+        session_timeout_ms: int,
+        rebalance_timeout_ms: int,
+        protocol_type: str,
+        protocols: Sequence[tuple[str, bytes]],
+        require_known_member_id: bool,
+        group_instance_id: str | None = None,
+    ) -> JoinResult:
+        group, error = self._group(group_id, create=True)
+        if group is None:
+            return JoinResult(error, member_id=member_id)
+        # Kafka's generateMemberId: a static member's id starts with its instance id.
+        new_member_id = f"{group_instance_id or client_id}-{uuid.uuid4()}"
+        async with self._lock(group_id):
+            result = group.join(
+                member_id=member_id,
+                client_id=client_id,
+                client_host=client_host,
+                session_timeout_ms=session_timeout_ms,
+                rebalance_timeout_ms=rebalance_timeout_ms,
+                protocol_type=protocol_type,
+                protocols=protocols,
+                require_known_member_id=require_known_member_id,
+                new_member_id=new_member_id,
+                now_ms=self._now(),
+                initial_rebalance_delay_ms=self._initial_rebalance_delay_ms,
+                group_instance_id=group_instance_id,
+            )
+            waiter = None
+            if result is None:
+                waiter = self._wait_for(group_id, member_id or new_member_id, "join")
+            await self._settle(group)
+        if waiter is None:
+            assert result is not None
+            return result
+        try:
+            async with asyncio.timeout((rebalance_timeout_ms + WAIT_MARGIN_MS) / 1000):
+                return await waiter  # type: ignore[no-any-return]
+        except TimeoutError:
+            return JoinResult(ErrorCode.REBALANCE_IN_PROGRESS, member_id=member_id)
+
+    async def sync_group(
+        self,
+        *,
+        group_id: str,
+        member_id: str,
+        generation_id: int,
+        assignments: Mapping[str, bytes],
+        group_instance_id: str | None = None,
+    ) -> SyncResult:
+        group, error = self._group(group_id, create=False)
+        if group is None:
+            return SyncResult(_unknown_group_as(error, ErrorCode.UNKNOWN_MEMBER_ID))
+        async with self._lock(group_id):
+            result = group.sync(
+                member_id=member_id,
+                generation_id=generation_id,
+                assignments=assignments,
+                now_ms=self._now(),
+                group_instance_id=group_instance_id,
+            )
+            waiter = self._wait_for(group_id, member_id, "sync") if result is None else None
+            await self._settle(group)
+        if waiter is None:
+            assert result is not None
+            return result
+        member = group.members.get(member_id)
+        timeout_ms = (member.rebalance_timeout_ms if member else 0) + WAIT_MARGIN_MS
+        try:
+            async with asyncio.timeout(timeout_ms / 1000):
+                return await waiter  # type: ignore[no-any-return]
+        except TimeoutError:
+            return SyncResult(ErrorCode.REBALANCE_IN_PROGRESS)
+
+    async def heartbeat(
+        self,
+        group_id: str,
+        member_id: str,
+        generation_id: int,
+        group_instance_id: str | None = None,
+    ) -> int:
+        group, error = self._group(group_id, create=False)
+        if group is None:
+            return _unknown_group_as(error, ErrorCode.UNKNOWN_MEMBER_ID)
+        async with self._lock(group_id):
+            return group.heartbeat(
+                member_id=member_id,
+                generation_id=generation_id,
+                now_ms=self._now(),
+                group_instance_id=group_instance_id,
+            )
+
+    async def leave_group(
+        self, group_id: str, members: Sequence[MemberIdentity]
+    ) -> tuple[int, list[int]]:
+        """(group error, one error per member)."""
+        group, error = self._group(group_id, create=False)
+        if error == ErrorCode.GROUP_ID_NOT_FOUND:
+            # Kafka asks the group, finds none, and answers each member UNKNOWN_MEMBER_ID.
+            return ErrorCode.NONE, [ErrorCode.UNKNOWN_MEMBER_ID] * len(members)
+        if group is None:
+            return error, [error] * len(members)
+        async with self._lock(group_id):
+            codes = [group.leave(m.member_id, self._now(), m.group_instance_id) for m in members]
+            await self._settle(group)
+        return ErrorCode.NONE, codes
+
+    # --- OffsetCommit / OffsetFetch -------------------------------------------------------------
+
+    async def commit_offsets(
+        self,
+        group_id: str,
+        member_id: str,
+        generation_id: int,
+        offsets: Mapping[tuple[str, int], tuple[int, int, str | None]],
+        group_instance_id: str | None = None,
+    ) -> int:
+        """Write ``(topic, partition) -> (offset, leader_epoch, metadata)``; one error for all."""
+        group, error = self._group(group_id, create=generation_id < 0)
+        if group is None:
+            # A commit with a generation, to a group that does not exist: from an older
+            # generation of a group since removed (Kafka's answer).
+            return _unknown_group_as(error, ErrorCode.ILLEGAL_GENERATION)
+        async with self._lock(group_id):
+            error = group.validate_commit(member_id, generation_id, group_instance_id)
+            if error:
+                return error
+            if not offsets:
+                return ErrorCode.NONE
+            wall = self._wall()
+            committed = {
+                tp: CommittedOffset(offset, epoch, metadata or "", wall)
+                for tp, (offset, epoch, metadata) in offsets.items()
+            }
+            records = [
+                (
+                    gr.encode_key(gr.OffsetCommitKey(group_id, topic, partition)),
+                    gr.encode_value(
+                        gr.OffsetCommitValue(c.offset, c.leader_epoch, c.metadata, wall)
+                    ),
+                )
+                for (topic, partition), c in committed.items()
+            ]
+            error = await self._append(group_id, records)
+            if error == ErrorCode.NONE:
+                group.commit(member_id, committed, self._now())
+            return error
+
+    async def fetch_offsets(
+        self, group_id: str, partitions: Sequence[tuple[str, int]] | None
+    ) -> OffsetFetchResult:
+        group, error = self._group(group_id, create=False)
+        if error == ErrorCode.GROUP_ID_NOT_FOUND:
+            # A group never seen has no offsets: -1 everywhere, no error (as Kafka).
+            return OffsetFetchResult(ErrorCode.NONE, dict.fromkeys(partitions or (), None))
+        if group is None:
+            return OffsetFetchResult(error, {})
+        return OffsetFetchResult(ErrorCode.NONE, group.fetch_offsets(partitions))
+
+    # --- ListGroups / DescribeGroups / DeleteGroups / OffsetDelete -------------------------------
+
+    def list_groups(self) -> tuple[int, list[GroupListing]]:
+        """Every group of the partitions this broker leads; COORDINATOR_LOAD_IN_PROGRESS with
+        the groups loaded so far while one is still loading (as Kafka)."""
+        listings = [
+            group.listing()
+            for owned in self._owned.values()
+            if owned.loaded
+            for group in owned.groups.values()
+            if group.exists()
+        ]
+        loading = any(not owned.loaded for owned in self._owned.values())
+        error = ErrorCode.COORDINATOR_LOAD_IN_PROGRESS if loading else ErrorCode.NONE
+        return error, sorted(listings)
+
+    def describe_group(self, group_id: str) -> tuple[int, GroupDescription]:
+        """(error, description). A group that does not exist (or the empty id, which Kafka
+        accepts here) is Dead with GROUP_ID_NOT_FOUND, which DescribeGroups answers as no error
+        before v6; a group this broker cannot answer for has state "" and the error."""
+        group, error = self._group(group_id, create=False) if group_id else (None, 0)
+        if group is not None and group.exists():
+            return ErrorCode.NONE, group.describe()
+        if error in (ErrorCode.NONE, ErrorCode.GROUP_ID_NOT_FOUND):
+            return ErrorCode.GROUP_ID_NOT_FOUND, GroupDescription(GroupState.DEAD.value, "", "")
+        return error, GroupDescription("", "", "")
+
+    async def delete_group(self, group_id: str) -> int:
+        """DeleteGroups for one group: tombstones for its metadata and every offset."""
+        group, error = self._group(group_id, create=False)
+        if group is None:
+            return ErrorCode.GROUP_ID_NOT_FOUND if error == ErrorCode.INVALID_GROUP_ID else error
+        async with self._lock(group_id):
+            if group.state is GroupState.DEAD:  # unloaded or deleted while this request waited
+                return self._dead_error(group_id)
+            error = group.check_delete()
+            if error:
+                return error
+            keys = [gr.GroupMetadataKey(group_id)]
+            keys += [gr.OffsetCommitKey(group_id, t, p) for t, p in sorted(group.offsets)]
+            error = await self._append(group_id, [(gr.encode_key(k), None) for k in keys])
+            if error:
+                return error
+            self._drop(group)
+        return ErrorCode.NONE
+
+    async def delete_offsets(
+        self, group_id: str, partitions: Sequence[tuple[str, int]]
+    ) -> tuple[int, Mapping[tuple[str, int], int]]:
+        """OffsetDelete: (group error, each partition's error)."""
+        group, error = self._group(group_id, create=False)
+        if group is None:
+            return error, {}
+        async with self._lock(group_id):
+            if group.state is GroupState.DEAD:
+                return self._dead_error(group_id), {}
+            plan = group.plan_offset_delete(partitions)
+            if plan.error_code:
+                return plan.error_code, {}
+            error = await self._remove_offsets(group, plan)
+            if error:
+                return error, {}
+        return ErrorCode.NONE, plan.partition_errors
+
+    async def _remove_offsets(self, group: Group, plan: OffsetDeletePlan) -> int:
+        """Tombstones for ``plan``'s offsets (and the group's metadata when it goes too), then,
+        once acknowledged, the change; the caller holds the group's lock."""
+        keys: list[gr.Key] = [gr.OffsetCommitKey(group.group_id, t, p) for t, p in plan.remove]
+        if plan.delete_group:
+            keys.append(gr.GroupMetadataKey(group.group_id))
+        if keys:
+            error = await self._append(group.group_id, [(gr.encode_key(k), None) for k in keys])
+            if error:
+                return error
+        group.remove_offsets(plan.remove)
+        if plan.delete_group:
+            self._drop(group)
+        return ErrorCode.NONE
+
+    def _dead_error(self, group_id: str) -> int:
+        """For a group found Dead: NOT_COORDINATOR if its partition left this broker, else it
+        was deleted (Kafka's ``groupNotExists`` check)."""
+        partition = self._partition_of(group_id)
+        owned = self._owned.get(partition) if partition is not None else None
+        return ErrorCode.GROUP_ID_NOT_FOUND if owned is not None else ErrorCode.NOT_COORDINATOR
+
+    def _drop(self, group: Group) -> None:
+        """Forget a group whose tombstones are written."""
+        group.delete()
+        self._deliver(group.group_id, group.take_replies())
+        partition = self._partition_of(group.group_id)
+        owned = self._owned.get(partition) if partition is not None else None
+        if owned is not None and owned.groups.get(group.group_id) is group:
+            del owned.groups[group.group_id]
+        # Requests waiting on the old lock find the old group Dead; new ones get a new group.
+        self._group_locks.pop(group.group_id, None)
+
+    # --- the groups of this broker ---------------------------------------------------------------
+
+    def _group(self, group_id: str, *, create: bool) -> tuple[Group | None, int]:
+        """The group and 0, or None and the error the client must get."""
+        if not group_id:
+            return None, ErrorCode.INVALID_GROUP_ID
+        partition = self._partition_of(group_id)
+        owned = self._owned.get(partition) if partition is not None else None
+        if owned is None:
+            return None, ErrorCode.NOT_COORDINATOR
+        if not owned.loaded:
+            return None, ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        group = owned.groups.get(group_id)
+        if group is None:
+            if not create:
+                return None, ErrorCode.GROUP_ID_NOT_FOUND
+            group = owned.groups[group_id] = Group(group_id)
+        return group, ErrorCode.NONE
+
+    def _partition_of(self, group_id: str) -> int | None:
+        # From the snapshot the tick loop read last, as ownership is decided from it too.
+        state = self._topics_snapshot.get(OFFSETS_TOPIC)
+        if state is None or not state.partitions:
+            return None
+        return partition_for(group_id, len(state.partitions))
+
+    def _lock(self, group_id: str) -> asyncio.Lock:
+        lock = self._group_locks.get(group_id)
+        if lock is None:
+            lock = self._group_locks[group_id] = asyncio.Lock()
+        return lock
+
+    def _wait_for(self, group_id: str, member_id: str, kind: str) -> asyncio.Future[Any]:
+        key = (group_id, member_id, kind)
+        old = self._waiters.pop(key, None)
+        if old is not None and not old.done():
+            # The member sent the request again (its first one timed out on its side).
+            old.set_result(
+                JoinResult(ErrorCode.REBALANCE_IN_PROGRESS, member_id=member_id)
+                if kind == "join"
+                else SyncResult(ErrorCode.REBALANCE_IN_PROGRESS)
+            )
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiters[key] = future
+        return future
+
+    async def _settle(self, group: Group) -> None:
+        """After a call into ``group``: write its metadata if asked, then send its replies."""
+        if group.needs_persist:
+            group.needs_persist = False
+            error = await self._append(
+                group.group_id,
+                [
+                    (
+                        gr.encode_key(gr.GroupMetadataKey(group.group_id)),
+                        gr.encode_value(self._group_value(group)),
+                    )
+                ],
+            )
+            if error:
+                log.warning("group %s: metadata not written: error %d", group.group_id, error)
+                self._deliver(group.group_id, group.persist_failed(error, self._now()))
+                return
+        self._deliver(group.group_id, group.take_replies())
+
+    def _deliver(self, group_id: str, replies: Sequence[Any]) -> None:
+        for reply in replies:
+            future = self._waiters.pop((group_id, reply.member_id, reply.kind), None)
+            if future is not None and not future.done():
+                future.set_result(reply.result)
+
+    def _group_value(self, group: Group) -> gr.GroupMetadataValue:
+        protocol = group.protocol_name
+        return gr.GroupMetadataValue(
+            protocol_type=group.protocol_type or "",
+            generation=group.generation_id,
+            protocol=protocol,
+            leader=group.leader_id,
+            current_state_timestamp_ms=self._wall(),
+            members=[
+                gr.MemberMetadata(
+                    m.member_id,
+                    m.group_instance_id,
+                    m.client_id,
+                    m.client_host,
+                    m.rebalance_timeout_ms,
+                    m.session_timeout_ms,
+                    m.metadata_for(protocol) if protocol else b"",
+                    m.assignment,
+                )
+                for m in group.members.values()
+            ],
+        )
+
+    # --- writing to __consumer_offsets ----------------------------------------------------------
+
+    async def _append(self, group_id: str, records: Sequence[tuple[bytes, bytes | None]]) -> int:
+        partition = self._partition_of(group_id)
+        owned = self._owned.get(partition) if partition is not None else None
+        if partition is None or owned is None:
+            return ErrorCode.NOT_COORDINATOR
+        return await self._append_to(partition, owned, records)
+
+    async def _append_to(
+        self, partition: int, owned: _Partition, records: Sequence[tuple[bytes, bytes | None]]
+    ) -> int:
+        wall = self._wall()
+        batch = rb.build_batch([rb.Record(key, value, wall) for key, value in records])
+        async with owned.write_lock:
+            result = await self._backend.produce(
+                OFFSETS_TOPIC, partition, batch, -1, APPEND_TIMEOUT_MS
+            )
+        if result.error_code:
+            return _STORE_ERRORS.get(result.error_code, ErrorCode.UNKNOWN_SERVER_ERROR)
+        return ErrorCode.NONE
+
+    # --- leadership, loading, unloading ---------------------------------------------------------
+
+    async def _tick_loop(self) -> None:
+        while True:
+            try:
+                await self._tick()
+            except Exception:
+                log.exception("group coordinator of broker %d: tick failed", self.broker_id)
+            await asyncio.sleep(TICK_MS / 1000)
+
+    async def _tick(self) -> None:
+        self._topics_snapshot = await self._backend.topics([OFFSETS_TOPIC])
+        led: dict[int, int] = {}
+        state = self._topics_snapshot.get(OFFSETS_TOPIC)
+        if state is not None:
+            led = {
+                p.partition: p.leader_epoch for p in state.partitions if p.leader == self.broker_id
+            }
+        for partition in list(self._owned):
+            if self._owned[partition].leader_epoch != led.get(partition):
+                self._unload(partition)
+        if state is not None and not self._topic_compacted:
+            self._maybe_set_up_topic()
+        for partition, epoch in led.items():
+            if partition not in self._owned:
+                owned = self._owned[partition] = _Partition(epoch)
+                owned.loader = asyncio.get_running_loop().create_task(self._load(partition, owned))
+        now = self._now()
+        for owned in list(self._owned.values()):
+            if not owned.loaded:
+                continue
+            for group in list(owned.groups.values()):
+                if group.generation_id == 0 and group.is_empty():
+                    # Never formed and holds nothing (e.g. a refused JoinGroup): forget it.
+                    if not self._lock(group.group_id).locked():
+                        del owned.groups[group.group_id]
+                        self._group_locks.pop(group.group_id, None)
+                    continue
+                deadline = group.next_deadline_ms()
+                if deadline is None or deadline > now:
+                    continue
+                lock = self._lock(group.group_id)
+                if lock.locked():
+                    continue  # a request is changing it; the next tick looks again
+                async with lock:
+                    group.tick(now)
+                    await self._settle(group)
+        self._note_empty_groups()
+        if self._last_retention_check_ms is None:
+            self._last_retention_check_ms = now  # the first check one interval after start
+        elif now - self._last_retention_check_ms >= self._retention_check_ms and (
+            self._expiring is None or self._expiring.done()
+        ):
+            self._last_retention_check_ms = now
+            self._expiring = asyncio.get_running_loop().create_task(self._expire_offsets())
+
+    def _note_empty_groups(self) -> None:
+        """Since when each loaded group has been Empty (kept while it stays Empty)."""
+        wall = self._wall()
+        for owned in self._owned.values():
+            if not owned.loaded:
+                continue
+            for group_id in list(owned.empty_since):
+                group = owned.groups.get(group_id)
+                if group is None or group.state is not GroupState.EMPTY:
+                    del owned.empty_since[group_id]
+            for group_id, group in owned.groups.items():
+                if group.state is GroupState.EMPTY:
+                    owned.empty_since.setdefault(group_id, wall)
+
+    async def _expire_offsets(self) -> None:
+        """KIP-211: tombstone the committed offsets past the retention
+        (:meth:`Group.plan_offset_expiry`), and an Empty group left without offsets."""
+        for owned in list(self._owned.values()):
+            if not owned.loaded:
+                continue
+            for group in list(owned.groups.values()):
+                group_id = group.group_id
+                plan = group.plan_offset_expiry(
+                    self._wall(), self._retention_ms, owned.empty_since.get(group_id)
+                )
+                if not (plan.remove or plan.delete_group):
+                    continue
+                async with self._lock(group_id):
+                    if group.state is GroupState.DEAD:  # deleted or unloaded meanwhile
+                        continue
+                    plan = group.plan_offset_expiry(  # again: a request may have changed it
+                        self._wall(), self._retention_ms, owned.empty_since.get(group_id)
+                    )
+                    if not (plan.remove or plan.delete_group):
+                        continue
+                    error = await self._remove_offsets(group, plan)
+                    if error:
+                        log.warning("group %s: expired offsets kept: error %d", group_id, error)
+                        continue
+                log.info(
+                    "group %s: %d committed offsets expired%s",
+                    group_id,
+                    len(plan.remove),
+                    " and the group with them" if plan.delete_group else "",
+                )
+
+    def _unload(self, partition: int) -> None:
+        owned = self._owned.pop(partition)
+        if owned.loader is not None:
+            owned.loader.cancel()
+        for group in owned.groups.values():
+            group.unload(ErrorCode.NOT_COORDINATOR)
+            self._deliver(group.group_id, group.take_replies())
+        log.info("broker %d: unloaded %s-%d", self.broker_id, OFFSETS_TOPIC, partition)
+
+    async def _load(self, partition: int, owned: _Partition) -> None:
+        """Steps 3a and 3b of the module docstring; retried until done or unloaded."""
+        while True:
+            try:
+                groups = await self._read_partition(partition, owned)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                # _LoadFailed is expected (no ISR yet, a moving leader); anything else is a
+                # bug worth its traceback, but the partition must still load on a retry.
+                if not isinstance(exc, _LoadFailed):
+                    log.exception(
+                        "broker %d: loading %s-%d", self.broker_id, OFFSETS_TOPIC, partition
+                    )
+                log.info(
+                    "broker %d: loading %s-%d: %s", self.broker_id, OFFSETS_TOPIC, partition, exc
+                )
+                await asyncio.sleep(LOAD_RETRY_MS / 1000)
+                continue
+            owned.groups, owned.empty_since = groups
+            owned.loaded = True
+            log.info(
+                "broker %d: loaded %s-%d (%d groups)",
+                self.broker_id,
+                OFFSETS_TOPIC,
+                partition,
+                len(owned.groups),
+            )
+            return
+
+    async def _read_partition(
+        self, partition: int, owned: _Partition
+    ) -> tuple[dict[str, Group], dict[str, int]]:
+        """The partition's groups, and since when each Empty one with metadata has been so."""
+        barrier = [(gr.encode_key(gr.GroupMetadataKey(BARRIER_GROUP)), None)]
+        wall = self._wall()
+        batch = rb.build_batch([rb.Record(k, v, wall) for k, v in barrier])
+        async with owned.write_lock:
+            produced = await self._backend.produce(
+                OFFSETS_TOPIC, partition, batch, -1, APPEND_TIMEOUT_MS
+            )
+        if produced.error_code:
+            raise _LoadFailed(f"barrier not written: error {produced.error_code}")
+        end = produced.base_offset + 1
+        start = await self._backend.list_offsets(OFFSETS_TOPIC, partition, -2, 0, -1)
+        if start.error_code:
+            raise _LoadFailed(f"log start offset: error {start.error_code}")
+        replay = _Replay()
+        offset = start.offset
+        while offset < end:
+            fetched = await self._backend.fetch(
+                OFFSETS_TOPIC, partition, offset, LOAD_FETCH_BYTES, 0, 1, 0, -1
+            )
+            if fetched.error_code:
+                raise _LoadFailed(f"fetch at {offset}: error {fetched.error_code}")
+            if not fetched.records:
+                raise _LoadFailed(f"no records at {offset} below the barrier at {end - 1}")
+            next_offset = replay.apply(fetched.records, offset)
+            if next_offset <= offset:
+                raise _LoadFailed(f"fetch at {offset} returned nothing past it")
+            offset = next_offset
+        groups = replay.groups(self._now())
+        empty_since = {
+            group_id: value.current_state_timestamp_ms
+            for group_id, value in replay.metadata.items()
+            if value is not None
+            and group_id in groups
+            and groups[group_id].state is GroupState.EMPTY
+        }
+        return groups, empty_since
+
+
+class _LoadFailed(Exception):
+    pass
+
+
+class _Replay:
+    """Replays ``__consumer_offsets`` records: the last value of each key wins."""
+
+    def __init__(self) -> None:
+        self.metadata: dict[str, gr.GroupMetadataValue | None] = {}
+        self.offsets: dict[str, dict[tuple[str, int], CommittedOffset]] = {}
+
+    def apply(self, records: bytes, from_offset: int) -> int:
+        """Apply the records at or after ``from_offset``; returns the next offset to read."""
+        next_offset = from_offset
+        batches = MemoryRecords(records)
+        while batches.has_next():
+            batch = batches.next_batch()
+            if batch is None:
+                break
+            for record in batch:
+                if record.offset >= from_offset:
+                    self._apply_one(record.key, record.value)
+            next_offset = max(next_offset, batch.next_offset)
+        return next_offset
+
+    def _apply_one(self, key_bytes: bytes | None, value_bytes: bytes | None) -> None:
+        if key_bytes is None:
+            return
+        try:
+            key = gr.decode_key(key_bytes)
+            value = gr.decode_value(key, value_bytes) if value_bytes is not None else None
+        except gr.RecordFormatError as exc:
+            log.warning("skipping a record of %s: %s", OFFSETS_TOPIC, exc)
+            return
+        if isinstance(key, gr.OffsetCommitKey):
+            offsets = self.offsets.setdefault(key.group, {})
+            tp = (key.topic, key.partition)
+            if value is None:
+                offsets.pop(tp, None)
+            else:
+                assert isinstance(value, gr.OffsetCommitValue)
+                offsets[tp] = CommittedOffset(
+                    value.offset, value.leader_epoch, value.metadata, value.commit_timestamp_ms
+                )
+        elif key.group != BARRIER_GROUP:
+            assert value is None or isinstance(value, gr.GroupMetadataValue)
+            self.metadata[key.group] = value
+
+    def groups(self, now_ms: int) -> dict[str, Group]:
+        groups: dict[str, Group] = {}
+        for group_id in set(self.metadata) | set(self.offsets):
+            group = Group(group_id)
+            value = self.metadata.get(group_id)
+            if value is not None:
+                group.restore(
+                    protocol_type=value.protocol_type or None,
+                    generation_id=value.generation,
+                    protocol_name=value.protocol,
+                    leader_id=value.leader,
+                    members=[
+                        Member(
+                            m.member_id,
+                            m.client_id,
+                            m.client_host,
+                            m.session_timeout_ms,
+                            m.rebalance_timeout_ms,
+                            ((value.protocol, m.subscription),) if value.protocol else (),
+                            m.assignment,
+                            group_instance_id=m.group_instance_id,
+                        )
+                        for m in value.members
+                    ],
+                    now_ms=now_ms,
+                )
+            group.offsets.update(self.offsets.get(group_id, {}))
+            if group.state is GroupState.EMPTY and group.is_empty() and value is None:
+                continue
+            groups[group_id] = group
+        return groups

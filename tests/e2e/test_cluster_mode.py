@@ -1,0 +1,310 @@
+"""`raylog up --address` on a real multi-node Ray cluster, run as a user runs it.
+
+A head started with ``ray start --head`` (no ``raylog`` resource) and worker nodes started with
+``ray start --address ... --resources '{"raylog": 1}' --labels raylog.rack=R,...``, each a
+process group of its own on a loopback address of its own (127.0.0.2, .3, .4: one machine
+standing in for several), then ``raylog up --address`` on the head.
+
+Proves: every ``raylog`` node gets a broker, registered with its rack and its node's address and
+``raylog.port``, and a gateway listening there; Kafka clients produce (acks=all) to an RF=2 topic
+created with ``raylog topics create`` and read every record back; a node added later gets a
+broker (``raylog up`` prints that it joined, ``raylog brokers list`` shows three) and
+``raylog reassign --rebalance`` moves replicas onto it; a node killed hard (SIGKILL to all its
+processes) loses leadership to a live replica, `raylog up` prints that its broker left,
+`raylog brokers start` of that broker fails with a one-line reason, and every record is still
+read back; SIGINT stops
+`raylog up` with exit 0.
+
+Why the worker nodes run with ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1`` and join
+``[::ffff:127.0.0.1]:PORT``: ``ray start`` refuses to join a cluster without it, and rewrites a
+``127.0.0.1`` address to the machine's own address (where this head, loopback only, does not
+listen); the mapped form is the same loopback address, left alone. With it, Ray binds some of a
+worker node's listeners (raylet, dashboard agent) on all interfaces: clients here only ever
+connect to loopback addresses.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+from support.cluster import RAYLOG, ClusterUp, RayNode, cli_env, free_port_block
+from support.waiting import wait_until
+
+from raylog.actors import raycluster
+
+# About 110 s on a quiet 2-core machine; each `raylog` command and actor start is a process,
+# so a machine shared with other test runs can take several times that.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+TOPIC = "events"
+PARTITIONS = 3
+RECORDS = 300
+# A node's ports: its dashboard agent's (http, grpc), metrics, runtime env agent, 40 for its
+# workers, its gateway. Explicit, so that nodes on one machine never pick the same ones.
+NODE_PORTS = 45
+WORKER_PORTS = 40
+START_ATTEMPTS = 2
+TIMEOUT_S = 60.0
+OBJECT_STORE_BYTES = str(200 * 1024 * 1024)
+
+
+class Cluster:
+    """The Ray nodes of this test, by name; each one ended by its process group at the end."""
+
+    def __init__(self, root: Path, ray_tmp: Path) -> None:
+        self.root = root
+        self.ray_tmp = ray_tmp
+        self.env = cli_env()
+        self.env["RAY_TMPDIR"] = str(ray_tmp)
+        self.env["RAY_AUTH_TOKEN_PATH"] = str(raycluster.token_path(ray_tmp))
+        self.env["RAY_AUTH_MODE"] = "token"
+        self.env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # the head and drivers: loopback
+        self.gcs_port = 0
+        self.nodes: dict[str, RayNode] = {}
+        self.ports: dict[str, int] = {}  # node name -> its raylog.port label
+        self.hosts: dict[str, str] = {}  # node name -> its address
+
+    def start_head(self) -> None:
+        first = free_port_block(7)
+        self.gcs_port = first
+        self._start(
+            "head",
+            [
+                "--head", "--port", str(first), "--num-cpus", "1", "--resources", "{}",
+                "--node-ip-address", "127.0.0.1", "--temp-dir", str(self.ray_tmp / "head"),
+                "--include-dashboard", "false", "--dashboard-port", str(first + 1),
+                "--ray-client-server-port", str(first + 2),
+                "--dashboard-agent-listen-port", str(first + 3),
+                "--dashboard-agent-grpc-port", str(first + 4),
+                "--metrics-export-port", str(first + 5), "--runtime-env-agent-port", str(first + 6),
+                "--include-log-monitor", "false", "--object-store-memory", OBJECT_STORE_BYTES,
+                "--system-config", json.dumps(raycluster.FAST_DEATH_SYSTEM_CONFIG),
+            ],
+            self.env,
+        )  # fmt: skip
+
+    def add_node(self, rack: str, ip: str) -> None:
+        """Start a `raylog` node (rack ``rack``, address ``ip``) and wait until it runs."""
+        first = free_port_block(NODE_PORTS)
+        env = {**self.env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}  # see the module docstring
+        gateway_port = first + 4 + WORKER_PORTS
+        labels = f"raylog.rack={rack},raylog.data-dir=node-{rack},raylog.port={gateway_port}"
+        self._start(
+            rack,
+            [
+                "--address", f"[::ffff:127.0.0.1]:{self.gcs_port}", "--num-cpus", "1",
+                "--resources", json.dumps({"raylog": 1}), "--labels", labels,
+                "--node-ip-address", ip, "--temp-dir", str(self.ray_tmp / rack),
+                "--dashboard-agent-listen-port", str(first),
+                "--dashboard-agent-grpc-port", str(first + 1),
+                "--metrics-export-port", str(first + 2), "--runtime-env-agent-port", str(first + 3),
+                "--min-worker-port", str(first + 4),
+                "--max-worker-port", str(first + 3 + WORKER_PORTS),
+                "--include-log-monitor", "false", "--object-store-memory", OBJECT_STORE_BYTES,
+            ],
+            env,
+        )  # fmt: skip
+        self.ports[rack] = gateway_port
+        self.hosts[rack] = ip
+
+    def _start(self, name: str, args: list[str], env: dict[str, str]) -> None:
+        """Ray gives a starting node 30 s to register (hard-coded), too little on a loaded
+        2-core machine now and then: one more attempt when the first gives up."""
+        for attempt in range(START_ATTEMPTS):
+            node = self.nodes[name] = RayNode(name, args, env, self.root).start()
+            try:
+                node.wait_started()
+                return
+            except AssertionError:
+                print(f"node {name} did not start (attempt {attempt + 1}):", node.log_tail()[-300:])
+                node.kill()
+                if attempt == START_ATTEMPTS - 1:
+                    raise
+
+    def stop(self) -> None:
+        """Every node at once, each by its own process group."""
+        RayNode.kill_all(list(self.nodes.values()))
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    # Ray's unix sockets live under its temp dir: tmp_path is too deep for their 107-byte limit.
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rlcm-"))
+    c = Cluster(tmp_path, ray_tmp)
+    try:
+        yield c
+    finally:
+        try:
+            c.stop()
+        finally:
+            shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def _json(done: Any) -> Any:
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def _brokers(up: ClusterUp) -> list[dict[str, Any]]:
+    done = up.raylog("brokers", "list", "--json")
+    return json.loads(done.stdout) if done.returncode == 0 else []
+
+
+def _alive_when(up: ClusterUp, count: int) -> dict[str, dict[str, Any]] | None:
+    """Rack -> row of every broker `raylog brokers list` shows, once it shows ``count`` brokers,
+    all alive."""
+    rows = _brokers(up)
+    if len(rows) != count or any(r["state"] != "alive" for r in rows):
+        return None
+    return {r["rack"]: r for r in rows}
+
+
+def _partitions(up: ClusterUp) -> list[dict[str, Any]]:
+    [topic] = _json(up.raylog("topics", "describe", TOPIC, "--json"))
+    return list(topic["partitions"])
+
+
+def _produce(bootstrap: str) -> None:
+    failures: list[str] = []
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+    for i in range(RECORDS):
+        producer.produce(
+            TOPIC,
+            key=str(i).encode(),
+            value=f"record-{i}".encode(),
+            on_delivery=lambda err, _msg: failures.append(str(err)) if err else None,
+        )
+        producer.poll(0)
+    assert producer.flush(TIMEOUT_S) == 0, "records not delivered in time"
+    assert failures == []
+
+
+def _consume_all(bootstrap: str) -> set[bytes]:
+    """Every record of every partition, from offset 0."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "unused", "enable.auto.commit": False}
+    )
+    values: set[bytes] = set()
+    try:  # assign() only: no group requests are sent
+        consumer.assign([TopicPartition(TOPIC, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+        deadline = time.monotonic() + TIMEOUT_S
+        while len(values) < RECORDS and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                values.add(message.value())
+    finally:
+        consumer.close()
+    return values
+
+
+def test_raylog_up_address_runs_a_broker_per_raylog_node(cluster: Cluster) -> None:
+    started = time.monotonic()
+
+    def progress(what: str) -> None:  # where the time goes, with -s
+        print(f"{time.monotonic() - started:6.1f} s  {what}", flush=True)
+
+    cluster.start_head()
+    progress("head started")
+    for rack, ip in (("a", "127.0.0.2"), ("b", "127.0.0.3")):
+        cluster.add_node(rack, ip)
+        progress(f"node {rack} started")
+    up = ClusterUp(
+        cluster.root / "head-data",
+        f"127.0.0.1:{cluster.gcs_port}",
+        free_port_block(2),
+        dict(cluster.env),
+    )
+    try:
+        first = up.start()
+        assert first, "ready with at least one broker serving"
+        progress(f"raylog ready: {first}")
+        alive = wait_until(
+            lambda: _alive_when(up, 2),
+            timeout_s=TIMEOUT_S,
+            message="a broker on each raylog node",
+        )
+        assert alive.keys() == {"a", "b"}
+        for rack, row in alive.items():  # the node's address and its raylog.port label
+            assert (row["host"], row["port"]) == (cluster.hosts[rack], cluster.ports[rack])
+            joined = f"{row['host']}:{row['port']}"
+            if joined not in first:
+                line = up.wait_joined(row["id"], TIMEOUT_S)
+                assert f"joined at {joined} (rack {rack})" in line, line
+        progress("both brokers alive")
+        # Other commands find the cluster from the head's data dir too (its cluster.json names
+        # the Ray cluster's own token, not one in the data dir).
+        by_dir = subprocess.run(
+            [*RAYLOG, "brokers", "list", "--json", "--data-dir", str(up.data_dir)],
+            capture_output=True, text=True, timeout=120, env=dict(cluster.env),
+        )  # fmt: skip
+        assert by_dir.returncode == 0, by_dir.stderr
+        assert {row["id"] for row in _json(by_dir)} == {row["id"] for row in alive.values()}
+        bootstrap = ",".join(f"{r['host']}:{r['port']}" for r in alive.values())
+        created = up.raylog(
+            "topics", "create", TOPIC, "--partitions", str(PARTITIONS),
+            "--replication-factor", "2",
+        )  # fmt: skip
+        assert created.returncode == 0, created.stderr
+        progress("topic created")
+        _produce(bootstrap)
+        assert len(_consume_all(bootstrap)) == RECORDS
+        progress("produced and consumed on 2 nodes")
+
+        # Scale out: a third raylog node gets a broker, and the rebalance puts replicas on it.
+        cluster.add_node("c", "127.0.0.4")
+        progress("node c started")
+        alive = wait_until(
+            lambda: _alive_when(up, 3),
+            timeout_s=TIMEOUT_S,
+            message="a broker on the third node",
+        )
+        new_id = alive["c"]["id"]
+        assert "(rack c)" in up.wait_joined(new_id, TIMEOUT_S)
+        moved = _json(up.raylog("reassign", "--rebalance", "--json", timeout_s=120))
+        assert moved["done"] and moved["partitions"], moved
+        before = {p["partition"]: p for p in _partitions(up)}
+        assert any(new_id in p["replicas"] for p in before.values())
+        progress(f"rebalanced onto broker {new_id}")
+
+        # A node crashes: its leaders move to the other replica, and nothing is lost.
+        victim_id = before[0]["leader"]
+        victim = next(rack for rack, row in alive.items() if row["id"] == victim_id)
+        cluster.nodes[victim].kill()
+        progress(f"node {victim} (broker {victim_id}) killed")
+
+        def moved_off() -> list[dict[str, Any]] | None:
+            done = up.raylog("topics", "describe", TOPIC, "--json")
+            if done.returncode != 0:
+                return None  # e.g. a call that timed out while the node's death is handled
+            ps = json.loads(done.stdout)[0]["partitions"]
+            return ps if all(p["leader"] not in (victim_id, -1) for p in ps) else None
+
+        after = wait_until(
+            moved_off,
+            timeout_s=TIMEOUT_S,
+            message=f"new leaders after node {victim} (broker {victim_id}) died",
+        )
+        assert after[0]["leader"] != before[0]["leader"]
+        assert up.lines is not None
+        up.lines.wait_for(f"broker {victim_id} left", TIMEOUT_S)  # `raylog up` says so
+        restart = up.raylog("brokers", "start", str(victim_id))
+        assert restart.returncode != 0, restart.stdout
+        assert f"the Ray node of broker {victim_id} is gone" in restart.stderr, restart.stderr
+        live = ",".join(
+            f"{row['host']}:{row['port']}" for rack, row in alive.items() if rack != victim
+        )
+        assert len(_consume_all(live)) == RECORDS
+        progress("failed over; every record read back")
+        assert up.stop() == 0
+        progress("raylog up stopped")
+    finally:
+        up.kill()

@@ -1,0 +1,490 @@
+"""The asyncio group coordinator over an in-memory ``__consumer_offsets`` log.
+
+Proves: FindCoordinator creates the topic once (RF capped by live brokers, compacted, Kafka's
+segment size) and answers COORDINATOR_NOT_AVAILABLE until a leader exists, then the leader's
+node; an existing topic is given cleanup.policy=compact once (retried while that fails);
+requests for a
+partition being loaded get COORDINATOR_LOAD_IN_PROGRESS, for one not led here NOT_COORDINATOR;
+JoinGroup answers wait for the rebalance and SyncGroup for the leader; commits are written as
+records and a second coordinator reading the same log (failover) rebuilds the group (Stable,
+same generation, heartbeats accepted) and its offsets; losing leadership answers a waiting
+JoinGroup NOT_COORDINATOR; a group's metadata write failing turns its SyncGroup answers into
+COORDINATOR_NOT_AVAILABLE; committed offsets expire (KIP-211) once their group has been Empty
+for the retention, counted across a coordinator failover from the group's metadata record, and
+a group that only commits loses each offset a retention after its commit, then the group; a
+group left Empty without offsets is tombstoned at the next expiry check, and stays gone after a
+failover.
+
+The backend here is a stand-in for the replica actors' log (the thing under test is the
+coordinator); the live tests in ``tests/e2e/test_consumer_groups.py`` use the real one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kafka.record.default_records import DefaultRecordBatch
+
+from raylog.gateway.backend import (
+    Broker,
+    ClusterView,
+    FetchResult,
+    ListOffsetsResult,
+    PartitionState,
+    ProduceResult,
+    TopicState,
+)
+from raylog.gateway.errors import ErrorCode
+from raylog.gateway.groups import records as gr
+from raylog.gateway.groups.coordinator import (
+    CREATE_RETRY_MS,
+    OFFSETS_TOPIC,
+    GroupCoordinator,
+    partition_for,
+)
+from raylog.gateway.groups.group import GroupState, JoinResult, MemberIdentity
+from raylog.storage import batch as rb
+from raylog.storage.errors import RaylogError
+
+GROUP = "g"
+PARTITION = partition_for(GROUP, 3)
+
+
+class LogBackend:
+    """Three ``__consumer_offsets`` partitions as byte logs; leaders set by the test."""
+
+    def __init__(self, leader: int = 1) -> None:
+        self.logs: dict[int, list[bytes]] = {p: [] for p in range(3)}
+        self.leaders = dict.fromkeys(range(3), leader)
+        self.epoch = 0
+        self.exists = True
+        self.produce_error = 0
+
+    async def cluster(self) -> ClusterView:
+        return ClusterView("c", 1, [Broker(b, "127.0.0.1", 9000 + b, None) for b in (1, 2)])
+
+    async def topics(self, names: Sequence[str] | None) -> Mapping[str, TopicState]:
+        if not self.exists:
+            return {}
+        parts = [
+            PartitionState(p, self.leaders[p], self.epoch, [1, 2], [1, 2], []) for p in range(3)
+        ]
+        return {OFFSETS_TOPIC: TopicState(OFFSETS_TOPIC, parts, internal=True)}
+
+    async def produce(
+        self, topic: str, partition: int, records: bytes, acks: int, timeout_ms: int
+    ) -> ProduceResult:
+        assert topic == OFFSETS_TOPIC and acks == -1
+        if self.produce_error:
+            return ProduceResult(self.produce_error, -1, -1, -1)
+        log = self.logs[partition]
+        stamped = bytearray(records)
+        rb.set_base_offset(stamped, 0, len(log))
+        log.append(bytes(stamped))  # one record per slot: batches here hold one record...
+        count = rb.parse_header(records, 0).records_count
+        log.extend([b""] * (count - 1))  # ...or pad so that offsets stay list indexes
+        return ProduceResult(0, len(log) - count, -1, 0)
+
+    async def fetch(self, topic: str, partition: int, offset: int, *args: Any) -> FetchResult:
+        log = self.logs[partition]
+        data = b"".join(log[offset:])
+        return FetchResult(0, len(log), len(log), 0, data)
+
+    async def list_offsets(self, topic: str, partition: int, *args: Any) -> ListOffsetsResult:
+        return ListOffsetsResult(0, -1, 0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.ms = 0
+
+    def __call__(self) -> int:
+        return self.ms
+
+
+async def loaded(
+    backend: LogBackend, broker: int = 1, clock: Clock | None = None, delay_ms: int = 0
+) -> Any:
+    coordinator = GroupCoordinator(
+        backend, broker, monotonic_ms=clock or Clock(), initial_rebalance_delay_ms=delay_ms
+    )
+    await coordinator._tick()
+    owned = list(coordinator._owned.values())
+    await asyncio.gather(*(o.loader for o in owned if o.loader is not None))
+    return coordinator
+
+
+async def join(
+    coordinator: GroupCoordinator,
+    member_id: str = "",
+    *,
+    group_id: str = GROUP,
+    metadata: bytes = b"sub",
+    group_instance_id: str | None = None,
+) -> JoinResult:
+    """A JoinGroup of a "range" consumer (10 s session and rebalance timeouts)."""
+    return await coordinator.join_group(
+        group_id=group_id,
+        member_id=member_id,
+        client_id="c",
+        client_host="/127.0.0.1",
+        session_timeout_ms=10_000,
+        rebalance_timeout_ms=10_000,
+        protocol_type="consumer",
+        protocols=[("range", metadata)],
+        require_known_member_id=True,
+        group_instance_id=group_instance_id,
+    )
+
+
+async def stable_member(coordinator: GroupCoordinator) -> tuple[str, int]:
+    first = await join(coordinator)
+    assert first.error_code == ErrorCode.MEMBER_ID_REQUIRED
+    result = await join(coordinator, first.member_id)
+    assert result.error_code == 0 and result.leader == first.member_id
+    synced = await coordinator.sync_group(
+        group_id=GROUP,
+        member_id=first.member_id,
+        generation_id=result.generation_id,
+        assignments={first.member_id: b"all"},
+    )
+    assert synced.error_code == 0 and synced.assignment == b"all"
+    return first.member_id, result.generation_id
+
+
+def test_find_coordinator_creates_the_topic_once() -> None:
+    async def run() -> None:
+        backend = LogBackend()
+        backend.exists = False
+        created: list[tuple[str, int, int, dict[str, str]]] = []
+
+        async def create(name: str, partitions: int, rf: int, configs: dict[str, str]) -> None:
+            created.append((name, partitions, rf, configs))
+
+        coordinator = GroupCoordinator(backend, 1, create_topic=create)
+        node = await coordinator.find_coordinator(GROUP)
+        assert node.error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE
+        await coordinator.find_coordinator(GROUP)  # within the retry interval: no second try
+        assert coordinator._setting_up is not None
+        await coordinator._setting_up
+        configs = {"cleanup.policy": "compact", "segment.bytes": "104857600"}
+        assert created == [(OFFSETS_TOPIC, 3, 2, configs)]  # RF 3 capped at 2
+        backend.exists = True
+        backend.leaders[PARTITION] = -1
+        assert (await coordinator.find_coordinator(GROUP)).error_code == 15
+        backend.leaders[PARTITION] = 2
+        node = await coordinator.find_coordinator(GROUP)
+        assert (node.error_code, node.node_id, node.port) == (0, 2, 9002)
+
+    asyncio.run(run())
+
+
+def test_an_existing_topic_is_given_cleanup_policy_compact_once() -> None:
+    async def run() -> None:
+        backend, clock = LogBackend(), Clock()
+        calls: list[tuple[str, Mapping[str, str]]] = []
+
+        async def configure(name: str, configs: Mapping[str, str]) -> None:
+            calls.append((name, configs))
+            if len(calls) == 1:
+                raise RaylogError("no active controller")
+
+        coordinator = GroupCoordinator(backend, 1, monotonic_ms=clock, configure_topic=configure)
+
+        async def tick() -> None:
+            await coordinator._tick()
+            if coordinator._setting_up is not None:
+                await coordinator._setting_up
+
+        await tick()  # fails: tried again only CREATE_RETRY_MS later
+        await tick()
+        assert calls == [(OFFSETS_TOPIC, {"cleanup.policy": "compact"})]
+        clock.ms += CREATE_RETRY_MS
+        await tick()
+        clock.ms += CREATE_RETRY_MS
+        await tick()  # done: not again
+        assert calls == [(OFFSETS_TOPIC, {"cleanup.policy": "compact"})] * 2
+        await coordinator.stop()
+
+    asyncio.run(run())
+
+
+def test_not_coordinator_and_load_in_progress() -> None:
+    async def run() -> None:
+        backend = LogBackend(leader=2)
+        coordinator = GroupCoordinator(backend, 1)
+        await coordinator._tick()
+        assert (await coordinator.heartbeat(GROUP, "m", 1)) == ErrorCode.NOT_COORDINATOR
+        backend.leaders[PARTITION] = 1
+        backend.epoch = 1
+        backend.produce_error = ErrorCode.NOT_ENOUGH_REPLICAS  # the load barrier cannot land
+        await coordinator._tick()
+        assert (await join(coordinator)).error_code == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+        backend.produce_error = 0
+        loader = coordinator._owned[PARTITION].loader
+        assert loader is not None
+        await asyncio.wait_for(loader, timeout=5)
+        assert (await join(coordinator)).error_code == ErrorCode.MEMBER_ID_REQUIRED
+        await coordinator.stop()
+
+    asyncio.run(run())
+
+
+def test_a_group_this_coordinator_does_not_have_answers_as_kafka() -> None:
+    # Kafka's GroupCoordinator, for a group it does not have: Heartbeat, SyncGroup and each
+    # LeaveGroup member UNKNOWN_MEMBER_ID (the client rejoins), a generation's OffsetCommit
+    # ILLEGAL_GENERATION; a commit without one (generation -1) creates the group.
+    async def run() -> None:
+        coordinator = await loaded(LogBackend())
+        assert await coordinator.heartbeat("gone", "m", 3) == ErrorCode.UNKNOWN_MEMBER_ID
+        synced = await coordinator.sync_group(
+            group_id="gone", member_id="m", generation_id=3, assignments={}
+        )
+        assert synced.error_code == ErrorCode.UNKNOWN_MEMBER_ID
+        left = await coordinator.leave_group("gone", [MemberIdentity("m"), MemberIdentity("n")])
+        assert left == (ErrorCode.NONE, [ErrorCode.UNKNOWN_MEMBER_ID] * 2)
+        offsets = {("t", 0): (5, -1, None)}
+        error = await coordinator.commit_offsets("gone", "m", 3, offsets)
+        assert error == ErrorCode.ILLEGAL_GENERATION
+        assert await coordinator.commit_offsets("standalone", "", -1, offsets) == ErrorCode.NONE
+        await coordinator.stop()
+
+    asyncio.run(run())
+
+
+def test_commits_and_the_group_survive_a_coordinator_failover() -> None:
+    async def run() -> None:
+        backend = LogBackend()
+        first = await loaded(backend)
+        member, generation = await stable_member(first)
+        error = await first.commit_offsets(
+            GROUP, member, generation, {("t", 0): (10, 3, "m"), ("t", 1): (20, -1, None)}
+        )
+        assert error == 0
+        assert await first.commit_offsets(GROUP, member, generation + 1, {("t", 0): (11, -1, "")})
+        fetched = await first.fetch_offsets(GROUP, [("t", 0), ("t", 2)])
+        assert fetched.offsets[("t", 0)].offset == 10 and fetched.offsets[("t", 2)] is None
+
+        # Failover: broker 2 now leads and reads the same log back.
+        backend.leaders[PARTITION] = 2
+        backend.epoch += 1
+        await first._tick()
+        assert (await first.heartbeat(GROUP, member, generation)) == ErrorCode.NOT_COORDINATOR
+        second = await loaded(backend, broker=2)
+        everything = await second.fetch_offsets(GROUP, None)
+        assert {
+            tp: (c.offset, c.leader_epoch, c.metadata) for tp, c in everything.offsets.items()
+        } == {
+            ("t", 0): (10, 3, "m"),
+            ("t", 1): (20, -1, ""),
+        }
+        group = second._owned[PARTITION].groups[GROUP]
+        assert group.state is GroupState.STABLE and group.generation_id == generation
+        assert (await second.heartbeat(GROUP, member, generation)) == 0
+        synced = await second.sync_group(
+            group_id=GROUP, member_id=member, generation_id=generation, assignments={}
+        )
+        assert synced.assignment == b"all"
+        unknown = await second.fetch_offsets("never-seen", [("t", 0)])
+        assert unknown.error_code == 0 and unknown.offsets == {("t", 0): None}
+
+    asyncio.run(run())
+
+
+def test_losing_leadership_answers_a_waiting_join() -> None:
+    async def run() -> None:
+        backend = LogBackend()
+        coordinator = await loaded(backend)
+        await stable_member(coordinator)
+        newcomer = await join(coordinator)
+        waiting = asyncio.ensure_future(join(coordinator, newcomer.member_id))
+        await asyncio.sleep(0)
+        assert not waiting.done()  # waits for the old member to rejoin
+        backend.leaders[PARTITION] = 2
+        await coordinator._tick()
+        result = await asyncio.wait_for(waiting, timeout=5)
+        assert result.error_code == ErrorCode.NOT_COORDINATOR
+
+    asyncio.run(run())
+
+
+def test_a_failed_group_write_fails_the_sync() -> None:
+    async def run() -> None:
+        backend = LogBackend()
+        coordinator = await loaded(backend)
+        first = await join(coordinator)
+        result = await join(coordinator, first.member_id)
+        backend.produce_error = ErrorCode.NOT_ENOUGH_REPLICAS
+        synced = await coordinator.sync_group(
+            group_id=GROUP,
+            member_id=first.member_id,
+            generation_id=result.generation_id,
+            assignments={first.member_id: b"x"},
+        )
+        assert synced.error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE
+        group = coordinator._owned[PARTITION].groups[GROUP]
+        assert group.state is GroupState.PREPARING_REBALANCE
+
+    asyncio.run(run())
+
+
+def test_session_expiry_through_the_tick() -> None:
+    async def run() -> None:
+        backend, clock = LogBackend(), Clock()
+        coordinator = await loaded(backend, clock=clock)
+        member, generation = await stable_member(coordinator)
+        clock.ms += 10_000
+        await coordinator._tick()
+        heartbeat = await coordinator.heartbeat(GROUP, member, generation)
+        assert heartbeat == ErrorCode.UNKNOWN_MEMBER_ID
+        group = coordinator._owned[PARTITION].groups[GROUP]
+        assert group.state is GroupState.EMPTY and group.generation_id == generation + 1
+
+    asyncio.run(run())
+
+
+def test_the_initial_rebalance_delay_holds_the_first_join_until_the_tick_after_it() -> None:
+    async def run() -> None:
+        backend, clock = LogBackend(), Clock()
+        coordinator = await loaded(backend, clock=clock, delay_ms=3_000)
+        first = await join(coordinator)
+        waiting = asyncio.ensure_future(join(coordinator, first.member_id))
+        await asyncio.sleep(0)  # the join reaches the group at clock 0
+        clock.ms += 2_999
+        await coordinator._tick()
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        clock.ms += 1
+        await coordinator._tick()
+        result = await asyncio.wait_for(waiting, timeout=5)
+        assert result.error_code == 0 and result.generation_id == 1
+
+    asyncio.run(run())
+
+
+RETENTION_MS = 60_000
+CHECK_MS = 1_000
+
+
+async def expiring(backend: LogBackend, clock: Clock, wall: Clock, broker: int = 1) -> Any:
+    """A loaded coordinator with a short offset retention on the test's clocks."""
+    coordinator = GroupCoordinator(
+        backend,
+        broker,
+        monotonic_ms=clock,
+        wall_ms=wall,
+        offsets_retention_ms=RETENTION_MS,
+        offsets_retention_check_interval_ms=CHECK_MS,
+    )
+    await coordinator._tick()
+    await asyncio.gather(*(o.loader for o in coordinator._owned.values() if o.loader))
+    return coordinator
+
+
+async def expiring_on_new_clocks() -> tuple[LogBackend, Clock, Clock, Any]:
+    """A new log, a monotonic clock at 0, a wall clock in 2023, and a coordinator on them."""
+    backend, clock, wall = LogBackend(), Clock(), Clock()
+    wall.ms = 1_700_000_000_000
+    return backend, clock, wall, await expiring(backend, clock, wall)
+
+
+async def after(coordinator: GroupCoordinator, clock: Clock, wall: Clock, ms: int) -> None:
+    """The wall clock ``ms`` on (commit times and retention are wall-clock), the monotonic one
+    a check interval (sessions of 10 s survive), then a tick and the expiry check it starts."""
+    clock.ms += CHECK_MS
+    wall.ms += ms
+    await coordinator._tick()
+    if coordinator._expiring is not None:
+        await coordinator._expiring
+
+
+def test_offsets_of_a_group_empty_past_the_retention_expire_with_it() -> None:
+    async def run() -> None:
+        backend, clock, wall, coordinator = await expiring_on_new_clocks()
+        member, generation = await stable_member(coordinator)
+        assert not await coordinator.commit_offsets(
+            GROUP, member, generation, {("t", 0): (5, -1, "")}
+        )
+        await after(coordinator, clock, wall, RETENTION_MS)  # Stable: in use, whatever its age
+        assert (await coordinator.fetch_offsets(GROUP, [("t", 0)])).offsets[("t", 0)] is not None
+
+        assert (await coordinator.leave_group(GROUP, [MemberIdentity(member)]))[1] == [0]
+        await after(coordinator, clock, wall, 0)  # the tick that sees it Empty (every 100 ms)
+        assert coordinator._owned[PARTITION].groups[GROUP].state is GroupState.EMPTY
+        await after(coordinator, clock, wall, RETENTION_MS - CHECK_MS)  # empty, not long enough
+        assert (await coordinator.fetch_offsets(GROUP, [("t", 0)])).offsets[("t", 0)] is not None
+        await after(coordinator, clock, wall, 2 * CHECK_MS)
+        assert (await coordinator.fetch_offsets(GROUP, [("t", 0)])).offsets == {("t", 0): None}
+        assert coordinator.describe_group(GROUP)[0] == ErrorCode.GROUP_ID_NOT_FOUND
+
+        # The tombstones are in the log: a new coordinator reading it brings nothing back.
+        backend.leaders[PARTITION] = 2
+        backend.epoch += 1
+        second = await expiring(backend, clock, wall, broker=2)
+        assert (await second.fetch_offsets(GROUP, [("t", 0)])).offsets == {("t", 0): None}
+        assert second.describe_group(GROUP)[0] == ErrorCode.GROUP_ID_NOT_FOUND
+
+    asyncio.run(run())
+
+
+def test_an_empty_group_without_offsets_is_tombstoned_at_the_next_check() -> None:
+    async def run() -> None:
+        backend, clock, wall, coordinator = await expiring_on_new_clocks()
+        member, _ = await stable_member(coordinator)  # its metadata record is in the log
+        assert (await coordinator.leave_group(GROUP, [MemberIdentity(member)]))[1] == [0]
+        await after(coordinator, clock, wall, 0)  # the tick that sees it Empty: a check too
+        assert coordinator.describe_group(GROUP)[0] == ErrorCode.GROUP_ID_NOT_FOUND
+        (tombstone,) = DefaultRecordBatch(next(b for b in reversed(backend.logs[PARTITION]) if b))
+        assert gr.decode_key(tombstone.key) == gr.GroupMetadataKey(GROUP)
+        assert tombstone.value is None
+
+        # A new coordinator reading the log finds the tombstone, not the group.
+        backend.leaders[PARTITION] = 2
+        backend.epoch += 1
+        second = await expiring(backend, clock, wall, broker=2)
+        assert second.describe_group(GROUP)[0] == ErrorCode.GROUP_ID_NOT_FOUND
+
+    asyncio.run(run())
+
+
+def test_standalone_commits_expire_one_by_one_from_their_commit_time() -> None:
+    async def run() -> None:
+        _, clock, wall, coordinator = await expiring_on_new_clocks()
+        # A consumer that assigns partitions itself commits with generation -1, no member.
+        assert not await coordinator.commit_offsets(GROUP, "", -1, {("t", 0): (1, -1, "")})
+        await after(coordinator, clock, wall, RETENTION_MS // 2)
+        assert not await coordinator.commit_offsets(GROUP, "", -1, {("t", 1): (2, -1, "")})
+        await after(coordinator, clock, wall, RETENTION_MS // 2 + CHECK_MS)
+        fetched = await coordinator.fetch_offsets(GROUP, [("t", 0), ("t", 1)])
+        assert fetched.offsets[("t", 0)] is None  # committed a retention ago
+        assert fetched.offsets[("t", 1)] is not None  # half a retention ago
+        await after(coordinator, clock, wall, RETENTION_MS // 2)
+        assert (await coordinator.fetch_offsets(GROUP, [("t", 1)])).offsets == {("t", 1): None}
+        assert coordinator.describe_group(GROUP)[0] == ErrorCode.GROUP_ID_NOT_FOUND
+
+    asyncio.run(run())
+
+
+def test_a_new_coordinator_counts_the_retention_from_when_the_group_became_empty() -> None:
+    async def run() -> None:
+        backend, clock, wall, first = await expiring_on_new_clocks()
+        member, generation = await stable_member(first)
+        assert not await first.commit_offsets(GROUP, member, generation, {("t", 0): (5, -1, "")})
+        assert (await first.leave_group(GROUP, [MemberIdentity(member)]))[1] == [0]
+        await after(first, clock, wall, 0)
+        await after(first, clock, wall, RETENTION_MS // 2)
+
+        # Failover half a retention later: the group's metadata record says since when it is
+        # Empty, so the new coordinator does not start counting again.
+        backend.leaders[PARTITION] = 2
+        backend.epoch += 1
+        await first._tick()
+        second = await expiring(backend, clock, wall, broker=2)
+        await after(second, clock, wall, 0)
+        assert (await second.fetch_offsets(GROUP, [("t", 0)])).offsets[("t", 0)] is not None
+        await after(second, clock, wall, RETENTION_MS // 2 + CHECK_MS)
+        assert (await second.fetch_offsets(GROUP, [("t", 0)])).offsets == {("t", 0): None}
+
+    asyncio.run(run())

@@ -1,0 +1,1 @@
+"""Helpers shared by raylog's tests (imported as ``support.<module>``)."""

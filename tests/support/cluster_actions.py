@@ -1,0 +1,89 @@
+"""Ray-side actions on an embedded cluster, run as a subprocess by the pipelines tests.
+
+``python cluster_actions.py DATA_DIR ACTION ARGS``; prints one line: RESULT and JSON.
+
+- ``leader TOPIC PARTITION``: the partition's leader and ISR from the active controller;
+- ``kill-broker BROKER``: hard-kills the broker's replica actors and the broker actor itself
+  (``ray.kill``: no graceful shutdown; Ray restarts the broker, which starts new replicas);
+- ``read-topic TOPIC OUT[@START_TS]...``: ``raylog.pipelines.read_topic`` (Ray Data) with
+  headers (from ``start_timestamp`` START_TS when given), written to the Parquet file OUT; one
+  read per OUT, in one process (joining Ray and starting Ray Data cost seconds each time).
+
+A separate process because Ray reads its token when it is imported: the test process belongs
+to its own Ray session, this one joins the cluster of DATA_DIR (``reading.connect``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from raylog.pipelines import reading
+
+
+def _catalog() -> Any:
+    return reading.controller_catalog()
+
+
+def leader(topic: str, partition: str) -> dict[str, Any]:
+    for info in _catalog().partitions(topic):
+        if info.partition == int(partition):
+            return {"leader": info.leader_id, "isr": list(info.isr)}
+    raise SystemExit(f"no partition {topic}-{partition}")
+
+
+def kill_broker(broker: str) -> dict[str, Any]:
+    import ray
+
+    from raylog.actors.calls import NAMESPACE, broker_actor_name, replica_actor_name
+
+    b = int(broker)
+    catalog = _catalog()
+    killed = []
+    for topic in catalog.topics():
+        for info in catalog.partitions(topic):
+            if b in info.replica_ids:
+                name = replica_actor_name(topic, info.partition, b)
+                try:
+                    ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+                    killed.append(name)
+                except ValueError:
+                    pass  # not started
+    ray.kill(ray.get_actor(broker_actor_name(b), namespace=NAMESPACE), no_restart=False)
+    return {"killed": killed}
+
+
+def read_topic(topic: str, *outs: str) -> dict[str, Any]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import ray
+
+    from raylog.pipelines import read_topic as _read_topic
+
+    rows = []
+    for spec in outs:
+        out, _, start_ts = spec.partition("@")
+        start_timestamp = int(start_ts) if start_ts else None
+        ds = _read_topic(
+            topic, include_headers=True, min_partitions=3, start_timestamp=start_timestamp
+        )
+        table = pa.concat_tables(ray.get(ds.to_arrow_refs()))
+        pq.write_table(table, out)
+        rows.append(table.num_rows)
+    return {"rows": rows}
+
+
+RESULT = "cluster-action-result: "  # Ray Data prints progress to stdout too
+ACTIONS = {"leader": leader, "kill-broker": kill_broker, "read-topic": read_topic}
+
+
+def main(argv: list[str]) -> int:
+    data_dir, action, *args = argv
+    reading.connect(reading.ClusterTarget.resolve(data_dir))
+    print(RESULT + json.dumps(ACTIONS[action](*args)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,155 @@
+"""Helpers for the gateway's tests: an in-memory backend, a live gateway, raw frames.
+
+These are unit-level tests of the gateway layer: ``InMemoryBackend`` stands in for raylog's actors
+(it is the gateway's input, not a mock of the part under test), while the connection, codec,
+handlers and server are the real ones, driven by real Kafka clients over real TCP.
+
+- ``InMemoryBackend``: a fixed cluster (three brokers, all advertising the one live gateway's
+  port, because only that address is reachable) and its topics.
+- ``LiveGateway``: a ``GatewayServer`` on 127.0.0.1, port 0, running in its own thread
+  and event loop so that blocking clients (kafka-python, confluent-kafka, kcat) can be driven
+  from the test thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from raylog.gateway.backend import Broker, ClusterView, PartitionState, TopicState
+from raylog.gateway.server import GatewayServer
+from support.waiting import wait_until
+
+HOST = "127.0.0.1"
+CLUSTER_ID = "raylog-test-cluster"
+START_TIMEOUT_S = 10.0
+
+
+@dataclass
+class InMemoryBackend:
+    """A ``Backend`` over fixed data, for tests of the gateway alone."""
+
+    port: int = 0
+    cluster_id: str = CLUSTER_ID
+    controller_id: int = 1
+    topic_states: dict[str, TopicState] = field(default_factory=dict)
+    calls: int = 0
+
+    def brokers(self) -> list[Broker]:
+        # Every node id points at the one live listener, so that a client following a leader to
+        # node 2 or 3 still reaches this gateway.
+        return [Broker(node, HOST, self.port, f"rack-{node}") for node in (1, 2, 3)]
+
+    async def cluster(self) -> ClusterView:
+        self.calls += 1
+        return ClusterView(self.cluster_id, self.controller_id, self.brokers())
+
+    async def topics(self, names: Sequence[str] | None) -> Mapping[str, TopicState]:
+        self.calls += 1
+        if names is None:
+            return dict(self.topic_states)
+        return {name: self.topic_states[name] for name in names if name in self.topic_states}
+
+
+def sample_topics() -> dict[str, TopicState]:
+    """Two topics: ``orders`` (3 partitions, all led) and ``events`` (partition 1 leaderless)."""
+    orders = TopicState(
+        "orders",
+        [
+            PartitionState(
+                p,
+                leader=1 + p % 3,
+                leader_epoch=4,
+                replicas=[1, 2, 3],
+                isr=[1, 2, 3],
+                offline_replicas=[],
+            )
+            for p in range(3)
+        ],
+    )
+    events = TopicState(
+        "events",
+        [
+            PartitionState(
+                0, leader=2, leader_epoch=7, replicas=[2, 3], isr=[2, 3], offline_replicas=[]
+            ),
+            PartitionState(
+                1, leader=-1, leader_epoch=8, replicas=[1, 3], isr=[], offline_replicas=[1, 3]
+            ),
+        ],
+    )
+    return {"orders": orders, "events": events}
+
+
+class LiveGateway:
+    """A GatewayServer running in a background thread's event loop."""
+
+    def __init__(self, backend: InMemoryBackend, **server_kwargs: Any) -> None:
+        self.backend = backend
+        self.loop = asyncio.new_event_loop()
+        self.server = GatewayServer(backend, **server_kwargs)
+        self._thread = threading.Thread(target=self.loop.run_forever, name="gateway", daemon=True)
+        self.port = 0
+
+    def start(self) -> None:
+        self._thread.start()
+        self.port = self.call(self.server.start(HOST, 0))
+        self.backend.port = self.port
+
+    def call(self, coroutine: Any, timeout_s: float = START_TIMEOUT_S) -> Any:
+        future: Future[Any] = asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+        return future.result(timeout=timeout_s)
+
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.server.serving
+
+    def stop(self) -> None:
+        self.call(self.server.stop(), timeout_s=30.0)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10.0)
+        self.loop.close()
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{HOST}:{self.port}"
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll ``condition`` until true or the deadline passes (then fail naming ``what``)."""
+    wait_until(condition, timeout_s=timeout_s, interval_s=0.01, message=what)
+
+
+def api_versions_v0_frame(correlation_id: int, client_id: str = "raw") -> bytes:
+    """A framed ApiVersions v0 request, built by hand (header v1, empty body)."""
+    cid = client_id.encode()
+    payload = struct.pack(">hhih", 18, 0, correlation_id, len(cid)) + cid
+    return struct.pack(">i", len(payload)) + payload
+
+
+def read_frame(sock: socket.socket) -> bytes:
+    """Read one size-prefixed frame from a blocking socket (with its timeout)."""
+    size = struct.unpack(">i", _read_exactly(sock, 4))[0]
+    return _read_exactly(sock, size)
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes:
+    chunks = bytearray()
+    while len(chunks) < n:
+        chunk = sock.recv(n - len(chunks))
+        if not chunk:
+            raise ConnectionError(f"peer closed after {len(chunks)} of {n} bytes")
+        chunks += chunk
+    return bytes(chunks)
+
+
+def raw_api_versions_roundtrip(port: int, correlation_id: int = 7, timeout_s: float = 5.0) -> bytes:
+    """Open a new connection, send ApiVersions v0, and return the response frame."""
+    with socket.create_connection((HOST, port), timeout=timeout_s) as sock:
+        sock.sendall(api_versions_v0_frame(correlation_id))
+        return read_frame(sock)
