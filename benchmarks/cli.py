@@ -1,11 +1,15 @@
-"""How long a `raylog` admin command takes: through `raylog up`'s command endpoint, and joining
-Ray itself (`--address`, the path every command took before the endpoint).
+"""How long a `raylog` admin command takes: served by `raylog up`'s command endpoint, and
+joining Ray itself (`--address`).
 
-Starts `raylog up` (3 brokers), creates a topic, then runs `raylog topics describe` ``--runs``
-times each way, as a user does (a new process each time). Prints one JSON document, last on
-stdout: wall seconds (median, min, max) and the CLI process's CPU seconds (median) per path.
+Starts `raylog up` (3 brokers), creates a topic (2 partitions, RF=3), then runs
+`raylog topics describe` ``--runs`` times each way, interleaved so that both paths see the same
+machine load, as a user does (a new process each time).
 
     .venv/bin/python benchmarks/cli.py [--runs 10]
+
+Prints one JSON document, last on stdout: per path (``served_by_raylog_up``, ``joining_ray``)
+``wall_s_median``, ``wall_s_min``, ``wall_s_max`` and ``cpu_s_median`` (the CLI process's user +
+system CPU), and ``speedup_wall`` (the ratio of the median wall times).
 """
 
 from __future__ import annotations

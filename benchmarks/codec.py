@@ -1,34 +1,31 @@
-"""Measure the gateway's codec on the broker side; print one JSON document (µs per operation).
+"""The gateway's codec on the broker side, beside kafka-python's own decoder; print one JSON
+document (µs per operation).
 
-Paths measured, each the broker's half of a real exchange:
+Paths measured, each the broker's half of a real exchange, timed in this process (the median
+of five runs of the mean time per call):
 
 - ``produce_v7_1mib_decode``: header + body of a Produce v7 request carrying one 1 MiB batch,
   through ``codec.parse_request_header`` and ``codec.decode_request`` (what the gateway runs);
-  ``..._kafka_python_decode`` is kafka-python's own ``ProduceRequest.decode(header=True)`` for
-  comparison (it copies the frame into a BytesIO to read the header).
+  ``produce_v7_1mib_kafka_python_decode`` is kafka-python's own
+  ``ProduceRequest.decode(header=True)`` for comparison (it copies the frame into a BytesIO to
+  read the header).
 - ``produce_v7_1mib_connection``: the same frame through ``Connection.receive_data`` and
   ``next_event`` (framing, admission, header, body), from a fresh connection, so the frame
   buffer is freshly allocated as in the server; ``baseline_fresh_1mib_bytearray`` (one copy
-  into a new 1 MiB buffer) shows that one allocation alone is cheap: see finding (1) below.
+  into a new 1 MiB buffer) is the cost of that allocation alone. With glibc's default malloc
+  thresholds a frame-sized buffer is mapped and page-faulted in anew each time, which the
+  cluster's processes avoid with ``raycluster.MALLOC_ENV``; run this script with those
+  variables set to see the gateway's cost.
 - ``fetch_v11_1mib_encode``: a framed Fetch v11 response with one partition carrying 1 MiB.
 - ``metadata_v5_1000_partitions_build`` / ``_encode``: building the response objects the way the
   Metadata handler does, then encoding the frame.
-- ``small_request_decode``: Metadata v5 naming two topics, and Produce v7 with a 100-byte batch.
+- ``produce_v7_small_decode`` (a 100-byte batch) and ``metadata_v5_request_decode`` (Metadata
+  v5 naming two topics): the fixed cost of small requests.
 
-Run: ``.venv/bin/python benchmarks/codec.py``. The run that chose the codec (2 shared cores,
-CPython 3.11.7, kafka-python 3.0.12), in µs: Produce v7 1 MiB decode 38-47 (kafka-python's own
-``decode(header=True)`` 1700-2800), through the Connection 1150-1730, small Produce 7-11, small
-Metadata request 6-10, Fetch v11 1 MiB encode 100-120, Metadata v5 1000 partitions build
-3600-6700 plus encode 2800-5000 (the spread is other jobs sharing the two cores).
+    .venv/bin/python benchmarks/codec.py
 
-Two findings. (1) The Connection figure is not decoding: glibc serves allocations above 128 KiB
-with mmap or trims them back to the OS on free, so when frame-sized buffers are allocated and
-freed in turn (the frame, then the decoded records' copy), each is page-faulted in anew. With
-``MALLOC_MMAP_THRESHOLD_=67108864 MALLOC_TRIM_THRESHOLD_=268435456`` in the environment the same
-path takes about 80 µs; the gateway's process should be started with them.
-(2) Metadata with 1000 partitions costs 6-12 ms, mostly building and walking kafka-python's
-objects. Metadata changes rarely, so the fix is a per-(version, metadata epoch) cache of the
-encoded topic entries rather than a hand-written encoder.
+JSON fields: ``unit``, ``python``, ``machine``, ``kafka_python`` (its version) and
+``results``, one number per path above.
 """
 
 from __future__ import annotations
@@ -117,8 +114,8 @@ def main() -> None:
         connection.next_event()
 
     results["produce_v7_1mib_connection"] = per_op_us(through_connection)
-    # Baseline for the line above: a fresh 1 MiB buffer filled once. On this kind of VM the
-    # first touch of freshly mapped pages dominates any path that allocates a frame-sized buffer.
+    # Baseline for the line above: a fresh 1 MiB buffer filled once. The first touch of freshly
+    # mapped pages dominates any path that allocates a frame-sized buffer.
     results["baseline_fresh_1mib_bytearray"] = per_op_us(lambda: bytearray(big))
 
     small_produce = produce_frame(100)

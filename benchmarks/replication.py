@@ -1,18 +1,32 @@
 """Replication at the actor level (no gateway): produce throughput and latency, beside raw Ray.
 
-Prints one JSON document. For RF=1 and RF=3, acks=all, pull and push, 64 KiB and 1 MiB batches:
-produce MB/s with several calls in flight, p50/p99 latency of those calls, and p50/p99 latency
-at a fixed 10 MB/s; each over the leader's channel (``path: channel``, as a broker's gateway
-produces; the goals are judged on it) and by Ray calls (``path: ray``, for comparison). Beside
-them, in the same run, the raw Ray transfer rate of the same payloads between two actors (no
-disk, no replication), and the disk floor at the fixed rate: RF writer threads appending the
-same batch to files of their own and fdatasync-ing them all at once, as RF replicas sharing
-this machine's one disk do, timed by the slowest (no Ray, no Python state, no network). Goals
-(the replication issue): RF=3 acks=all push >= 0.5 x (raw rate / 2), since each byte crosses
-two replication links; p99 <= 5 ms at 10 MB/s (next to it, the disk floor's p99: the part of
-the latency no replication design removes on a shared disk).
+Setup: one local Ray node; for each case a fresh partition of ReplicaActors (this script
+stands in for the controller), acks=all. Cases: RF=1 pull, RF=3 pull and RF=3 push, for each
+batch size in ``--sizes`` (64 KiB and 1 MiB), each over the leader's channel (``path:
+channel``, as a broker's gateway produces; the goals are judged on it) and by Ray calls
+(``path: ray``, for comparison). Each case is timed at a fixed rate (``--rate-mb-per-s``,
+10 MB/s) on a young partition, then saturated with ``--in-flight`` calls outstanding for
+``--seconds``, then at the fixed rate again once the saturated run has filled the page cache.
+Beside them, in the same run: the raw Ray transfer rate of the same payloads between two
+actors (no disk, no replication), and the disk floor at the fixed rate: RF writer threads
+appending the same batch to files of their own and fdatasync-ing them all at once, as RF
+replicas sharing this machine's one disk do, timed by the slowest (no Ray, no Python state, no
+network). Goals: RF=3 acks=all push >= 0.5 x (raw rate / 2), since each byte crosses two
+replication links; p99 <= 5 ms at 10 MB/s (next to it, the disk floor's p99: the part of the
+latency no replication design removes on a shared disk).
 
     .venv/bin/python benchmarks/replication.py [--seconds 3] [--sizes 65536,1048576]
+        [--in-flight 4] [--rate-mb-per-s 10] [--flush-messages 9223372036854775807]
+
+``--flush-messages`` sets the topics' ``flush.messages`` (Kafka's default never fsyncs in the
+produce path; raylog's, 1, fsyncs before acknowledging).
+
+JSON fields: ``raw_ray_transfer`` (``batch_bytes``, ``mb_per_s``); ``disk_floor``
+(``batch_bytes``, ``writers``, ``fixed_rate_p50_ms``, ``fixed_rate_p99_ms``); ``produce``, one
+entry per case: ``batch_bytes``, ``rf``, ``mode``, ``path``, ``mb_per_s`` and ``p50_ms`` /
+``p99_ms`` saturated, ``fixed_rate_p50_ms`` / ``fixed_rate_p99_ms`` / ``fixed_rate_samples``,
+``after_saturation_fixed_rate_p50_ms`` / ``_p99_ms``; ``goals``, each with its target, the
+measured value and ``met``.
 """
 
 from __future__ import annotations
@@ -302,16 +316,16 @@ def _produce_case(
         check(future.result(timeout=CALL_TIMEOUT_S))
     elapsed = time.monotonic() - start
 
-    # The fixed rate again, now that the saturated run has filled gigabytes of page cache. On
-    # this VM a page the guest has not touched lately costs about 10 us to write the first
-    # time (about 2 ms per MiB instead of 0.25), which slows every write of every replica.
+    # The fixed rate again, once the saturated run has filled gigabytes of page cache: on a VM,
+    # a page the guest has not touched lately costs several times more to write than a warm
+    # one, which slows every write of every replica.
     paced_after = _paced(produce_one, len(batch), args)
     if client is not None:
         client.close()
     for actor in replicas:
         ray.kill(actor)
-    # The case's logs go now, not at the end: gigabytes of them in the page cache slowed the
-    # cases after (the 1 MiB push case ran at half its rate alone).
+    # The case's logs go now, not at the end: gigabytes of them in the page cache slow the
+    # cases after.
     shutil.rmtree(work / topic, ignore_errors=True)
     return {
         "batch_bytes": size,

@@ -30,6 +30,14 @@ its best run and its runs. Prints one JSON document, last on stdout. The machine
 figures are noisy. Goal: raylog >= 0.5 x the Parquet read.
 
     .venv/bin/python benchmarks/spark_read.py [--records 1000000] [--repeats 3]
+
+JSON fields: ``records``, ``value_bytes``, ``partitions``, ``spark_master``,
+``spark_task_slots``, ``produce_s`` (loading the topic); per reader (``raylog``, ``parquet``,
+``python_source_floor``, ``raylog_batches_floor``, ``python_source_fixed``,
+``ray_data_read_kafka``, ``ray_data_read_topic``) ``rows``, ``seconds_runs``, and
+``rows_per_s`` and ``mb_per_s`` (key + value bytes) of its best run; ``raylog_vs_parquet``,
+``floor_vs_parquet`` and ``raylog_batches_floor_vs_parquet`` (best against best), and
+``rounds_vs_parquet`` (the same ratio round by round).
 """
 
 from __future__ import annotations
