@@ -8,11 +8,7 @@ interleaved slices):
 It also measures CRC-32C speed (checked on every read). Everything runs in a temporary
 directory that is removed afterwards; ONE JSON document is printed on stdout.
 
-    .venv/bin/python benchmarks/storage_append.py [--seconds 2] [--dir /path/on/the/disk]
-
-JSON fields: ``crc32c_gb_per_s``; ``results``, per batch size ``batch_bytes`` and for ``raw``,
-``log_1_writer`` and ``log_3_writers`` each ``ops``, ``mb_per_s``, ``p50_ms`` and ``p99_ms``,
-then ``log_1_writer_vs_raw`` and ``log_3_writers_vs_raw`` (throughput ratios); ``goal``.
+    python benchmarks/storage_append.py [--seconds 2] [--dir /path/on/the/disk/to/test]
 """
 
 from __future__ import annotations
