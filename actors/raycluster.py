@@ -1,6 +1,6 @@
 """How raylog starts and joins Ray: the environment every process of a cluster shares.
 
-Owns the settings measured on Ray 2.60 (see the README's "Running on Ray" section):
+Owns the settings measured on Ray 2.60 (docs/DESIGN.md, "What Ray costs"):
 
 - token authentication, with a token file kept in the cluster's data directory, so that every
   process that joins (drivers, the CLI, Spark's Python workers) presents the same token;
@@ -92,8 +92,8 @@ def ray_env(data_dir: Path) -> dict[str, str]:
 # glibc malloc tunables for the processes of a cluster this process starts (its Ray workers
 # inherit them), unless the user set them: batches and channel frames are buffers of up to a few
 # MiB, which glibc by default maps and unmaps (or trims off the heap) one by one, so every batch
-# faulted in fresh zeroed pages. Kept in the heap, RF=3 followers used about 20% less CPU in
-# benchmarks/kafka_clients.py (2026-11-25). At most the trim threshold of free heap stays mapped.
+# would fault in fresh zeroed pages. Kept in the heap, RF=3 followers use noticeably less CPU
+# (benchmarks/kafka_clients.py). At most the trim threshold of free heap stays mapped.
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(16 << 20), "MALLOC_TRIM_THRESHOLD_": str(64 << 20)}
 
 

@@ -7,7 +7,7 @@ builds its classes at import time from the copy of Apache Kafka's JSON message s
 (``clients/src/main/resources/common/message/*.json``) shipped in its wheel, and compiles one
 encoder and one decoder per (message, version). ``benchmarks/codec.py`` measures it on the broker
 side (decode Produce v7 carrying 1 MiB, encode Fetch v11 carrying 1 MiB, encode Metadata v5 with
-1000 partitions); the figures are in that file's docstring.
+1000 partitions) and prints its figures.
 
 Three things are done here rather than through kafka-python's ``ApiMessage.decode``:
 
