@@ -232,6 +232,33 @@ def shared_up(shared_cluster: Any) -> Iterator[Any]:
 
 _last_ray_local_user: str | None = None  # node id of the last test that uses ``ray_local``
 
+TESTS_ROOT = Path(__file__).resolve().parent
+# The layer each folder of tests exercises, as a marker (``pytest -m "storage or replication"``);
+# the deepest folder named here wins. Registered in pyproject.toml.
+LAYER_MARKERS = {
+    "storage": "storage",
+    "actors": "actors",
+    "actors/replication": "replication",
+    "actors/control": "control",
+    "actors/transport": "transport",
+    "actors/cluster": "actors",
+    "actors/cli": "actors",
+    "gateway": "gateway",
+    "pipelines": "pipelines",
+    "sim": "sim",
+    "e2e": "e2e",
+    "project": "project",
+}
+# Fixtures that start a Ray cluster: tests using them also get the ``ray`` marker.
+RAY_FIXTURES = ("ray_local", "shared_cluster", "shared_up", "embedded")
+
+
+def _layer_marker(path: Path) -> str | None:
+    rel = path.resolve().relative_to(TESTS_ROOT).parent.as_posix()
+    while rel not in LAYER_MARKERS and "/" in rel:
+        rel = rel.rsplit("/", 1)[0]
+    return LAYER_MARKERS.get(rel)
+
 
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
@@ -244,6 +271,13 @@ def pytest_collection_modifyitems(
 
     def uses(item: pytest.Item, fixture: str) -> bool:
         return fixture in getattr(item, "fixturenames", ())
+
+    for item in items:
+        layer = _layer_marker(item.path)
+        if layer is not None:
+            item.add_marker(layer)
+        if layer == "e2e" or any(uses(item, f) for f in RAY_FIXTURES):
+            item.add_marker("ray")
 
     # Whole modules move together: a module split in two would set its module fixtures up twice.
     on_ray_local = {item.path for item in items if uses(item, "ray_local")}
