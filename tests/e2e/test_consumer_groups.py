@@ -375,9 +375,9 @@ info = raycluster.read_cluster_info(data_dir)
 raycluster.apply_ray_env(data_dir)
 import ray
 
-from raylog.actors.broker import broker_actor_name
-from raylog.actors.controller import controller_actor_name
-from raylog.actors.replica import NAMESPACE, replica_actor_name
+from raylog.actors.calls import broker_actor_name
+from raylog.actors.calls import controller_actor_name
+from raylog.actors.calls import NAMESPACE, replica_actor_name
 
 ray.init(address=info.ray_address, namespace=NAMESPACE, logging_level="WARNING",
          log_to_driver=False)
