@@ -128,7 +128,6 @@ REQUEST_TIMEOUT_MS_MAX = 300_000  # bound on a produce request's timeout
 # The log never fsyncs inside append: the flusher task does, so appends stay on the event loop;
 # the replica applies flush.messages and flush.ms itself.
 _NO_FLUSH = (1 << 63) - 1
-_LOG_NEVER_FLUSHES = {"flush.messages": _NO_FLUSH, "flush.ms": _NO_FLUSH}
 
 
 def now_ms() -> int:
@@ -136,9 +135,9 @@ def now_ms() -> int:
 
 
 def _log_and_flush_configs(configs: dict[str, str] | None) -> tuple[LogConfig, int, int]:
-    """The log's configs (which never flush by themselves), flush.messages and flush.ms."""
+    """The log's configs, flush.messages and flush.ms."""
     configs = dict(configs or {})
-    log_config = LogConfig.from_kafka({**configs, **_LOG_NEVER_FLUSHES})
+    log_config = LogConfig.from_kafka(configs)
     return (
         log_config,
         int(configs.get("flush.messages", 1)),

@@ -1,4 +1,4 @@
-"""The write-ahead log of one partition replica: segments, epochs, checkpoints, durability.
+"""The write-ahead log of one partition replica: segments, epochs, checkpoints, recovery.
 
 Directory layout (Kafka's)::
 
@@ -23,18 +23,16 @@ the first segment. Only a value set by advance_log_start (or a truncation that l
 checkpointed: recovery takes the larger of the checkpoint and the first segment's base
 offset, clamped to the log end offset.
 
-Durability (group commit). Appends write under ``_lock`` and fsync outside it. Every write
-gets a sequence number; an appender that needs durability waits until ``_synced_seq`` covers
-its number. The first waiter becomes the flush leader: it notes the newest written sequence,
-fsyncs the active segment (through a dup of its descriptor, so a concurrent roll or truncate
-cannot close it under the fsync) and then releases everyone whose write it covered. Appenders
-that arrive during that fsync are covered by the next one. Invariant: every segment but the
-active one is fsync'd (a roll fsyncs the old segment before creating the new one), so one
-fsync of the active segment makes every earlier write durable.
+Durability. Appends write to the page cache and return; :meth:`Log.flush` makes everything
+appended so far durable. When to flush (flush.messages, flush.ms, group commit) is the owner's
+policy: a replica's, not the log's. Invariant: every segment but the active one is fsync'd (a
+roll fsyncs the old segment with its index files before creating the new one), so one fsync of
+the active segment makes every earlier write durable. That fsync runs outside ``_lock``, on a
+duplicate of the active segment's descriptor (a roll or truncation meanwhile cannot close it
+under the fsync), so appends go on during it; they are covered by the next flush.
 
-Lock order: ``_lock`` then ``_flush_cond``; the flush leader never holds ``_flush_cond`` while
-taking ``_lock``. Reads also hold ``_lock`` (so a truncation never shrinks a file under a
-read); they cost a pread and a CRC pass (CRC-32C runs at several GB/s), never an fsync.
+Every operation holds ``_lock``. Reads hold it too (so a truncation never shrinks a file
+under a read); they cost a pread and a CRC pass, never an fsync.
 
 Limits (bounded memory): one batch <= MAX_BATCH_BYTES (64 MiB) on both paths and in
 recovery; index positions and relative offsets are int32, so segment.bytes < 2 GiB; the
@@ -143,11 +141,8 @@ def wall_clock_ms() -> int:
 class LogConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Per-log settings; each field is the Kafka topic config named in its comment.
 
-    ``flush_messages`` defaults to 1 (fsync before every append is acknowledged), unlike
-    Kafka's Long.MAX_VALUE, which leaves durability to replication and the OS.
-    With ``flush_messages`` > 1 the log fsyncs once that many records are unflushed or when
-    ``flush_ms`` has passed since the last fsync, judged at append time (no background
-    thread: the owner calls :meth:`Log.flush` on a timer if it needs a bound while idle).
+    The flush policy (flush.messages, flush.ms) is not here: the log's owner decides when to
+    call :meth:`Log.flush`.
     """
 
     segment_bytes: int = 1 << 30  # segment.bytes
@@ -156,8 +151,6 @@ class LogConfig(msgspec.Struct, frozen=True, kw_only=True):
     retention_bytes: int = -1  # retention.bytes (-1: unlimited)
     max_message_bytes: int = 1048588  # max.message.bytes
     index_interval_bytes: int = 4096  # index.interval.bytes
-    flush_messages: int = 1  # flush.messages
-    flush_ms: int = _LONG_MAX  # flush.ms
     message_timestamp_type: str = "CreateTime"  # message.timestamp.type
     cleanup_policy: str = "delete"  # cleanup.policy: delete, compact or compact,delete
     delete_retention_ms: int = _DAY_MS  # delete.retention.ms
@@ -172,8 +165,6 @@ class LogConfig(msgspec.Struct, frozen=True, kw_only=True):
         _check_range("retention.bytes", self.retention_bytes, -1, _LONG_MAX)
         _check_range("max.message.bytes", self.max_message_bytes, 0, MAX_BATCH_BYTES)
         _check_range("index.interval.bytes", self.index_interval_bytes, 0, MAX_SEGMENT_BYTES)
-        _check_range("flush.messages", self.flush_messages, 1, _LONG_MAX)
-        _check_range("flush.ms", self.flush_ms, 0, _LONG_MAX)
         if self.message_timestamp_type not in ("CreateTime", "LogAppendTime"):
             raise InvalidConfigError(
                 f"message.timestamp.type={self.message_timestamp_type!r}: "
@@ -236,8 +227,6 @@ _KAFKA_KEYS = {
     "retention.bytes": "retention_bytes",
     "max.message.bytes": "max_message_bytes",
     "index.interval.bytes": "index_interval_bytes",
-    "flush.messages": "flush_messages",
-    "flush.ms": "flush_ms",
     "message.timestamp.type": "message_timestamp_type",
     "cleanup.policy": "cleanup_policy",
     "delete.retention.ms": "delete_retention_ms",
@@ -569,7 +558,6 @@ class Log:
         self._fsync = fsync
         self.stats = LogStats()
         self._lock = threading.Lock()
-        self._flush_cond = threading.Condition(threading.Lock())
         self._segments: list[Segment] = []
         self._bases: list[int] = []  # base offsets of _segments, for bisect
         self._open_inactive: OrderedDict[int, Segment] = OrderedDict()
@@ -577,12 +565,9 @@ class Log:
         self._high_watermark = 0
         # Invariant: _segments[0].base_offset <= _log_start_offset <= log_end_offset.
         self._log_start_offset = 0
-        # Group commit state (under _flush_cond): writes numbered by _written_seq.
-        self._written_seq = 0  # also read under _lock, written under both
-        self._synced_seq = 0
-        self._sync_in_progress = False
-        self._unflushed_records = 0
-        self._last_flush_ms = 0
+        # Writes counted (under _lock): those below _durable_writes are fsync'd.
+        self._writes = 0
+        self._durable_writes = 0
         self._failure: str | None = None  # set on a failed fsync: the log refuses all work
         self._closed = False
         # Log cleaner (compaction) state: the first offset not cleaned yet, the earliest
@@ -608,7 +593,7 @@ class Log:
     ) -> Log:
         """Open (creating if needed) and recover the log in ``directory``.
 
-        ``clock_ms`` (LogAppendTime, flush.ms) and ``fsync`` (every fsync of segment data,
+        ``clock_ms`` (LogAppendTime) and ``fsync`` (every fsync of segment data,
         given a file descriptor) are injectable for tests and simulation.
         """
         path = Path(directory)
@@ -618,7 +603,6 @@ class Log:
             log._recover()
         except OSError as exc:
             raise KafkaStorageError(f"cannot open log {path}: {exc}") from exc
-        log._last_flush_ms = clock_ms()
         return log
 
     def _recover(self) -> None:
@@ -858,11 +842,11 @@ class Log:
     def append(
         self, batch: bytes | bytearray | memoryview, leader_epoch: int, *, validated: bool = False
     ) -> AppendInfo:
-        """Leader path: validate one client batch, assign offsets, stamp, store, fsync.
+        """Leader path: validate one client batch, assign offsets, stamp, store.
 
         The payload is never copied: the 61-byte header is stamped in a copy and written with
-        the rest of the caller's buffer in one pwritev. Returns after the bytes are durable
-        (per flush.messages / flush.ms). ``validated``: the caller already ran
+        the rest of the caller's buffer in one pwritev. Returns once the bytes are written, not
+        durable (see :meth:`flush`). ``validated``: the caller already ran
         ``validate_client_batch`` on these bytes with this log's max.message.bytes (a replica
         does before the batch reaches its state machine), so the CRC is not computed twice.
         """
@@ -897,8 +881,8 @@ class Log:
                     self._write_epochs()
             except OSError as exc:  # Segment.append already cut back its own partial write
                 raise KafkaStorageError(f"append to {self.directory} failed: {exc}") from exc
-            seq, need_sync = self._note_written(stored.size, stored.records_count, now)
-            info = AppendInfo(
+            self._note_written(stored.size)
+            return AppendInfo(
                 base_offset=base,
                 last_offset=stored.last_offset,
                 records_count=stored.records_count,
@@ -907,9 +891,6 @@ class Log:
                 log_start_offset=self.log_start_offset,
                 max_timestamp=stored.max_timestamp,
             )
-        if need_sync:
-            self._sync(seq)
-        return info
 
     def append_replicated(self, batches: bytes | bytearray | memoryview) -> AppendInfo | None:
         """Follower path: store batches that already carry the leader's offsets and epochs.
@@ -957,7 +938,6 @@ class Log:
                     )
                 epoch = max(epoch, h.partition_leader_epoch)
                 expected = h.next_offset
-            now = self._clock_ms()
             pos = 0
             new_epochs = False
             records = 0
@@ -972,7 +952,7 @@ class Log:
                         self._log_start_offset,
                     )
                 for h in headers:
-                    # One batch per write keeps rolls exact; the fsync is still shared.
+                    # One batch per write keeps rolls exact.
                     self._maybe_roll(h)
                     self._segments[-1].append([view[pos : pos + h.size]], [h])
                     pos += h.size
@@ -988,14 +968,14 @@ class Log:
                 # The batches before the failing one are stored (a contiguous prefix): account
                 # for them so a later flush covers them, then report the failure.
                 if pos:
-                    self._note_written(pos, records, now)
+                    self._note_written(pos)
                 if new_epochs:
                     self._write_epochs()
                 raise KafkaStorageError(f"append to {self.directory} failed: {exc}") from exc
             if new_epochs:
                 self._write_epochs()
-            seq, need_sync = self._note_written(len(view), records, now)
-            info = AppendInfo(
+            self._note_written(len(view))
+            return AppendInfo(
                 base_offset=headers[0].base_offset,
                 last_offset=headers[-1].last_offset,
                 records_count=records,
@@ -1004,9 +984,6 @@ class Log:
                 log_start_offset=self.log_start_offset,
                 max_timestamp=max(h.max_timestamp for h in headers),
             )
-        if need_sync:
-            self._sync(seq)
-        return info
 
     def _maybe_roll(self, header: rb.BatchHeader) -> None:
         """Start a new segment at the log end when the next batch should not join the active
@@ -1032,18 +1009,16 @@ class Log:
 
     def _roll(self) -> None:
         # 1. Make the old segment and its indexes durable, so that (invariant) only the
-        #    active segment can hold unsynced bytes, and everyone waiting on it is covered.
+        #    active segment can hold unsynced bytes: every write so far is durable.
         old = self._segments[-1]
         try:
             self._fsync(old.fd)
         except OSError as exc:
-            self._failure = f"fsync failed: {exc}"  # as in _sync: page cache state unknown
+            self._failure = f"fsync failed: {exc}"  # as in flush: page cache state unknown
             raise
         old.write_index_files()
-        with self._flush_cond:
-            self.stats.fsyncs += 1
-            self._synced_seq = max(self._synced_seq, self._written_seq)
-            self._flush_cond.notify_all()
+        self.stats.fsyncs += 1
+        self._durable_writes = self._writes
         # 2. Create the new segment and make its directory entry durable.
         new = Segment.create(self.directory, old.next_offset, self.config.index_interval_bytes)
         fsync_directory(self.directory)
@@ -1060,74 +1035,46 @@ class Log:
             _, evicted = self._open_inactive.popitem(last=False)
             evicted.release()
 
-    def _note_written(self, size: int, records: int, now_ms: int) -> tuple[int, bool]:
-        """Under _lock: number the write and decide whether its appender must fsync."""
-        with self._flush_cond:
-            self._written_seq += 1
-            seq = self._written_seq
+    def _note_written(self, size: int) -> None:
+        """Under _lock: count a write, which the next flush makes durable."""
+        self._writes += 1
         self.stats.appends += 1
         self.stats.bytes_appended += size
-        self._unflushed_records += records
-        need = (
-            self._unflushed_records >= self.config.flush_messages
-            or now_ms - self._last_flush_ms >= self.config.flush_ms
-        )
-        if need:
-            self._unflushed_records = 0
-            self._last_flush_ms = now_ms
-        return seq, need
-
-    def _sync(self, seq: int) -> None:
-        """Return once write ``seq`` is durable, fsyncing as the group-commit leader if needed."""
-        while True:
-            with self._flush_cond:
-                while self._synced_seq < seq and self._sync_in_progress:
-                    self._flush_cond.wait()
-                if self._failure is not None:
-                    raise KafkaStorageError(f"log {self.directory} failed: {self._failure}")
-                if self._synced_seq >= seq:
-                    return
-                self._sync_in_progress = True
-            # This thread is the flush leader: it covers every write numbered up to target.
-            target = 0
-            try:
-                with self._lock:
-                    target = self._written_seq
-                    fd = os.dup(self._segments[-1].fd)
-                try:
-                    self._fsync(fd)
-                finally:
-                    os.close(fd)
-            except OSError as exc:
-                with self._flush_cond:
-                    # After a failed fsync the page cache state is unknown: stop serving until
-                    # the log is reopened and recovered.
-                    self._failure = f"fsync failed: {exc}"
-                    self._sync_in_progress = False
-                    self._flush_cond.notify_all()
-                raise KafkaStorageError(f"fsync of log {self.directory} failed: {exc}") from exc
-            with self._flush_cond:
-                self.stats.fsyncs += 1
-                self._synced_seq = max(self._synced_seq, target)
-                self._sync_in_progress = False
-                self._flush_cond.notify_all()
 
     def reconfigure(self, config: LogConfig) -> None:
         """Apply changed topic configs (retention, segment size and age, max.message.bytes,
-        flush policy, timestamp type) from the next operation on, as Kafka applies a dynamic
+        timestamp type, compaction) from the next operation on, as Kafka applies a dynamic
         topic config change: the data stays as it is (a smaller segment.bytes rolls the
         active segment at its next append; a shorter retention acts at the next check)."""
         with self._lock:
             self.config = config
 
     def flush(self) -> None:
-        """Make every append so far durable (the flush.ms timer of a relaxed config)."""
+        """Make every append that returned before this call durable; no fsync when nothing
+        was written since the last one.
+
+        Safe to call from another thread while appends go on: the fsync runs outside the
+        lock (see the module docstring). After a failed fsync the page cache state is
+        unknown: the log refuses all work until it is reopened and recovered.
+        """
+        try:
+            with self._lock:
+                self._check_usable()
+                target = self._writes
+                if self._durable_writes >= target:
+                    return
+                fd = os.dup(self._segments[-1].fd)
+            try:
+                self._fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            with self._lock:
+                self._failure = f"fsync failed: {exc}"
+            raise KafkaStorageError(f"fsync of log {self.directory} failed: {exc}") from exc
         with self._lock:
-            self._check_usable()
-            seq = self._written_seq
-            self._unflushed_records = 0
-            self._last_flush_ms = self._clock_ms()
-        self._sync(seq)
+            self.stats.fsyncs += 1
+            self._durable_writes = max(self._durable_writes, target)
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -1472,10 +1419,8 @@ class Log:
             except OSError as exc:
                 self._failure = f"truncation failed: {exc}"
                 raise KafkaStorageError(f"truncate of {self.directory} failed: {exc}") from exc
-            with self._flush_cond:
-                self.stats.fsyncs += 1
-                self._synced_seq = max(self._synced_seq, self._written_seq)
-                self._flush_cond.notify_all()
+            self.stats.fsyncs += 1
+            self._durable_writes = self._writes
             if self._log_start_offset > self.log_end_offset:
                 self._log_start_offset = self.log_end_offset
                 self._write_offset_checkpoint(LOG_START_OFFSET_CHECKPOINT, self._log_start_offset)
@@ -1541,9 +1486,7 @@ class Log:
         self._segments = [new]
         self._bases = [base_offset]
         self._layout_generation += 1
-        with self._flush_cond:
-            self._synced_seq = max(self._synced_seq, self._written_seq)
-            self._flush_cond.notify_all()
+        self._durable_writes = self._writes  # nothing left to fsync: no data is left
 
     def enforce_retention(self, now_ms: int, high_watermark: int | None = None) -> int:
         """Delete whole inactive segments past retention.ms (by their largest timestamp) or

@@ -1,6 +1,7 @@
 """The Log's contract: offsets, reads at every boundary, segments and indexes, timestamps,
 leader epochs (KIP-101/279), truncation, retention, recovery from torn or flipped bytes and
-lost index files, a full disk, failed fsyncs, and group commit."""
+lost index files, a full disk, failed fsyncs, and flushes (appends never fsync; a flush makes
+every earlier append durable, also while appends go on in another thread)."""
 
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def test_append_assigns_offsets_and_stamps_epoch(small_log: Log) -> None:
     # Stored exactly as received apart from the two stamped fields.
     assert data[rb.MAGIC_POS : len(original)] == original[rb.MAGIC_POS :]
     assert [r.offset for r in DefaultRecordBatch(data[len(original) :])] == [3, 4]
-    assert small_log.stats.fsyncs == 2  # flush.messages=1: every append is durable
+    assert small_log.stats.fsyncs == 0  # appends never fsync: flush() does
 
 
 def test_read_boundaries(small_log: Log) -> None:
@@ -211,11 +212,11 @@ def test_log_append_time(log_dir: Path) -> None:
 
 def test_config_validation() -> None:
     config = LogConfig.from_kafka({"segment.bytes": "1048576", "cleanup.policy": "delete"})
-    assert config.segment_bytes == 1048576 and config.flush_messages == 1
+    assert config.segment_bytes == 1048576
     with pytest.raises(InvalidConfigError, match=r"segment\.bytes"):
         LogConfig.from_kafka({"segment.bytes": "1"})
-    with pytest.raises(InvalidConfigError, match=r"flush\.messages"):
-        LogConfig.from_kafka({"flush.messages": "lots"})
+    with pytest.raises(InvalidConfigError, match=r"segment\.ms"):
+        LogConfig.from_kafka({"segment.ms": "lots"})
     with pytest.raises(InvalidConfigError, match=r"message\.timestamp\.type"):
         LogConfig(message_timestamp_type="Now")
     with pytest.raises(InvalidConfigError, match=r"max\.message\.bytes"):
@@ -442,89 +443,85 @@ def test_failed_fsync_refuses_further_work(log_dir: Path) -> None:
         raise OSError(errno.EIO, "Input/output error")
 
     log = Log.open(log_dir, fsync=failing_fsync)
+    log.append(batch(), 0)  # written, not durable yet
     with pytest.raises(KafkaStorageError, match="fsync"):
-        log.append(batch(), 0)
+        log.flush()
     with pytest.raises(KafkaStorageError):
         log.read(0, 100)
+    with pytest.raises(KafkaStorageError):
+        log.append(batch(), 0)
     log.close()
     with Log.open(log_dir) as reopened:  # recovery decides what survived
         assert reopened.log_end_offset in (0, 2)
 
 
-def test_group_commit_shares_one_fsync(log_dir: Path) -> None:
-    writers = 6
-    first_fsync_entered = threading.Event()
-    release = threading.Event()
-    calls: list[int] = []
+def _recording_fsync(synced: dict[str, int]) -> Callable[[int], None]:
+    """An fsync that notes, per file, the size it made durable."""
+
+    def fsync(fd: int) -> None:
+        os.fdatasync(fd)
+        synced[os.readlink(f"/proc/self/fd/{fd}")] = os.fstat(fd).st_size
+
+    return fsync
+
+
+def _durable_to_its_end(path: Path, synced: dict[str, int]) -> bool:
+    return synced.get(str(path.resolve())) == path.stat().st_size
+
+
+def test_appends_never_fsync_and_a_flush_makes_every_earlier_one_durable(log_dir: Path) -> None:
+    synced: dict[str, int] = {}
+    with Log.open(log_dir, SMALL, fsync=_recording_fsync(synced)) as log:
+        fill(log, 30)
+        rolls = log.stats.segments_rolled
+        # Only rolls fsync, each the segment it closes.
+        assert rolls >= 3 and log.stats.fsyncs == rolls and len(synced) == rolls
+        log.flush()
+        assert log.stats.fsyncs == rolls + 1
+        on_disk = {str(p.resolve()): p.stat().st_size for p in log_dir.glob("*.log")}
+        assert synced == on_disk  # every segment durable up to its end
+        log.flush()  # nothing written since: no fsync
+        assert log.stats.fsyncs == rolls + 1
+        log.append(batch(), 0)
+        log.flush()
+        assert log.stats.fsyncs == log.stats.segments_rolled + 2
+        assert _durable_to_its_end(_last_segment(log_dir), synced)
+
+
+def test_appends_go_on_while_a_flush_fsyncs_in_another_thread(log_dir: Path) -> None:
+    fsync_entered, release = threading.Event(), threading.Event()
+    synced: dict[str, int] = {}
+    record = _recording_fsync(synced)
 
     def gated_fsync(fd: int) -> None:
-        calls.append(fd)
-        if len(calls) == 1:
-            first_fsync_entered.set()
+        if threading.current_thread() is flusher:
+            fsync_entered.set()
             assert release.wait(10)
-        os.fdatasync(fd)
+        record(fd)
 
-    log = Log.open(log_dir, fsync=gated_fsync)
-    results: list[int] = []
-    errors: list[BaseException] = []
-
-    def writer(i: int) -> None:
-        try:
-            results.append(log.append(batch(tag=i), 0).base_offset)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=writer, args=(0,))]
-    threads[0].start()
-    assert first_fsync_entered.wait(10)
-    # While the first fsync is in flight, the others write and queue behind it.
-    threads += [threading.Thread(target=writer, args=(i,)) for i in range(1, writers)]
-    for t in threads[1:]:
-        t.start()
-    wait_for(lambda: log.stats.appends == writers)
+    log = Log.open(log_dir, SMALL, fsync=gated_fsync)
+    fill(log, 3)
+    first = str(_last_segment(log_dir).resolve())
+    flushed_size = _last_segment(log_dir).stat().st_size
+    flusher = threading.Thread(target=log.flush)
+    flusher.start()
+    assert fsync_entered.wait(10)
+    # The flush's fsync is in flight: appends and rolls do not wait for it.
+    appender = threading.Thread(target=fill, args=(log, 30))
+    appender.start()
+    appender.join(10)
+    assert not appender.is_alive(), "an append waited for the flush's fsync"
+    assert log.stats.segments_rolled >= 3
     release.set()
-    for t in threads:
-        t.join(10)
-    assert not errors
-    assert sorted(results) == [2 * i for i in range(writers)]
-    # One fsync for the first writer, one shared by the five that queued behind it.
-    assert log.stats.fsyncs == 2 and len(calls) == 2
+    flusher.join(10)
+    assert not flusher.is_alive()
+    assert synced[first] >= flushed_size
+    # The appends made during that fsync are covered by the next flush.
+    fsyncs = log.stats.fsyncs
+    log.flush()
+    assert log.stats.fsyncs == fsyncs + 1
+    assert _durable_to_its_end(_last_segment(log_dir), synced)
     log.close()
-
-
-def test_many_threads_fewer_fsyncs_than_appends(log_dir: Path) -> None:
-    log = Log.open(log_dir)
-    per_thread, threads_n = 40, 4
-
-    def writer() -> None:
-        for _ in range(per_thread):
-            log.append(batch(size=2000), 0)
-
-    threads = [threading.Thread(target=writer) for _ in range(threads_n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    assert log.log_end_offset == 2 * per_thread * threads_n
-    assert log.stats.appends == per_thread * threads_n
-    assert log.stats.fsyncs <= log.stats.appends
-    assert len(offsets(log.read(0, 1 << 30))) == per_thread * threads_n
-    log.close()
-
-
-def test_relaxed_flush_messages_and_flush_ms(log_dir: Path) -> None:
-    now = [0]
-    config = LogConfig(flush_messages=10, flush_ms=1_000)
-    with Log.open(log_dir, config, clock_ms=lambda: now[0]) as log:
-        fill(log, 12, n=2)  # 24 records: fsync at 10 and 20
-        assert log.stats.fsyncs == 2
-        now[0] = 5_000
-        log.append(batch(n=1), 0)  # flush.ms elapsed
-        assert log.stats.fsyncs == 3
-        log.append(batch(n=1), 0)
-        assert log.stats.fsyncs == 3
-        log.flush()
-        assert log.stats.fsyncs == 4
 
 
 def test_a_crash_inside_a_truncation_leaves_a_prefix_of_the_old_log(
