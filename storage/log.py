@@ -64,10 +64,10 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
+from typing import NamedTuple, TypeVar
 
 import msgspec
 
@@ -139,10 +139,12 @@ def wall_clock_ms() -> int:
 
 
 class LogConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """Per-log settings; each field is the Kafka topic config named in its comment.
+    """Per-log settings, typed; each field is the Kafka topic config named in its comment.
 
-    The flush policy (flush.messages, flush.ms) is not here: the log's owner decides when to
-    call :meth:`Log.flush`.
+    The Kafka keys are parsed and validated in one place, the config registry
+    (``raylog.actors.control.config_keys.log_config``); the checks here are the log's own
+    invariants. The flush policy (flush.messages, flush.ms) is not here: the log's owner
+    decides when to call :meth:`Log.flush`.
     """
 
     segment_bytes: int = 1 << 30  # segment.bytes
@@ -195,45 +197,6 @@ class LogConfig(msgspec.Struct, frozen=True, kw_only=True):
     def delete(self) -> bool:
         """cleanup.policy includes delete: retention.ms / retention.bytes delete segments."""
         return "delete" in cleanup_policies(self.cleanup_policy)
-
-    @classmethod
-    def from_kafka(cls, configs: Mapping[str, str | int]) -> LogConfig:
-        """Build from Kafka topic-config keys; keys the log does not own are ignored."""
-        kwargs: dict[str, Any] = {}
-        for key, value in configs.items():
-            field = _KAFKA_KEYS.get(key)
-            if field is None:
-                continue
-            if field in ("message_timestamp_type", "cleanup_policy"):
-                kwargs[field] = ",".join(p.strip() for p in str(value).split(","))
-                continue
-            if field == "min_cleanable_dirty_ratio":
-                try:
-                    kwargs[field] = float(value)
-                except (TypeError, ValueError):
-                    raise InvalidConfigError(f"{key}={value!r}: not a number") from None
-                continue
-            try:
-                kwargs[field] = int(value)
-            except (TypeError, ValueError):
-                raise InvalidConfigError(f"{key}={value!r}: not an integer") from None
-        return cls(**kwargs)
-
-
-_KAFKA_KEYS = {
-    "segment.bytes": "segment_bytes",
-    "segment.ms": "segment_ms",
-    "retention.ms": "retention_ms",
-    "retention.bytes": "retention_bytes",
-    "max.message.bytes": "max_message_bytes",
-    "index.interval.bytes": "index_interval_bytes",
-    "message.timestamp.type": "message_timestamp_type",
-    "cleanup.policy": "cleanup_policy",
-    "delete.retention.ms": "delete_retention_ms",
-    "min.cleanable.dirty.ratio": "min_cleanable_dirty_ratio",
-    "min.compaction.lag.ms": "min_compaction_lag_ms",
-    "max.compaction.lag.ms": "max_compaction_lag_ms",
-}
 
 
 def _check_range(key: str, value: object, low: int, high: int) -> None:
