@@ -211,7 +211,7 @@ class LogMachine(RuleBasedStateMachine):
     @rule(mode=st.sampled_from(["drop", "torn", "flip"]), data=st.data())
     def crash_and_reopen(self, mode: str, data: st.DataObject) -> None:
         assert self.log is not None
-        for seg in self.log._segments:  # abandon without flushing, as a crash would
+        for seg in self.log._state.segments:  # abandon without flushing, as a crash would
             seg.release()
         self.log = None
         for path in sorted(self.dir.glob("*.log")):
