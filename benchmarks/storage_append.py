@@ -1,14 +1,21 @@
 """Append + fsync throughput and latency of raylog's Log against the raw disk, one writer.
 
 For 16 KiB, 256 KiB and 1 MiB batches it measures, each for ``--seconds`` (in four
-interleaved slices):
-``raw``: os.write + os.fdatasync of the same bytes to a plain file (the hardware's ceiling);
-``log``: Log.append then Log.flush per batch (a replica's durability at flush.messages=1
-with no other append to share the fsync).
-It also measures CRC-32C speed (checked on every read). Everything runs in a temporary
-directory that is removed afterwards; ONE JSON document is printed on stdout.
+interleaved slices, so that both cases see the same disk conditions):
 
-    python benchmarks/storage_append.py [--seconds 2] [--dir /path/on/the/disk/to/test]
+- ``raw``: os.write + os.fdatasync of the same bytes to a plain file (the hardware's ceiling);
+- ``log``: Log.append then Log.flush per batch (a replica's durability at flush.messages=1
+  with no other append to share the fsync).
+
+It also measures CRC-32C speed (checked on every read). Everything runs in a temporary
+directory that is removed afterwards.
+
+    .venv/bin/python benchmarks/storage_append.py [--seconds 2] [--dir /path/on/the/disk/to/test]
+
+Prints one JSON document: ``seconds_per_case``, ``machine``, ``crc32c_gb_per_s``, ``goal`` and
+``results``, one per batch size: ``batch_bytes``, ``raw`` and ``log`` (each ``ops``,
+``mb_per_s``, ``p50_ms`` and ``p99_ms`` per append; ``log`` also ``fsyncs_per_append``) and
+``log_vs_raw`` (the ratio of their MB/s).
 """
 
 from __future__ import annotations
