@@ -48,6 +48,7 @@ from raylog.actors.calls import (
     ReplicaState,
     replica_actor_name,
 )
+from raylog.actors.control import config_keys
 from raylog.actors.control.reassignment import ByteRateThrottle
 from raylog.actors.replication.messages import (
     CONSUMER_REPLICA_ID,
@@ -125,10 +126,6 @@ CLEANER_BACKOFF_MS_DEFAULT = 15_000  # log.cleaner.backoff.ms (Kafka's)
 HW_CHECKPOINT_INTERVAL_MS = 1_000  # the HW checkpoint is lazy; recovery clamps it
 CONSUMER_WAIT_MS_MAX = 30_000  # bound on a consumer long poll
 REQUEST_TIMEOUT_MS_MAX = 300_000  # bound on a produce request's timeout
-# The log never fsyncs inside append: the flusher task does, so appends stay on the event loop;
-# the replica applies flush.messages and flush.ms itself.
-_NO_FLUSH = (1 << 63) - 1
-_LOG_NEVER_FLUSHES = {"flush.messages": _NO_FLUSH, "flush.ms": _NO_FLUSH}
 
 
 def now_ms() -> int:
@@ -136,14 +133,10 @@ def now_ms() -> int:
 
 
 def _log_and_flush_configs(configs: dict[str, str] | None) -> tuple[LogConfig, int, int]:
-    """The log's configs (which never flush by themselves), flush.messages and flush.ms."""
-    configs = dict(configs or {})
-    log_config = LogConfig.from_kafka({**configs, **_LOG_NEVER_FLUSHES})
-    return (
-        log_config,
-        int(configs.get("flush.messages", 1)),
-        int(configs.get("flush.ms", _NO_FLUSH)),
-    )
+    """The log's configs, flush.messages and flush.ms (raises InvalidConfigError)."""
+    configs = configs or {}
+    flush = config_keys.flush_policy(configs)
+    return config_keys.log_config(configs), flush.messages, flush.interval_ms
 
 
 # The pushes of one Ready, by range: the message and its frame (None over Ray calls).

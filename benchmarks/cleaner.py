@@ -126,7 +126,6 @@ def _build(
         segment_bytes=16 << 20,
         segment_ms=_HOUR_MS,
         cleanup_policy="compact",
-        flush_messages=1 << 40,
     )
     with Log.open(directory, config) as log:
         written = 0

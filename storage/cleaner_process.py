@@ -1,15 +1,15 @@
 """Run a cleaning pass's rewrite in a child process: ``python -m raylog.storage.cleaner_process``.
 
-The rewrite (:func:`raylog.storage.log.rewrite_segments`) decodes every record of the segments
-it cleans, which is Python work: in a thread of the replica's process it holds the GIL for
-most of the pass, and the replica's event loop then waits about 5 ms (the interpreter's switch
-interval) every time it wants to run, for as long as the pass lasts. In a child process it
-competes for a CPU only. It reads segment files and writes ``.cleaned`` files, nothing else,
-so the parent keeps the log and does the swap.
+The rewrite (:func:`raylog.storage.log.rewrite.rewrite_segments`) decodes every record of
+the segments it cleans, which is Python work: in a thread of the replica's process it holds
+the GIL for most of the pass, and the replica's event loop then waits for the interpreter's
+switch interval every time it wants to run, for as long as the pass lasts. In a child process
+it competes for a CPU only. It reads segment files and writes ``.cleaned`` files, nothing
+else, so the parent keeps the log and does the swap.
 
-Protocol: the parent writes the pickled :class:`~raylog.storage.log.RewriteJob` to the child's
-stdin; the child writes one pickled ``("ok", Rewritten)`` or ``("error", exception)`` to its
-stdout and exits. Both ends are this module, from the same installation.
+Protocol: the parent writes the pickled :class:`~raylog.storage.log.rewrite.RewriteJob` to the
+child's stdin; the child writes one pickled ``("ok", Rewritten)`` or ``("error", exception)``
+to its stdout and exits. Both ends are this module, from the same installation.
 """
 
 from __future__ import annotations
@@ -22,10 +22,9 @@ import signal
 import subprocess
 import sys
 
-from raylog.storage.log import RewriteJob, Rewritten, rewrite_segments
+from raylog.storage.log.rewrite import RewriteJob, Rewritten, rewrite_segments
 
-# A pass over a full 1 GiB segment group of small records takes about a minute here; this only
-# bounds a child that hangs.
+# Bounds only a child that hangs: far above what a pass over a full segment group takes.
 CHILD_TIMEOUT_S = 3600.0
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 

@@ -53,6 +53,7 @@ from pathlib import Path
 from urllib.parse import quote, unquote
 
 from raylog.storage.errors import ObjectStoreError, PreconditionFailedError
+from raylog.storage.log.segment import fsync_directory
 from raylog.storage.objectstore import (
     LIST_KEYS_MAX,
     ObjectStore,
@@ -60,7 +61,6 @@ from raylog.storage.objectstore import (
     validate_key,
     validate_prefix,
 )
-from raylog.storage.segment import fsync_directory
 
 _MAGIC = b"raylog-object 1 "
 _ETAG_LENGTH_MAX = 64

@@ -6,6 +6,8 @@ AlterConfigs and the cluster metadata into:
 
 - :func:`validate` — the same overrides, checked and normalised (what the metadata stores);
 - :func:`effective` — a typed :class:`TopicConfig` with every key resolved;
+- :func:`log_config` and :func:`flush_policy` — the parts of it a replica's log and its flushes
+  apply (the only place the log's keys are parsed);
 - :func:`describe` — one :class:`ConfigEntry` per key for DescribeConfigs.
 
 :data:`BROKER_CONFIGS` does the same for the broker-level keys (:class:`BrokerConfig`).
@@ -38,13 +40,13 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import msgspec
 
 from raylog.actors.replication.ready import REPLICA_FETCH_BYTES_DEFAULT, REPLICA_FETCH_BYTES_MAX
 from raylog.storage.errors import InvalidConfigError
-from raylog.storage.log import cleanup_policies
+from raylog.storage.log import MAX_BATCH_BYTES, LogConfig, cleanup_policies
 
 ConfigType = Literal["boolean", "string", "int", "long", "double", "list"]
 
@@ -368,7 +370,11 @@ TOPIC_CONFIG_DEFS: tuple[ConfigDef, ...] = (
         type="int",
         default="1048588",
         minimum=0,
+        maximum=MAX_BATCH_BYTES,
         doc="The largest record batch (after compression) the topic accepts.",
+        note="Kafka takes any int. A raylog log holds at most 64 MiB per batch (recovery reads "
+        "a batch whole into memory), so a larger value is refused here rather than by every "
+        "replica's log.",
     ),
     ConfigDef(
         name="message.timestamp.type",
@@ -471,6 +477,40 @@ def validate(overrides: Mapping[str, str]) -> dict[str, str]:
 def effective(overrides: Mapping[str, str]) -> TopicConfig:
     """The typed topic config: overrides over the registry defaults."""
     return TOPIC_CONFIGS.effective(overrides)
+
+
+class FlushPolicy(NamedTuple):
+    """When a replica fsyncs its log: after ``messages`` unflushed records (1: before each
+    append counts), or once the oldest unflushed append is ``interval_ms`` old."""
+
+    messages: int  # flush.messages
+    interval_ms: int  # flush.ms
+
+
+def log_config(overrides: Mapping[str, str]) -> LogConfig:
+    """The settings a replica's log applies, from a topic's overrides over the defaults
+    (raises InvalidConfigError, as :func:`validate` does, for a bad key or value)."""
+    c = effective(overrides)
+    return LogConfig(
+        segment_bytes=c.segment_bytes,
+        segment_ms=c.segment_ms,
+        retention_ms=c.retention_ms,
+        retention_bytes=c.retention_bytes,
+        max_message_bytes=c.max_message_bytes,
+        message_timestamp_type=c.message_timestamp_type,
+        cleanup_policy=c.cleanup_policy,
+        delete_retention_ms=c.delete_retention_ms,
+        min_cleanable_dirty_ratio=c.min_cleanable_dirty_ratio,
+        min_compaction_lag_ms=c.min_compaction_lag_ms,
+        max_compaction_lag_ms=c.max_compaction_lag_ms,
+    )
+
+
+def flush_policy(overrides: Mapping[str, str]) -> FlushPolicy:
+    """flush.messages and flush.ms of a topic's overrides over the defaults (raises
+    InvalidConfigError for a bad key or value)."""
+    c = effective(overrides)
+    return FlushPolicy(messages=c.flush_messages, interval_ms=c.flush_ms)
 
 
 def describe(overrides: Mapping[str, str], keys: Iterable[str] | None = None) -> list[ConfigEntry]:

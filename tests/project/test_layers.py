@@ -69,7 +69,7 @@ PURE = (
     "raylog.actors.control.config_keys",
     "raylog.storage.batch",
     "raylog.storage.records",
-    "raylog.storage.cleaner",
+    "raylog.storage.log.cleaner",
     "raylog.storage.lease",
     "raylog.gateway.protocol",
     "raylog.gateway.codec",

@@ -4,7 +4,8 @@ Proves: defaults are Kafka's (or raylog's documented ones), values are parsed an
 way Kafka parses them (doubles as Java reads and writes them), every bad value and unknown key
 raises INVALID_CONFIG naming key and value, DescribeConfigs rows say which values are defaults
 and give each key's Kafka type, cleanup.policy takes compact, delete and both in one stored
-spelling, and the cross-key rules (compaction lags, broker session) hold.
+spelling, and the cross-key rules (compaction lags, broker session) hold. A replica's log
+settings and flush policy come from the registry's parsing, with its errors.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from raylog.actors.control.config_keys import (
 )
 from raylog.actors.replication.ready import ReplicaConfig
 from raylog.storage.errors import InvalidConfigError
+from raylog.storage.log import MAX_BATCH_BYTES, LogConfig
 
 
 def test_topic_defaults() -> None:
@@ -113,6 +115,7 @@ def test_min_insync_replicas_above_any_replication_factor_is_allowed() -> None:
         ("segment.bytes", "13"),
         ("segment.ms", "0"),
         ("max.message.bytes", "-1"),
+        ("max.message.bytes", str(MAX_BATCH_BYTES + 1)),  # raylog: see its note
         ("message.timestamp.type", "WallClock"),
         ("flush.messages", "0"),
         ("flush.ms", "-1"),
@@ -142,6 +145,46 @@ def test_bad_values_name_key_and_value(key: str, value: str) -> None:
     assert e.value.error_code == 40
     assert key in str(e.value)
     assert repr(value) in str(e.value)
+
+
+def test_log_config_and_flush_policy_come_from_the_registry() -> None:
+    overrides = {
+        "segment.bytes": " 1048576 ",
+        "cleanup.policy": "delete, compact",
+        "min.cleanable.dirty.ratio": "1",
+        "retention.ms": "-1",
+        "min.insync.replicas": "2",  # not the log's: ignored by it
+    }
+    assert config_keys.log_config(overrides) == LogConfig(
+        segment_bytes=1048576,
+        cleanup_policy="compact,delete",
+        min_cleanable_dirty_ratio=1.0,
+        retention_ms=-1,
+    )
+    assert config_keys.log_config({}) == LogConfig()
+    assert config_keys.flush_policy({}) == (1, 2**63 - 1)
+    assert config_keys.flush_policy({"flush.messages": "10", "flush.ms": "500"}) == (10, 500)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "why"),
+    [
+        ("segment.bytes", "1", "value must be at least 14"),
+        ("flush.messages", "lots", "expected a decimal integer (long)"),
+        ("max.message.bytes", str(1 << 30), f"value must be at most {MAX_BATCH_BYTES}"),
+        ("retention.ms", "1_000", "expected a decimal integer (long)"),
+    ],
+)
+def test_log_config_and_flush_policy_refuse_a_bad_value_with_the_registrys_message(
+    key: str, value: str, why: str
+) -> None:
+    message = f"Invalid value {value!r} for configuration {key}: {why}"
+    for parse in (config_keys.log_config, config_keys.flush_policy):
+        with pytest.raises(InvalidConfigError) as e:
+            parse({key: value})
+        assert str(e.value) == message
+    with pytest.raises(InvalidConfigError, match=r"Unknown configuration flush\.message "):
+        config_keys.log_config({"flush.message": "1"})
 
 
 @pytest.mark.parametrize(

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from raylog.storage import log as log_module
 from raylog.storage.batch import Record, build_batch
-from raylog.storage.log import Log, LogConfig
+from raylog.storage.log import Log, LogConfig, reads
 
 SMALL = LogConfig(segment_bytes=1024, index_interval_bytes=256)
 
@@ -41,7 +40,7 @@ def test_batch_headers_walk_every_segment_in_order(tmp_path: Path) -> None:
 def test_batch_headers_jump_over_bodies_larger_than_a_chunk(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(log_module, "HEADER_SCAN_CHUNK_BYTES", 100)
+    monkeypatch.setattr(reads, "HEADER_SCAN_CHUNK_BYTES", 100)
     with Log.open(tmp_path / "t-0", LogConfig()) as log:
         for i in range(5):
             log.append(_batch(i, size=500), 0)

@@ -1,8 +1,9 @@
 """Randomized comparison of the Log against a plain in-memory model, with crashes.
 
 Proves, over random sequences of leader and replicated appends, reads, truncations (also
-truncate_fully_and_start_at), segment rolls (tiny segment.bytes), retention, flushes and
-crashes followed by reopen, that: every acknowledged (fsync'd) batch survives a crash;
+truncate_fully_and_start_at), segment rolls (tiny segment.bytes), retention, flushes (after
+every append, or now and then) and crashes followed by reopen, that: every batch appended
+before a flush returned survives a crash;
 nothing corrupt or damaged is ever returned; the log holds exactly a prefix of what the model
 wrote, whose end the log end offset reports; reads follow the documented batch rules; the
 epoch cache matches the batches.
@@ -49,6 +50,7 @@ class LogMachine(RuleBasedStateMachine):
         self.acked_end = 0  # every offset below is acknowledged durable
         self.epoch = 0
         self.config = LogConfig()
+        self.flush_every_append = False
         self.log: Log | None = None
 
     # -- helpers ------------------------------------------------------------------------------
@@ -70,7 +72,12 @@ class LogMachine(RuleBasedStateMachine):
 
     def _record_append(self, stored: bytes) -> None:
         self.model.append(StoredBatch(stored))
-        if self.config.flush_messages == 1:
+
+    def _after_append(self) -> None:
+        """A replica's flush per append: what the flush covers is acknowledged."""
+        assert self.log is not None
+        if self.flush_every_append:
+            self.log.flush()
             self.acked_end = self.model_end
 
     def teardown(self) -> None:
@@ -82,17 +89,17 @@ class LogMachine(RuleBasedStateMachine):
 
     @initialize(
         segment_bytes=st.sampled_from([300, 700, 4096]),
-        durable_every_append=st.booleans(),
+        flush_every_append=st.booleans(),
         retention_bytes=st.sampled_from([-1, 900, 2500]),
     )
-    def start(self, segment_bytes: int, durable_every_append: bool, retention_bytes: int) -> None:
+    def start(self, segment_bytes: int, flush_every_append: bool, retention_bytes: int) -> None:
         self.config = LogConfig(
             segment_bytes=segment_bytes,
             index_interval_bytes=128,
             retention_ms=-1,
             retention_bytes=retention_bytes,
-            flush_messages=1 if durable_every_append else 1 << 40,
         )
+        self.flush_every_append = flush_every_append
         self._open()
 
     @rule(
@@ -110,6 +117,7 @@ class LogMachine(RuleBasedStateMachine):
         assert info.base_offset == self.model_end
         assert info.last_offset == self.model_end + records - 1
         self._record_append(self.log.read(info.base_offset, 1))
+        self._after_append()
 
     @rule(count=st.integers(1, 3), records=st.integers(1, 3), bump=st.booleans())
     def replicated_append(self, count: int, records: int, bump: bool) -> None:
@@ -129,6 +137,7 @@ class LogMachine(RuleBasedStateMachine):
         self.log.append_replicated(b"".join(batches))
         for data in batches:
             self._record_append(data)
+        self._after_append()
 
     @rule()
     def flush(self) -> None:
@@ -202,7 +211,7 @@ class LogMachine(RuleBasedStateMachine):
     @rule(mode=st.sampled_from(["drop", "torn", "flip"]), data=st.data())
     def crash_and_reopen(self, mode: str, data: st.DataObject) -> None:
         assert self.log is not None
-        for seg in self.log._segments:  # abandon without flushing, as a crash would
+        for seg in self.log._state.segments:  # abandon without flushing, as a crash would
             seg.release()
         self.log = None
         for path in sorted(self.dir.glob("*.log")):

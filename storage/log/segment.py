@@ -19,9 +19,10 @@ knows it without a scan). Deviation from Kafka: offset entries name a batch's ba
 (Kafka's name its last offset); the lookup is the same floor search. The active segment keeps
 its indexes in memory and writes them to disk when it stops being active (roll) or the log
 closes; a truncation empties them. Recovery always rescans the last segment, so its index
-files on disk are never trusted. Inactive segments load their indexes on demand (the Log
-bounds how many are loaded at once). Memory bound per loaded segment: 20 bytes per
-``index.interval.bytes`` of log, e.g. 5 MiB for a full 1 GiB segment at the 4 KiB default.
+files on disk are never trusted. Inactive segments load their indexes on demand (the
+segment list bounds how many are loaded at once). Memory bound per loaded segment: 20 bytes
+per ``index.interval.bytes`` of log, e.g. 5 MiB for a full 1 GiB segment at the 4 KiB
+default.
 
 Invariants: entries are strictly increasing in both fields; every position is a batch start
 below ``size``; ``size`` is the file length (writes that fail are cut back before returning).
@@ -52,7 +53,8 @@ from raylog.storage.errors import KafkaStorageError
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIMEINDEX_SUFFIX = ".timeindex"
-TMP_SUFFIX = ".tmp"
+TMP_SUFFIX = ".tmp"  # an atomic write in progress (write_file_atomically)
+CLEANED_SUFFIX = ".cleaned"  # a segment the log cleaner is writing (rewrite.py)
 
 _INDEX_ENTRY = struct.Struct(">ii")
 _TIMEINDEX_ENTRY = struct.Struct(">qi")

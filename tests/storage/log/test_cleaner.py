@@ -1,4 +1,4 @@
-"""Log compaction: Log.clean with the per-batch rules of raylog.storage.cleaner.
+"""Log compaction: Log.clean with the per-batch rules of raylog.storage.log.cleaner.
 
 Real files in a temporary directory; batches built by raylog's builder or by kafka-python's
 producer code (compressed). Each test compares what a consumer reading the log gets after
@@ -28,10 +28,10 @@ from support.waiting import wait_until
 from raylog.pipelines import records as R
 from raylog.storage import batch as rb
 from raylog.storage.batch import Record, build_batch
-from raylog.storage.cleaner import DELETE_HORIZON_FLAG
 from raylog.storage.cleaner_process import run_in_child
 from raylog.storage.errors import CorruptRecordError
 from raylog.storage.log import CLEANED_SUFFIX, Log, LogConfig
+from raylog.storage.log.cleaner import DELETE_HORIZON_FLAG
 from raylog.storage.records import first_record_without_key, iter_records
 
 COMPACT = LogConfig(segment_bytes=2048, index_interval_bytes=256, cleanup_policy="compact")
@@ -150,7 +150,7 @@ def test_only_below_the_high_watermark_and_only_when_dirty_enough(tmp_path: Path
     )
     with Log.open(tmp_path, config) as log:
         appended = fill(log, 40, keys=3)
-        second = log._bases[2]
+        second = log._state.segments[2].base_offset
         # The high watermark allows only the first two segments.
         result = log.clean(now_ms=10_000, high_watermark=second + 1)
         assert result is not None and result.end_offset == second
@@ -294,11 +294,11 @@ def test_a_crash_between_the_swap_steps_recovers_the_cleaned_log(
 def test_a_pass_gives_up_when_the_log_is_truncated_meanwhile(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from raylog.storage import cleaner
+    from raylog.storage.log import cleaner
 
     with Log.open(tmp_path, COMPACT) as log:
         appended = fill(log, 40, keys=5)
-        cut = log._bases[2] + 1
+        cut = log._state.segments[2].base_offset + 1
         real = cleaner.clean_batch
         calls = []
 
