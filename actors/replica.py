@@ -91,6 +91,7 @@ from raylog.actors.transport.channel import (
 )
 from raylog.storage import batch as rb
 from raylog.storage import pki
+from raylog.storage.batch import first_record_without_key, records_section
 from raylog.storage.cleaner_process import run_in_child
 from raylog.storage.errors import (
     FencedLeaderEpochError,
@@ -104,7 +105,7 @@ from raylog.storage.errors import (
 )
 from raylog.storage.log import Extents, Log, LogConfig
 from raylog.storage.pki import LeafCertificate
-from raylog.storage.records import first_record_without_key, iter_records, records_section
+from raylog.storage.records import iter_records
 
 log = logging.getLogger(__name__)
 

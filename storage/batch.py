@@ -1,8 +1,9 @@
-"""Kafka RecordBatch v2 headers: the one place in raylog that knows the byte layout.
+"""Kafka RecordBatch v2 headers: the one place in raylog that knows the batch's byte layout.
 
 Pure functions over bytes (no I/O): parse a header zero-copy from a ``memoryview``, validate a
 batch a client produced, stamp the fields the broker owns, walk a buffer of concatenated
-batches, and build a valid uncompressed batch from records (for tests and benchmarks).
+batches, give a batch's records section uncompressed, and build a valid uncompressed batch
+from records (for tests, benchmarks and the records the broker writes).
 
 Byte table (all integers big-endian; "batchLength" counts the bytes after its own field, so a
 batch occupies ``batchLength + 12`` bytes):
@@ -26,13 +27,13 @@ batch occupies ``batchLength + 12`` bytes):
 |   57 | recordsCount          | int32  | > 0                                                   |
 |   61 | records               | bytes  | one compressed blob when codec != 0                   |
 
-Each record (uncompressed; Kafka's DefaultRecord) is: length varint, attributes int8,
-timestampDelta varlong, offsetDelta varint, keyLength varint (-1 = null), key, valueLength
-varint, value, headerCount varint, then per header keyLength varint, key (UTF-8), valueLength
-varint, value. Varints are zigzag-encoded LEB128 (protobuf's sint32/sint64).
+The records section is one compressed blob when the codec is not 0
+(:mod:`raylog.storage.compression`); uncompressed, it holds the records, whose layout
+:mod:`raylog.storage.records` owns.
 
-The broker never decodes records on the produce or replication path: everything here works
-from the 61-byte header, except :func:`build_batch`.
+Everything here works from the 61-byte header, except :func:`build_batch` and
+:func:`records_section` with what uses it: :func:`first_record_without_key`, the produce check
+of compacted topics, the only place the produce and replication paths decode records.
 """
 
 from __future__ import annotations
@@ -43,12 +44,14 @@ from typing import NamedTuple
 
 import crc32c as _crc32c
 
+from raylog.storage.compression import CODEC_NONE, decompress
 from raylog.storage.errors import (
     CorruptRecordError,
     InvalidRecordError,
     RecordTooLargeError,
     UnsupportedCompressionTypeError,
 )
+from raylog.storage.records import encode_record, iter_records
 
 Buffer = bytes | bytearray | memoryview
 
@@ -210,6 +213,30 @@ def validate_client_batch(buf: Buffer, max_message_bytes: int) -> BatchHeader:
     return header
 
 
+def records_section(batch: Buffer, header: BatchHeader) -> bytes | memoryview:
+    """The records of one whole batch (``batch`` starts at its header), uncompressed."""
+    body = memoryview(batch).cast("B")[HEADER_SIZE : header.size]
+    if header.compression == CODEC_NONE:
+        return body
+    return decompress(header.compression, body)
+
+
+def first_record_without_key(batch: Buffer) -> int | None:
+    """Offset delta of the first record with a null key in one client batch, else None: the
+    produce check of compacted topics (Kafka's LogValidator), which decodes the records.
+
+    Control batches are skipped (their records are markers, not data). Raises
+    CorruptRecordError for records that do not decode.
+    """
+    header = parse_header(batch)
+    if header.is_control:
+        return None
+    for record in iter_records(records_section(batch, header), header.records_count):
+        if record.key is None:
+            return record.offset_delta
+    return None
+
+
 def set_base_offset(buf: bytearray | memoryview, pos: int, base_offset: int) -> None:
     """Stamp baseOffset in place. Not under the CRC: no re-hash needed."""
     _INT64.pack_into(buf, pos + BASE_OFFSET_POS, base_offset)
@@ -300,41 +327,6 @@ class Record(NamedTuple):
     headers: Sequence[tuple[str, bytes | None]] = ()
 
 
-def _zigzag_varint(value: int, out: bytearray) -> None:
-    # Zigzag maps signed to unsigned (0,-1,1,-2 -> 0,1,2,3), then LEB128, 7 bits per byte.
-    n = (value << 1) ^ (value >> 63)
-    n &= 0xFFFFFFFFFFFFFFFF
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-
-
-def _encode_bytes(value: bytes | None, out: bytearray) -> None:
-    if value is None:
-        _zigzag_varint(-1, out)
-    else:
-        _zigzag_varint(len(value), out)
-        out += value
-
-
-def _encode_record(record: Record, offset_delta: int, base_timestamp: int) -> bytes:
-    body = bytearray()
-    body.append(0)  # record attributes: unused, always 0
-    _zigzag_varint(record.timestamp_ms - base_timestamp, body)
-    _zigzag_varint(offset_delta, body)
-    _encode_bytes(record.key, body)
-    _encode_bytes(record.value, body)
-    _zigzag_varint(len(record.headers), body)
-    for name, value in record.headers:
-        _encode_bytes(name.encode("utf-8"), body)
-        _encode_bytes(value, body)
-    framed = bytearray()
-    _zigzag_varint(len(body), framed)
-    framed += body
-    return bytes(framed)
-
-
 def build_batch(
     records: Sequence[Record],
     *,
@@ -351,7 +343,10 @@ def build_batch(
         raise ValueError("a record batch needs at least one record")
     base_timestamp = records[0].timestamp_ms
     max_timestamp = max(r.timestamp_ms for r in records)
-    body = b"".join(_encode_record(r, i, base_timestamp) for i, r in enumerate(records))
+    body = b"".join(
+        encode_record(i, r.timestamp_ms - base_timestamp, r.key, r.value, r.headers)
+        for i, r in enumerate(records)
+    )
     attributes = (TRANSACTIONAL_FLAG if transactional else 0) | (CONTROL_FLAG if control else 0)
     buf = bytearray(HEADER_SIZE + len(body))
     HEADER.pack_into(

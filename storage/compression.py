@@ -1,9 +1,10 @@
 """Record batch compression codecs (RecordBatch v2 attributes bits 0-2), both directions.
 
 Decompression serves every reader of records (the connector's decoder, the log cleaner, the
-produce check of compacted topics); compression serves the log cleaner, which rewrites a
-compressed batch with the codec it came in. Everything goes through pyarrow's bundled
-libraries or the standard library, so no optional codec package is needed:
+produce check of compacted topics, the group coordinator reading ``__consumer_offsets``);
+compression serves the log cleaner, which rewrites a compressed batch with the codec it came
+in. Everything goes through pyarrow's bundled libraries or the standard library, so no
+optional codec package is needed:
 
 - gzip (1): a gzip stream (Java's GZIPOutputStream, librdkafka); several concatenated
   members are accepted.
@@ -29,6 +30,7 @@ import struct
 import zlib
 
 from raylog.storage.errors import CorruptRecordError, UnsupportedCompressionTypeError
+from raylog.storage.records import read_uvarint
 
 # pyarrow is imported by the codecs that use it, not here: the CLI imports this module (through
 # raylog.storage) and never sees a compressed batch.
@@ -59,16 +61,7 @@ def _snappy_raw(block: Buffer) -> bytes:
     """One raw snappy block; its uncompressed length is the leading unsigned varint."""
     import pyarrow as pa
 
-    size = 0
-    shift = 0
-    for i in range(min(len(block), 5)):  # a 32-bit varint is at most 5 bytes
-        b = block[i]
-        size |= (b & 0x7F) << shift
-        if b < 0x80:
-            break
-        shift += 7
-    else:
-        raise CorruptRecordError("snappy block too short for its length prefix")
+    size, _ = read_uvarint(block, 0, len(block), max_bytes=5)  # a 32-bit varint: 5 bytes
     if size > DECOMPRESSED_SIZE_MAX:
         raise CorruptRecordError(f"snappy block claims {size} uncompressed bytes")
     try:

@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 from raylog.storage import batch as rb
 from raylog.storage.compression import CODEC_NONE, compress
-from raylog.storage.records import encode_record, iter_records, records_section
+from raylog.storage.records import iter_records, restamp_record
 
 Buffer = bytes | bytearray | memoryview
 
@@ -81,7 +81,7 @@ class OffsetMap:
         """Put every keyed record of one stored batch (data batches only)."""
         if header.is_control or header.is_transactional or not header.records_count:
             return
-        section = records_section(batch, header)
+        section = rb.records_section(batch, header)
         base = header.base_offset
         short, long_ = self._short, self._long
         for record in iter_records(section, header.records_count):
@@ -126,7 +126,7 @@ def clean_batch(
     horizon = delete_horizon_ms(header)
     if header.is_control or header.is_transactional:
         return CleanedBatch(batch, 0, horizon)
-    section = records_section(batch, header)
+    section = rb.records_section(batch, header)
     base = header.base_offset
     kept = []
     tombstones = 0
@@ -153,7 +153,7 @@ def clean_batch(
         horizon = now_ms + delete_retention_ms
         base_ts = horizon
         records = b"".join(
-            encode_record(section, r, header.base_timestamp + r.timestamp_delta - horizon)
+            restamp_record(section, r, header.base_timestamp + r.timestamp_delta - horizon)
             for r in kept
         )
     else:

@@ -27,12 +27,12 @@ from support.waiting import wait_until
 
 from raylog.pipelines import records as R
 from raylog.storage import batch as rb
-from raylog.storage.batch import Record, build_batch
+from raylog.storage.batch import Record, build_batch, first_record_without_key
 from raylog.storage.cleaner_process import run_in_child
 from raylog.storage.errors import CorruptRecordError
 from raylog.storage.log import CLEANED_SUFFIX, Log, LogConfig
 from raylog.storage.log.cleaner import DELETE_HORIZON_FLAG
-from raylog.storage.records import first_record_without_key, iter_records
+from raylog.storage.records import iter_records
 
 COMPACT = LogConfig(segment_bytes=2048, index_interval_bytes=256, cleanup_policy="compact")
 
