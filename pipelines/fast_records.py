@@ -1,20 +1,22 @@
 """The vectorised record decoder: uncompressed records sections in, Arrow columns out.
 
-The fast path of :mod:`raylog.pipelines.records` (which owns the format, the decompression and
-the reference decoder, a per-record Python loop kept as the specification). Pure: no Ray, no
-I/O. The records sections of all wanted batches of one fetch response are joined into one
-buffer and decoded together, in three steps:
+The fast path of :mod:`raylog.pipelines.records` (which owns the decompression and the
+reference decoder, a per-record Python loop kept as the specification); the record layout
+and its rules are those of :mod:`raylog.storage.records`. Pure: no Ray, no I/O. The records
+sections of all wanted batches of one fetch response are joined into one buffer and decoded
+together, in three steps:
 
 1. One sequential pass reads, for every record, where it ends and its fields up to the
-   headers: timestampDelta, offsetDelta, and the position and length of its key and value.
-   It runs in C (``_record_scan.c``, built at install time: ``record_fields``). Where that
-   extension was not built, its twin does the same in two steps: a Python loop finds where
-   each record ends (:func:`record_ends_python`, one varint per record, about 0.4 us a
-   record), then numpy decodes the fields of every record at once, field by field
-   (:func:`record_fields_numpy`). Tests check that the C and the twins agree.
+   headers (the layout's ``RECORD_FIELDS``): timestampDelta, offsetDelta, and the position
+   and length of its key and value. It runs in C (``_record_scan.c``, built at install time:
+   ``record_fields``, the layout's function of that name in C). Where that extension was not
+   built, its twin does the same in two steps: the layout's walk of the lengths finds where each
+   record ends (:func:`record_ends_python`), then numpy decodes the fields of every record at
+   once, field by field (:func:`record_fields_numpy`). Tests check that the C scanner, the
+   twins and the layout's walk agree.
 2. numpy turns the deltas into offsets and timestamps and picks the rows in the window; the
    headers, when asked for, are decoded by numpy looping over the header index, never over
-   records. Varints are zigzag LEB128 of at most 10 bytes.
+   records. Varints are the layout's: zigzag LEB128 of at most ``VARINT_MAX_BYTES``.
 3. Key and value columns are copied out of the joined buffer into Arrow binary arrays, by C
    (``gather``) or, without the extension, by Arrow's ``take`` over a view of the buffer.
 
@@ -22,9 +24,9 @@ The fast path decodes exactly what the reference decodes and nothing else. Whene
 is anything but well formed (a length past its record, a varint past 64 bits, an offset delta
 outside ``[0, 2**31)``, a timestamp that overflows int64, a header key that is not UTF-8, a
 buffer of 2 GiB or more), it raises :class:`Unfit` and the caller runs the reference decoder,
-which raises the precise error (or decodes the oddity as it always has). Every byte index is
-checked against its record's end before it is read; the joined buffer carries ``PAD`` zero
-bytes so that a varint read from a position at most its record's end stays inside the buffer.
+which raises the precise error (or decodes the oddity). numpy checks every byte index against
+its record's end before it reads it; the joined buffer carries ``PAD`` zero bytes so that a
+varint read from a position at most its record's end stays inside the buffer.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from raylog.storage import records as layout
 from raylog.storage.batch import BatchHeader
+from raylog.storage.errors import CorruptRecordError
 
 try:
     from raylog.pipelines import _record_scan  # type: ignore[attr-defined]
@@ -44,8 +48,7 @@ except ImportError:  # the C extension is optional (no compiler at install time)
 
 Buffer = bytes | bytearray | memoryview
 
-PAD = 16  # >= the 10 bytes of the longest varint
-_VARINT_BYTES_MAX = 10
+PAD = 16  # >= the longest varint, layout.VARINT_MAX_BYTES
 _INT64_MAX = (1 << 63) - 1
 _INT64_MIN = -(1 << 63)
 _OFFSET_DELTA_LIMIT = 1 << 31
@@ -184,50 +187,15 @@ def record_fields_numpy(blob: bytes, sections: Sequence[tuple[BatchHeader, Buffe
 
 
 def record_ends_python(blob: bytes, sections: Sequence[tuple[BatchHeader, Buffer]]) -> list[int]:
-    """Where each record ends in ``blob``: :func:`record_ends` in Python, one varint per record.
-
-    Also checks what the reference checks of the framing: positive lengths, records inside
-    their section, the last record ending the section.
-    """
-    ends: list[int] = []
-    append = ends.append
-    pos = 0
-    section_end = 0
-    for header, data in sections:
-        section_end += len(data)
-        for _ in range(header.records_count):  # bounded by the header's count
-            # Invariant: pos <= section_end <= len(blob) - PAD, so the reads below stay inside.
-            b = blob[pos]
-            if b < 0x80:
-                n = b
-                pos += 1
-            else:
-                b2 = blob[pos + 1]
-                if b2 < 0x80:
-                    n = (b & 0x7F) | (b2 << 7)
-                    pos += 2
-                else:
-                    n, pos = _long_varint(blob, pos)
-            if n & 1 or not n:  # zigzag: odd is negative; a record is never empty
-                raise Unfit("record length not positive")
-            pos += n >> 1
-            if pos > section_end:
-                raise Unfit("record past its section")
-            append(pos)
-        if pos != section_end:
-            raise Unfit("records do not end their section")
-    return ends
-
-
-def _long_varint(blob: bytes, pos: int) -> tuple[int, int]:
-    """An unsigned varint of 3 to 10 bytes (not zigzag-decoded) and the position after it."""
-    n = 0
-    for i in range(_VARINT_BYTES_MAX):
-        b = blob[pos + i]
-        n |= (b & 0x7F) << (7 * i)
-        if b < 0x80:
-            return n, pos + i + 1
-    raise Unfit("varint longer than 10 bytes")
+    """:func:`record_ends` in Python: the record layout's walk of the lengths
+    (:func:`raylog.storage.records.record_ends`), which checks what the reference checks of the
+    framing: positive lengths, records inside their section, the last record ending it."""
+    counts = [header.records_count for header, _ in sections]
+    sizes = [len(data) for _, data in sections]
+    try:
+        return layout.record_ends(blob, counts, sizes)
+    except CorruptRecordError as exc:
+        raise Unfit(str(exc)) from exc
 
 
 def _varints(u8: np.ndarray, pos: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -241,11 +209,11 @@ def _varints(u8: np.ndarray, pos: np.ndarray, ends: np.ndarray) -> tuple[np.ndar
     value = (b & 0x7F).astype(np.uint64)
     after = pos + 1
     more = np.flatnonzero(b >= 0x80)
-    for i in range(1, _VARINT_BYTES_MAX):
+    for i in range(1, layout.VARINT_MAX_BYTES):
         if not more.size:
             break
         b = u8[pos[more] + i]  # i < PAD: inside
-        if i == _VARINT_BYTES_MAX - 1 and (b > 1).any():
+        if i == layout.VARINT_MAX_BYTES - 1 and (b > 1).any():
             raise Unfit("varint past 64 bits")
         value[more] |= (b & 0x7F).astype(np.uint64) << np.uint64(7 * i)
         after[more] += 1

@@ -1,7 +1,7 @@
 """Record decoding for readers: RecordBatch v2 bytes in, Arrow rows out.
 
-The one place in raylog that decodes individual records (the broker and replication path never
-do; see :mod:`raylog.storage.batch` for the batch header). Pure: no Ray, no I/O.
+The batch header is :mod:`raylog.storage.batch`'s and the record layout
+:mod:`raylog.storage.records`'s; this module turns records into rows. Pure: no Ray, no I/O.
 
 Output columns are those of Spark's Kafka source, so a raylog topic reads like a Kafka topic:
 
@@ -43,6 +43,7 @@ from raylog.storage.compression import (
     decompress,
 )
 from raylog.storage.errors import CorruptRecordError, RaylogError
+from raylog.storage.records import read_headers, record_fields
 
 Buffer = bytes | bytearray | memoryview
 
@@ -99,7 +100,7 @@ class _Columns:
         self.offsets: list[int] = []
         self.timestamps: list[int] = []
         self.timestamp_types: list[int] = []
-        self.headers: list[list[dict[str, object]]] | None = [] if include_headers else None
+        self.headers: list[list[tuple[str, bytes | None]]] | None = [] if include_headers else None
 
     @property
     def include_headers(self) -> bool:
@@ -141,10 +142,11 @@ def _decode_records(
     end_offset: int,
     cols: _Columns,
 ) -> None:
-    """Append the records of one batch (``data`` = its uncompressed records section).
+    """Append the records of one batch (``data`` = its uncompressed records section) with
+    ``start_offset <= offset < end_offset``, as rows.
 
-    The hot loop: varints are decoded inline (zigzag LEB128; single-byte fast path first)
-    because a function call per field costs more than the field.
+    Records are walked, and checked, by :func:`raylog.storage.records.record_fields`; the
+    headers are read (and checked) only when asked for, and only for the rows returned.
     """
     base_offset = header.base_offset
     log_append = header.is_log_append_time
@@ -153,163 +155,18 @@ def _decode_records(
     ts_type = TIMESTAMP_TYPE_LOG_APPEND_TIME if log_append else TIMESTAMP_TYPE_CREATE_TIME
     keys, values, offsets = cols.keys, cols.values, cols.offsets
     timestamps, ts_types, headers_out = cols.timestamps, cols.timestamp_types, cols.headers
-    end = len(data)
-    pos = 0
-    for _ in range(header.records_count):  # bounded by the header's count
-        # length: varint
-        b = data[pos]
-        pos += 1
-        if b < 0x80:
-            length = b
-        else:
-            length = b & 0x7F
-            shift = 7
-            while True:
-                b = data[pos]
-                pos += 1
-                length |= (b & 0x7F) << shift
-                if b < 0x80:
-                    break
-                shift += 7
-                if shift > 63:
-                    raise CorruptRecordError("record length varint too long")
-        length = (length >> 1) ^ -(length & 1)
-        record_end = pos + length
-        if length <= 0 or record_end > end:
-            raise CorruptRecordError(
-                f"record of {length} bytes at byte {pos} of a {end}-byte records section"
-            )
-        pos += 1  # record attributes: unused
-        # timestampDelta, offsetDelta, keyLength, key, valueLength, value; headers follow.
-        b = data[pos]
-        pos += 1
-        if b < 0x80:
-            ts_delta = (b >> 1) ^ -(b & 1)
-        else:
-            n = b & 0x7F
-            shift = 7
-            while b >= 0x80:
-                b = data[pos]
-                pos += 1
-                n |= (b & 0x7F) << shift
-                shift += 7
-                if shift > 70:
-                    raise CorruptRecordError("record varint too long")
-            ts_delta = (n >> 1) ^ -(n & 1)
-        b = data[pos]
-        pos += 1
-        if b < 0x80:
-            offset_delta = (b >> 1) ^ -(b & 1)
-        else:
-            n = b & 0x7F
-            shift = 7
-            while b >= 0x80:
-                b = data[pos]
-                pos += 1
-                n |= (b & 0x7F) << shift
-                shift += 7
-                if shift > 70:
-                    raise CorruptRecordError("record varint too long")
-            offset_delta = (n >> 1) ^ -(n & 1)
+    for fields in record_fields(data, header.records_count):
+        end, ts_delta, offset_delta, key_pos, key_length, value_pos, value_length, at = fields
         offset = base_offset + offset_delta
-        b = data[pos]
-        pos += 1
-        if b < 0x80:
-            n = (b >> 1) ^ -(b & 1)
-        else:
-            n = b & 0x7F
-            shift = 7
-            while b >= 0x80:
-                b = data[pos]
-                pos += 1
-                n |= (b & 0x7F) << shift
-                shift += 7
-                if shift > 70:
-                    raise CorruptRecordError("record varint too long")
-            n = (n >> 1) ^ -(n & 1)
-        if n < 0:
-            key = None
-        else:
-            key = data[pos : pos + n]
-            pos += n
-        b = data[pos]
-        pos += 1
-        if b < 0x80:
-            n = (b >> 1) ^ -(b & 1)
-        else:
-            n = b & 0x7F
-            shift = 7
-            while b >= 0x80:
-                b = data[pos]
-                pos += 1
-                n |= (b & 0x7F) << shift
-                shift += 7
-                if shift > 70:
-                    raise CorruptRecordError("record varint too long")
-            n = (n >> 1) ^ -(n & 1)
-        if n < 0:
-            value = None
-        else:
-            value = data[pos : pos + n]
-            pos += n
-        if pos > record_end:
-            raise CorruptRecordError(f"record at offset {offset} overruns its length")
-        if start_offset <= offset < end_offset:
-            keys.append(key)
-            values.append(value)
-            offsets.append(offset)
-            timestamps.append(max_ts if log_append else base_ts + ts_delta)
-            ts_types.append(ts_type)
-            if headers_out is not None:
-                headers_out.append(_decode_headers(data, pos, record_end, offset))
-        pos = record_end
-    if pos != end:
-        raise CorruptRecordError(
-            f"batch at offset {base_offset}: records end at byte {pos} of {end} "
-            f"(recordsCount {header.records_count})"
-        )
-
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    n = 0
-    shift = 0
-    while True:
-        b = data[pos]
-        pos += 1
-        n |= (b & 0x7F) << shift
-        if b < 0x80:
-            return (n >> 1) ^ -(n & 1), pos
-        shift += 7
-        if shift > 63:
-            raise CorruptRecordError(f"varint too long at byte {pos}")
-
-
-def _decode_headers(data: bytes, pos: int, end: int, offset: int) -> list[dict[str, object]]:
-    count, pos = _varint(data, pos)
-    if count < 0 or count > end - pos:
-        raise CorruptRecordError(f"record at offset {offset} claims {count} headers")
-    out: list[dict[str, object]] = []
-    for _ in range(count):
-        n, pos = _varint(data, pos)
-        if n < 0 or pos + n > end:
-            raise CorruptRecordError(f"header key of {n} bytes in record at offset {offset}")
-        try:
-            name = data[pos : pos + n].decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise CorruptRecordError(f"header key not UTF-8 at offset {offset}") from exc
-        pos += n
-        n, pos = _varint(data, pos)
-        if n < 0:
-            value = None
-        else:
-            value = data[pos : pos + n]
-            pos += n
-        if pos > end:
-            raise CorruptRecordError(f"header overruns the record at offset {offset}")
-        out.append({"key": name, "value": value})
-    if pos != end:
-        raise CorruptRecordError(f"record at offset {offset} has trailing bytes after headers")
-    return out
+        if not start_offset <= offset < end_offset:
+            continue
+        keys.append(data[key_pos : key_pos + key_length] if key_length >= 0 else None)
+        values.append(data[value_pos : value_pos + value_length] if value_length >= 0 else None)
+        offsets.append(offset)
+        timestamps.append(max_ts if log_append else base_ts + ts_delta)
+        ts_types.append(ts_type)
+        if headers_out is not None:
+            headers_out.append(read_headers(data, at, end))
 
 
 def decode_batches(
@@ -386,10 +243,9 @@ def decode_into_reference(
         data = bytes(body) if codec == CODEC_NONE else decompress(codec, body)
         try:
             _decode_records(data, header, start_offset, end_offset, cols)
-        except IndexError as exc:  # a varint or field ran off the end of the records section
+        except CorruptRecordError as exc:
             raise CorruptRecordError(
-                f"batch at offset {header.base_offset} ({CODEC_NAMES.get(codec)}): "
-                "records section truncated"
+                f"batch at offset {header.base_offset} ({CODEC_NAMES.get(codec)}): {exc}"
             ) from exc
     return walk.next_offset
 

@@ -13,11 +13,13 @@
 - for corrupt input (random bytes flipped under a valid CRC) and truncated input (a cut every
   7 bytes), ``decode_into`` raises the reference's error (type and message) or returns its rows;
 - the C record scan (``_record_scan.c``) was built by the install, and agrees with its Python
-  twin ``record_ends_python`` on valid and corrupt input; the decoder gives the same rows with
-  either;
-- its field walk (``record_fields``) agrees with the numpy twin ``record_fields_numpy``, field
-  for field or in refusing, on valid, corrupt and random input and on every oddity; its field
-  copy (``gather``) builds the same binary arrays as Arrow's ``take``, nulls included.
+  twin ``record_ends_python`` (the record layout's ``record_ends``) on valid and corrupt
+  input; the decoder gives the same rows with either;
+- its field walk (``record_fields``) agrees with the numpy twin ``record_fields_numpy`` and
+  with the record layout's ``record_fields`` (what the reference decoder and the broker walk),
+  field for field or in refusing, on valid, corrupt and random input and on every oddity;
+  its field copy (``gather``) builds the same binary arrays as Arrow's ``take``, nulls
+  included.
 - the rows of a window are taken as a slice when they are one run, by index otherwise.
 """
 
@@ -37,6 +39,8 @@ from support.pipelines import BASE_TS, CODECS, kafka_batch, kafka_codecs
 from raylog.pipelines import fast_records
 from raylog.pipelines import records as R
 from raylog.storage import batch as rb
+from raylog.storage import records as layout
+from raylog.storage.errors import CorruptRecordError
 
 END = (1 << 63) - 1
 SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -236,6 +240,7 @@ ODDITIES: list[tuple[str, bytes, int, bool | int]] = [
     ("zero record length", zz(0) + record(), 2, False),
     ("negative record length", zz(-3) + record(), 1, False),
     ("key past its record", record(key=zz(100) + b"k"), 1, False),
+    ("value a byte past its record", record(value=zz(2) + b"v", headers=b"") + record(), 2, False),
     ("record past its section", record()[:-1], 1, False),
     ("bytes after the last record", record() + b"\x00", 1, False),
     ("headers", record(headers=zz(2) + header(b"a", None) + header(b"\xc3\xa9", b"")), 1, True),
@@ -333,10 +338,32 @@ def test_the_c_record_scan_was_built() -> None:
     assert fast_records._record_scan is not None, "pip install -e . did not build _record_scan"
 
 
-# Each C walk and its twin: the record lengths, and every field up to the headers.
+def layout_fields(blob: bytes, sections: Any) -> fast_records.Fields:
+    """The record layout's own walk (``storage.records.record_fields``) over each section, in
+    the shape of ``record_fields``: eight columns, positions into ``blob``; Unfit where the
+    layout refuses."""
+    positional = [name == "end" or name.endswith("_pos") for name in layout.RECORD_FIELDS]
+    columns: list[list[int]] = [[] for _ in layout.RECORD_FIELDS]
+    start = 0
+    for header, data in sections:
+        try:
+            for fields in layout.record_fields(
+                blob[start : start + len(data)], header.records_count
+            ):
+                for column, value, is_pos in zip(columns, fields, positional, strict=True):
+                    column.append(value + start if is_pos else value)
+        except CorruptRecordError as exc:
+            raise fast_records.Unfit(str(exc)) from exc
+        start += len(data)
+    return tuple(np.array(column, dtype=np.int64) for column in columns)  # type: ignore[return-value]
+
+
+# Each C walk and its twins: the record lengths, and every field up to the headers (by numpy,
+# and by the record layout's walk, the storage reader's and the reference decoder's).
 WALKERS = [
     pytest.param(fast_records.record_ends, fast_records.record_ends_python, id="record_ends"),
     pytest.param(fast_records.record_fields, fast_records.record_fields_numpy, id="record_fields"),
+    pytest.param(fast_records.record_fields, layout_fields, id="layout_fields"),
 ]
 
 
