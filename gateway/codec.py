@@ -47,6 +47,9 @@ from kafka.protocol.schemas.fields.codecs import Bytes, UnsignedVarInt32
 from kafka.protocol.schemas.fields.codecs.encode_buffer import EncodeBufferPool
 from kafka.protocol.schemas.fields.simple import SimpleField
 
+from raylog.storage.errors import CorruptRecordError
+from raylog.storage.records import read_uvarint
+
 __all__ = [
     "API_VERSIONS_KEY",
     "CodecError",
@@ -198,17 +201,12 @@ def response_header_version(api_key: int, api_version: int) -> int:
 
 
 def _read_uvarint(data: memoryview, pos: int) -> tuple[int, int]:
-    """Read an unsigned varint of at most 5 bytes (Kafka's 32-bit varints)."""
-    value = 0
-    for shift in range(0, 35, 7):
-        if pos >= len(data):
-            raise CodecError("varint runs past the end of the frame")
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-    raise CodecError("varint longer than 5 bytes")
+    """An unsigned varint of flexible versions (Kafka's 32-bit ones: at most 5 bytes), read by
+    the LEB128 core the records' zigzag varints share."""
+    try:
+        return read_uvarint(data, pos, len(data), max_bytes=5)
+    except CorruptRecordError as exc:
+        raise CodecError(f"request header: {exc}") from None
 
 
 def _skip_tagged_fields(data: memoryview, pos: int) -> int:

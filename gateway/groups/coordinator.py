@@ -58,8 +58,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from kafka.record import MemoryRecords
-
 from raylog.gateway.backend import DataBackend, TopicState
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.groups import records as gr
@@ -76,6 +74,7 @@ from raylog.gateway.groups.group import (
     SyncResult,
 )
 from raylog.storage import batch as rb
+from raylog.storage.records import iter_decoded
 
 __all__ = [
     "OFFSETS_TOPIC",
@@ -858,17 +857,22 @@ class _Replay:
         self.offsets: dict[str, dict[tuple[str, int], CommittedOffset]] = {}
 
     def apply(self, records: bytes, from_offset: int) -> int:
-        """Apply the records at or after ``from_offset``; returns the next offset to read."""
+        """Apply the records at or after ``from_offset`` of a fetch's whole batches; returns
+        the next offset to read. Records that do not decode raise CorruptRecordError.
+
+        The log checked each batch's CRC when it read it. Control batches (transaction
+        markers) hold no group data: skipped, as consumers skip them.
+        """
         next_offset = from_offset
-        batches = MemoryRecords(records)
-        while batches.has_next():
-            batch = batches.next_batch()
-            if batch is None:
-                break
-            for record in batch:
-                if record.offset >= from_offset:
+        view = memoryview(records)
+        for pos, header in rb.iter_batches(view, verify=False):
+            next_offset = max(next_offset, header.next_offset)
+            if header.is_control:
+                continue
+            section = rb.records_section(view[pos:], header)
+            for record in iter_decoded(section, header.records_count):
+                if header.base_offset + record.offset_delta >= from_offset:
                     self._apply_one(record.key, record.value)
-            next_offset = max(next_offset, batch.next_offset)
         return next_offset
 
     def _apply_one(self, key_bytes: bytes | None, value_bytes: bytes | None) -> None:

@@ -5,7 +5,8 @@ layouts (checked against a hand-built OffsetCommitKey v1 and the older value ver
 wrote); truncated or unknown-version bytes raise RecordFormatError; Kafka's
 ``abs(String.hashCode) % n`` is reproduced (hash values computed by Java's rules, including
 non-ASCII and Integer.MIN_VALUE); the replay of a partition's records keeps the last value of a
-key and honours tombstones.
+key and honours tombstones, reads batches in every codec as kafka-python's producer builds them,
+skips control batches, and raises CorruptRecordError for records that do not decode.
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support.kafka_batches import kafka_batch
+from support.pipelines import CODECS, kafka_codecs
 
 from raylog.gateway.groups import records as gr
 from raylog.gateway.groups.coordinator import _Replay, java_string_hash, partition_for
 from raylog.gateway.groups.group import GroupState
 from raylog.storage import batch as rb
+from raylog.storage.errors import CorruptRecordError
 from raylog.storage.log import Log, LogConfig
 
 texts = st.text(max_size=40)
@@ -191,3 +195,51 @@ def test_replay_of_a_compacted_offsets_log_rebuilds_the_same_groups(tmp_path: Pa
         ("t", 1): 591,
         ("t", 2): 592,
     }
+
+
+@pytest.mark.parametrize("codec", sorted(CODECS))
+def test_replay_reads_every_codec_and_skips_control_batches(
+    codec: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    def offsets(*commits: tuple[int, int | None]) -> list[dict[str, object]]:
+        return [
+            {
+                "key": gr.encode_key(gr.OffsetCommitKey("g", "t", partition)),
+                "value": None
+                if at is None
+                else gr.encode_value(gr.OffsetCommitValue(at, -1, "", 0)),
+                "timestamp": 0,
+                "headers": [],
+            }
+            for partition, at in commits
+        ]
+
+    marker = rb.build_batch(  # a transaction marker: its record is no group record
+        [rb.Record(b"\x00\x00\x00\x00", b"\x00\x00\x00\x00\x00\x00", 0)],
+        base_offset=3,
+        control=True,
+        transactional=True,
+        producer_id=1,
+        base_sequence=0,
+    )
+    with kafka_codecs():
+        data = (
+            kafka_batch(offsets((0, 0), (1, 10), (2, 20)), CODECS[codec], 0)
+            + marker
+            + kafka_batch(offsets((1, None), (2, 21)), CODECS[codec], 4)
+        )
+    assert rb.parse_header(data).compression == CODECS[codec]
+    replay = _Replay()
+    assert replay.apply(data, 0) == 6
+    assert {tp: c.offset for tp, c in replay.groups(0)["g"].offsets.items()} == {
+        ("t", 0): 0,
+        ("t", 2): 21,
+    }
+    assert "skipping" not in caplog.text
+
+
+def test_replay_raises_for_records_that_do_not_decode() -> None:
+    batch = bytearray(_batch((gr.OffsetCommitKey("g", "t", 0), gr.OffsetCommitValue(1, -1, "", 0))))
+    batch[-1] = 0x01  # the record's header count, -1 (the CRC is the log's to check)
+    with pytest.raises(CorruptRecordError):
+        _Replay().apply(bytes(batch), 0)
