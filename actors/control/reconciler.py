@@ -21,11 +21,13 @@ Rules:
 3. Step-down before lead: a broker's leader phase starts only after phase 1 (applied or not)
    of every other live broker that may still lead one of the partitions it is to lead. A
    broker may lead any partition until its first phase 1 succeeded (this controller cannot
-   know what was sent before it), then only those it applied as leader or was sent a leader
-   phase for since. Such a broker that needs no push itself is pushed too (its phase 1 steps
-   it down); one with a push in flight makes the leader phase wait for a later round. So two
-   replicas never lead at once, unless the old leader could not be reached in phase 1; and a
-   hung broker holds up only the partitions it may lead, until it is fenced or confirmed dead.
+   know what was sent before it), then only those it applied as leader or was started a push
+   with a leader phase for since (that phase may start late, after a slow phase 1, when a
+   newer version elects another leader). Such a broker that needs no push itself is pushed
+   too (its phase 1 steps it down); one with a push in flight makes the leader phase wait for
+   a later round. So two replicas never lead at once, unless the old leader could not be
+   reached in phase 1; and a hung broker holds up only the partitions it may lead, until it is
+   fenced or confirmed dead.
 4. The reconciled metadata epoch: the newest version every unfenced broker was found to have
    applied in full (``wait_reconciled``).
 """
@@ -121,7 +123,8 @@ class _Link:
     pushed_ms: int = 0  # the round of that push
     push: _BrokerPush | None = None  # in flight (one at a time)
     # The partitions whose replica here may act as leader: None (any) until a first phase 1
-    # succeeded, then the leaders of what it applied, plus those of every leader phase since.
+    # succeeded, then the leaders of what it applied, plus those of every push started since
+    # with a leader phase (it may start at any time until the push ends).
     may_lead: frozenset[TopicPartition] | None = None
     followers_applied: list[ReplicaSpec] | None = None  # the specs of its last good phase 1
 
@@ -267,6 +270,10 @@ class Reconciler:
             )
             self._next_push_id += 1
             started[broker_id] = link.push = self._pushes[push.push_id] = push
+            if deps is not None and link.may_lead is not None:
+                # From now on: its leader phase may start (late, after a slow phase 1) while a
+                # later round elects others, which must then wait for it.
+                link.may_lead |= push.leaders
         for push in started.values():  # by push id: a broker skipped above waits for nothing
             if push.after is not None:
                 push.after = {started[b].push_id for b in push.after if b in started}
@@ -345,10 +352,8 @@ class Reconciler:
         return outcome is Outcome.APPLIED
 
     def _start_leaders(self, push: _BrokerPush, md: ClusterMetadata, progress: Progress) -> None:
-        """The leader phase of ``push``: from now on its broker may lead what it names. To a
-        broker confirmed dead nothing is sent: the push ends as failed."""
-        if push.link.may_lead is not None:
-            push.link.may_lead |= push.leaders
+        """The leader phase of ``push``; to a broker confirmed dead nothing is sent: the push
+        ends as failed."""
         if push.link.gone:
             push.ok = False
             self._end(push, md, progress)

@@ -155,6 +155,33 @@ def test_a_leader_phase_waits_for_a_later_round_while_the_old_leader_is_busy() -
     assert (2, LEADERS) in [(c.broker_id, c.phase) for c in released]
 
 
+def test_a_broker_a_push_in_flight_names_leader_is_waited_for_by_a_newer_leader() -> None:
+    """Found by the simulator: a push naming broker 2 leader has its phase 1 answer lost; a
+    newer version elects broker 3. Broker 2's leader phase may still start (after its phase 1
+    times out), so broker 3 must not be told to lead before broker 2 was pushed the newer
+    version."""
+    md = cluster()
+    rec = settled(md)
+    md2 = move_leader(md, to=2)
+    slow = by_broker(rec.round(md2, 10))
+    for b in (1, 3):
+        answer_all(rec, md2, [slow[b]])
+    md3 = move_leader(md2, to=3)
+    newer = by_broker(rec.round(md3, 20))
+    assert 2 not in newer  # busy
+    # Broker 3's push has no leader phase this round: broker 2 may lead.
+    for call in newer.values():
+        assert all(c.phase != LEADERS or c.broker_id != 3 for c in answer_all(rec, md3, [call]))
+    # Broker 2's old push now goes on to its leader phase (it was told to lead, in md2)...
+    assert [c.phase for c in answer_all(rec, md3, [slow[2]])] == [FOLLOWERS, LEADERS]
+    # ...and the next round steps it down before broker 3 leads.
+    calls = by_broker(rec.round(md3, 30))
+    assert isinstance(calls[2].specs[0].command, BecomeFollower)
+    assert rec.answered(calls[3], Outcome.APPLIED, md3).pushes == []
+    released = rec.answered(calls[2], Outcome.APPLIED, md3).pushes
+    assert (3, LEADERS) in [(c.broker_id, c.phase) for c in released]
+
+
 def test_brokers_are_resynced_every_resync_interval() -> None:
     md = cluster()
     rec = settled(md)
