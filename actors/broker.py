@@ -63,12 +63,8 @@ from raylog.actors.calls import (
     replica_actor_name,
 )
 from raylog.actors.control import config_keys
-from raylog.actors.controller import (
-    SESSION_GUARD_FRACTION,
-    HeartbeatReply,
-    RegisterReply,
-    ReplicaSpec,
-)
+from raylog.actors.control.reconciler import LEADERS, ReplicaSpec
+from raylog.actors.controller import SESSION_GUARD_FRACTION, HeartbeatReply, RegisterReply
 from raylog.actors.replica import ReplicaActor
 from raylog.actors.replication.messages import AlterPartitionRequest, BecomeLeader
 from raylog.actors.replication.ready import ReplicaConfig
@@ -541,7 +537,7 @@ class BrokerActor:
                 await self._remove(key, delete_data=True)
             self._remove_stray_dirs(wanted)
             await asyncio.gather(*(self._ensure(s) for s in specs))
-            leaders = phase == "leaders"
+            leaders = phase == LEADERS
             me = self._self()
             calls = []
             keys = []

@@ -2,9 +2,10 @@
 
 This module owns the Ray shell of raylog's controller: who is active (the lease), the one copy
 of the cluster metadata it acts on (compare-and-swapped in the object store before anything is
-done with it), broker sessions, and the loop that makes replicas match the metadata. Every
-decision comes from the pure modules: ``metadata`` (transitions), ``election`` (leaders, ISR,
-fencing, AlterPartition), ``placement`` (where replicas go) and ``config_keys`` (validation).
+done with it), broker sessions, and the loop that makes replicas match the metadata; its admin
+requests are ``raylog.actors.controller_admin``. Every decision comes from the pure modules:
+``metadata`` (transitions), ``election`` (leaders, ISR, fencing, AlterPartition), ``sessions``,
+``reconciler`` (the pushes), ``placement`` (where replicas go) and ``config_keys`` (validation).
 
 Active and standby. Every ControllerActor runs a :class:`LeaseKeeper` on ``controller/lease``.
 The holder is active and its controller epoch is the lease epoch. On election it re-reads the
@@ -47,11 +48,14 @@ replica that still thinks it leads an old epoch is demoted before it can write a
 session rules (expiry, ``lease_from_epoch``, takeover) are the pure
 ``raylog.actors.control.sessions``, which the seeded simulator drives too.
 
-Reconcile. One loop, woken by every metadata change and at least every ``reconcile_interval_ms``:
-fence brokers whose session expired, then push each unfenced broker its desired replicas (topic
-id, configs, role command) in two phases, non-leader commands then leader commands. Brokers
-create missing replica actors, delete strays (deleted topics) and forward the commands. A broker
-is pushed again when its desired set changed, it re-registered, or ``resync_interval_ms`` passed.
+Reconcile. One loop, woken by every metadata change, a new broker link and a push applied, and
+run at least every ``reconcile_interval_ms``: fence brokers whose session expired, then start
+the pushes the :class:`~raylog.actors.control.reconciler.Reconciler` decides (each unfenced
+broker's replicas with their role commands, in two phases: non-leader commands, then leader
+commands once the old leaders stepped down; again when its desired set changed, it
+re-registered, or ``resync_interval_ms`` passed), each phase a Ray call of its own whose outcome
+goes back to the reconciler. Brokers create missing replica actors, delete strays (deleted
+topics) and forward the commands.
 
 Every Ray call goes through :func:`ray_call` (timeouts, dead peers) so failures are handled in one
 place. Ray actor methods here are async: they all run on the actor's one event loop, so the
@@ -65,9 +69,9 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 import ray
@@ -79,27 +83,18 @@ from raylog.actors.calls import (
     ray_call,
     replica_actor_name,
 )
-from raylog.actors.control import config_keys, election, health, placement, reassignment
+from raylog.actors.control import config_keys, election, health
 from raylog.actors.control import metadata as md_
-from raylog.actors.control.metadata import (
-    ClusterMetadata,
-    TopicMetadata,
-    TopicPartition,
-)
+from raylog.actors.control.metadata import ClusterMetadata, TopicPartition
 from raylog.actors.control.metadata_store import MetadataStore, VersionedMetadata
+from raylog.actors.control.reconciler import Outcome, Push, Reconciler
 from raylog.actors.control.sessions import BrokerSessions
-from raylog.actors.replication.messages import (
-    AlterPartitionRequest,
-    AlterPartitionResponse,
-    BecomeFollower,
-    BecomeLeader,
-    BecomeObserver,
-)
+from raylog.actors.controller_admin import AdminRequests
+from raylog.actors.replication.messages import AlterPartitionRequest, AlterPartitionResponse
 from raylog.storage import pki
 from raylog.storage.errors import (
     BrokerIdNotRegisteredError,
     BrokerNotAvailableError,
-    InvalidPartitionsError,
     NotControllerError,
     PreconditionFailedError,
     RaylogError,
@@ -117,45 +112,12 @@ CALL_TIMEOUT_MS_DEFAULT = 5_000
 RECONCILE_INTERVAL_MS_DEFAULT = 500
 RESYNC_INTERVAL_MS_DEFAULT = 10_000
 DEATH_CONFIRM_TIMEOUT_MS = 2_000  # bound on confirming a dead broker's leaders cannot write
-CAS_RETRIES_MAX = 5
-SLOW_PUSH_MS = 100  # a push round slower than this is logged
+SLOW_PUSH_MS = 100  # a push slower than this is logged
 WAIT_RECONCILED_MS_MAX = 30_000
 SESSION_GUARD_FRACTION = 0.1  # of broker.session.timeout.ms; see the module docstring
 
 
-THROTTLE_KEY = "leader.replication.throttled.rate"
-UNTHROTTLED_RATE_MIN = 1 << 53  # a rate this high (the default is Long.MAX_VALUE) is no limit
-
-
-def _codes(
-    wanted: Iterable[TopicPartition], out: election.Outcome
-) -> dict[tuple[str, int], tuple[int, str]]:
-    """Per partition (error code, message) of a reassignment request; (0, "") = done."""
-    codes = {(tp.topic, tp.partition): (0, "") for tp in wanted}
-    for tp, exc in out.errors.items():
-        codes[(tp.topic, tp.partition)] = (exc.error_code, str(exc))
-    return codes
-
-
 # --- what crosses Ray between the controller and brokers --------------------------------------
-
-RoleCommand = BecomeLeader | BecomeFollower | BecomeObserver
-
-
-class ReplicaSpec(msgspec.Struct, frozen=True):
-    """One replica a broker must host, and the role command it must have applied."""
-
-    topic: str
-    topic_id: str
-    partition: int
-    configs: dict[str, str]
-    command: RoleCommand
-    # Bytes/s the leader may send to the replicas a reassignment adds (0: unthrottled).
-    throttle_bytes_per_sec: int = 0
-
-    @property
-    def is_leader(self) -> bool:
-        return isinstance(self.command, BecomeLeader)
 
 
 class RegisterReply(msgspec.Struct, frozen=True):
@@ -184,34 +146,23 @@ class ControllerStatus(msgspec.Struct, frozen=True):
 
 @dataclass
 class _BrokerLink:
-    """How the active controller reaches a broker's incarnation, and what it last pushed there
-    (never persisted; its session is in ``BrokerSessions``)."""
+    """How the active controller reaches one incarnation of a broker: its handle, the watch on
+    its death, and what its last push answered (its session is in ``BrokerSessions``, what it
+    was pushed in the :class:`Reconciler`)."""
 
     handle: Any
     incarnation_id: str
     watch: asyncio.Task[None] | None = None
-    pushed: tuple[str, list[ReplicaSpec]] | None = None  # incarnation, specs last applied
-    pushed_ms: int = 0
     leos: dict[TopicPartition, int] = field(default_factory=dict)
     # Set once Ray confirmed this incarnation dead: a push to it in flight gives up at once
     # instead of holding the new leaders' commands that wait for it until it fails.
     gone: asyncio.Event = field(default_factory=asyncio.Event)
-    # The push in flight to this incarnation (both phases), if any. No round waits for it, and
-    # none pushes to this broker again until it ended.
-    pushing: asyncio.Task[None] | None = None
-    # The partitions whose replica here may act as leader: None (any) until a first phase
-    # succeeded (a controller that took over cannot know what its predecessor sent), then the
-    # leaders of what the broker applied, plus those of every leader phase sent since.
-    may_lead: frozenset[TopicPartition] | None = None
-    followers_applied: list[ReplicaSpec] | None = None  # the specs of its last good phase 1
-
-    def may_be_leading(self, tp: TopicPartition) -> bool:
-        return self.may_lead is None or tp in self.may_lead
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000)
-class ControllerActor:
-    """One controller; active while it holds the lease, standby otherwise."""
+class ControllerActor(AdminRequests):
+    """One controller; active while it holds the lease, standby otherwise. Its admin requests
+    (topics, configs, elections, reassignments, producer ids) are :class:`AdminRequests`."""
 
     def __init__(
         self,
@@ -248,8 +199,10 @@ class ControllerActor:
         self._write_lock: asyncio.Lock | None = None
         self._wake: asyncio.Event | None = None
         self._links: dict[int, _BrokerLink] = {}
-        self._reconciled_epoch = -1
-        self._reconciler: asyncio.Task[None] | None = None
+        self._reconciler: Reconciler | None = None  # while active
+        self._calls: set[asyncio.Task[None]] = set()  # push calls in flight
+        self._push_started_ms: dict[int, int] = {}  # push id -> when its phase 1 was sent
+        self._loop_task: asyncio.Task[None] | None = None
         self._activation: asyncio.Task[None] | None = None
         self._stopped = False
         self._sessions = BrokerSessions(self._session_ms)
@@ -283,7 +236,7 @@ class ControllerActor:
             **self._lease_args,
         )
         self._keeper.start()
-        self._reconciler = self._loop.create_task(self._reconcile_loop())
+        self._loop_task = self._loop.create_task(self._reconcile_loop())
 
     async def start(self) -> ControllerStatus:
         """Join the contest for the lease; returns at once (active or standby)."""
@@ -296,19 +249,20 @@ class ControllerActor:
         if self._keeper is not None:
             await asyncio.to_thread(self._keeper.stop, release=release)
         self._demote("stopped")
-        if self._reconciler is not None:
-            self._reconciler.cancel()
+        if self._loop_task is not None:
+            self._loop_task.cancel()
 
     async def status(self) -> ControllerStatus:
         self._ensure_started()
         md = self._md.metadata if self._md is not None else None
+        rec = self._reconciler
         return ControllerStatus(
             controller_id=self.controller_id,
             active=self._is_active(),
             controller_epoch=self._epoch or -1,
             metadata_epoch=md.metadata_epoch if md is not None else -1,
-            reconciled_epoch=self._reconciled_epoch,
-            pushing=tuple(sorted(b for b, link in self._links.items() if link.pushing is not None)),
+            reconciled_epoch=-1 if rec is None else rec.reconciled_epoch,
+            pushing=() if rec is None else rec.pushing(),
         )
 
     def _from_lease_thread_elected(self, epoch: int) -> None:
@@ -330,35 +284,21 @@ class ControllerActor:
         """
         assert self._write_lock is not None and self._wake is not None
         async with self._write_lock:
-            for _ in range(CAS_RETRIES_MAX):
-                if not self._holds(epoch):
-                    return
-                current = await asyncio.to_thread(self._mstore.load)
-                base = current.metadata if current else ClusterMetadata(cluster_id=self._cluster_id)
-                if base.controller_epoch >= epoch:
-                    log.error(
-                        "%s: metadata names controller epoch %d >= our lease epoch %d",
-                        self.controller_id,
-                        base.controller_epoch,
-                        epoch,
-                    )
-                    return
-                new = md_.take_controllership(base, epoch)
-                try:
-                    self._md = await asyncio.to_thread(
-                        self._mstore.write, new, current.etag if current else None
-                    )
-                except PreconditionFailedError:
-                    continue  # a late write of the previous controller: read again
-                break
-            else:
-                log.error("%s: could not record controller epoch %d", self.controller_id, epoch)
+            try:
+                self._md = await asyncio.to_thread(
+                    self._mstore.take_controllership,
+                    epoch,
+                    self._cluster_id,
+                    lambda: self._holds(epoch),
+                )
+            except NotControllerError as exc:
+                log.error("%s: %s", self.controller_id, exc)
                 return
             self._epoch = epoch
             now = monotonic_ms()
             self._links = {}
             self._sessions.take_over(now)
-            self._reconciled_epoch = -1
+            self._reconciler = Reconciler(epoch, self._resync_interval_ms, self._broker_overrides)
         log.info("%s active at controller epoch %d", self.controller_id, epoch)
         self._wake.set()
 
@@ -370,9 +310,11 @@ class ControllerActor:
         for link in self._links.values():
             if link.watch is not None:
                 link.watch.cancel()
-            if link.pushing is not None:
-                link.pushing.cancel()
+        for call in self._calls:
+            call.cancel()
         self._links = {}
+        self._reconciler = None
+        self._push_started_ms = {}
         self._sessions.take_over(monotonic_ms())
 
     def _holds(self, epoch: int | None) -> bool:
@@ -476,6 +418,8 @@ class ControllerActor:
         self._sessions.start(broker_id, incarnation_id, monotonic_ms(), lease_from_epoch)
         link.watch = self._loop.create_task(self._watch(broker_id, incarnation_id, sentinel))
         self._links[broker_id] = link
+        if self._reconciler is not None:
+            self._reconciler.attach(broker_id, incarnation_id)
         self._wake.set()
 
     async def heartbeat(
@@ -522,7 +466,7 @@ class ControllerActor:
             await self._mutate(unfence)
             md = self._require_active().metadata
             self._sessions.unfenced(broker_id, md.metadata_epoch)
-            link.pushed = None
+            self._forget_pushed(broker_id, incarnation_id)
             reg = md.brokers[broker_id]
         lease_ok = self._sessions.heartbeat(
             broker_id, applied_epoch, monotonic_ms(), fenced=reg.state == "fenced"
@@ -615,6 +559,8 @@ class ControllerActor:
         link = self._links.get(broker_id)
         if link is not None and link.incarnation_id == incarnation_id:
             link.gone.set()
+        if self._reconciler is not None:
+            self._reconciler.gone(broker_id, incarnation_id)
         md = self._require_active().metadata
         reg = md.brokers.get(broker_id)
         if reg is None or reg.incarnation_id != incarnation_id or reg.state == "fenced":
@@ -672,9 +618,11 @@ class ControllerActor:
             await self._mutate(change)
         except NotControllerError:
             return
-        link = self._links.get(broker_id)
-        if link is not None and link.incarnation_id == incarnation_id:
-            link.pushed = None
+        self._forget_pushed(broker_id, incarnation_id)
+
+    def _forget_pushed(self, broker_id: int, incarnation_id: str) -> None:
+        if self._reconciler is not None:
+            self._reconciler.forget_pushed(broker_id, incarnation_id)
 
     def _count_unclean(self, out: election.Outcome) -> None:
         if out.unclean_elections:
@@ -718,208 +666,99 @@ class ControllerActor:
             log.warning("broker %d session expired (%d ms): fencing", broker_id, silent_ms)
             await self._fence(broker_id, md.brokers[broker_id].incarnation_id)
 
-    def _desired(self, md: ClusterMetadata, broker_id: int) -> list[ReplicaSpec]:
-        assert self._epoch is not None
-        specs = []
-        throttle = self._throttle_bytes_per_sec(md)
-        for name in sorted(md.topics):
-            t = md.topics[name]
-            for p in t.partitions:
-                if broker_id not in p.replicas:
-                    continue
-                command: RoleCommand = election.role_command(p, broker_id, self._epoch)
-                rate = throttle if p.leader == broker_id and p.adding_replicas else 0
-                specs.append(
-                    ReplicaSpec(name, t.topic_id, p.partition, dict(t.configs), command, rate)
-                )
-        return specs
-
     async def _push_round(self) -> None:
-        """Start a push to every unfenced broker that needs one and has none in flight.
+        """Start the pushes the reconciler asks for (``raylog.actors.control.reconciler``).
 
-        Each broker's push runs as a task of its own (:meth:`_push_broker`) in two phases:
-        1. demotions and followers (also creates missing actors, removes strays); 2. leaders.
-        A leader command waits only for phase 1 of the brokers that may still lead that
-        partition (:meth:`_stepped_down_first`); the round waits for no push. So a hung broker
-        holds up the partitions it may lead, until Ray confirms it dead or its session expires
-        and it is fenced, and nothing else: not the other brokers' commands, not the next
-        round, not the session expiry that fences it.
+        Each phase call runs as a task of its own and the round waits for none: a leader phase
+        waits only for phase 1 of the brokers that may still lead its partitions, so a hung
+        broker holds up the partitions it may lead, until Ray confirms it dead or its session
+        expires and it is fenced, and nothing else: not the other brokers' commands, not the
+        next round, not the session expiry that fences it.
         """
-        current = self._require_active()
-        md = current.metadata
+        md = self._require_active().metadata
+        assert self._reconciler is not None
         now = monotonic_ms()
-        targets: dict[int, list[ReplicaSpec]] = {}
-        for broker_id, reg in md.brokers.items():
-            link = self._live_link(md, broker_id)
-            if link is None or link.pushing is not None:
-                continue
-            specs = self._desired(md, broker_id)
-            due = now - link.pushed_ms >= self._resync_interval_ms
-            if link.pushed == (reg.incarnation_id, specs) and not due:
-                continue
-            targets[broker_id] = specs
-        waits = self._stepped_down_first(md, targets)
+        for call in self._reconciler.round(md, now):
+            self._push_started_ms[call.push_id] = now
+            self._start_call(call)
+
+    def _start_call(self, call: Push) -> None:
         assert self._loop is not None
-        phase1 = {b: self._loop.create_future() for b in targets}
-        for broker_id, specs in targets.items():
-            link = self._links[broker_id]
-            deps = waits.get(broker_id)
-            after = None if deps is None else [phase1[d] for d in deps]
-            link.pushing = self._loop.create_task(
-                self._push_broker(broker_id, link, specs, md, now, phase1[broker_id], after)
-            )
-        self._update_reconciled(md)
+        task = self._loop.create_task(self._call_broker(call))
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
 
-    def _live_link(self, md: ClusterMetadata, broker_id: int) -> _BrokerLink | None:
-        """The link to the broker's registered, unfenced incarnation not confirmed dead."""
-        reg = md.brokers.get(broker_id)
-        link = self._links.get(broker_id)
-        if reg is None or reg.state == "fenced" or link is None:
-            return None
-        if link.incarnation_id != reg.incarnation_id or link.gone.is_set():
-            return None
-        return link
-
-    def _stepped_down_first(
-        self, md: ClusterMetadata, targets: dict[int, list[ReplicaSpec]]
-    ) -> dict[int, set[int] | None]:
-        """Per target: the brokers whose phase 1 its leader phase waits for, or None when one
-        of them has a push in flight (the leader phase waits for a later round).
-
-        A broker that may lead a partition another target is to lead, and needs no push
-        itself, is added to ``targets`` (its phase 1 is what steps it down). Fenced brokers,
-        and brokers Ray confirmed dead, are not waited for: their write leases have lapsed.
-        """
-        live = {b: link for b in md.brokers if (link := self._live_link(md, b)) is not None}
-        waits: dict[int, set[int] | None] = {}
-        for broker_id in list(targets):
-            leads = [
-                TopicPartition(s.topic, s.partition) for s in targets[broker_id] if s.is_leader
-            ]
-            deps = {
-                b
-                for b, link in live.items()
-                if b != broker_id and any(link.may_be_leading(tp) for tp in leads)
-            }
-            for b in deps:
-                if live[b].pushing is None and b not in targets:
-                    targets[b] = self._desired(md, b)
-            busy = any(live[b].pushing is not None for b in deps)
-            waits[broker_id] = None if busy else deps
-        return waits
-
-    async def _push_broker(
-        self,
-        broker_id: int,
-        link: _BrokerLink,
-        specs: list[ReplicaSpec],
-        md: ClusterMetadata,
-        round_ms: int,
-        stepped_down: asyncio.Future[None],
-        after: list[asyncio.Future[None]] | None,
-    ) -> None:
-        """One broker's two phases (see :meth:`_push_round`); ``after`` is None when its
-        leader phase must wait for a later round. Records what the broker applied."""
-        started_ms = monotonic_ms()
-        leaders = frozenset(TopicPartition(s.topic, s.partition) for s in specs if s.is_leader)
-        # Its leader phase waits for a later round, and it stepped down for these very specs
-        # already: nothing to send now (the push it waits for wakes the loop when it succeeds;
-        # the reconcile interval otherwise).
-        idle = after is None and link.followers_applied == specs
-        # Both phases applied: the loop is woken for what may follow. After a failure the next
-        # round comes at the reconcile interval, never at once (no hot retry loop).
-        applied = False
+    async def _call_broker(self, call: Push) -> None:
+        """One phase of a push; its outcome goes to the reconciler, which may release leader
+        phases waiting for it. A push applied in full wakes the loop for what may follow;
+        after a failure the next round comes at the reconcile interval (no hot retry loop)."""
+        reconciler = self._reconciler
         try:
-            try:
-                ok = idle or await self._push(broker_id, link, specs, "followers", md)
-                if ok and not idle:  # it hosts exactly ``specs`` and leads none of the others
-                    link.followers_applied = specs
-                    link.may_lead = leaders if link.may_lead is None else link.may_lead & leaders
-            finally:
-                if not stepped_down.done():
-                    stepped_down.set_result(None)
-            if after is None:
-                return
-            await asyncio.gather(*after)
-            if link.may_lead is not None:
-                link.may_lead |= leaders
-            ok = await self._push(broker_id, link, specs, "leaders", md) and ok
-            if ok and self._links.get(broker_id) is link:
-                link.pushed = (link.incarnation_id, specs)
-                link.pushed_ms = round_ms
-                self._sessions.applied(broker_id, md.metadata_epoch)
-                applied = True
-            took_ms = monotonic_ms() - started_ms
+            outcome = await self._apply(call)
+        except Exception:  # a bug, not a broker's answer: logged; the next round pushes again
+            log.exception("push (%s) of metadata epoch %d", call.phase, call.metadata_epoch)
+            outcome = Outcome.FAILED
+        if reconciler is None or reconciler is not self._reconciler or self._md is None:
+            return  # demoted meanwhile
+        progress = reconciler.answered(call, outcome, self._md.metadata)
+        for released in progress.pushes:
+            self._start_call(released)
+        for ended in progress.ended:
+            took_ms = monotonic_ms() - self._push_started_ms.pop(ended.push_id, monotonic_ms())
             (log.warning if took_ms > SLOW_PUSH_MS else log.debug)(
                 "pushed metadata epoch %d to broker %d in %d ms (at %d)%s",
-                md.metadata_epoch,
-                broker_id,
+                ended.metadata_epoch,
+                ended.broker_id,
                 took_ms,
                 monotonic_ms(),
-                "" if ok else ": failed",
+                "" if ended.applied else ": not applied",
             )
-        except Exception:  # a bug, not a broker's answer: logged; the next round pushes again
-            log.exception("push of metadata epoch %d to broker %d", md.metadata_epoch, broker_id)
-        finally:
-            link.pushing = None
-            if self._is_active() and self._md is not None:
-                self._update_reconciled(self._md.metadata)
-            if self._wake is not None and applied:
+            if ended.applied:
+                self._sessions.applied(ended.broker_id, ended.metadata_epoch)
+                assert self._wake is not None
                 self._wake.set()
 
-    def _update_reconciled(self, md: ClusterMetadata) -> None:
-        for broker_id, reg in md.brokers.items():
-            if reg.state == "fenced":
-                continue
-            link = self._links.get(broker_id)
-            if link is None or link.incarnation_id != reg.incarnation_id:
-                return
-            if link.pushed is None or link.pushed[1] != self._desired(md, broker_id):
-                return
-        self._reconciled_epoch = max(self._reconciled_epoch, md.metadata_epoch)
-
-    async def _push(
-        self,
-        broker_id: int,
-        link: _BrokerLink,
-        specs: list[ReplicaSpec],
-        phase: str,
-        md: ClusterMetadata,
-    ) -> bool:
-        if link.gone.is_set() or not self._is_active():
-            return False
+    async def _apply(self, call: Push) -> Outcome:
+        """The broker's ``apply`` for one phase, given up at once if Ray confirms its death."""
+        link = self._links.get(call.broker_id)
+        if link is None or link.incarnation_id != call.incarnation_id:
+            return Outcome.FAILED  # a newer incarnation registered: this push ends unapplied
+        if link.gone.is_set():
+            return Outcome.GONE
+        if not self._is_active():
+            return Outcome.FAILED
         assert self._epoch is not None
-        call = asyncio.ensure_future(
-            ray_call(
-                link.handle.apply.remote(self._epoch, md.metadata_epoch, specs, phase),
-                self._call_timeout_ms,
-            )
-        )
+        remote = link.handle.apply.remote(self._epoch, call.metadata_epoch, call.specs, call.phase)
+        answer = asyncio.ensure_future(ray_call(remote, self._call_timeout_ms))
         gone = asyncio.ensure_future(link.gone.wait())
         try:
-            await asyncio.wait((call, gone), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((answer, gone), return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
-            call.cancel()
+            answer.cancel()
             raise
         finally:
             gone.cancel()
-        if not call.done():  # Ray confirmed the broker dead first
-            call.cancel()
-            log.warning("push (%s) to broker %d abandoned: Ray confirmed it dead", phase, broker_id)
-            return False
+        if not answer.done():  # Ray confirmed the broker dead first
+            answer.cancel()
+            log.warning(
+                "push (%s) to broker %d abandoned: Ray confirmed it dead",
+                call.phase,
+                call.broker_id,
+            )
+            return Outcome.GONE
         try:
-            states = call.result()
+            states = answer.result()
         except RaylogError as exc:
-            log.warning("push (%s) to broker %d failed: %s", phase, broker_id, exc)
-            return False
+            log.warning("push (%s) to broker %d failed: %s", call.phase, call.broker_id, exc)
+            return Outcome.FAILED
         link.leos = {TopicPartition(s.topic, s.partition): s.log_end_offset for s in states}
-        return True
+        return Outcome.APPLIED
 
     async def _wait_reconciled(self, epoch: int, timeout_ms: int) -> bool:
         """Wait (bounded) until every unfenced broker applied metadata ``epoch``."""
         deadline = monotonic_ms() + timeout_ms
         assert self._wake is not None
-        while self._reconciled_epoch < epoch:
+        while self._reconciler is None or self._reconciler.reconciled_epoch < epoch:
             if monotonic_ms() >= deadline or not self._is_active():
                 return False
             self._wake.set()
@@ -986,272 +825,6 @@ class ControllerActor:
             error, p.leader_epoch, p.partition_epoch, p.isr, request.request_id
         )
 
-    # --- topics ----------------------------------------------------------------------------------
-
-    async def create_topic(
-        self,
-        name: str,
-        num_partitions: int,
-        replication_factor: int,
-        configs: dict[str, str] | None = None,
-        assignment: list[list[int]] | None = None,
-    ) -> TopicMetadata:
-        """CreateTopics: place replicas rack-aware (or take ``assignment``), validate, write."""
-        self._ensure_started()
-        topic_id = uuid.uuid4().hex
-        node_of, node_memory_mib = await self._broker_nodes()
-
-        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, None]:
-            md_.validate_topic_name(name)
-            chosen = assignment or placement.place_replicas(
-                md_.active_brokers(md), num_partitions, replication_factor
-            )
-            existing = [p.replicas for _, p in md_.partitions(md)]
-            placement.check_memory_fit(chosen, existing, node_of, node_memory_mib)
-            return md_.create_topic(md, name, topic_id, chosen, configs), None
-
-        await self._mutate(change)
-        return self._require_active().metadata.topics[name]
-
-    async def delete_topic(self, name: str) -> None:
-        """DeleteTopics: brokers stop the replicas and remove their data on the next round."""
-        self._ensure_started()
-        await self._mutate(lambda md: (md_.delete_topic(md, name), None))
-
-    async def describe_topic(self, name: str) -> TopicMetadata:
-        self._ensure_started()
-        return md_.get_topic(self._require_active().metadata, name)
-
-    async def describe_configs(self, name: str) -> list[config_keys.ConfigEntry]:
-        self._ensure_started()
-        return config_keys.describe(md_.get_topic(self._require_active().metadata, name).configs)
-
-    async def alter_configs(self, name: str, overrides: dict[str, str]) -> TopicMetadata:
-        """AlterConfigs (the whole override set). Brokers apply the new configs to the topic's
-        running replicas (re-creating them from their WALs only for a replication.mode change);
-        then unclean elections are retried if enabled."""
-        self._ensure_started()
-
-        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, None]:
-            md = md_.alter_configs(md, name, overrides)
-            out = election.elect_offline(md, self._leos())
-            self._count_unclean(out)
-            return out.metadata, None
-
-        await self._mutate(change)
-        return self._require_active().metadata.topics[name]
-
-    async def create_partitions(self, name: str, total_count: int) -> TopicMetadata:
-        """CreatePartitions: grow the topic to ``total_count`` partitions (placement continues)."""
-        self._ensure_started()
-
-        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, None]:
-            t = md_.get_topic(md, name)
-            if total_count <= len(t.partitions):
-                raise InvalidPartitionsError(
-                    f"Topic {name!r} has {len(t.partitions)} partitions; {total_count} is not more"
-                )
-            new = placement.place_new_partitions(
-                md_.active_brokers(md),
-                [p.target_replicas for p in t.partitions],
-                total_count - len(t.partitions),
-            )
-            return md_.add_partitions(md, name, new), None
-
-        await self._mutate(change)
-        return self._require_active().metadata.topics[name]
-
-    async def elect_leaders(
-        self,
-        election_type: Literal["preferred", "unclean"],
-        partitions: list[tuple[str, int]] | None = None,
-    ) -> dict[tuple[str, int], int]:
-        """ElectLeaders; returns Kafka's error code per partition (0 = elected)."""
-        self._ensure_started()
-        wanted = None if partitions is None else [TopicPartition(t, p) for t, p in partitions]
-
-        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, election.Outcome]:
-            out = election.elect_leaders(md, election_type, wanted, self._leos())
-            self._count_unclean(out)
-            return out.metadata, out
-
-        out = await self._mutate(change)
-        codes = {(c.topic, c.partition): 0 for c in out.changes}
-        codes.update({(tp.topic, tp.partition): e.error_code for tp, e in out.errors.items()})
-        return codes
-
-    # --- reassignment (KIP-455) and rebalance -----------------------------------------------
-
-    async def reassign_partitions(
-        self,
-        targets: dict[tuple[str, int], list[int]],
-        throttle_bytes_per_sec: int | None = None,
-    ) -> dict[tuple[str, int], tuple[int, str]]:
-        """AlterPartitionReassignments: start (or replace) reassignments; per partition Kafka's
-        error code and message ((0, "") = started). ``throttle_bytes_per_sec`` sets
-        ``leader.replication.throttled.rate`` until no reassignment runs any more."""
-        self._ensure_started()
-        wanted = {TopicPartition(t, p): list(r) for (t, p), r in targets.items()}
-
-        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, election.Outcome]:
-            if throttle_bytes_per_sec is not None:
-                md = md_.set_dynamic_broker_configs(
-                    md, {**md.dynamic_broker_configs, THROTTLE_KEY: str(throttle_bytes_per_sec)}
-                )
-            out = reassignment.start(md, wanted)
-            return out.metadata, out
-
-        out = await self._mutate(change)
-        return _codes(wanted, out)
-
-    async def cancel_reassignments(
-        self, partitions: list[tuple[str, int]] | None = None
-    ) -> dict[tuple[str, int], tuple[int, str]]:
-        """Cancel reassignments (all running ones when ``partitions`` is None)."""
-        self._ensure_started()
-        wanted = None if partitions is None else [TopicPartition(t, p) for t, p in partitions]
-
-        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, election.Outcome]:
-            out = reassignment.cancel(md, wanted)
-            return out.metadata, out
-
-        out = await self._mutate(change)
-        return _codes(wanted or [c.topic_partition for c in out.changes], out)
-
-    async def list_reassignments(self) -> list[reassignment.ReassignmentProgress]:
-        """ListPartitionReassignments, with live log end offsets of the leader and the adding
-        replicas (asked of the replica actors; -1 where one did not answer)."""
-        self._ensure_started()
-        md = self._require_active().metadata
-        asks = [
-            (tp, b)
-            for tp, p in md_.partitions(md)
-            if p.reassigning
-            for b in (p.leader, *p.adding_replicas)
-            if b != md_.NO_LEADER
-        ]
-        leos = await asyncio.gather(*(self._log_end_offset(tp, b) for tp, b in asks))
-        known: dict[TopicPartition, dict[int, int]] = {}
-        for (tp, b), leo in zip(asks, leos, strict=True):
-            known.setdefault(tp, {})[b] = leo
-        return reassignment.progress(md, known)
-
-    async def rebalance(
-        self, topics: list[str] | None = None, throttle_bytes_per_sec: int | None = None
-    ) -> dict[tuple[str, int], tuple[int, ...]]:
-        """Plan replica moves onto under-loaded brokers (rack-aware, fewest moves) and start
-        them as reassignments; returns the targets started (empty: already balanced)."""
-        self._ensure_started()
-
-        def change(
-            md: ClusterMetadata,
-        ) -> tuple[ClusterMetadata, dict[TopicPartition, tuple[int, ...]]]:
-            targets, balanced = reassignment.rebalance_targets(md, topics)
-            if not balanced:
-                log.warning("rebalance: racks leave no legal move to full balance")
-            if not targets:
-                return md, {}
-            if throttle_bytes_per_sec is not None:
-                md = md_.set_dynamic_broker_configs(
-                    md, {**md.dynamic_broker_configs, THROTTLE_KEY: str(throttle_bytes_per_sec)}
-                )
-            out = reassignment.start(md, targets)
-            if out.errors:  # the plan only names registered brokers: this is a bug
-                raise AssertionError(f"rebalance plan refused: {out.errors}")
-            return out.metadata, targets
-
-        started = await self._mutate(change)
-        return {(tp.topic, tp.partition): target for tp, target in started.items()}
-
-    async def _log_end_offset(self, tp: TopicPartition, broker_id: int) -> int:
-        name = replica_actor_name(tp.topic, tp.partition, broker_id)
-        try:
-            handle = await asyncio.to_thread(ray.get_actor, name, namespace=NAMESPACE)
-            state = await ray_call(handle.state.remote(), self._call_timeout_ms)
-        except (ValueError, RaylogError):
-            return -1
-        return int(state.log_end_offset)
-
-    def _throttle_bytes_per_sec(self, md: ClusterMetadata) -> int:
-        """``leader.replication.throttled.rate`` (dynamic over static); 0 when unlimited."""
-        configs = {**self._broker_overrides, **md.dynamic_broker_configs}
-        rate = config_keys.broker_config(configs).leader_replication_throttled_rate
-        return 0 if rate >= UNTHROTTLED_RATE_MIN else rate
-
-    async def _reassignment_round(self) -> None:
-        """Complete reassignments whose adding replicas all joined the ISR; drop the throttle
-        once none runs. Resumes after a failover: the state is all in the metadata."""
-        md = self._require_active().metadata
-        running = any(p.reassigning for _, p in md_.partitions(md))
-        if not running and THROTTLE_KEY not in md.dynamic_broker_configs:
-            return
-
-        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, election.Outcome]:
-            out = reassignment.complete_ready(md)
-            new = out.metadata
-            if THROTTLE_KEY in new.dynamic_broker_configs and not any(
-                p.reassigning for _, p in md_.partitions(new)
-            ):
-                rest = {k: v for k, v in new.dynamic_broker_configs.items() if k != THROTTLE_KEY}
-                new = md_.set_dynamic_broker_configs(new, rest)
-            return new, out
-
-        out = await self._mutate(change)
-        for c in out.changes:
-            log.info(
-                "reassignment of %s-%d complete: replicas %s", c.topic, c.partition, c.replicas
-            )
-
-    async def _auto_leader_rebalance(self) -> None:
-        """``auto.leader.rebalance.enable``: every ``leader.imbalance.check.interval.seconds``
-        (the first check one interval after this controller became active, as in Kafka), a
-        preferred election for brokers above ``leader.imbalance.per.broker.percentage``."""
-        cfg = self._broker_config
-        if not cfg.auto_leader_rebalance_enable or self._epoch is None:
-            return
-        now = monotonic_ms()
-        interval_ms = cfg.leader_imbalance_check_interval_seconds * 1000
-        due = self._leader_rebalance_due
-        if due is None or due[0] != self._epoch:
-            self._leader_rebalance_due = (self._epoch, now + interval_ms)
-            return
-        if now < due[1]:
-            return
-        self._leader_rebalance_due = (self._epoch, now + interval_ms)
-
-        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, election.Outcome]:
-            out = election.auto_leader_rebalance(md, cfg.leader_imbalance_per_broker_percentage)
-            return out.metadata, out
-
-        out = await self._mutate(change)
-        if out.changes:
-            log.info(
-                "auto leader rebalance: %s back to their preferred leaders",
-                [f"{c.topic}-{c.partition}" for c in out.changes],
-            )
-
-    async def _broker_nodes(self) -> tuple[dict[int, str], dict[str, float]]:
-        """Each linked broker's Ray node and each node's declared memory (Ray's ``memory``
-        resource, MiB), for the memory check of new replicas. Best effort: a broker or node
-        that does not answer is left out."""
-        links = list(self._links.items())
-        answers = await asyncio.gather(
-            *(ray_call(link.handle.status.remote(), self._call_timeout_ms) for _, link in links),
-            return_exceptions=True,
-        )
-        node_of = {
-            b: str(a["node_id"])
-            for (b, _), a in zip(links, answers, strict=True)
-            if isinstance(a, dict) and a.get("node_id")
-        }
-        nodes = await asyncio.to_thread(ray.nodes)
-        memory = {
-            str(n["NodeID"]): float(n.get("Resources", {}).get("memory", 0)) / (1 << 20)
-            for n in nodes
-            if n.get("Alive") and n.get("Resources", {}).get("memory")
-        }
-        return node_of, memory
-
     async def metadata(self) -> ClusterMetadata:
         self._ensure_started()
         return self._require_active().metadata
@@ -1292,20 +865,9 @@ class ControllerActor:
         return self._ca.issue(subject, tuple(ips))
 
     async def leader_of(self, topic: str, partition: int) -> int:
-        self._ensure_started()
         """The partition's leader broker id (-1: offline)."""
-        return md_.get_partition(self._require_active().metadata, topic, partition).leader
-
-    async def allocate_producer_ids(self) -> tuple[int, int]:
-        """AllocateProducerIds: the next block of producer ids as ``(first, count)``.
-
-        The next free id is part of the metadata and the block is handed out only after the
-        CAS write that moves it past the block succeeded, so no id is handed out twice, across
-        controller failovers included (a block whose answer was lost is skipped, never reused).
-        """
         self._ensure_started()
-        block = await self._mutate(md_.allocate_producer_ids)
-        return block.start, len(block)
+        return md_.get_partition(self._require_active().metadata, topic, partition).leader
 
 
 __all__ = [
@@ -1314,5 +876,4 @@ __all__ = [
     "ControllerStatus",
     "HeartbeatReply",
     "RegisterReply",
-    "ReplicaSpec",
 ]

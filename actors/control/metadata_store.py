@@ -19,13 +19,16 @@ exactly where the last writer stopped. Nothing here reads a clock or talks to Ra
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 from raylog.actors.control import metadata as md_
 from raylog.actors.control.metadata import ClusterMetadata
+from raylog.storage.errors import NotControllerError, PreconditionFailedError
 from raylog.storage.objectstore import ObjectStore
 
 METADATA_KEY = "metadata/cluster.json"
+CAS_RETRIES_MAX = 5
 
 
 class VersionedMetadata(NamedTuple):
@@ -61,3 +64,30 @@ class MetadataStore:
         else:
             new_etag = self._store.put_if_match(self._key, body, etag)
         return VersionedMetadata(new, new_etag)
+
+    def take_controllership(
+        self, controller_epoch: int, cluster_id: str, holds: Callable[[], bool]
+    ) -> VersionedMetadata:
+        """Record a newly elected controller's epoch in the metadata (a new document for a new
+        cluster): 1. re-read; 2. refuse a version naming this epoch or a newer one; 3. CAS the
+        version with the epoch; a lost race (a late write of the previous controller) starts
+        again, at most CAS_RETRIES_MAX times and while ``holds()`` (the lease is still ours).
+
+        Raises NotControllerError when it could not (the message says why).
+        """
+        for _ in range(CAS_RETRIES_MAX):
+            if not holds():
+                raise NotControllerError(f"lost the lease of controller epoch {controller_epoch}")
+            current = self.load()
+            base = current.metadata if current else ClusterMetadata(cluster_id=cluster_id)
+            if base.controller_epoch >= controller_epoch:
+                raise NotControllerError(
+                    f"metadata names controller epoch {base.controller_epoch} >= our lease "
+                    f"epoch {controller_epoch}"
+                )
+            new = md_.take_controllership(base, controller_epoch)
+            try:
+                return self.write(new, current.etag if current else None)
+            except PreconditionFailedError:
+                continue
+        raise NotControllerError(f"could not record controller epoch {controller_epoch}")

@@ -27,6 +27,9 @@ with ``O`` kept as the original. Every replica-set change bumps the leader epoch
 (``metadata._changed_partition``), which is how the leader learns its new followers.
 
 Invariant: ``target_replicas ∩ isr`` is never empty at completion, so the ISR is never emptied.
+
+A reassignment may set ``leader.replication.throttled.rate`` (a dynamic broker config: the
+bytes/s a leader sends to the replicas being added); it is dropped once no reassignment runs.
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ from raylog.storage.errors import (
     RaylogError,
     ReassignmentInProgressError,
 )
+
+THROTTLE_KEY = "leader.replication.throttled.rate"
 
 
 class ReassignmentProgress(msgspec.Struct, frozen=True, kw_only=True):
@@ -201,6 +206,37 @@ def complete_ready(
     return Outcome(md_.apply_partition_changes(md, changes), changes)
 
 
+def complete_round(md: ClusterMetadata) -> Outcome:
+    """A controller round: :func:`complete_ready`, then the throttle dropped once no
+    reassignment runs (after a failover too: the state is all in the metadata)."""
+    out = complete_ready(md)
+    new = out.metadata
+    configs = new.dynamic_broker_configs
+    if THROTTLE_KEY in configs and not any(p.reassigning for _, p in md_.partitions(new)):
+        new = md_.set_dynamic_broker_configs(
+            new, {k: v for k, v in configs.items() if k != THROTTLE_KEY}
+        )
+    return Outcome(new, out.changes, out.errors)
+
+
+def throttled(md: ClusterMetadata, throttle_bytes_per_sec: int | None) -> ClusterMetadata:
+    """``md`` with ``leader.replication.throttled.rate`` set (None: unchanged)."""
+    if throttle_bytes_per_sec is None:
+        return md
+    configs = {**md.dynamic_broker_configs, THROTTLE_KEY: str(throttle_bytes_per_sec)}
+    return md_.set_dynamic_broker_configs(md, configs)
+
+
+def request_codes(
+    wanted: Iterable[TopicPartition], out: Outcome
+) -> dict[tuple[str, int], tuple[int, str]]:
+    """Per partition of a request, Kafka's (error code, message); (0, "") = done."""
+    codes = {(tp.topic, tp.partition): (0, "") for tp in wanted}
+    for tp, exc in out.errors.items():
+        codes[(tp.topic, tp.partition)] = (exc.error_code, str(exc))
+    return codes
+
+
 def _cancel_one(
     md: ClusterMetadata, tp: TopicPartition, p: PartitionState, ok: set[int]
 ) -> PartitionChange:
@@ -335,11 +371,15 @@ class ByteRateThrottle:
 
 
 __all__ = [
+    "THROTTLE_KEY",
     "ByteRateThrottle",
     "ReassignmentProgress",
     "cancel",
     "complete_ready",
+    "complete_round",
     "progress",
     "rebalance_targets",
+    "request_codes",
     "start",
+    "throttled",
 ]

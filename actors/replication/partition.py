@@ -896,6 +896,11 @@ class PartitionReplica:
         start = state.pushed_end_offset
         if start is None or start >= self.log_end_offset or replica_id in self.observers:
             return
+        if start < self.log_start_offset:
+            # DeleteRecords moved our log start past its log end (it was out of the ISR): it
+            # falls back to pull, is told its offset is out of range and restarts at our start.
+            state.pushed_end_offset = None
+            return
         self._push(replica_id, state, start, self.config.fetch_max_bytes)
 
     def _push(self, replica_id: int, state: FollowerState, start: int, max_bytes: int) -> None:

@@ -38,6 +38,15 @@ Definitions (what each checker proves, for runs with clean elections only):
 10. Liveness (run by cluster.py after the last step): once the faults stop, the partition
    converges: one leader, every replica holding its log, the ISR whole, the HW at the log end.
    It holds in runs with unclean elections too (``lossy``), where 1-3, 6 and 7 do not.
+11. One leader at a time (run by cluster.py, which sees the controller's pushes): no replica
+   appends a client write in a leader epoch older than one another replica already appended
+   one in, whatever their leases, unless the controller could not step it down (its step-down
+   push failed, or after a failover it had no link to the new controller yet when the new
+   leader was told to lead) and has not given up on it (it still has no link, or a push to it
+   is in flight, or its last one ended within one reconcile round).
+12. What the controller counts applied was applied (run by cluster.py): a push the reconciler
+   counts applied in full was applied by its broker, both phases (``wait_reconciled``,
+   controlled shutdown and the lease rule rely on it).
 """
 
 from __future__ import annotations
@@ -124,6 +133,12 @@ class Checkers:
             raise SimViolation(
                 f"replicas {writer} and {node} both accepted writes in epoch {epoch}"
             )
+
+    def newer_writer(self, epoch: int, node: int) -> tuple[int, int] | None:
+        """Checker 11: a (leader epoch, replica) that appended a client write in an epoch
+        later than ``epoch``, other than ``node`` (None: none did)."""
+        later = [(e, w) for e, w in self.epoch_writers.items() if e > epoch and w != node]
+        return max(later) if later else None
 
     def check_idempotent_sequences(self) -> None:
         if self.lossy:

@@ -14,9 +14,15 @@ whose session expired (the slow path: no heartbeat accepted for SESSION_MS, e.g.
 network partition), elects cleanly from the ISR (uncleanly when the scenario enables it),
 registers a restarted broker as a new incarnation, unfences one that heartbeats again, commits
 or refuses AlterPartition, runs preferred elections now and then (while the old leader may
-still believe it leads), and fails over to a standby (a new controller epoch) now and then. It
-resends each replica's command periodically over the lossy network; commands of a deposed
-controller still in flight arrive late and must be refused.
+still believe it leads), and fails over to a standby (a new controller epoch) now and then. Its
+pushes are production's reconciler's (raylog.actors.control.reconciler): every reconcile round
+(CONTROLLER_TICK_MS, and at once after a change) it says which broker gets which specs in
+which phase (demotions and followers first, a new leader only after the old one's step-down
+ended) and resyncs every broker every RESYNC_MS; each phase travels the lossy network as a
+request the broker applies with the replica's real role command and answers, and fails by
+timeout (PUSH_TIMEOUT_MS) or at once when Ray confirms the broker's death. A broker carries out
+a leader phase only after its push's phase 1 (Ray runs one caller's calls to an actor in
+order); requests of a deposed controller still in flight arrive late and must be refused.
 
 Brokers heartbeat the controller every HEARTBEAT_MS over the same network and extend their
 replicas' write lease to ``t0 + SESSION_MS - guard`` on their own clock when a heartbeat is
@@ -60,6 +66,7 @@ from typing import Any
 
 import msgspec
 
+from raylog.actors.control.reconciler import LEADERS, Outcome, Push, Reconciler
 from raylog.actors.replication.messages import (
     CONSUMER_REPLICA_ID,
     AlterPartitionRequest,
@@ -89,15 +96,16 @@ from raylog.storage.errors import (
 )
 
 from .checkers import Checkers, SimViolation
-from .controller import Fenced, SimController, incarnation_id
+from .controller import ApplyAnswer, ApplyRequest, Fenced, SimController, incarnation_id
 from .disk import SimDisk
 from .network import NetworkConfig, SimNetwork
 
 CONTROLLER = -100
 CLIENT = -200
 TICK_MS = 20
-CONTROLLER_SYNC_MS = 150
-CONTROLLER_TICK_MS = 50  # how often the controller looks for expired sessions
+CONTROLLER_TICK_MS = 50  # the reconcile interval: expired sessions fenced, then a push round
+PUSH_TIMEOUT_MS = 200  # a push's call timeout, scaled
+RESYNC_MS = 1_000  # every broker is pushed its specs again at least this often, scaled
 HEARTBEAT_MS = 50  # broker.heartbeat.interval.ms, scaled to the simulation's time
 LOG_RETRY_MS = 300  # replica.offline.retry.backoff.ms, scaled
 SESSION_MS = 250  # broker.session.timeout.ms, scaled
@@ -137,9 +145,11 @@ class Scenario:
     # report it; LOG_RETRY_MS later the broker re-creates it from its log. Off by default: a
     # new kind of fault changes every seed's run.
     log_failures: bool = False
+    resync_ms: int = RESYNC_MS  # the reconciler's resync_interval_ms
     network: NetworkConfig = field(default_factory=NetworkConfig)
     replica_class: type[PartitionReplica] = PartitionReplica
     controller_class: type[SimController] = SimController
+    reconciler_class: type[Reconciler] = Reconciler
 
     @classmethod
     def from_seed(cls, seed: int, **overrides: Any) -> Scenario:
@@ -195,6 +205,12 @@ class SimNode:
     log_failed: bool = False  # its replica is offline (a failed log), the broker runs on
     log_failure: int = 0  # which failure of this node's log (heartbeats name it)
     log_failure_recorded: bool = False  # a heartbeat reporting it was answered
+    # The (controller epoch, push id) whose phase 1 it applied last: a leader phase is carried
+    # out only after its own push's phase 1.
+    followers_applied: tuple[int, int] | None = None
+    # Checker 12: every (controller epoch, push id) whose leader phase any incarnation of this
+    # broker applied (so both phases: the leader phase waits for phase 1).
+    applied_pushes: set[tuple[int, int]] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -213,14 +229,6 @@ class HeartbeatReply:
     t0_ms: int
     controller_epoch: int
     log_failure: int = 0  # the heartbeat's: the controller has recorded that failure
-
-
-@dataclass(frozen=True)
-class Command:
-    """A role command as a broker receives it: with the metadata version it belongs to."""
-
-    metadata_epoch: int
-    command: Any
 
 
 @dataclass(frozen=True)
@@ -284,6 +292,9 @@ class Simulation:
                 ).lower(),
             },
             SESSION_MS,
+            self.scenario.resync_ms,
+            CONTROLLER_TICK_MS,
+            self.scenario.reconciler_class,
         )
         self.previous_leader = -1  # where clients with stale metadata still send
         # Checker 9: per broker, the highest leader epoch it was deposed from by fencing.
@@ -397,6 +408,7 @@ class Simulation:
                 if writer:
                     self.checkers.check_single_writer(op.batch.leader_epoch, node.node_id)
                     self._check_not_deposed(node, op.batch.leader_epoch)
+                    self._check_one_leader(node, op.batch.leader_epoch)
         if appended:
             delay = self.rng.randint(0, self.scenario.fsync_max_ms)
             end, generation = node.disk.end_offset, node.disk.generation
@@ -435,8 +447,7 @@ class Simulation:
         for node_id in self.nodes:
             self._schedule(self.rng.randint(0, TICK_MS), "tick", node_id, 0)
             self._schedule(self.rng.randint(0, HEARTBEAT_MS), "heartbeat", node_id, 0)
-        self._schedule(0, "controller_sync")
-        self._schedule(CONTROLLER_TICK_MS, "controller_tick")
+        self._schedule(0, "controller_tick")
         self._schedule(5, "produce")
         self._schedule(9, "idempotent_produce")
         self._schedule(7, "consume")
@@ -542,15 +553,10 @@ class Simulation:
             if isinstance(message, HeartbeatReply):
                 self._broker_heartbeat_reply(node, message)
                 return
-            if isinstance(message, Command):
-                # The broker refuses commands of an older controller than one it heard from.
-                if message.command.controller_epoch < node.controller_epoch:
+            if isinstance(message, ApplyRequest):
+                message = self._broker_apply(node, message)
+                if message is None:
                     return
-                node.controller_epoch = message.command.controller_epoch
-                node.applied_epoch = max(node.applied_epoch, message.metadata_epoch)
-                message = message.command
-                if node.log_failed:
-                    return  # the broker applied it; the offline replica refuses it
             elif node.log_failed:  # as raylog's offline replica: KAFKA_STORAGE_ERROR
                 self._refuse(node, message, KafkaStorageError.error_code, "offline")
                 return
@@ -596,6 +602,27 @@ class Simulation:
             until = reply.t0_ms + SESSION_MS - LEASE_GUARD_MS
             node.lease_until_ms = max(node.lease_until_ms, until)
 
+    def _broker_apply(self, node: SimNode, request: ApplyRequest) -> Any:
+        """One phase of a push, as raylog's broker applies it (``BrokerActor.apply``): refused
+        from an older controller than one it heard from, and (Ray's order) a leader phase
+        before its own phase 1; else answered, and the role command of the phase returned
+        for the replica to step (None: none, or the replica is offline and refuses it)."""
+        call, epoch = request.call, request.controller_epoch
+        key = (epoch, call.push_id)
+        leaders = call.phase == LEADERS
+        applied = epoch >= node.controller_epoch and (not leaders or node.followers_applied == key)
+        self._send(node.node_id, CONTROLLER, ApplyAnswer(epoch, call, applied))
+        if not applied:
+            return None
+        node.controller_epoch = epoch
+        if leaders:
+            node.applied_epoch = max(node.applied_epoch, call.metadata_epoch)
+            node.applied_pushes.add(key)
+        else:
+            node.followers_applied = key
+        commands = [s.command for s in call.specs if s.is_leader == leaders]
+        return None if node.log_failed or not commands else commands[0]
+
     def _refuse(self, node: SimNode, message: Any, code: int, why: str) -> None:
         """Answer a client's write with an error; anything else (fetches, replication) goes
         unanswered, as if lost."""
@@ -637,6 +664,10 @@ class Simulation:
                 message.broker_incarnation, lease_ok, message.t0_ms, epoch, message.log_failure
             )
             self._send(CONTROLLER, node_id, reply)
+        elif isinstance(message, ApplyAnswer):
+            if message.controller_epoch != self.controller.controller_epoch:
+                return  # to a deposed controller's request
+            self._answer(message.call, Outcome.APPLIED if message.applied else Outcome.FAILED)
         else:
             assert isinstance(message, Forwarded)
             request = message.request
@@ -646,43 +677,61 @@ class Simulation:
                 request,
             )
             self._send(CONTROLLER, request.leader_id, response)
-            return  # the leader learns the outcome from the answer
         self._after_decision(*before)
 
     def _after_decision(self, metadata_epoch: int, leader: int) -> None:
         """After the controller may have changed the metadata: count an election, remember the
-        previous leader for stale clients, and push the new commands."""
-        if self.controller.metadata_epoch == metadata_epoch:
-            return
-        if self.leader != leader:
+        previous leader for stale clients, and run a reconcile round if one is due at once (a
+        change, a new link, a push applied: what wakes production's loop)."""
+        if self.controller.metadata_epoch != metadata_epoch and self.leader != leader:
             self.stats["elections"] += 1
             if leader >= 0:
                 self.previous_leader = leader
-        self._on_controller_sync_once()
+        if self.controller.wake:
+            self._reconcile()
 
-    def _command(self, node_id: int) -> Command:
-        return Command(self.controller.metadata_epoch, self.controller.command_for(node_id))
+    def _reconcile(self) -> None:
+        self._push(self.controller.reconcile(self.now_ms))
 
-    def _on_controller_sync(self) -> None:
-        # Metadata propagation: the controller resends its state; epochs make it idempotent.
-        self._on_controller_sync_once()
-        self._schedule(CONTROLLER_SYNC_MS, "controller_sync")
+    def _push(self, calls: list[Push]) -> None:
+        """Send each call over the network; it fails if no answer came in PUSH_TIMEOUT_MS."""
+        for call in calls:
+            self._send(CONTROLLER, call.broker_id, self.controller.request(call))
+            epoch = self.controller.controller_epoch
+            self._schedule(PUSH_TIMEOUT_MS, "push_timeout", epoch, call)
 
-    def _on_controller_sync_once(self) -> None:
-        for node_id in self.controller.pushed_to():
-            if self.nodes[node_id].alive:
-                self._send(CONTROLLER, node_id, self._command(node_id))
+    def _answer(self, call: Push, outcome: Outcome) -> None:
+        """A call's outcome to the controller; checker 12: a push the reconciler counts applied
+        was applied by its broker, both phases (what ``wait_reconciled``, controlled shutdown
+        and the lease rule rely on)."""
+        calls, applied = self.controller.answered(call, outcome, self.now_ms)
+        for broker_id, key in applied:
+            if key not in self.nodes[broker_id].applied_pushes:
+                raise SimViolation(
+                    f"the controller counts push {key} applied by broker {broker_id}, which did "
+                    f"not apply it"
+                )
+        self._push(calls)
+
+    def _on_push_timeout(self, controller_epoch: int, call: Push) -> None:
+        if controller_epoch != self.controller.controller_epoch:
+            return  # a deposed controller's call
+        before = (self.controller.metadata_epoch, self.leader)
+        self._answer(call, Outcome.FAILED)
+        self._after_decision(*before)
 
     def _on_controller_tick(self) -> None:
-        """The slow path: fence brokers whose session expired (checker 9 at that moment)."""
+        """A reconcile round: fence brokers whose session expired (the slow path; checker 9
+        at that moment), then push."""
         self._schedule(CONTROLLER_TICK_MS, "controller_tick")
         before = (self.controller.metadata_epoch, self.leader)
         # The simulated controller never pauses, so nothing waits for it to confirm an expiry
-        # (confirm_ms=0); that also keeps the runs, and so the seeds of FOUND_BUGS, as they were.
+        # (confirm_ms=0).
         fenced = self.controller.expire_sessions(self.now_ms, self._leos(), confirm_ms=0)
         for f in fenced:
             self.stats["fenced_expired"] += 1
             self._note_fenced(f)
+        self.controller.wake = True  # a round every reconcile interval
         self._after_decision(*before)
 
     def _note_fenced(self, fenced: Fenced) -> None:
@@ -708,14 +757,29 @@ class Simulation:
                 f"the controller fenced it out of epoch {deposed}"
             )
 
+    def _check_one_leader(self, node: SimNode, leader_epoch: int) -> None:
+        """Checker 11: no write in an epoch older than one another replica already wrote in,
+        unless the controller could not step this one down (``SimController.may_overlap``)."""
+        newer = self.checkers.newer_writer(leader_epoch, node.node_id)
+        if newer is None or self.controller.may_overlap(node.node_id, leader_epoch, self.now_ms):
+            return
+        raise SimViolation(
+            f"broker {node.node_id} accepted a write in leader epoch {leader_epoch} after "
+            f"broker {newer[1]} had in epoch {newer[0]}, and it was not out of the controller's "
+            f"reach"
+        )
+
     def _on_broker_dead(self, node_id: int, broker_incarnation: int) -> None:
         """Ray reported a broker process's death (~20 ms after it happened): the fast path."""
         before = (self.controller.metadata_epoch, self.leader)
         p = self.controller.partition
         deposed = p.leader_epoch if p.leader == node_id else -1
         dead = incarnation_id(node_id, broker_incarnation)
-        if self.controller.broker_died(node_id, dead, self._leos()):
+        fenced, calls = self.controller.broker_died(node_id, dead, self._leos())
+        if fenced:
             self._note_fenced(Fenced(node_id, deposed, expired=False))
+        for call in calls:
+            self._answer(call, Outcome.GONE)
         self._after_decision(*before)
 
     def _move_leader(self) -> None:
@@ -725,16 +789,19 @@ class Simulation:
         self._after_decision(*before)
 
     def _controller_failover(self) -> None:
-        """The active controller is replaced by a standby (a new controller epoch). Commands
+        """The active controller is replaced by a standby (a new controller epoch). Requests
         the old one sent shortly before arrive late, and must change nothing."""
-        stale = {b: self._command(b) for b in self.controller.pushed_to() if self.nodes[b].alive}
+        stale = self.controller.stale_requests()
         self.controller.failover(self.now_ms)
         self.stats["controller_failovers"] += 1
-        for node_id, command in stale.items():
+        for node_id, requests in stale.items():
             node = self.nodes[node_id]
-            delay = self.rng.randint(1, 3 * CONTROLLER_SYNC_MS)
-            self._schedule(delay, "deliver", CONTROLLER, node_id, node.incarnation, command)
-        self._on_controller_sync_once()
+            if not node.alive:
+                continue
+            delay = self.rng.randint(1, 2 * PUSH_TIMEOUT_MS)
+            for request in requests:  # phase 1, then phase 2
+                self._schedule(delay, "deliver", CONTROLLER, node_id, node.incarnation, request)
+        self._reconcile()
 
     # --- faults -------------------------------------------------------------------------------
 
@@ -822,7 +889,8 @@ class Simulation:
         """The replica's process is replaced on a running machine (its broker re-created the
         actor: a topic config changed, or the actor died alone): the page cache keeps every
         write, recovery syncs it, and the controller, which elected no one, sends the same
-        command again (a leader resumes the epoch it led)."""
+        command again with its next push to the broker, its resync at the latest (a leader
+        resumes the epoch it led)."""
         node.incarnation += 1
         node.log_failed = False  # a replaced replica is a re-created one
         node.disk.durable_count = len(node.disk.batches)
@@ -831,8 +899,6 @@ class Simulation:
         node.verified_batches = 0
         self.stats["replacements"] += 1
         self._schedule(self.rng.randint(0, TICK_MS), "tick", node.node_id, node.incarnation)
-        if node.node_id in self.controller.pushed_to():
-            self._send(CONTROLLER, node.node_id, self._command(node.node_id))
 
     # --- clients ------------------------------------------------------------------------------
 

@@ -14,7 +14,10 @@ The controller (tests/sim/controller.py) decides with raylog's own election modu
 heartbeat it and hold write leases; sessions expire behind network partitions and standby
 controllers take over, and checker 9 (no split brain) holds. It can fail too: a controller
 that grants a lease before the broker applied its unfencing, and brokers' clocks slower than
-the lease guard allows, are caught.
+the lease guard allows, are caught. Its pushes are production's reconciler's (two phases, the
+step-down before the new leader, resyncs): with leaders moved often while the old one is up,
+checker 11 (one leader at a time) holds, and a reconciler that does not wait for the step-down,
+never resyncs, or counts a failed push as applied is caught (checkers 11, 10 and 12).
 DeleteRecords runs in every seed: log starts move on leaders and followers, consumers restart at
 them, and no replica elected cleanly starts below an acknowledged low watermark.
 With failed logs (``Scenario.log_failures``, its own seeds): a replica's log fails while its
@@ -34,6 +37,9 @@ from typing import Any
 import msgspec
 import pytest
 
+from raylog.actors.control import reassignment
+from raylog.actors.control.metadata import ClusterMetadata
+from raylog.actors.control.reconciler import Outcome, Reconciler, ReplicaSpec
 from raylog.actors.replication.messages import (
     BatchMeta,
     EpochEndOffset,
@@ -45,7 +51,7 @@ from raylog.actors.replication.producer_state import APPEND, Verdict
 
 from .checkers import SimViolation
 from .cluster import Scenario, Simulation, run_seed
-from .controller import SimController
+from .controller import TP, SimController
 
 pytestmark = pytest.mark.sim
 
@@ -225,7 +231,7 @@ def test_runs_with_unclean_elections_converge() -> None:
 def test_checker_10_catches_a_follower_that_never_converges() -> None:
     # The seeds (of runs with unclean elections) in which the bug showed, found by a sweep of
     # 500; each is a run that converges with raylog's own replica.
-    for seed in (167, 247, 361, 476):
+    for seed in (47, 137, 300, 387, 456):
         scenario = Scenario.from_seed(
             seed,
             unclean_leader_election_enable=True,
@@ -253,6 +259,10 @@ FOUND_BUGS = [
     (56, {"unclean_leader_election_enable": True, "lossy_checks": True}),
     (4379, {"unclean_leader_election_enable": True, "lossy_checks": True}),
     (247, {"unclean_leader_election_enable": True, "lossy_checks": True}),
+    # Push mode: DeleteRecords moved the leader's log start past the end of a follower out of
+    # the ISR that it went on pushing to; it asked its log for data below its log start.
+    (1000027, {}),
+    (1000390, {}),
 ]
 
 
@@ -297,7 +307,9 @@ class IgnoresOfflineReplicas(SimController):
         ),
         (
             "failed logs not taken out of the ISR and leadership",
-            {"controller_class": IgnoresOfflineReplicas, "log_failures": True},
+            # The re-created replica learns it leads again at the next resync: frequent
+            # resyncs bring the window about more often.
+            {"controller_class": IgnoresOfflineReplicas, "log_failures": True, "resync_ms": 150},
         ),
     ],
     ids=["lease-before-applying", "slow-clocks", "ignores-offline-replicas"],
@@ -331,3 +343,90 @@ def test_unclean_election_loses_data_and_checkers_see_it() -> None:
         except SimViolation:
             found = True
     assert found, "unclean elections never lost acknowledged data in 60 seeds"
+
+
+# --- the reconciler -------------------------------------------------------------------------
+
+
+class MovesLeadersOften(SimController):
+    """Workload, not a bug: each leader move first re-orders the replicas so that another ISR
+    member is preferred (a reassignment that adds no replica, which completes at once), then
+    runs the preferred election. The old leader is up and reachable, which preferred
+    elections alone rarely bring about."""
+
+    moved = 0  # leader moves made
+
+    def preferred_election(self) -> bool:
+        p = self.partition
+        others = [b for b in p.isr if b != p.leader and b not in p.observers]
+        if p.leader >= 0 and others:
+            target = [others[0], *(b for b in p.replicas if b != others[0])]
+            self._write(reassignment.start(self.md, {TP: target}))
+        changed = super().preferred_election()
+        self.moved += int(self.leader != p.leader and p.leader >= 0)
+        return changed
+
+
+MOVES_SEEDS = 150
+
+
+def test_leaders_moved_often_never_lead_two_at_a_time() -> None:
+    """Checker 11 (and every other) holds while leaders move often with the old one up."""
+    moved = acked = 0
+    for seed in range(MOVES_SEEDS):
+        sim = run_seed(seed, Scenario.from_seed(seed, controller_class=MovesLeadersOften))
+        assert isinstance(sim.controller, MovesLeadersOften)
+        moved += sim.controller.moved
+        acked += sim.stats["acked_all"]
+    assert moved > MOVES_SEEDS // 4 and acked > MOVES_SEEDS, (moved, acked)
+
+
+class LeadsBeforeTheStepDown(Reconciler):
+    """Known bug: a leader phase waits for no other broker's phase 1, so a new leader may take
+    writes while the old one, not yet stepped down, still does."""
+
+    def _stepped_down_first(
+        self, md: ClusterMetadata, targets: dict[int, list[ReplicaSpec]]
+    ) -> dict[int, set[int] | None]:
+        return {b: set() for b in super()._stepped_down_first(md, targets)}
+
+
+class NeverResyncs(Reconciler):
+    """Known bug: a broker whose specs did not change is never pushed again, so a replica
+    re-created on a running broker (its process replaced) never learns its role."""
+
+    def _needs_push(self, link: Any, specs: list[ReplicaSpec], now_ms: int) -> bool:
+        return bool(link.pushed != specs)
+
+
+class CountsFailedPushesAsApplied(Reconciler):
+    """Known bug: a push that failed (no answer in time, a refusal, the broker's death) counts
+    as applied: the broker is not pushed again, and its lease may come before it applied."""
+
+    def _applied(self, outcome: Outcome) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(
+    ("bug", "overrides"),
+    [
+        (LeadsBeforeTheStepDown, {"controller_class": MovesLeadersOften}),
+        (NeverResyncs, {}),
+        (CountsFailedPushesAsApplied, {}),
+    ],
+    ids=["leads-before-step-down", "never-resyncs", "counts-failed-as-applied"],
+)
+def test_checkers_catch_reconciler_bugs(bug: type[Reconciler], overrides: dict[str, Any]) -> None:
+    """A broken reconciler (the production class with one rule broken) is caught by a checker:
+    11 (two leaders at a time), 10 (a replica that never learns its role: not converged) or
+    12 (a push counted applied that was not)."""
+    max_seeds = 200
+    for seed in range(max_seeds):
+        scenario = Scenario.from_seed(seed, reconciler_class=bug, **overrides)
+        try:
+            Simulation(seed, scenario).run().final_check()
+        except SimViolation:
+            return
+        except AssertionError:
+            continue
+    pytest.fail(f"{bug.__name__} was not caught by a checker within {max_seeds} seeds")

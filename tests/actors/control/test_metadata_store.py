@@ -4,7 +4,10 @@ Proves, on the local object store (same conditional-write semantics as S3):
 - nothing stored reads as None; the first write creates, later writes must name the ETag read;
 - a writer holding a stale ETag loses (PreconditionFailedError) and re-reading shows the
   winner's version, with its controller epoch, so the loser can demote;
-- a document that breaks a metadata invariant is never written.
+- a document that breaks a metadata invariant is never written;
+- a newly elected controller records its epoch (creating the document for a new cluster, over
+  the stored version otherwise), refuses a version naming its epoch or a newer one, and gives
+  up once its lease is gone.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import pytest
 from raylog.actors.control import metadata as md_
 from raylog.actors.control.metadata import ClusterMetadata
 from raylog.actors.control.metadata_store import MetadataStore
-from raylog.storage.errors import PreconditionFailedError
+from raylog.storage.errors import NotControllerError, PreconditionFailedError
 from raylog.storage.localstore import LocalObjectStore
 
 
@@ -53,3 +56,18 @@ def test_invariant_breaking_document_is_never_written(tmp_path: Path) -> None:
     with pytest.raises(AssertionError):
         store.write(msgspec.structs.replace(md, topics={"t": broken}), None)
     assert store.load() is None
+
+
+def test_take_controllership_records_the_epoch_once(tmp_path: Path) -> None:
+    store = MetadataStore(LocalObjectStore(str(tmp_path)))
+    first = store.take_controllership(1, "c", lambda: True)
+    assert first.metadata.cluster_id == "c" and first.metadata.controller_epoch == 1
+    second = store.take_controllership(3, "c", lambda: True)
+    assert second.metadata.controller_epoch == 3
+    assert second.metadata.metadata_epoch > first.metadata.metadata_epoch
+    with pytest.raises(NotControllerError, match="names controller epoch 3"):
+        store.take_controllership(3, "c", lambda: True)  # a stale lease epoch
+    with pytest.raises(NotControllerError, match="lost the lease"):
+        store.take_controllership(4, "c", lambda: False)
+    loaded = store.load()
+    assert loaded is not None and loaded.metadata.controller_epoch == 3

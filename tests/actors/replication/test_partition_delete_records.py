@@ -8,7 +8,8 @@ than -1) is OFFSET_OUT_OF_RANGE, a non-leader answers NOT_LEADER_OR_FOLLOWER, a 
 with REQUEST_TIMED_OUT, leaving leadership fails it, an ISR shrink can complete it; parked
 fetches are answered at once so followers learn the new start; followers adopt the leader's log
 start from fetch answers and pushes, never above their own high watermark, and report theirs in
-fetches and push acks; a follower started inside a batch takes that batch whole.
+fetches and push acks; a follower started inside a batch takes that batch whole; in push
+mode, a follower left below the leader's log start is not pushed to but pulls and starts over.
 """
 
 from __future__ import annotations
@@ -279,3 +280,27 @@ def test_a_follower_ending_at_the_leaders_log_start_inside_a_batch_starts_over()
     assert [type(op) for op in ready.log_ops] == [TruncateTo, AppendBatch]
     assert ready.log_ops[0] == TruncateTo(17, 1, full=True)
     assert (follower.log_start_offset, follower.log_end_offset) == (17, 20)
+
+
+def test_a_follower_left_below_the_log_start_is_not_pushed_to_but_pulls() -> None:
+    """Push mode: DeleteRecords moves the log start past the end of a follower out of the ISR
+    that a push is still in flight to; its ack must not make the leader push from below its
+    log start (data it no longer has): the follower falls back to pull, is told its offset is
+    out of range and starts over at the log start."""
+    leader = committed_leader(replication_mode="push")  # both followers caught up at 10
+    produce(leader, 1, acks=1, count=5, now_ms=10)  # pushed to both: in flight from 10
+    make_durable(leader, 10)
+    follower_fetch(leader, 1, 15, 20)  # 1 catches up; 2 stays at 10 and leaves the ISR
+    leader.tick(40_000)
+    commit_alter(leader, leader.ready(), 40_000)
+    assert leader.isr == (0, 1) and leader.high_watermark == 15
+    delete(leader, 2, 14, now_ms=40_001)
+    assert leader.log_start_offset == 14
+    # Follower 2's ack of the push from 10: its log now ends at 12, below our log start.
+    leader.step(ReplicateAck(2, EPOCH, 12, in_push=True, log_end_offset=12), 40_002)
+    assert [m for m in leader.ready().messages if isinstance(m, SendPushData)] == []
+    # Its fetch from 12 (pull) is told the offset is out of range, with our log start.
+    answer = fetch_answers(follower_fetch(leader, 2, 12, 40_003))
+    assert [(a.error_code, a.log_start_offset) for a in answer] == [
+        (OffsetOutOfRangeError.error_code, 14)
+    ]

@@ -1,0 +1,314 @@
+"""The controller's admin requests, mixed into :class:`raylog.actors.controller.ControllerActor`.
+
+This module owns the requests an operator or a Kafka client sends the active controller (through
+a gateway or the CLI): CreateTopics, DeleteTopics, DescribeConfigs, AlterConfigs,
+CreatePartitions, ElectLeaders, AlterPartitionReassignments and ListPartitionReassignments
+(KIP-455), AllocateProducerIds, and raylog's rebalance; and the two background duties of the
+reconcile loop that come with them: completing reassignments, and the automatic preferred
+leader election (``auto.leader.rebalance.enable``). Each request decides with a pure module on
+the current metadata (``metadata``, ``placement``, ``election``, ``reassignment``) and writes the
+outcome with the controller's compare-and-swap (``_mutate``); the brokers then learn it from the
+reconciler's next pushes.
+
+The host class provides the active controller's state and helpers: ``_ensure_started``,
+``_require_active`` (the current stored version, or NotControllerError), ``_mutate`` (decide,
+CAS-write, wake the loop), ``_leos`` (the replicas' last reported log end offsets) and
+``_count_unclean``, and the attributes annotated on :class:`AdminRequests`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
+
+import ray
+
+from raylog.actors.calls import NAMESPACE, monotonic_ms, ray_call, replica_actor_name
+from raylog.actors.control import config_keys, election, placement, reassignment
+from raylog.actors.control import metadata as md_
+from raylog.actors.control.metadata import ClusterMetadata, TopicMetadata, TopicPartition
+from raylog.actors.control.metadata_store import VersionedMetadata
+from raylog.storage.errors import InvalidPartitionsError, RaylogError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class AdminRequests:
+    """The admin requests of the active controller (a mixin; see the module docstring)."""
+
+    _broker_config: config_keys.BrokerConfig
+    _call_timeout_ms: int
+    _epoch: int | None
+    _leader_rebalance_due: tuple[int, int] | None  # (controller epoch, due ms)
+    _links: dict[int, Any]  # broker id -> its link (``handle``)
+
+    # Provided by the host class (see the module docstring).
+    _ensure_started: Callable[[], None]
+    _require_active: Callable[[], VersionedMetadata]
+    _leos: Callable[[], dict[TopicPartition, dict[int, int]]]
+    _count_unclean: Callable[[election.Outcome], None]
+
+    async def _mutate(self, change: Callable[[ClusterMetadata], tuple[ClusterMetadata, T]]) -> T:
+        raise NotImplementedError  # the host's
+
+    # --- topics ----------------------------------------------------------------------------------
+
+    async def create_topic(
+        self,
+        name: str,
+        num_partitions: int,
+        replication_factor: int,
+        configs: dict[str, str] | None = None,
+        assignment: list[list[int]] | None = None,
+    ) -> TopicMetadata:
+        """CreateTopics: place replicas rack-aware (or take ``assignment``), validate, write."""
+        self._ensure_started()
+        topic_id = uuid.uuid4().hex
+        node_of, node_memory_mib = await self._broker_nodes()
+
+        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, None]:
+            md_.validate_topic_name(name)
+            chosen = assignment or placement.place_replicas(
+                md_.active_brokers(md), num_partitions, replication_factor
+            )
+            existing = [p.replicas for _, p in md_.partitions(md)]
+            placement.check_memory_fit(chosen, existing, node_of, node_memory_mib)
+            return md_.create_topic(md, name, topic_id, chosen, configs), None
+
+        await self._mutate(change)
+        return self._require_active().metadata.topics[name]
+
+    async def delete_topic(self, name: str) -> None:
+        """DeleteTopics: brokers stop the replicas and remove their data on the next round."""
+        self._ensure_started()
+        await self._mutate(lambda md: (md_.delete_topic(md, name), None))
+
+    async def describe_topic(self, name: str) -> TopicMetadata:
+        self._ensure_started()
+        return md_.get_topic(self._require_active().metadata, name)
+
+    async def describe_configs(self, name: str) -> list[config_keys.ConfigEntry]:
+        self._ensure_started()
+        return config_keys.describe(md_.get_topic(self._require_active().metadata, name).configs)
+
+    async def alter_configs(self, name: str, overrides: dict[str, str]) -> TopicMetadata:
+        """AlterConfigs (the whole override set). Brokers apply the new configs to the topic's
+        running replicas (re-creating them from their WALs only for a replication.mode change);
+        then unclean elections are retried if enabled."""
+        self._ensure_started()
+
+        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, None]:
+            md = md_.alter_configs(md, name, overrides)
+            out = election.elect_offline(md, self._leos())
+            self._count_unclean(out)
+            return out.metadata, None
+
+        await self._mutate(change)
+        return self._require_active().metadata.topics[name]
+
+    async def create_partitions(self, name: str, total_count: int) -> TopicMetadata:
+        """CreatePartitions: grow the topic to ``total_count`` partitions (placement continues)."""
+        self._ensure_started()
+
+        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, None]:
+            t = md_.get_topic(md, name)
+            if total_count <= len(t.partitions):
+                raise InvalidPartitionsError(
+                    f"Topic {name!r} has {len(t.partitions)} partitions; {total_count} is not more"
+                )
+            new = placement.place_new_partitions(
+                md_.active_brokers(md),
+                [p.target_replicas for p in t.partitions],
+                total_count - len(t.partitions),
+            )
+            return md_.add_partitions(md, name, new), None
+
+        await self._mutate(change)
+        return self._require_active().metadata.topics[name]
+
+    async def elect_leaders(
+        self,
+        election_type: Literal["preferred", "unclean"],
+        partitions: list[tuple[str, int]] | None = None,
+    ) -> dict[tuple[str, int], int]:
+        """ElectLeaders; returns Kafka's error code per partition (0 = elected)."""
+        self._ensure_started()
+        wanted = None if partitions is None else [TopicPartition(t, p) for t, p in partitions]
+
+        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, election.Outcome]:
+            out = election.elect_leaders(md, election_type, wanted, self._leos())
+            self._count_unclean(out)
+            return out.metadata, out
+
+        out = await self._mutate(change)
+        codes = {(c.topic, c.partition): 0 for c in out.changes}
+        codes.update({(tp.topic, tp.partition): e.error_code for tp, e in out.errors.items()})
+        return codes
+
+    # --- reassignment (KIP-455) and rebalance -----------------------------------------------
+
+    async def reassign_partitions(
+        self,
+        targets: dict[tuple[str, int], list[int]],
+        throttle_bytes_per_sec: int | None = None,
+    ) -> dict[tuple[str, int], tuple[int, str]]:
+        """AlterPartitionReassignments: start (or replace) reassignments; per partition Kafka's
+        error code and message ((0, "") = started). ``throttle_bytes_per_sec`` sets
+        ``leader.replication.throttled.rate`` until no reassignment runs any more."""
+        self._ensure_started()
+        wanted = {TopicPartition(t, p): list(r) for (t, p), r in targets.items()}
+
+        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, election.Outcome]:
+            out = reassignment.start(reassignment.throttled(md, throttle_bytes_per_sec), wanted)
+            return out.metadata, out
+
+        out = await self._mutate(change)
+        return reassignment.request_codes(wanted, out)
+
+    async def cancel_reassignments(
+        self, partitions: list[tuple[str, int]] | None = None
+    ) -> dict[tuple[str, int], tuple[int, str]]:
+        """Cancel reassignments (all running ones when ``partitions`` is None)."""
+        self._ensure_started()
+        wanted = None if partitions is None else [TopicPartition(t, p) for t, p in partitions]
+
+        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, election.Outcome]:
+            out = reassignment.cancel(md, wanted)
+            return out.metadata, out
+
+        out = await self._mutate(change)
+        return reassignment.request_codes(wanted or [c.topic_partition for c in out.changes], out)
+
+    async def list_reassignments(self) -> list[reassignment.ReassignmentProgress]:
+        """ListPartitionReassignments, with live log end offsets of the leader and the adding
+        replicas (asked of the replica actors; -1 where one did not answer)."""
+        self._ensure_started()
+        md = self._require_active().metadata
+        asks = [
+            (tp, b)
+            for tp, p in md_.partitions(md)
+            if p.reassigning
+            for b in (p.leader, *p.adding_replicas)
+            if b != md_.NO_LEADER
+        ]
+        leos = await asyncio.gather(*(self._log_end_offset(tp, b) for tp, b in asks))
+        known: dict[TopicPartition, dict[int, int]] = {}
+        for (tp, b), leo in zip(asks, leos, strict=True):
+            known.setdefault(tp, {})[b] = leo
+        return reassignment.progress(md, known)
+
+    async def rebalance(
+        self, topics: list[str] | None = None, throttle_bytes_per_sec: int | None = None
+    ) -> dict[tuple[str, int], tuple[int, ...]]:
+        """Plan replica moves onto under-loaded brokers (rack-aware, fewest moves) and start
+        them as reassignments; returns the targets started (empty: already balanced)."""
+        self._ensure_started()
+
+        def change(
+            md: ClusterMetadata,
+        ) -> tuple[ClusterMetadata, dict[TopicPartition, tuple[int, ...]]]:
+            targets, balanced = reassignment.rebalance_targets(md, topics)
+            if not balanced:
+                log.warning("rebalance: racks leave no legal move to full balance")
+            if not targets:
+                return md, {}
+            out = reassignment.start(reassignment.throttled(md, throttle_bytes_per_sec), targets)
+            if out.errors:  # the plan only names registered brokers: this is a bug
+                raise AssertionError(f"rebalance plan refused: {out.errors}")
+            return out.metadata, targets
+
+        started = await self._mutate(change)
+        return {(tp.topic, tp.partition): target for tp, target in started.items()}
+
+    async def _log_end_offset(self, tp: TopicPartition, broker_id: int) -> int:
+        name = replica_actor_name(tp.topic, tp.partition, broker_id)
+        try:
+            handle = await asyncio.to_thread(ray.get_actor, name, namespace=NAMESPACE)
+            state = await ray_call(handle.state.remote(), self._call_timeout_ms)
+        except (ValueError, RaylogError):
+            return -1
+        return int(state.log_end_offset)
+
+    async def _reassignment_round(self) -> None:
+        """Complete reassignments whose adding replicas all joined the ISR; drop the throttle
+        once none runs (``reassignment.complete_round``)."""
+        md = self._require_active().metadata
+        running = any(p.reassigning for _, p in md_.partitions(md))
+        if not running and reassignment.THROTTLE_KEY not in md.dynamic_broker_configs:
+            return
+
+        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, election.Outcome]:
+            out = reassignment.complete_round(md)
+            return out.metadata, out
+
+        out = await self._mutate(change)
+        for c in out.changes:
+            log.info(
+                "reassignment of %s-%d complete: replicas %s", c.topic, c.partition, c.replicas
+            )
+
+    async def _auto_leader_rebalance(self) -> None:
+        """``auto.leader.rebalance.enable``: every ``leader.imbalance.check.interval.seconds``
+        (the first check one interval after this controller became active, as in Kafka), a
+        preferred election for brokers above ``leader.imbalance.per.broker.percentage``."""
+        cfg = self._broker_config
+        if not cfg.auto_leader_rebalance_enable or self._epoch is None:
+            return
+        now = monotonic_ms()
+        interval_ms = cfg.leader_imbalance_check_interval_seconds * 1000
+        due = self._leader_rebalance_due
+        if due is None or due[0] != self._epoch:
+            self._leader_rebalance_due = (self._epoch, now + interval_ms)
+            return
+        if now < due[1]:
+            return
+        self._leader_rebalance_due = (self._epoch, now + interval_ms)
+
+        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, election.Outcome]:
+            out = election.auto_leader_rebalance(md, cfg.leader_imbalance_per_broker_percentage)
+            return out.metadata, out
+
+        out = await self._mutate(change)
+        if out.changes:
+            log.info(
+                "auto leader rebalance: %s back to their preferred leaders",
+                [f"{c.topic}-{c.partition}" for c in out.changes],
+            )
+
+    async def _broker_nodes(self) -> tuple[dict[int, str], dict[str, float]]:
+        """Each linked broker's Ray node and each node's declared memory (Ray's ``memory``
+        resource, MiB), for the memory check of new replicas. Best effort: a broker or node
+        that does not answer is left out."""
+        links = list(self._links.items())
+        answers = await asyncio.gather(
+            *(ray_call(link.handle.status.remote(), self._call_timeout_ms) for _, link in links),
+            return_exceptions=True,
+        )
+        node_of = {
+            b: str(a["node_id"])
+            for (b, _), a in zip(links, answers, strict=True)
+            if isinstance(a, dict) and a.get("node_id")
+        }
+        nodes = await asyncio.to_thread(ray.nodes)
+        memory = {
+            str(n["NodeID"]): float(n.get("Resources", {}).get("memory", 0)) / (1 << 20)
+            for n in nodes
+            if n.get("Alive") and n.get("Resources", {}).get("memory")
+        }
+        return node_of, memory
+
+    async def allocate_producer_ids(self) -> tuple[int, int]:
+        """AllocateProducerIds: the next block of producer ids as ``(first, count)``.
+
+        The next free id is part of the metadata and the block is handed out only after the
+        CAS write that moves it past the block succeeded, so no id is handed out twice, across
+        controller failovers included (a block whose answer was lost is skipped, never reused).
+        """
+        self._ensure_started()
+        block = await self._mutate(md_.allocate_producer_ids)
+        return block.start, len(block)
