@@ -60,7 +60,7 @@ from typing import Any, NamedTuple
 
 from kafka.record import MemoryRecords
 
-from raylog.gateway.backend import DataBackend, TopicState
+from raylog.gateway.backend import DataBackend, PartitionFetch, TopicState
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.groups import records as gr
 from raylog.gateway.groups.group import (
@@ -825,7 +825,7 @@ class GroupCoordinator:
         offset = start.offset
         while offset < end:
             fetched = await self._backend.fetch(
-                OFFSETS_TOPIC, partition, offset, LOAD_FETCH_BYTES, 0, 1, 0, -1
+                OFFSETS_TOPIC, partition, PartitionFetch(offset, LOAD_FETCH_BYTES)
             )
             if fetched.error_code:
                 raise _LoadFailed(f"fetch at {offset}: error {fetched.error_code}")

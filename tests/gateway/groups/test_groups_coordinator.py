@@ -32,6 +32,7 @@ from raylog.gateway.backend import (
     ClusterView,
     FetchResult,
     ListOffsetsResult,
+    PartitionFetch,
     PartitionState,
     ProduceResult,
     TopicState,
@@ -87,9 +88,9 @@ class LogBackend:
         log.extend([b""] * (count - 1))  # ...or pad so that offsets stay list indexes
         return ProduceResult(0, len(log) - count, -1, 0)
 
-    async def fetch(self, topic: str, partition: int, offset: int, *args: Any) -> FetchResult:
+    async def fetch(self, topic: str, partition: int, read: PartitionFetch) -> FetchResult:
         log = self.logs[partition]
-        data = b"".join(log[offset:])
+        data = b"".join(log[read.fetch_offset :])
         return FetchResult(0, len(log), len(log), 0, data)
 
     async def list_offsets(self, topic: str, partition: int, *args: Any) -> ListOffsetsResult:
