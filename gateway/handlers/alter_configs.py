@@ -21,7 +21,7 @@ from kafka.protocol.admin import AlterConfigsResponse
 
 from raylog.gateway.backend import AdminBackend, AdminResult
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.handlers import RequestContext
+from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.handlers.describe_configs import RESOURCE_BROKER, RESOURCE_TOPIC
 from raylog.gateway.protocol import Request
 

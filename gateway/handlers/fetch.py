@@ -42,7 +42,7 @@ from kafka.protocol.consumer import FetchResponse
 
 from raylog.gateway.backend import READ_COMMITTED, DataBackend, FetchResult, PartitionFetch
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.handlers import RequestContext
+from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.protocol import Request
 
 API_KEY = 1

@@ -29,7 +29,7 @@ from kafka.protocol.admin import IncrementalAlterConfigsResponse
 from raylog.actors.control import config_keys
 from raylog.gateway.backend import AdminBackend, AdminResult
 from raylog.gateway.handlers.alter_configs import alter_each
-from raylog.gateway.handlers import RequestContext
+from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.protocol import Request
 from raylog.storage.errors import InvalidConfigError, InvalidRequestError, RaylogError
 

@@ -29,7 +29,7 @@ from kafka.protocol.metadata import MetadataResponse
 from raylog.actors.control import config_keys
 from raylog.gateway.backend import AdminBackend, Backend, NewTopic, TopicState
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.handlers import RequestContext
+from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.protocol import Request
 
 API_KEY = 3

@@ -47,7 +47,7 @@ from kafka.protocol.producer import ProduceResponse
 from raylog.gateway.backend import DataBackend, ProduceResult
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.groups.coordinator import OFFSETS_TOPIC
-from raylog.gateway.handlers import CloseConnection, RequestContext
+from raylog.gateway.handlers.context import CloseConnection, RequestContext
 from raylog.gateway.protocol import Request
 from raylog.storage import batch as rb
 
