@@ -39,7 +39,7 @@ Ownership, as Kafka's brokers do it:
 
 6. Offset expiry (KIP-211): every ``offsets.retention.check.interval.ms`` the coordinator
    tombstones the committed offsets past ``offsets.retention.minutes`` by Kafka's rules
-   (:meth:`Group.plan_offset_expiry`: a group Empty that long loses them all, and then itself)
+   (:func:`group_admin.plan_offset_expiry`: a group Empty that long loses them all, and then itself)
    with acks=all, and applies that once acknowledged, as OffsetDelete does.
 
 The log cleaner compacts the topic: a key's older records and, after ``delete.retention.ms``, its
@@ -62,19 +62,18 @@ from kafka.record import MemoryRecords
 
 from raylog.gateway.backend import DataBackend, PartitionFetch, TopicState
 from raylog.gateway.errors import ErrorCode
+from raylog.gateway.groups import group_admin
 from raylog.gateway.groups import records as gr
 from raylog.gateway.groups.group import (
     CommittedOffset,
     Group,
-    GroupDescription,
-    GroupListing,
     GroupState,
     JoinResult,
     Member,
     MemberIdentity,
-    OffsetDeletePlan,
     SyncResult,
 )
+from raylog.gateway.groups.group_admin import GroupDescription, GroupListing, OffsetDeletePlan
 from raylog.storage import batch as rb
 
 __all__ = [
@@ -456,7 +455,7 @@ class GroupCoordinator:
         """Every group of the partitions this broker leads; COORDINATOR_LOAD_IN_PROGRESS with
         the groups loaded so far while one is still loading (as Kafka)."""
         listings = [
-            group.listing()
+            group_admin.listing(group)
             for owned in self._owned.values()
             if owned.loaded
             for group in owned.groups.values()
@@ -472,7 +471,7 @@ class GroupCoordinator:
         before v6; a group this broker cannot answer for has state "" and the error."""
         group, error = self._group(group_id, create=False) if group_id else (None, 0)
         if group is not None and group.exists():
-            return ErrorCode.NONE, group.describe()
+            return ErrorCode.NONE, group_admin.describe(group)
         if error in (ErrorCode.NONE, ErrorCode.GROUP_ID_NOT_FOUND):
             return ErrorCode.GROUP_ID_NOT_FOUND, GroupDescription(GroupState.DEAD.value, "", "")
         return error, GroupDescription("", "", "")
@@ -485,7 +484,7 @@ class GroupCoordinator:
         async with self._lock(group_id):
             if group.state is GroupState.DEAD:  # unloaded or deleted while this request waited
                 return self._dead_error(group_id)
-            error = group.check_delete()
+            error = group_admin.check_delete(group)
             if error:
                 return error
             keys = [gr.GroupMetadataKey(group_id)]
@@ -506,7 +505,7 @@ class GroupCoordinator:
         async with self._lock(group_id):
             if group.state is GroupState.DEAD:
                 return self._dead_error(group_id), {}
-            plan = group.plan_offset_delete(partitions)
+            plan = group_admin.plan_offset_delete(group, partitions)
             if plan.error_code:
                 return plan.error_code, {}
             error = await self._remove_offsets(group, plan)
@@ -735,22 +734,22 @@ class GroupCoordinator:
 
     async def _expire_offsets(self) -> None:
         """KIP-211: tombstone the committed offsets past the retention
-        (:meth:`Group.plan_offset_expiry`), and an Empty group left without offsets."""
+        (:func:`group_admin.plan_offset_expiry`), and an Empty group left without offsets."""
         for owned in list(self._owned.values()):
             if not owned.loaded:
                 continue
             for group in list(owned.groups.values()):
                 group_id = group.group_id
-                plan = group.plan_offset_expiry(
-                    self._wall(), self._retention_ms, owned.empty_since.get(group_id)
+                plan = group_admin.plan_offset_expiry(
+                    group, self._wall(), self._retention_ms, owned.empty_since.get(group_id)
                 )
                 if not (plan.remove or plan.delete_group):
                     continue
                 async with self._lock(group_id):
                     if group.state is GroupState.DEAD:  # deleted or unloaded meanwhile
                         continue
-                    plan = group.plan_offset_expiry(  # again: a request may have changed it
-                        self._wall(), self._retention_ms, owned.empty_since.get(group_id)
+                    plan = group_admin.plan_offset_expiry(  # again: a request may have changed it
+                        group, self._wall(), self._retention_ms, owned.empty_since.get(group_id)
                     )
                     if not (plan.remove or plan.delete_group):
                         continue

@@ -17,7 +17,7 @@ from typing import Any
 from kafka.protocol.admin import DescribeGroupsResponse
 
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.groups.group import GroupDescription
+from raylog.gateway.groups.group_admin import GroupDescription
 from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.protocol import Request
 
