@@ -31,7 +31,7 @@ from raylog.actors.control import config_keys, election, placement, reassignment
 from raylog.actors.control import metadata as md_
 from raylog.actors.control.metadata import ClusterMetadata, TopicMetadata, TopicPartition
 from raylog.actors.control.metadata_store import VersionedMetadata
-from raylog.storage.errors import InvalidPartitionsError, RaylogError
+from raylog.storage.errors import RaylogError
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +72,13 @@ class AdminRequests:
         node_of, node_memory_mib = await self._broker_nodes()
 
         def change(md: ClusterMetadata) -> tuple[ClusterMetadata, None]:
-            md_.validate_topic_name(name)
-            chosen = assignment or placement.place_replicas(
-                md_.active_brokers(md), num_partitions, replication_factor
+            out = md_.new_topic(
+                md, name, topic_id, num_partitions, replication_factor, configs, assignment
             )
+            chosen = [p.replicas for p in out.topics[name].partitions]
             existing = [p.replicas for _, p in md_.partitions(md)]
             placement.check_memory_fit(chosen, existing, node_of, node_memory_mib)
-            return md_.create_topic(md, name, topic_id, chosen, configs), None
+            return out, None
 
         await self._mutate(change)
         return self._require_active().metadata.topics[name]
@@ -115,20 +115,7 @@ class AdminRequests:
         """CreatePartitions: grow the topic to ``total_count`` partitions (placement continues)."""
         self._ensure_started()
 
-        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, None]:
-            t = md_.get_topic(md, name)
-            if total_count <= len(t.partitions):
-                raise InvalidPartitionsError(
-                    f"Topic {name!r} has {len(t.partitions)} partitions; {total_count} is not more"
-                )
-            new = placement.place_new_partitions(
-                md_.active_brokers(md),
-                [p.target_replicas for p in t.partitions],
-                total_count - len(t.partitions),
-            )
-            return md_.add_partitions(md, name, new), None
-
-        await self._mutate(change)
+        await self._mutate(lambda md: (md_.new_partitions(md, name, total_count), None))
         return self._require_active().metadata.topics[name]
 
     async def elect_leaders(

@@ -174,7 +174,8 @@ def _gateway_host() -> Any:
     class GatewayHost:
         async def start(self, topic: str, rf: int, channels: bool, leaf: Any = None) -> int:
             from raylog.gateway.backend import Broker, PartitionState, TopicState
-            from raylog.gateway.replica_backend import MetadataView, ReplicaBackend
+            from raylog.gateway.replica_backend import ReplicaBackend
+            from raylog.gateway.routing import MetadataView
             from raylog.gateway.server import GatewayServer
 
             view = MetadataView(0, "raylog-bench", controller_id=0)

@@ -4,7 +4,7 @@ Owns the listener's lifetime and keeping its routing metadata fresh. The actor r
 :class:`~raylog.gateway.server.GatewayServer` with a
 :class:`~raylog.gateway.replica_backend.ReplicaBackend` inside its own event loop, and polls the
 active controller's ``metadata()`` every ``poll_ms`` to refresh the backend's
-:class:`~raylog.gateway.replica_backend.MetadataView` (brokers and partitions as clients see
+:class:`~raylog.gateway.routing.MetadataView` (brokers and partitions as clients see
 them; a leaderless partition has leader -1). The same controller handle serves the gateway's
 admin requests (``active_controller``), and ``broker_configs`` (``config_keys.BROKER_CONFIGS``
 keys, e.g. ``auto.create.topics.enable``, ``num.partitions``) decide what the gateway does on its
@@ -27,8 +27,9 @@ from raylog.actors.control import config_keys
 from raylog.actors.control import metadata as md_
 from raylog.gateway.backend import AdminBackend, Broker, PartitionState, TopicState
 from raylog.gateway.groups.coordinator import GroupCoordinator
-from raylog.gateway.replica_backend import MetadataView, ReplicaBackend
+from raylog.gateway.replica_backend import ReplicaBackend
 from raylog.gateway.request_stats import RequestStats
+from raylog.gateway.routing import MetadataView
 from raylog.gateway.server import GatewayServer
 from raylog.storage.errors import RaylogError
 

@@ -3,7 +3,8 @@
 This module owns the boundary between the Kafka protocol and raylog's actors: handlers speak
 Kafka, the backend speaks raylog, and the values crossing it are plain immutable data
 (NamedTuples of ints and strings), never protocol messages and never Ray handles. The real backend
-(calls to the controller and replica actors) lives with the actors; tests use an in-memory one.
+(calls to the controller and replica actors) is ``gateway/replica_backend.py``; tests use
+in-memory ones.
 
 Methods grow with the handlers: :class:`Backend` is what Metadata needs, :class:`DataBackend`
 adds the data path (Produce, Fetch, ListOffsets, and DeleteRecords, which like them goes to
@@ -16,6 +17,7 @@ fetch path.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import NamedTuple, Protocol, runtime_checkable
 
 __all__ = [
@@ -28,6 +30,8 @@ __all__ = [
     "DeleteRecordsResult",
     "FetchResult",
     "ListOffsetsResult",
+    "NewTopic",
+    "PartitionFetch",
     "PartitionState",
     "ProduceResult",
     "TopicConfigsResult",
@@ -102,6 +106,23 @@ class ProduceResult(NamedTuple):
     message: str = ""
 
 
+class PartitionFetch(NamedTuple):
+    """One partition's part of a Fetch request, as the backend reads it.
+
+    ``max_wait_ms`` and ``min_bytes``: wait up to that long for that many bytes (0 and 1:
+    answer at once). ``current_leader_epoch`` -1: not checked. ``rack_id``: see
+    :meth:`DataBackend.fetch`.
+    """
+
+    fetch_offset: int
+    max_bytes: int
+    max_wait_ms: int = 0
+    min_bytes: int = 1
+    isolation_level: int = READ_UNCOMMITTED
+    current_leader_epoch: int = -1
+    rack_id: str | None = None
+
+
 class FetchResult(NamedTuple):
     """One partition's fetch: whole stored batches from the one holding the fetch offset.
 
@@ -155,7 +176,6 @@ class DataBackend(Backend, Protocol):
         records: bytes | memoryview,
         acks: int,
         timeout_ms: int,
-        *,
         on_sent: Callable[[], None] | None = None,
     ) -> ProduceResult:
         """Append one client batch (validated and stamped by the leader replica).
@@ -168,23 +188,13 @@ class DataBackend(Backend, Protocol):
         """
         ...
 
-    async def fetch(
-        self,
-        topic: str,
-        partition: int,
-        fetch_offset: int,
-        max_bytes: int,
-        max_wait_ms: int,
-        min_bytes: int,
-        isolation_level: int,
-        current_leader_epoch: int,
-        rack_id: str | None = None,
-    ) -> FetchResult:
-        """Read from ``fetch_offset``, waiting up to ``max_wait_ms`` for ``min_bytes``.
+    async def fetch(self, topic: str, partition: int, read: PartitionFetch) -> FetchResult:
+        """Read from ``read.fetch_offset``, waiting up to ``read.max_wait_ms`` for
+        ``read.min_bytes``.
 
-        ``rack_id`` is KIP-392's client metadata: None for requests before Fetch v11 (served by
-        the leader only); a string, possibly empty, from v11 on, when a follower of the
-        partition may serve the read and the leader may name a ``preferred_read_replica``.
+        ``read.rack_id`` is KIP-392's client metadata: None for requests before Fetch v11
+        (served by the leader only); a string, possibly empty, from v11 on, when a follower of
+        the partition may serve the read and the leader may name a ``preferred_read_replica``.
         """
         ...
 
@@ -217,6 +227,17 @@ class AdminResult(NamedTuple):
     message: str = ""
 
 
+class NewTopic(NamedTuple):
+    """A topic CreateTopics asks for, its counts resolved (no -1 here): ``assignment`` (one
+    replica list per partition) when the client placed the replicas, else None."""
+
+    name: str
+    num_partitions: int
+    replication_factor: int
+    assignment: Sequence[Sequence[int]] | None = None
+    configs: Mapping[str, str] = MappingProxyType({})
+
+
 class TopicConfigsResult(NamedTuple):
     """A topic's config overrides (``{}`` with ``error_code`` set when it cannot be read)."""
 
@@ -240,18 +261,11 @@ class AdminBackend(Backend, Protocol):
         ...
 
     async def create_topic(
-        self,
-        name: str,
-        num_partitions: int,
-        replication_factor: int,
-        assignment: Sequence[Sequence[int]] | None,
-        configs: Mapping[str, str],
-        validate_only: bool,
-        timeout_ms: int,
+        self, topic: NewTopic, validate_only: bool, timeout_ms: int
     ) -> AdminResult:
-        """Create a topic (counts already resolved: no -1 here). With ``timeout_ms`` > 0 it
-        returns once the topic is in this broker's metadata, else REQUEST_TIMED_OUT (7); with
-        0 once the controller committed it (Kafka's rule)."""
+        """Create a topic. With ``timeout_ms`` > 0 it returns once the topic is in this
+        broker's metadata, else REQUEST_TIMED_OUT (7); with 0 once the controller committed it
+        (Kafka's rule)."""
         ...
 
     async def delete_topic(self, name: str, timeout_ms: int) -> AdminResult:

@@ -182,9 +182,6 @@ def ray_local() -> Iterator[Path]:
         ray.shutdown()
 
 
-UP_ATTEMPTS_MAX = 3
-
-
 @pytest.fixture(scope="session")
 def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """One `raylog up` (3 brokers, default settings) for every module that can share it.
@@ -195,19 +192,9 @@ def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     Modules that need their own flags, count global state or restart the cluster start their
     own ``UpProcess``. Topic and group names differ between the sharing modules.
     """
-    from support.cluster import UpProcess
+    from support.cluster import started_up
 
-    for attempt in range(UP_ATTEMPTS_MAX):
-        up = UpProcess(tmp_path_factory.mktemp("shared-up"))
-        try:
-            up.start()
-            break
-        except AssertionError as exc:
-            up.__exit__(None, None, None)
-            # Ray gives its raylet a fixed 30 s to register; a loaded 2-core machine can
-            # exceed that. That is the machine, not raylog: try again on a fresh data dir.
-            if "Ray did not start" not in str(exc) or attempt == UP_ATTEMPTS_MAX - 1:
-                raise
+    up = started_up(lambda: tmp_path_factory.mktemp("shared-up"))
     try:
         yield up
     finally:

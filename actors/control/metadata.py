@@ -10,7 +10,9 @@ nothing changed (so the caller can skip the write).
 Decisions (who becomes leader, which ISR a leader may propose) live in
 ``raylog.actors.control.election``; where replicas go lives in ``raylog.actors.control.placement``.
 This module only applies what those decided and checks that the result still holds the invariants
-below.
+below; :func:`new_topic` and :func:`new_partitions` carry out CreateTopics and CreatePartitions
+as a request asks them (placement's choice, then the transition), for the controller and for a
+gateway checking a ``validate_only`` request alike.
 
 Epochs (Kafka's rules):
 
@@ -46,7 +48,7 @@ from typing import Literal
 
 import msgspec
 
-from raylog.actors.control import config_keys
+from raylog.actors.control import config_keys, placement
 from raylog.storage.errors import (
     BrokerIdNotRegisteredError,
     InvalidPartitionsError,
@@ -394,6 +396,42 @@ def create_topic(
     )
     topic = TopicMetadata(name=name, topic_id=topic_id, configs=normalised, partitions=parts)
     return _bump(md, topics={**md.topics, name: topic})
+
+
+def new_topic(
+    md: ClusterMetadata,
+    name: str,
+    topic_id: str,
+    num_partitions: int,
+    replication_factor: int,
+    configs: Mapping[str, str] | None = None,
+    assignment: Sequence[Sequence[int]] | None = None,
+) -> ClusterMetadata:
+    """CreateTopics as a request asks it: the name checked, then ``assignment`` as given or
+    else replicas placed rack-aware over the active brokers (``placement.place_replicas``),
+    then :func:`create_topic`'s checks."""
+    validate_topic_name(name)
+    chosen = assignment or placement.place_replicas(
+        active_brokers(md), num_partitions, replication_factor
+    )
+    return create_topic(md, name, topic_id, chosen, configs)
+
+
+def new_partitions(md: ClusterMetadata, name: str, total_count: int) -> ClusterMetadata:
+    """CreatePartitions as a request asks it: the topic grown to ``total_count`` partitions,
+    placed where the topic's rotation continues (``placement.place_new_partitions``);
+    INVALID_PARTITIONS (37) when ``total_count`` is not more than it has."""
+    t = get_topic(md, name)
+    if total_count <= len(t.partitions):
+        raise InvalidPartitionsError(
+            f"Topic {name!r} has {len(t.partitions)} partitions; {total_count} is not more"
+        )
+    new = placement.place_new_partitions(
+        active_brokers(md),
+        [p.target_replicas for p in t.partitions],
+        total_count - len(t.partitions),
+    )
+    return add_partitions(md, name, new)
 
 
 def delete_topic(md: ClusterMetadata, name: str) -> ClusterMetadata:

@@ -80,7 +80,8 @@ class ProduceRequest(msgspec.Struct, frozen=True):
     """One batch from a producer (Produce v3+ carries exactly one batch per partition).
 
     ``request_id`` is the shell's handle to answer on; unique among this replica's pending
-    requests. ``acks`` is 0, 1 or -1 (all).
+    requests. ``acks`` is 0, 1 or -1 (all): the gateway's Produce handler refuses any other
+    value (INVALID_REQUIRED_ACKS), as Kafka's broker does, before a request is made.
     """
 
     request_id: int

@@ -152,7 +152,6 @@ from raylog.actors.replication.ready import (
 from raylog.storage.errors import (
     FencedLeaderEpochError,
     InvalidRecordError,
-    InvalidRequiredAcksError,
     InvalidUpdateVersionError,
     NotEnoughReplicasAfterAppendError,
     NotEnoughReplicasError,
@@ -569,9 +568,6 @@ class PartitionReplica:
             return  # a duplicate delivery of a request still in progress: answered once
         if self.role is not Role.LEADER:
             self._result(msg.request_id, NotLeaderOrFollowerError.error_code, "not the leader")
-            return
-        if msg.acks not in (0, 1, -1):
-            self._result(msg.request_id, InvalidRequiredAcksError.error_code, "acks not 0/1/-1")
             return
         if msg.record_count < 1 or msg.size_bytes < 0:
             self._result(msg.request_id, InvalidRecordError.error_code, "empty batch")

@@ -12,13 +12,22 @@ Ownership, as Kafka's brokers do it:
    (:func:`partition_for`); the broker leading that partition is its coordinator. Every gateway
    answers FindCoordinator with that leader; the topic is created through the controller on the
    first FindCoordinator (RF = min(``offsets.topic.replication.factor``, live brokers)) with
-   Kafka's configs (:data:`OFFSETS_TOPIC_CONFIGS`: compacted). A topic an older raylog created
-   without compaction (``retention.ms=-1`` instead) is given ``cleanup.policy=compact``
-   through AlterConfigs once the coordinator sees it, its other overrides kept.
+   Kafka's configs (:data:`OFFSETS_TOPIC_CONFIGS`: compacted). An existing topic without
+   compaction is given ``cleanup.policy=compact`` through AlterConfigs once the coordinator
+   sees it, its other overrides kept.
 2. Every ``TICK_MS`` the coordinator compares the partitions this broker leads (the gateway's
    metadata view) with those it has loaded. On gaining one (or a new leader epoch of one) it
-   loads it; until loaded, requests for its groups get COORDINATOR_LOAD_IN_PROGRESS (14). On
-   losing one its groups are dropped and their waiting requests get NOT_COORDINATOR (16).
+   loads it. A group request that arrives while its partition loads waits for the load, and so
+   does one that arrives before this broker's metadata shows who leads the partition (a client
+   learns the coordinator from any gateway, whose metadata may be fresher than this one's);
+   past ``LOAD_WAIT_MS`` it gets COORDINATOR_LOAD_IN_PROGRESS (14) or NOT_COORDINATOR (16).
+   Answering those at once would fail clients: librdkafka retries an OffsetCommit answered 14
+   twice, a few hundred milliseconds apart, then hands the error to the application, so the
+   first commit of a group on a fresh cluster (whose ``__consumer_offsets`` partitions are
+   created and loaded then) would fail. A request for a partition another broker leads gets
+   NOT_COORDINATOR at once; ListGroups and DescribeGroups answer 14 at once while loading
+   (admin clients retry them). On losing a partition its groups are dropped and their waiting
+   requests get NOT_COORDINATOR.
 3. Loading: (a) append a barrier record with acks=all; once acknowledged, the high watermark is
    past everything the previous leader acknowledged (a new leader's HW may lag its log until
    the followers report in); (b) read the partition from its log start to the barrier through
@@ -39,7 +48,7 @@ Ownership, as Kafka's brokers do it:
 
 6. Offset expiry (KIP-211): every ``offsets.retention.check.interval.ms`` the coordinator
    tombstones the committed offsets past ``offsets.retention.minutes`` by Kafka's rules
-   (:meth:`Group.plan_offset_expiry`: a group Empty that long loses them all, and then itself)
+   (:func:`group_admin.plan_offset_expiry`: a group Empty that long loses them all, and then itself)
    with acks=all, and applies that once acknowledged, as OffsetDelete does.
 
 The log cleaner compacts the topic: a key's older records and, after ``delete.retention.ms``, its
@@ -58,21 +67,20 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from raylog.gateway.backend import DataBackend, TopicState
+from raylog.gateway.backend import DataBackend, PartitionFetch, TopicState
 from raylog.gateway.errors import ErrorCode
+from raylog.gateway.groups import group_admin
 from raylog.gateway.groups import records as gr
 from raylog.gateway.groups.group import (
     CommittedOffset,
     Group,
-    GroupDescription,
-    GroupListing,
     GroupState,
     JoinResult,
     Member,
     MemberIdentity,
-    OffsetDeletePlan,
     SyncResult,
 )
+from raylog.gateway.groups.group_admin import GroupDescription, GroupListing, OffsetDeletePlan
 from raylog.storage import batch as rb
 from raylog.storage.records import iter_decoded
 
@@ -94,6 +102,9 @@ OFFSETS_RETENTION_CHECK_INTERVAL_MS_DEFAULT = 600_000  # offsets.retention.check
 APPEND_TIMEOUT_MS = 5_000  # acks=all wait for a coordinator write (offsets.commit.timeout.ms)
 LOAD_FETCH_BYTES = 1 << 20
 LOAD_RETRY_MS = 500
+# The most a group request waits for its partition to be loaded here, or for this broker's
+# metadata to show who leads the partition, before answering (module docstring, step 2).
+LOAD_WAIT_MS = 10_000
 WAIT_MARGIN_MS = 5_000  # beyond a rebalance timeout, the most a JoinGroup/SyncGroup waits
 CREATE_RETRY_MS = 2_000  # the least time between two attempts to create or configure the topic
 BARRIER_GROUP = ""  # the group of the load barrier's tombstone: no group has an empty id
@@ -187,6 +198,7 @@ class GroupCoordinator:
         initial_rebalance_delay_ms: int = 0,
         offsets_retention_ms: int = OFFSETS_RETENTION_MS_DEFAULT,
         offsets_retention_check_interval_ms: int = OFFSETS_RETENTION_CHECK_INTERVAL_MS_DEFAULT,
+        load_wait_ms: int = LOAD_WAIT_MS,
         monotonic_ms: Callable[[], int] = lambda: time.monotonic_ns() // 1_000_000,
         wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
     ) -> None:
@@ -213,6 +225,10 @@ class GroupCoordinator:
         self._last_set_up_ms = -CREATE_RETRY_MS
         self._ticker: asyncio.Task[None] | None = None
         self._topics_snapshot: Mapping[str, TopicState] = {}
+        self._load_wait_ms = load_wait_ms
+        # Set (and replaced) whenever what this broker leads or has loaded may have changed:
+        # requests waiting in _serving_group look again.
+        self._changed = asyncio.Event()
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -298,7 +314,7 @@ class GroupCoordinator:
         require_known_member_id: bool,
         group_instance_id: str | None = None,
     ) -> JoinResult:
-        group, error = self._group(group_id, create=True)
+        group, error = await self._serving_group(group_id, create=True)
         if group is None:
             return JoinResult(error, member_id=member_id)
         # Kafka's generateMemberId: a static member's id starts with its instance id.
@@ -340,7 +356,7 @@ class GroupCoordinator:
         assignments: Mapping[str, bytes],
         group_instance_id: str | None = None,
     ) -> SyncResult:
-        group, error = self._group(group_id, create=False)
+        group, error = await self._serving_group(group_id, create=False)
         if group is None:
             return SyncResult(_unknown_group_as(error, ErrorCode.UNKNOWN_MEMBER_ID))
         async with self._lock(group_id):
@@ -371,7 +387,7 @@ class GroupCoordinator:
         generation_id: int,
         group_instance_id: str | None = None,
     ) -> int:
-        group, error = self._group(group_id, create=False)
+        group, error = await self._serving_group(group_id, create=False)
         if group is None:
             return _unknown_group_as(error, ErrorCode.UNKNOWN_MEMBER_ID)
         async with self._lock(group_id):
@@ -386,7 +402,7 @@ class GroupCoordinator:
         self, group_id: str, members: Sequence[MemberIdentity]
     ) -> tuple[int, list[int]]:
         """(group error, one error per member)."""
-        group, error = self._group(group_id, create=False)
+        group, error = await self._serving_group(group_id, create=False)
         if error == ErrorCode.GROUP_ID_NOT_FOUND:
             # Kafka asks the group, finds none, and answers each member UNKNOWN_MEMBER_ID.
             return ErrorCode.NONE, [ErrorCode.UNKNOWN_MEMBER_ID] * len(members)
@@ -408,7 +424,7 @@ class GroupCoordinator:
         group_instance_id: str | None = None,
     ) -> int:
         """Write ``(topic, partition) -> (offset, leader_epoch, metadata)``; one error for all."""
-        group, error = self._group(group_id, create=generation_id < 0)
+        group, error = await self._serving_group(group_id, create=generation_id < 0)
         if group is None:
             # A commit with a generation, to a group that does not exist: from an older
             # generation of a group since removed (Kafka's answer).
@@ -441,7 +457,7 @@ class GroupCoordinator:
     async def fetch_offsets(
         self, group_id: str, partitions: Sequence[tuple[str, int]] | None
     ) -> OffsetFetchResult:
-        group, error = self._group(group_id, create=False)
+        group, error = await self._serving_group(group_id, create=False)
         if error == ErrorCode.GROUP_ID_NOT_FOUND:
             # A group never seen has no offsets: -1 everywhere, no error (as Kafka).
             return OffsetFetchResult(ErrorCode.NONE, dict.fromkeys(partitions or (), None))
@@ -455,7 +471,7 @@ class GroupCoordinator:
         """Every group of the partitions this broker leads; COORDINATOR_LOAD_IN_PROGRESS with
         the groups loaded so far while one is still loading (as Kafka)."""
         listings = [
-            group.listing()
+            group_admin.listing(group)
             for owned in self._owned.values()
             if owned.loaded
             for group in owned.groups.values()
@@ -471,20 +487,20 @@ class GroupCoordinator:
         before v6; a group this broker cannot answer for has state "" and the error."""
         group, error = self._group(group_id, create=False) if group_id else (None, 0)
         if group is not None and group.exists():
-            return ErrorCode.NONE, group.describe()
+            return ErrorCode.NONE, group_admin.describe(group)
         if error in (ErrorCode.NONE, ErrorCode.GROUP_ID_NOT_FOUND):
             return ErrorCode.GROUP_ID_NOT_FOUND, GroupDescription(GroupState.DEAD.value, "", "")
         return error, GroupDescription("", "", "")
 
     async def delete_group(self, group_id: str) -> int:
         """DeleteGroups for one group: tombstones for its metadata and every offset."""
-        group, error = self._group(group_id, create=False)
+        group, error = await self._serving_group(group_id, create=False)
         if group is None:
             return ErrorCode.GROUP_ID_NOT_FOUND if error == ErrorCode.INVALID_GROUP_ID else error
         async with self._lock(group_id):
             if group.state is GroupState.DEAD:  # unloaded or deleted while this request waited
                 return self._dead_error(group_id)
-            error = group.check_delete()
+            error = group_admin.check_delete(group)
             if error:
                 return error
             keys = [gr.GroupMetadataKey(group_id)]
@@ -499,13 +515,13 @@ class GroupCoordinator:
         self, group_id: str, partitions: Sequence[tuple[str, int]]
     ) -> tuple[int, Mapping[tuple[str, int], int]]:
         """OffsetDelete: (group error, each partition's error)."""
-        group, error = self._group(group_id, create=False)
+        group, error = await self._serving_group(group_id, create=False)
         if group is None:
             return error, {}
         async with self._lock(group_id):
             if group.state is GroupState.DEAD:
                 return self._dead_error(group_id), {}
-            plan = group.plan_offset_delete(partitions)
+            plan = group_admin.plan_offset_delete(group, partitions)
             if plan.error_code:
                 return plan.error_code, {}
             error = await self._remove_offsets(group, plan)
@@ -564,6 +580,43 @@ class GroupCoordinator:
                 return None, ErrorCode.GROUP_ID_NOT_FOUND
             group = owned.groups[group_id] = Group(group_id)
         return group, ErrorCode.NONE
+
+    async def _serving_group(self, group_id: str, *, create: bool) -> tuple[Group | None, int]:
+        """:meth:`_group`, once this broker can answer for the group (module docstring, step 2).
+
+        While the group's partition loads here, or while this broker's metadata does not show
+        another broker leading it (the client may have learned the leader from a gateway whose
+        metadata is fresher than this one's), the request waits for that to change, up to
+        ``load_wait_ms``, rather than answering COORDINATOR_LOAD_IN_PROGRESS (14) or
+        NOT_COORDINATOR (16) at once.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._load_wait_ms / 1000
+        while True:  # bounded by the deadline
+            changed = self._changed
+            group, error = self._group(group_id, create=create)
+            remaining = deadline - loop.time()
+            if not self._may_serve_soon(group_id, error) or remaining <= 0:
+                return group, error
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), remaining)
+
+    def _may_serve_soon(self, group_id: str, error: int) -> bool:
+        """Whether ``error`` (from :meth:`_group`) may turn into serving the group here: its
+        partition is loading here, or no other broker is known to lead it."""
+        if error == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS:
+            return True
+        if error != ErrorCode.NOT_COORDINATOR:
+            return False
+        state = self._topics_snapshot.get(OFFSETS_TOPIC)
+        if state is None or not state.partitions:
+            return True  # the topic is not in this broker's metadata yet
+        leader = state.partitions[partition_for(group_id, len(state.partitions))].leader
+        return leader in (-1, self.broker_id)
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     def _partition_of(self, group_id: str) -> int | None:
         # From the snapshot the tick loop read last, as ownership is decided from it too.
@@ -689,6 +742,7 @@ class GroupCoordinator:
             if partition not in self._owned:
                 owned = self._owned[partition] = _Partition(epoch)
                 owned.loader = asyncio.get_running_loop().create_task(self._load(partition, owned))
+        self._notify()
         now = self._now()
         for owned in list(self._owned.values()):
             if not owned.loaded:
@@ -734,22 +788,22 @@ class GroupCoordinator:
 
     async def _expire_offsets(self) -> None:
         """KIP-211: tombstone the committed offsets past the retention
-        (:meth:`Group.plan_offset_expiry`), and an Empty group left without offsets."""
+        (:func:`group_admin.plan_offset_expiry`), and an Empty group left without offsets."""
         for owned in list(self._owned.values()):
             if not owned.loaded:
                 continue
             for group in list(owned.groups.values()):
                 group_id = group.group_id
-                plan = group.plan_offset_expiry(
-                    self._wall(), self._retention_ms, owned.empty_since.get(group_id)
+                plan = group_admin.plan_offset_expiry(
+                    group, self._wall(), self._retention_ms, owned.empty_since.get(group_id)
                 )
                 if not (plan.remove or plan.delete_group):
                     continue
                 async with self._lock(group_id):
                     if group.state is GroupState.DEAD:  # deleted or unloaded meanwhile
                         continue
-                    plan = group.plan_offset_expiry(  # again: a request may have changed it
-                        self._wall(), self._retention_ms, owned.empty_since.get(group_id)
+                    plan = group_admin.plan_offset_expiry(  # again: a request may have changed it
+                        group, self._wall(), self._retention_ms, owned.empty_since.get(group_id)
                     )
                     if not (plan.remove or plan.delete_group):
                         continue
@@ -794,6 +848,7 @@ class GroupCoordinator:
                 continue
             owned.groups, owned.empty_since = groups
             owned.loaded = True
+            self._notify()
             log.info(
                 "broker %d: loaded %s-%d (%d groups)",
                 self.broker_id,
@@ -824,7 +879,7 @@ class GroupCoordinator:
         offset = start.offset
         while offset < end:
             fetched = await self._backend.fetch(
-                OFFSETS_TOPIC, partition, offset, LOAD_FETCH_BYTES, 0, 1, 0, -1
+                OFFSETS_TOPIC, partition, PartitionFetch(offset, LOAD_FETCH_BYTES)
             )
             if fetched.error_code:
                 raise _LoadFailed(f"fetch at {offset}: error {fetched.error_code}")

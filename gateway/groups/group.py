@@ -4,7 +4,8 @@ This module owns the decisions of the group coordinator for one group: who is a 
 generation is current, which protocol the group runs, who leads, when a rebalance starts and
 completes, when a member's session expires, and which offset commits are accepted. It does no
 I/O and reads no clock: time comes in as ``now_ms`` on every call, generated member ids come in
-as arguments, and the coordinator (``group_coordinator.py``) carries out what comes out.
+as arguments, and the coordinator (``coordinator.py``) carries out what comes out. What the admin
+APIs and offset expiry read from a group and plan for it is ``group_admin.py``'s.
 
 States, as Kafka names them (``GroupState``)::
 
@@ -38,12 +39,9 @@ Rules kept here, each Kafka's (``GroupCoordinator.scala`` / ``GroupMetadata.scal
    rebalance timeout) while new members keep arriving in generation 0. A group of consumers
    started together then forms once, with everyone, instead of one rebalance per arrival; and a
    leader's first assignment sees the topic metadata its client was still fetching.
-7. Admin APIs (``GroupMetadata.summary`` / ``handleDeleteGroups`` / ``handleDeleteOffsets``):
-   a description carries the protocol and each member's metadata and assignment only while
-   Stable; only an Empty group may be deleted (else NON_EMPTY_GROUP, 68); committed offsets
-   may be deleted from an Empty group, or from a "consumer" group for topics no member is
-   subscribed to (else GROUP_SUBSCRIBED_TO_TOPIC, 86); an Empty group whose last offsets are
-   deleted is deleted with them.
+7. Admin APIs (ListGroups, DescribeGroups, DeleteGroups, OffsetDelete) and offset expiry read
+   the group and plan deletions in ``group_admin.py``; the group applies what they plan once
+   written (:meth:`Group.delete`, :meth:`Group.remove_offsets`).
 8. Static membership (KIP-345): a member joining with a ``group_instance_id`` is given its
    member id at once (no MEMBER_ID_REQUIRED round trip). The instance id names one member at a
    time (:attr:`Group.static_members`); the same instance joining again without a member id
@@ -71,7 +69,6 @@ import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from types import MappingProxyType
 from typing import NamedTuple
 
 from raylog.gateway.errors import ErrorCode
@@ -83,18 +80,13 @@ __all__ = [
     "GROUP_MIN_SESSION_TIMEOUT_MS",
     "CommittedOffset",
     "Group",
-    "GroupDescription",
-    "GroupListing",
     "GroupState",
     "JoinMember",
     "JoinResult",
     "Member",
-    "MemberDescription",
     "MemberIdentity",
-    "OffsetDeletePlan",
     "Reply",
     "SyncResult",
-    "filter_listings",
     "subscription_topics",
 ]
 
@@ -165,46 +157,6 @@ class CommittedOffset(NamedTuple):
     commit_timestamp_ms: int
 
 
-class MemberDescription(NamedTuple):
-    """One member in DescribeGroups. Metadata and assignment are empty unless Stable."""
-
-    member_id: str
-    client_id: str
-    client_host: str
-    metadata: bytes
-    assignment: bytes
-    group_instance_id: str | None = None
-
-
-class GroupDescription(NamedTuple):
-    """DescribeGroups' answer for one group (Kafka's ``GroupSummary``)."""
-
-    state: str  # a GroupState value; "" when the group could not be described (an error)
-    protocol_type: str
-    protocol: str  # "" unless Stable
-    members: tuple[MemberDescription, ...] = ()
-
-
-class GroupListing(NamedTuple):
-    """ListGroups' answer for one group."""
-
-    group_id: str
-    protocol_type: str
-    state: str
-    group_type: str = CLASSIC_GROUP_TYPE
-
-
-class OffsetDeletePlan(NamedTuple):
-    """What an OffsetDelete may do: the group-level error (nothing else when it is set), the
-    error of each partition asked for, the committed offsets to tombstone, and whether the group
-    goes too (it is Empty and holds no other offset)."""
-
-    error_code: int
-    partition_errors: Mapping[tuple[str, int], int] = MappingProxyType({})
-    remove: tuple[tuple[str, int], ...] = ()
-    delete_group: bool = False
-
-
 def subscription_topics(metadata: bytes) -> frozenset[str] | None:
     """The topics of a "consumer" member's subscription (ConsumerProtocolSubscription, any
     version: int16 version, then the topics as an int32 count of int16-length strings).
@@ -225,21 +177,6 @@ def subscription_topics(metadata: bytes) -> frozenset[str] | None:
     except (struct.error, UnicodeDecodeError):
         return None
     return frozenset(topics)
-
-
-def filter_listings(
-    listings: Iterable[GroupListing], states: Iterable[str] = (), types: Iterable[str] = ()
-) -> list[GroupListing]:
-    """ListGroups' StatesFilter (v4+) and TypesFilter (v5+): an empty filter keeps every group;
-    names match case-insensitively, as Kafka's group coordinator compares them."""
-    wanted_states = {s.lower() for s in states}
-    wanted_types = {t.lower() for t in types}
-    return [
-        g
-        for g in listings
-        if (not wanted_states or g.state.lower() in wanted_states)
-        and (not wanted_types or g.group_type.lower() in wanted_types)
-    ]
 
 
 @dataclass
@@ -943,35 +880,7 @@ class Group:
             return False
         return self.generation_id > 0 or not self.is_empty()
 
-    # --- admin: ListGroups, DescribeGroups, DeleteGroups, OffsetDelete --------------------------
-
-    def listing(self) -> GroupListing:
-        return GroupListing(self.group_id, self.protocol_type or "", self.state.value)
-
-    def describe(self) -> GroupDescription:
-        """Kafka's ``GroupMetadata.summary``: protocol, metadata and assignment only if Stable."""
-        stable = self.state is GroupState.STABLE and self.protocol_name is not None
-        protocol = self.protocol_name if stable else None
-        members = tuple(
-            MemberDescription(
-                m.member_id,
-                m.client_id,
-                m.client_host,
-                m.metadata_for(protocol) if protocol else b"",
-                m.assignment if protocol else b"",
-                m.group_instance_id,
-            )
-            for m in self.members.values()
-        )
-        return GroupDescription(self.state.value, self.protocol_type or "", protocol or "", members)
-
-    def check_delete(self) -> int:
-        """0 when DeleteGroups may delete this group (it must be Empty)."""
-        if not self.exists():
-            return ErrorCode.GROUP_ID_NOT_FOUND
-        if self.state is not GroupState.EMPTY:
-            return ErrorCode.NON_EMPTY_GROUP
-        return ErrorCode.NONE
+    # --- deletion (the admin APIs and offset expiry decide it: group_admin.py) ---------------
 
     def delete(self) -> None:
         """The group's tombstones are written: it is Dead, and requests still holding it get
@@ -980,87 +889,6 @@ class Group:
         self.unload(ErrorCode.COORDINATOR_NOT_AVAILABLE)
         self.offsets.clear()
         self.pending_members.clear()
-
-    def plan_offset_delete(self, partitions: Iterable[tuple[str, int]]) -> OffsetDeletePlan:
-        """Which of ``partitions``' committed offsets an OffsetDelete removes."""
-        partitions = list(dict.fromkeys(partitions))
-        if not self.exists():
-            return OffsetDeletePlan(ErrorCode.GROUP_ID_NOT_FOUND)
-        if self.state is GroupState.EMPTY:
-            subscribed: frozenset[str] | None = frozenset()
-        elif self.protocol_type == CONSUMER_PROTOCOL_TYPE:
-            subscribed = self.subscribed_topics()
-        else:
-            return OffsetDeletePlan(ErrorCode.NON_EMPTY_GROUP)
-        errors = {
-            tp: ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC
-            if subscribed is None or tp[0] in subscribed
-            else ErrorCode.NONE
-            for tp in partitions
-        }
-        remove = tuple(tp for tp, e in errors.items() if e == ErrorCode.NONE and tp in self.offsets)
-        delete_group = (
-            self.state is GroupState.EMPTY
-            and bool(partitions)
-            and not self.pending_members
-            and set(self.offsets) <= set(remove)
-        )
-        return OffsetDeletePlan(ErrorCode.NONE, errors, remove, delete_group)
-
-    def subscribed_topics(self) -> frozenset[str] | None:
-        """The union of the members' subscribed topics; None when one cannot be read."""
-        topics: set[str] = set()
-        for member in self.members.values():
-            # The group's protocol, or every protocol of a member rejoining without it.
-            names = member.protocol_names()
-            if self.protocol_name in names:
-                names = (self.protocol_name,)
-            for name in names:
-                found = subscription_topics(member.metadata_for(name))
-                if found is None:
-                    return None
-                topics |= found
-        return frozenset(topics)
-
-    def plan_offset_expiry(
-        self, now_ms: int, retention_ms: int, empty_since_ms: int | None
-    ) -> OffsetDeletePlan:
-        """The committed offsets past ``offsets.retention.minutes`` (KIP-211, Kafka's
-        ``GroupMetadata.removeExpiredOffsets``); times are wall-clock ms.
-
-        - An Empty group with a protocol type: every offset, once the group has been empty for
-          the retention (``empty_since_ms``; unknown: each offset's commit time).
-        - A group without one (it only commits, never joins): each offset once its commit is
-          that old.
-        - A Stable "consumer" group: the offsets of topics no member subscribes to, once their
-          commit is that old; the others are in use.
-        - Otherwise (rebalancing, or subscriptions that cannot be read): none.
-
-        ``delete_group`` when the group is Empty and would hold no offset afterwards, also an
-        Empty group that holds none now (Kafka's ``cleanupGroupMetadata`` turns it Dead at the
-        next check, however briefly it has been Empty): Kafka then writes its tombstone too.
-        """
-
-        def old(committed: CommittedOffset) -> bool:
-            return committed.commit_timestamp_ms + retention_ms <= now_ms
-
-        expired: list[tuple[str, int]] = []
-        if self.state is GroupState.EMPTY:
-            if self.protocol_type is not None and empty_since_ms is not None:
-                expired = list(self.offsets) if empty_since_ms + retention_ms <= now_ms else []
-            else:
-                expired = [tp for tp, c in self.offsets.items() if old(c)]
-        elif self.state is GroupState.STABLE and self.protocol_type == CONSUMER_PROTOCOL_TYPE:
-            subscribed = self.subscribed_topics()
-            if subscribed is not None:
-                expired = [
-                    tp for tp, c in self.offsets.items() if tp[0] not in subscribed and old(c)
-                ]
-        remove = tuple(sorted(expired))
-        delete_group = (
-            self.state is GroupState.EMPTY and not self.members and len(remove) == len(self.offsets)
-        )
-        return OffsetDeletePlan(ErrorCode.NONE, remove=remove, delete_group=delete_group)
 
     def remove_offsets(self, partitions: Iterable[tuple[str, int]]) -> None:
         """Apply an OffsetDelete (or an expiry) whose tombstones are written."""

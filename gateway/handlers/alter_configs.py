@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from kafka.protocol.admin import AlterConfigsResponse
 
 from raylog.gateway.backend import AdminBackend, AdminResult
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.handlers import RequestContext
+from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.handlers.describe_configs import RESOURCE_BROKER, RESOURCE_TOPIC
 from raylog.gateway.protocol import Request
 
@@ -30,20 +31,36 @@ STATIC_BROKER_CONFIGS = (
     "raylog's broker configs are static: they are set when the cluster starts and cannot be altered"
 )
 
-_Response = AlterConfigsResponse.AlterConfigsResourceResponse
+# Alters one topic resource of a request: (backend, resource, validate_only) -> the result.
+AlterTopic = Callable[[AdminBackend, Any, bool], Awaitable[AdminResult]]
 
 
 async def handle(context: RequestContext, request: Request) -> Any:
+    return await alter_each(context, request, AlterConfigsResponse, _alter)
+
+
+async def alter_each(
+    context: RequestContext, request: Request, response_class: Any, alter: AlterTopic
+) -> Any:
+    """What both AlterConfigs handlers do with a request: every resource answered, at once
+    for one they cannot alter (:func:`_refusal`), else by ``alter`` (concurrently); the answer
+    in ``response_class``'s shape (AlterConfigs and IncrementalAlterConfigs share it)."""
     body = request.body
     backend = cast(AdminBackend, context.backend)
-    repeated = repeated_resources(body.resources)
-    results = await asyncio.gather(
-        *(_alter(backend, r, body.validate_only, repeated) for r in body.resources)
-    )
-    return AlterConfigsResponse(
+    counts = Counter((r.resource_type, r.resource_name) for r in body.resources)
+    repeated = {key for key, n in counts.items() if n > 1}
+
+    async def one(resource: Any) -> AdminResult:
+        refused = _refusal(resource, repeated)
+        if refused is not None:
+            return refused
+        return await alter(backend, resource, body.validate_only)
+
+    results = await asyncio.gather(*(one(r) for r in body.resources))
+    return response_class(
         throttle_time_ms=0,
         responses=[
-            _Response(
+            response_class.AlterConfigsResourceResponse(
                 error_code=result.error_code,
                 error_message=result.message or None,
                 resource_type=r.resource_type,
@@ -54,12 +71,7 @@ async def handle(context: RequestContext, request: Request) -> Any:
     )
 
 
-def repeated_resources(resources: Any) -> set[tuple[int, str]]:
-    counts = Counter((r.resource_type, r.resource_name) for r in resources)
-    return {key for key, n in counts.items() if n > 1}
-
-
-def resource_error(resource: Any, repeated: set[tuple[int, str]]) -> AdminResult | None:
+def _refusal(resource: Any, repeated: set[tuple[int, str]]) -> AdminResult | None:
     """The answer for a resource the AlterConfigs handlers cannot alter (None: a topic)."""
     if (resource.resource_type, resource.resource_name) in repeated:
         return AdminResult(
@@ -75,12 +87,7 @@ def resource_error(resource: Any, repeated: set[tuple[int, str]]) -> AdminResult
     return None
 
 
-async def _alter(
-    backend: AdminBackend, resource: Any, validate_only: bool, repeated: set[tuple[int, str]]
-) -> AdminResult:
-    refused = resource_error(resource, repeated)
-    if refused is not None:
-        return refused
+async def _alter(backend: AdminBackend, resource: Any, validate_only: bool) -> AdminResult:
     nulls = sorted(c.name for c in resource.configs if c.value is None)
     if nulls:
         return AdminResult(ErrorCode.INVALID_REQUEST, f"Null value not supported for : {nulls}")

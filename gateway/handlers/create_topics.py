@@ -28,9 +28,9 @@ from typing import Any, cast
 from kafka.protocol.admin import CreateTopicsResponse
 
 from raylog.actors.control import config_keys
-from raylog.gateway.backend import AdminBackend, AdminResult
+from raylog.gateway.backend import AdminBackend, AdminResult, NewTopic
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.handlers import RequestContext
+from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.protocol import Request
 
 API_KEY = 19
@@ -102,12 +102,5 @@ async def _create(
         num_partitions = defaults.num_partitions
     if replication_factor == USE_DEFAULT:
         replication_factor = defaults.default_replication_factor
-    return await backend.create_topic(
-        topic.name,
-        num_partitions,
-        replication_factor,
-        assignment,
-        configs,
-        validate_only,
-        timeout_ms,
-    )
+    new = NewTopic(topic.name, num_partitions, replication_factor, assignment, configs)
+    return await backend.create_topic(new, validate_only, timeout_ms)

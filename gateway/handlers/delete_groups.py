@@ -14,7 +14,7 @@ from typing import Any
 from kafka.protocol.admin import DeleteGroupsResponse
 
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.handlers import RequestContext
+from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.protocol import Request
 
 API_KEY = 42

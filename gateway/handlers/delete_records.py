@@ -22,7 +22,7 @@ from typing import Any, cast
 from kafka.protocol.admin import DeleteRecordsResponse
 
 from raylog.gateway.backend import DataBackend
-from raylog.gateway.handlers import RequestContext, per_partition
+from raylog.gateway.handlers.context import RequestContext, per_partition
 from raylog.gateway.protocol import Request
 
 API_KEY = 21

@@ -19,7 +19,7 @@ from kafka.protocol.admin import DeleteTopicsResponse
 
 from raylog.gateway.backend import AdminBackend, AdminResult
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.handlers import RequestContext
+from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.protocol import Request
 
 API_KEY = 20

@@ -31,7 +31,7 @@ from kafka.protocol.admin import DescribeConfigsResponse
 from raylog.actors.control import config_keys
 from raylog.gateway.backend import AdminBackend
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.handlers import RequestContext
+from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.protocol import Request
 
 API_KEY = 32

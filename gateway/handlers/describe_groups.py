@@ -17,8 +17,8 @@ from typing import Any
 from kafka.protocol.admin import DescribeGroupsResponse
 
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.groups.group import GroupDescription
-from raylog.gateway.handlers import RequestContext
+from raylog.gateway.groups.group_admin import GroupDescription
+from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.protocol import Request
 
 API_KEY = 15

@@ -28,7 +28,7 @@ epoch checks). Records are never decoded: the budget is kept by walking batch le
 5. Follower fetching (KIP-392). From v11 the request's ``rack_id`` goes to the backend as the
    client metadata (None before v11): a follower's gateway then serves the read from its own
    replica, and the leader's may answer a partition with ``preferred_read_replica`` and no
-   records (rules in ``replica_backend``). Such an answer completes the request at once, as
+   records (rules in ``gateway/routing.py``). Such an answer completes the request at once, as
    Kafka's ReplicaManager does, so the client moves to that replica without a long poll.
 """
 
@@ -40,9 +40,9 @@ from typing import Any, NamedTuple, cast
 
 from kafka.protocol.consumer import FetchResponse
 
-from raylog.gateway.backend import READ_COMMITTED, DataBackend, FetchResult
+from raylog.gateway.backend import READ_COMMITTED, DataBackend, FetchResult, PartitionFetch
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.handlers import RequestContext
+from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.protocol import Request
 
 API_KEY = 1
@@ -90,13 +90,15 @@ async def handle(context: RequestContext, request: Request) -> Any:
         return backend.fetch(
             w.topic,
             w.partition,
-            w.fetch_offset,
-            w.max_bytes,
-            wait_ms,
-            wait_for_bytes,
-            isolation,
-            w.current_leader_epoch,
-            rack_id,
+            PartitionFetch(
+                w.fetch_offset,
+                w.max_bytes,
+                wait_ms,
+                wait_for_bytes,
+                isolation,
+                w.current_leader_epoch,
+                rack_id,
+            ),
         )
 
     # 1. First pass: no waiting.

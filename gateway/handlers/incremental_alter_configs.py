@@ -20,17 +20,16 @@ on a topic's configs for the gateway to use yet.
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple, cast
+from typing import Any, NamedTuple
 
 from kafka.protocol.admin import IncrementalAlterConfigsResponse
 
 from raylog.actors.control import config_keys
 from raylog.gateway.backend import AdminBackend, AdminResult
-from raylog.gateway.handlers import RequestContext
-from raylog.gateway.handlers.alter_configs import repeated_resources, resource_error
+from raylog.gateway.handlers.alter_configs import alter_each
+from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.protocol import Request
 from raylog.storage.errors import InvalidConfigError, InvalidRequestError, RaylogError
 
@@ -38,8 +37,6 @@ API_KEY = 44
 
 SET, DELETE, APPEND, SUBTRACT = 0, 1, 2, 3
 _OP_NAMES = {SET: "set", DELETE: "delete", APPEND: "append", SUBTRACT: "subtract"}
-
-_Response = IncrementalAlterConfigsResponse.AlterConfigsResourceResponse
 
 
 class ConfigOp(NamedTuple):
@@ -91,32 +88,10 @@ def _items(value: str) -> list[str]:
 
 
 async def handle(context: RequestContext, request: Request) -> Any:
-    body = request.body
-    backend = cast(AdminBackend, context.backend)
-    repeated = repeated_resources(body.resources)
-    results = await asyncio.gather(
-        *(_alter(backend, r, body.validate_only, repeated) for r in body.resources)
-    )
-    return IncrementalAlterConfigsResponse(
-        throttle_time_ms=0,
-        responses=[
-            _Response(
-                error_code=result.error_code,
-                error_message=result.message or None,
-                resource_type=r.resource_type,
-                resource_name=r.resource_name,
-            )
-            for r, result in zip(body.resources, results, strict=True)
-        ],
-    )
+    return await alter_each(context, request, IncrementalAlterConfigsResponse, _alter)
 
 
-async def _alter(
-    backend: AdminBackend, resource: Any, validate_only: bool, repeated: set[tuple[int, str]]
-) -> AdminResult:
-    refused = resource_error(resource, repeated)
-    if refused is not None:
-        return refused
+async def _alter(backend: AdminBackend, resource: Any, validate_only: bool) -> AdminResult:
     current = await backend.topic_configs(resource.resource_name)
     if current.error_code:
         return AdminResult(current.error_code, current.message)

@@ -26,7 +26,7 @@ from typing import Any
 from kafka.protocol.producer import InitProducerIdResponse
 
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.handlers import RequestContext
+from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.producer_ids import IdempotenceBackend
 from raylog.gateway.protocol import Request
 

@@ -18,7 +18,7 @@ from kafka.protocol.consumer import JoinGroupResponse
 
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.groups.group import JoinResult
-from raylog.gateway.handlers import RequestContext
+from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.protocol import Request
 
 API_KEY = 11

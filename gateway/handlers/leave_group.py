@@ -16,7 +16,7 @@ from kafka.protocol.consumer import LeaveGroupResponse
 
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.groups.group import MemberIdentity
-from raylog.gateway.handlers import RequestContext
+from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.protocol import Request
 
 API_KEY = 13

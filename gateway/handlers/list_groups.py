@@ -15,8 +15,8 @@ from typing import Any
 from kafka.protocol.admin import ListGroupsResponse
 
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.groups.group import GroupListing, filter_listings
-from raylog.gateway.handlers import RequestContext
+from raylog.gateway.groups.group_admin import GroupListing, filter_listings
+from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.protocol import Request
 
 API_KEY = 16

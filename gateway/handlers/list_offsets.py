@@ -21,7 +21,7 @@ from typing import Any, cast
 from kafka.protocol.consumer import ListOffsetsResponse
 
 from raylog.gateway.backend import READ_UNCOMMITTED, DataBackend
-from raylog.gateway.handlers import RequestContext, per_partition
+from raylog.gateway.handlers.context import RequestContext, per_partition
 from raylog.gateway.protocol import Request
 
 API_KEY = 2

@@ -27,9 +27,9 @@ from typing import Any
 from kafka.protocol.metadata import MetadataResponse
 
 from raylog.actors.control import config_keys
-from raylog.gateway.backend import AdminBackend, Backend, TopicState
+from raylog.gateway.backend import AdminBackend, Backend, NewTopic, TopicState
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.handlers import RequestContext
+from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.protocol import Request
 
 API_KEY = 3
@@ -114,11 +114,7 @@ async def _auto_create(backend: Backend, names: Sequence[str]) -> dict[str, int]
 
     async def create(name: str) -> int:
         result = await backend.create_topic(
-            name,
-            defaults.num_partitions,
-            defaults.default_replication_factor,
-            None,
-            {},
+            NewTopic(name, defaults.num_partitions, defaults.default_replication_factor),
             validate_only=False,
             timeout_ms=0,  # answer once committed: the client asks again on 5
         )

@@ -12,7 +12,7 @@ from typing import Any
 from kafka.protocol.consumer import OffsetFetchResponse
 
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.handlers import RequestContext
+from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.protocol import Request
 
 API_KEY = 9

@@ -6,7 +6,8 @@ stay opaque bytes: only the 61-byte header is read here, never the records.
 
 Rules kept here, each Kafka's:
 
-1. ``acks`` must be 0, 1 or -1, else every partition gets INVALID_REQUIRED_ACKS (21).
+1. ``acks`` must be 0, 1 or -1, else every partition gets INVALID_REQUIRED_ACKS (21). This is
+   the one place it is checked: the backend and the replicas take the value as valid.
 2. acks=0 gets no response. If any partition failed, the connection is closed instead
    (:class:`CloseConnection`): the client has no other way to learn of it.
 3. A request's partitions are appended concurrently (one replica call per partition, never one
@@ -17,7 +18,7 @@ Rules kept here, each Kafka's:
    the same connection is on an ordered path: sent on the replica's channel (one TCP stream,
    calls started in arrival order), or else answered (a Ray call may be overtaken). On the
    channel, then, a connection keeps several acks=all batches in flight, as Kafka's purgatory
-   does, and one batch's replication round trip no longer holds back the next.
+   does, and one batch's replication round trip does not hold back the next.
 4. Transactions are not supported yet: a request with a ``transactional_id`` or a transactional
    batch gets INVALID_TXN_STATE (48), since no transaction was begun through a coordinator here.
 5. Idempotent producers (producerId >= 0, from InitProducerId) are checked by the leader
@@ -46,7 +47,7 @@ from kafka.protocol.producer import ProduceResponse
 from raylog.gateway.backend import DataBackend, ProduceResult
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.groups.coordinator import OFFSETS_TOPIC
-from raylog.gateway.handlers import CloseConnection, RequestContext
+from raylog.gateway.handlers.context import CloseConnection, RequestContext
 from raylog.gateway.protocol import Request
 from raylog.storage import batch as rb
 

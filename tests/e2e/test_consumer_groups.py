@@ -7,9 +7,10 @@ Proves, on the session's shared `raylog up` cluster (3 brokers) and one 4-partit
 (b) confluent-kafka: a consumer commits part-way and closes; a new consumer of the same group
     resumes from the committed offsets: every record is seen exactly once across the two.
 (c) aiokafka: a group consumer reads every record and commits; OffsetFetch returns the ends.
-(d) coordinator failover (last: it kills a broker): the broker leading the group's
-    ``__consumer_offsets`` partition has its replica actors and broker actor hard-killed; once
-    another broker leads and has loaded the partition, OffsetFetch still returns (b)'s offsets.
+(d) coordinator failover (last: it kills a broker): a group commits offsets of its own; the
+    broker leading the group's ``__consumer_offsets`` partition has its replica actors and
+    broker actor hard-killed; once another broker leads and has loaded the partition,
+    OffsetFetch still returns those offsets.
 (e) confluent-kafka static membership (KIP-345, ``group.instance.id``): of two static members,
     one is closed (no LeaveGroup) and a new consumer with its instance id starts within the
     session timeout: it gets the same partitions under a new member id and the other member
@@ -44,7 +45,8 @@ PARTITIONS = 4
 RECORDS = 40
 CLIENT_TIMEOUT_S = 90.0
 KILL_TIMEOUT_S = 120.0
-FAILOVER_GROUP = "resume-group"
+RESUME_GROUP = "resume-group"
+FAILOVER_GROUP = "failover-group"
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +177,7 @@ def _consume(consumer: Consumer, count: int) -> list[tuple[int, int, bytes]]:
 
 
 def test_confluent_commit_close_and_resume(cluster: UpProcess) -> None:
-    first = _confluent_consumer(cluster.bootstrap, FAILOVER_GROUP)
+    first = _confluent_consumer(cluster.bootstrap, RESUME_GROUP)
     first.subscribe([TOPIC])
     before = _consume(first, RECORDS // 2)
     first.commit(asynchronous=False)
@@ -188,7 +190,7 @@ def test_confluent_commit_close_and_resume(cluster: UpProcess) -> None:
         expected[partition] = max(expected[partition], offset + 1)
     assert {tp.partition: tp.offset for tp in committed} == expected
 
-    second = _confluent_consumer(cluster.bootstrap, FAILOVER_GROUP)
+    second = _confluent_consumer(cluster.bootstrap, RESUME_GROUP)
     second.subscribe([TOPIC])
     try:
         after = _consume(second, RECORDS - len(before))
@@ -375,9 +377,9 @@ info = raycluster.read_cluster_info(data_dir)
 raycluster.apply_ray_env(data_dir)
 import ray
 
-from raylog.actors.calls import broker_actor_name
-from raylog.actors.calls import controller_actor_name
-from raylog.actors.calls import NAMESPACE, replica_actor_name
+from raylog.actors.calls import (
+    NAMESPACE, broker_actor_name, controller_actor_name, replica_actor_name,
+)
 
 ray.init(address=info.ray_address, namespace=NAMESPACE, logging_level="WARNING",
          log_to_driver=False)
@@ -437,8 +439,14 @@ def _committed_or_none(bootstrap: str, group: str) -> dict[int, int] | None:
 
 
 def test_coordinator_failover_keeps_committed_offsets(cluster: UpProcess) -> None:
-    everything = dict.fromkeys(range(PARTITIONS), RECORDS // PARTITIONS)
-    assert _committed(cluster.bootstrap, FAILOVER_GROUP) == everything  # from (b)
+    everything = {p: RECORDS // PARTITIONS - p for p in range(PARTITIONS)}
+    committer = _confluent_consumer(cluster.bootstrap, FAILOVER_GROUP)
+    try:
+        wanted = [TopicPartition(TOPIC, p, offset) for p, offset in everything.items()]
+        committer.commit(offsets=wanted, asynchronous=False)
+    finally:
+        committer.close()
+    assert _committed(cluster.bootstrap, FAILOVER_GROUP) == everything
     partition = partition_for(FAILOVER_GROUP, 3)
     old = _offsets_leader(cluster, partition)
     killed_at = time.monotonic()

@@ -44,7 +44,7 @@ from kafka.protocol.producer import ProduceRequest, ProduceResponse
 from support.cluster import UpProcess
 from support.waiting import wait_until
 
-from raylog.gateway.backend import FetchResult
+from raylog.gateway.backend import FetchResult, PartitionFetch
 from raylog.gateway.handlers import HANDLERS, RequestContext, advertised_versions
 from raylog.gateway.protocol import Connection, Request
 
@@ -254,8 +254,8 @@ class _PreferringBackend:
     def __init__(self) -> None:
         self.racks: list[str | None] = []
 
-    async def fetch(self, *args: Any) -> FetchResult:
-        self.racks.append(args[8])
+    async def fetch(self, topic: str, partition: int, read: PartitionFetch) -> FetchResult:
+        self.racks.append(read.rack_id)
         return FetchResult(0, 10, 10, 0, b"", preferred_read_replica=2)
 
 

@@ -55,10 +55,16 @@ from kafka.protocol.admin import (
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 from support.gateway import InMemoryBackend
 
-from raylog.actors.control import config_keys, election, placement
+from raylog.actors.control import config_keys, election
 from raylog.actors.control import metadata as md_
 from raylog.gateway.actor import _set_topic_configs, client_view
-from raylog.gateway.backend import AdminBackend, AdminResult, TopicConfigsResult, TopicState
+from raylog.gateway.backend import (
+    AdminBackend,
+    AdminResult,
+    NewTopic,
+    TopicConfigsResult,
+    TopicState,
+)
 from raylog.gateway.handlers import HANDLERS, RequestContext, advertised_versions
 from raylog.gateway.handlers.incremental_alter_configs import (
     APPEND,
@@ -71,7 +77,6 @@ from raylog.gateway.handlers.incremental_alter_configs import (
 from raylog.gateway.protocol import Connection, Request
 from raylog.storage.errors import (
     InvalidConfigError,
-    InvalidPartitionsError,
     InvalidRequestError,
     RaylogError,
 )
@@ -94,21 +99,13 @@ class AdminMemory(InMemoryBackend):
         return 1, self.broker_overrides
 
     async def create_topic(
-        self,
-        name: str,
-        num_partitions: int,
-        replication_factor: int,
-        assignment: Sequence[Sequence[int]] | None,
-        configs: Mapping[str, str],
-        validate_only: bool,
-        timeout_ms: int,
+        self, topic: NewTopic, validate_only: bool, timeout_ms: int
     ) -> AdminResult:
         def change(md: md_.ClusterMetadata) -> md_.ClusterMetadata:
-            md_.validate_topic_name(name)
-            chosen = assignment or placement.place_replicas(
-                md_.active_brokers(md), num_partitions, replication_factor
+            name, partitions, rf = topic.name, topic.num_partitions, topic.replication_factor
+            return md_.new_topic(
+                md, name, f"id-{name}", partitions, rf, topic.configs, topic.assignment
             )
-            return md_.create_topic(md, name, f"id-{name}", chosen, configs)
 
         return self._apply(change, validate_only)
 
@@ -129,16 +126,7 @@ class AdminMemory(InMemoryBackend):
     async def create_partitions(
         self, name: str, total_count: int, validate_only: bool, timeout_ms: int
     ) -> AdminResult:
-        def change(md: md_.ClusterMetadata) -> md_.ClusterMetadata:
-            t = md_.get_topic(md, name)
-            if total_count <= len(t.partitions):
-                raise InvalidPartitionsError(f"{name} has {len(t.partitions)} partitions")
-            existing = [p.replicas for p in t.partitions]
-            count = total_count - len(existing)
-            new = placement.place_new_partitions(md_.active_brokers(md), existing, count)
-            return md_.add_partitions(md, name, new)
-
-        return self._apply(change, validate_only)
+        return self._apply(lambda md: md_.new_partitions(md, name, total_count), validate_only)
 
     async def elect_leaders(
         self, election_type: str, partitions: Sequence[tuple[str, int]] | None

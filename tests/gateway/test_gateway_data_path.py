@@ -66,7 +66,8 @@ from raylog.actors.replica import ReplicaActor
 from raylog.actors.replication.messages import BecomeFollower, BecomeLeader
 from raylog.actors.replication.ready import ReplicaConfig
 from raylog.gateway.backend import Broker, PartitionState, TopicState
-from raylog.gateway.replica_backend import MetadataView, ReplicaBackend
+from raylog.gateway.replica_backend import ReplicaBackend
+from raylog.gateway.routing import MetadataView
 from raylog.gateway.server import GatewayServer
 from raylog.storage import batch as rb
 from raylog.storage import short_circuit
@@ -854,7 +855,7 @@ def test_fetches_are_read_short_circuit_and_fall_back_when_that_does_not_hold(
         os.fsync(fd)  # clean pages, which the advice drops
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         os.close(fd)
-    assert bytes(cluster.call(backend._read_located(name, answer))) == wanted.records
+    assert bytes(cluster.call(backend.replicas.read_located(name, answer))) == wanted.records
     if short_circuit._nowait_supported:
         assert backend.read_stats.disk_reads == before.disk_reads + 1
 
@@ -886,12 +887,13 @@ def test_fetches_are_read_short_circuit_and_fall_back_when_that_does_not_hold(
     fallbacks = backend.read_stats.fallbacks
     for case, bad_runs in broken.items():
         outcome = msgspec.structs.replace(answer, extents=answer.extents._replace(runs=bad_runs))
-        assert cluster.call(backend._read_located(name, outcome)) is None, case
+        assert cluster.call(backend.replicas.read_located(name, outcome)) is None, case
     assert backend.read_stats.fallbacks == fallbacks + len(broken)
-    assert bytes(cluster.call(backend._read_located(name, answer))) == wanted.records
+    assert bytes(cluster.call(backend.replicas.read_located(name, answer))) == wanted.records
     elsewhere = msgspec.structs.replace(answer, node_id="another-node")
-    assert cluster.call(backend._read_located("replica:x:0:9", elsewhere)) is None
-    assert "replica:x:0:9" in backend._remote_replicas and name not in backend._remote_replicas
+    assert cluster.call(backend.replicas.read_located("replica:x:0:9", elsewhere)) is None
+    remote = backend.replicas.remote_replicas
+    assert "replica:x:0:9" in remote and name not in remote
 
 
 def test_raw_list_offsets_errors(cluster: Cluster) -> None:

@@ -7,7 +7,8 @@ completes the ApiVersions handshake (including the unsupported-version retry tha
 and librdkafka go through) and sees the brokers and topics the backend returns, without the
 gateway closing any of their connections; that responses on one connection leave in request
 order when handlers finish out of order and requests exceed the in-flight bound; that a handler
-bug closes only its own connection; and that stopping the server answers what is in flight.
+bug closes only its own connection; that stopping the server answers what is in flight; and that
+the server's event loop is uvloop's when ``import uvloop`` succeeds, asyncio's when it fails.
 
 kafka-python infers the broker's version from the advertised table. With only ApiVersions and
 Metadata advertised it identifies the broker as 1.0 and still bootstraps; the tests run it both
@@ -23,7 +24,9 @@ import shutil
 import socket
 import struct
 import subprocess
+import sys
 import threading
+import types
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -343,15 +346,21 @@ def test_connections_over_the_limit_are_closed() -> None:
         gateway.stop()
 
 
-def test_event_loop_factory_falls_back_without_uvloop() -> None:
-    from raylog.gateway.server import event_loop_factory
+def test_event_loop_factory_is_uvloops_when_it_imports_else_asyncios(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Which loop the gateway runs on is decided by whether ``import uvloop`` succeeds: the
+    import is controlled here (a module that cannot be imported, then one that can)."""
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop raises ImportError
+    assert server.event_loop_factory() is asyncio.new_event_loop
 
-    factory = event_loop_factory()
-    loop = factory()
-    try:
-        assert isinstance(loop, asyncio.AbstractEventLoop)
-    finally:
-        loop.close()
+    def uvloop_new_event_loop() -> asyncio.AbstractEventLoop:
+        return asyncio.new_event_loop()
+
+    installed = types.ModuleType("uvloop")
+    installed.new_event_loop = uvloop_new_event_loop  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "uvloop", installed)
+    assert server.event_loop_factory() is uvloop_new_event_loop
 
 
 def test_idle_connection_is_closed() -> None:

@@ -100,7 +100,6 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
 # Modules where every raylog import may be lazy, and why.
 LAZY_MODULES: dict[str, str] = {
     "raylog.actors.cli": "a command imports what it runs: `raylog topics` must not import Ray",
-    "raylog.gateway.handlers": "the handler table imports each API's module as it is built",
 }
 
 

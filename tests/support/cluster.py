@@ -2,6 +2,8 @@
 
 - ``Lines``: a process's stdout collected by a reader thread, waited on with a deadline.
 - ``free_port_block``: a first loopback port with ``count`` free ports after it.
+- ``started_up``: an ``UpProcess`` started, on a fresh data dir again when Ray itself did not
+  start in time (the machine, not raylog).
 - ``UpProcess``: one ``raylog up`` subprocess (3 brokers by default) on its own data dir and
   ports; ``start()`` waits for "raylog ready" and returns the bootstrap servers, ``stop()`` sends
   SIGINT and waits for exit 0, ``raylog(*args)`` runs a CLI command against this cluster (its
@@ -28,6 +30,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -253,6 +256,26 @@ class UpProcess:
                 if self.proc.poll() is None:
                     self.proc.kill()
                     self.proc.wait(timeout=STOP_DEADLINE_S)
+
+
+UP_ATTEMPTS_MAX = 3
+
+
+def started_up(make_data_dir: Callable[[], Path], *extra: str, brokers: int = 3) -> UpProcess:
+    """An ``UpProcess`` on ``make_data_dir()``, started (the caller stops it). Ray gives its
+    raylet a fixed 30 s to register, which a loaded 2-core machine can exceed: then `raylog up`
+    says "Ray did not start", and it is tried again on a fresh data dir, up to UP_ATTEMPTS_MAX
+    times."""
+    for attempt in range(UP_ATTEMPTS_MAX):
+        up = UpProcess(make_data_dir(), *extra, brokers=brokers)
+        try:
+            up.start()
+            return up
+        except AssertionError as exc:
+            up.__exit__(None, None, None)
+            if "Ray did not start" not in str(exc) or attempt == UP_ATTEMPTS_MAX - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 # --- a Ray cluster of `ray start` nodes on this machine (cluster mode) --------------------------

@@ -3,7 +3,10 @@
 Proves: the document round-trips through JSON and msgpack; every transition returns a new object
 and leaves its input untouched; metadata_epoch bumps once per changing transition and not at all
 for a no-op; leader_epoch bumps only on leader change and partition_epoch on every partition
-change; topic creation validates names, assignments and configs with Kafka's error codes.
+change; topic creation validates names, assignments and configs with Kafka's error codes;
+CreateTopics and CreatePartitions as requests ask them (``new_topic``, ``new_partitions``) place
+replicas unless assigned, and grow a topic with its target replication factor while one of its
+partitions is being reassigned.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import msgspec
 import pytest
 
 from raylog.actors.control import metadata as m
+from raylog.actors.control import reassignment
 from raylog.actors.control.metadata import ClusterMetadata, PartitionChange, PartitionState
 from raylog.storage.errors import (
     BrokerIdNotRegisteredError,
@@ -125,6 +129,32 @@ def test_add_partitions_appends() -> None:
         m.add_partitions(md, "t", [])
     with pytest.raises(InvalidReplicaAssignmentError):
         m.add_partitions(md, "t", [[1, 2]])  # the topic's replication factor is 3
+
+
+def test_new_topic_places_replicas_unless_the_request_assigns_them() -> None:
+    md = cluster(3)
+    placed = m.new_topic(md, "t", "id-t", 3, 2)
+    assert [len(p.replicas) for p in placed.topics["t"].partitions] == [2, 2, 2]
+    given = m.new_topic(md, "t", "id-t", 0, 0, {"retention.ms": "1000"}, [[3, 1]])
+    assert given.topics["t"].partitions[0].replicas == (3, 1)
+    assert given.topics["t"].configs == {"retention.ms": "1000"}
+    with pytest.raises(InvalidTopicError):  # the name first: placement cannot fail it
+        m.new_topic(md, "bad name", "id", 1, 99)
+    with pytest.raises(InvalidReplicationFactorError):
+        m.new_topic(md, "t", "id-t", 1, 4)
+
+
+def test_new_partitions_keep_the_target_replication_factor_during_a_reassignment() -> None:
+    """A reassignment in progress lists target and original replicas together; the new
+    partitions take the topic's replication factor from the target (the controller's rule,
+    which a gateway's validate_only CreatePartitions runs too)."""
+    md = with_topic(cluster(4), assignment=((1, 2), (2, 3)))
+    moving = reassignment.start(md, {m.TopicPartition("t", 0): [3, 4]}).metadata
+    assert moving.topics["t"].partitions[0].replicas == (3, 4, 1, 2)
+    grown = m.new_partitions(moving, "t", 3)
+    assert len(grown.topics["t"].partitions[2].replicas) == 2
+    with pytest.raises(InvalidPartitionsError, match="3 is not more"):
+        m.new_partitions(grown, "t", 3)
 
 
 def test_alter_configs_replaces_overrides_and_is_a_no_op_when_equal() -> None:

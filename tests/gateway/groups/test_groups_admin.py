@@ -1,4 +1,4 @@
-"""The group admin decisions of the pure state machine (``gateway/groups/group.py``).
+"""The group admin decisions (``gateway/groups/group_admin.py``) over the pure state machine.
 
 Proves: a description carries the protocol and each member's metadata and assignment only while
 the group is Stable (Kafka's ``GroupMetadata.summary``); only an Empty group may be deleted
@@ -24,11 +24,18 @@ from raylog.gateway.errors import ErrorCode
 from raylog.gateway.groups.group import (
     CommittedOffset,
     Group,
-    GroupListing,
     GroupState,
     JoinResult,
-    filter_listings,
     subscription_topics,
+)
+from raylog.gateway.groups.group_admin import (
+    GroupListing,
+    check_delete,
+    describe,
+    filter_listings,
+    listing,
+    plan_offset_delete,
+    plan_offset_expiry,
 )
 
 SESSION_MS = 10_000
@@ -78,7 +85,7 @@ def commit(group: Group, *partitions: tuple[str, int]) -> None:
 
 def test_a_stable_group_is_described_with_protocol_metadata_and_assignment() -> None:
     group = stable_group("t")
-    described = group.describe()
+    described = describe(group)
     assert (described.state, described.protocol_type, described.protocol) == (
         "Stable",
         "consumer",
@@ -91,13 +98,13 @@ def test_a_stable_group_is_described_with_protocol_metadata_and_assignment() -> 
         "/127.0.0.1",
     )
     assert (member.metadata, member.assignment) == (subscription("t"), b"assignment")
-    assert group.listing() == GroupListing("g", "consumer", "Stable", "classic")
+    assert listing(group) == GroupListing("g", "consumer", "Stable", "classic")
 
 
 def test_a_rebalancing_group_is_described_without_protocol_or_member_data() -> None:
     group = stable_group("t")
     assert join(group, "", "b", subscription("t")) is None  # b joins: a must rejoin
-    described = group.describe()
+    described = describe(group)
     assert (described.state, described.protocol) == ("PreparingRebalance", "")
     assert {m.member_id for m in described.members} == {"a", "b"}
     assert all(m.metadata == b"" and m.assignment == b"" for m in described.members)
@@ -106,13 +113,13 @@ def test_a_rebalancing_group_is_described_without_protocol_or_member_data() -> N
 def test_only_an_empty_group_can_be_deleted() -> None:
     group = stable_group("t")
     commit(group, ("t", 0), ("u", 1))
-    assert group.check_delete() == ErrorCode.NON_EMPTY_GROUP
+    assert check_delete(group) == ErrorCode.NON_EMPTY_GROUP
     assert group.leave("a", NOW_MS) == ErrorCode.NONE
     assert group.state is GroupState.EMPTY
-    assert group.exists() and group.check_delete() == ErrorCode.NONE
+    assert group.exists() and check_delete(group) == ErrorCode.NONE
     group.delete()
     assert group.state is GroupState.DEAD and not group.offsets and not group.exists()
-    assert group.check_delete() == ErrorCode.GROUP_ID_NOT_FOUND
+    assert check_delete(group) == ErrorCode.GROUP_ID_NOT_FOUND
     # A request that still holds the deleted group is told to find the coordinator again.
     assert join(group, "", "c", subscription("t")) == JoinResult(
         ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id=""
@@ -122,29 +129,29 @@ def test_only_an_empty_group_can_be_deleted() -> None:
 
 def test_a_group_that_never_formed_does_not_exist_but_one_with_offsets_does() -> None:
     never = Group("g")
-    assert not never.exists() and never.check_delete() == ErrorCode.GROUP_ID_NOT_FOUND
+    assert not never.exists() and check_delete(never) == ErrorCode.GROUP_ID_NOT_FOUND
     simple = Group("s")  # assign() + commit: offsets, no generation
     commit(simple, ("t", 0))
-    assert simple.exists() and simple.check_delete() == ErrorCode.NONE
-    assert simple.listing() == GroupListing("s", "", "Empty", "classic")
+    assert simple.exists() and check_delete(simple) == ErrorCode.NONE
+    assert listing(simple) == GroupListing("s", "", "Empty", "classic")
 
 
 def test_offset_delete_of_an_empty_group_removes_offsets_then_the_group() -> None:
     group = Group("s")
     commit(group, ("t", 0), ("t", 1))
-    some = group.plan_offset_delete([("t", 0), ("x", 9)])
+    some = plan_offset_delete(group, [("t", 0), ("x", 9)])
     assert some.error_code == ErrorCode.NONE
     assert some.partition_errors == {("t", 0): 0, ("x", 9): 0}  # no offset: still no error
     assert some.remove == (("t", 0),) and not some.delete_group
     group.remove_offsets(some.remove)
-    last = group.plan_offset_delete([("t", 1)])
+    last = plan_offset_delete(group, [("t", 1)])
     assert last.remove == (("t", 1),) and last.delete_group
 
 
 def test_offset_delete_of_a_stable_consumer_group_spares_subscribed_topics() -> None:
     group = stable_group("t")
     commit(group, ("t", 0), ("u", 0))
-    plan = group.plan_offset_delete([("t", 0), ("u", 0)])
+    plan = plan_offset_delete(group, [("t", 0), ("u", 0)])
     assert plan.error_code == ErrorCode.NONE
     assert plan.partition_errors == {
         ("t", 0): ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC,
@@ -157,12 +164,12 @@ def test_offset_delete_when_subscriptions_cannot_be_read_or_the_group_is_not_con
     unreadable = Group("g")
     assert join(unreadable, "", "a", b"\x00") is None
     commit(unreadable, ("u", 0))
-    plan = unreadable.plan_offset_delete([("u", 0)])
+    plan = plan_offset_delete(unreadable, [("u", 0)])
     assert plan.partition_errors == {("u", 0): ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC}
     assert plan.remove == ()
     connect = stable_group("t", protocol_type="connect")
-    assert connect.plan_offset_delete([("u", 0)]).error_code == ErrorCode.NON_EMPTY_GROUP
-    assert Group("new").plan_offset_delete([("u", 0)]).error_code == ErrorCode.GROUP_ID_NOT_FOUND
+    assert plan_offset_delete(connect, [("u", 0)]).error_code == ErrorCode.NON_EMPTY_GROUP
+    assert plan_offset_delete(Group("new"), [("u", 0)]).error_code == ErrorCode.GROUP_ID_NOT_FOUND
 
 
 RETENTION_MS = 1_000
@@ -176,11 +183,11 @@ def test_offset_expiry_of_a_stable_consumer_group_takes_only_old_unsubscribed_of
     group = stable_group("t")
     committed_at(group, 0, ("t", 0), ("u", 0))
     committed_at(group, 500, ("u", 1))
-    plan = group.plan_offset_expiry(RETENTION_MS, RETENTION_MS, empty_since_ms=None)
+    plan = plan_offset_expiry(group, RETENTION_MS, RETENTION_MS, empty_since_ms=None)
     assert plan.remove == (("u", 0),) and not plan.delete_group  # ("t", 0) is subscribed
     connect = stable_group("t", protocol_type="connect")
     committed_at(connect, 0, ("u", 0))
-    assert connect.plan_offset_expiry(10 * RETENTION_MS, RETENTION_MS, None).remove == ()
+    assert plan_offset_expiry(connect, 10 * RETENTION_MS, RETENTION_MS, None).remove == ()
 
 
 def test_offset_expiry_of_an_empty_group_counts_from_when_it_became_empty() -> None:
@@ -189,12 +196,12 @@ def test_offset_expiry_of_an_empty_group_counts_from_when_it_became_empty() -> N
     assert group.leave("a", NOW_MS) == ErrorCode.NONE
     group.tick(NOW_MS)
     assert group.state is GroupState.EMPTY
-    assert group.plan_offset_expiry(1_999, RETENTION_MS, empty_since_ms=1_000).remove == ()
-    plan = group.plan_offset_expiry(2_000, RETENTION_MS, empty_since_ms=1_000)
+    assert plan_offset_expiry(group, 1_999, RETENTION_MS, empty_since_ms=1_000).remove == ()
+    plan = plan_offset_expiry(group, 2_000, RETENTION_MS, empty_since_ms=1_000)
     assert plan.remove == (("t", 0), ("u", 0)) and plan.delete_group
     # Since when it is empty unknown: each offset's commit time stands in (Kafka's getOrElse).
     committed_at(group, 900, ("u", 1))
-    plan = group.plan_offset_expiry(1_500, RETENTION_MS, empty_since_ms=None)
+    plan = plan_offset_expiry(group, 1_500, RETENTION_MS, empty_since_ms=None)
     assert plan.remove == (("t", 0), ("u", 0)) and not plan.delete_group
 
 
@@ -203,18 +210,18 @@ def test_offset_expiry_takes_an_empty_group_without_offsets_at_once() -> None:
     assert group.leave("a", NOW_MS) == ErrorCode.NONE
     group.tick(NOW_MS)
     assert group.state is GroupState.EMPTY and group.generation_id > 0
-    plan = group.plan_offset_expiry(NOW_MS, RETENTION_MS, empty_since_ms=NOW_MS)
+    plan = plan_offset_expiry(group, NOW_MS, RETENTION_MS, empty_since_ms=NOW_MS)
     assert plan.remove == () and plan.delete_group
-    assert not stable_group("t").plan_offset_expiry(NOW_MS, RETENTION_MS, None).delete_group
+    assert not plan_offset_expiry(stable_group("t"), NOW_MS, RETENTION_MS, None).delete_group
 
 
 def test_offset_expiry_of_a_group_that_only_commits_goes_by_commit_time() -> None:
     group = Group("g")
     committed_at(group, 0, ("t", 0))
     committed_at(group, 800, ("t", 1))
-    plan = group.plan_offset_expiry(1_000, RETENTION_MS, empty_since_ms=0)
+    plan = plan_offset_expiry(group, 1_000, RETENTION_MS, empty_since_ms=0)
     assert plan.remove == (("t", 0),) and not plan.delete_group
-    plan = group.plan_offset_expiry(1_800, RETENTION_MS, empty_since_ms=0)
+    plan = plan_offset_expiry(group, 1_800, RETENTION_MS, empty_since_ms=0)
     assert plan.remove == (("t", 0), ("t", 1)) and plan.delete_group
 
 

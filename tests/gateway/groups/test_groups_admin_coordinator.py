@@ -38,7 +38,8 @@ from raylog.gateway import codec
 from raylog.gateway.backend import PartitionState, ProduceResult, TopicState
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.groups.coordinator import GroupCoordinator, partition_for
-from raylog.gateway.groups.group import GroupListing, GroupState, JoinResult, MemberIdentity
+from raylog.gateway.groups.group import GroupState, JoinResult, MemberIdentity
+from raylog.gateway.groups.group_admin import GroupListing
 from raylog.gateway.handlers import HANDLERS, RequestContext, advertised_versions
 from raylog.gateway.protocol import Connection, Request
 

@@ -2,10 +2,11 @@
 
 Proves: FindCoordinator creates the topic once (RF capped by live brokers, compacted, Kafka's
 segment size) and answers COORDINATOR_NOT_AVAILABLE until a leader exists, then the leader's
-node; an existing topic is given cleanup.policy=compact once (retried while that fails);
-requests for a
-partition being loaded get COORDINATOR_LOAD_IN_PROGRESS, for one not led here NOT_COORDINATOR;
-JoinGroup answers wait for the rebalance and SyncGroup for the leader; commits are written as
+node; an existing topic is given cleanup.policy=compact once (retried while that fails); a
+request for a partition another broker leads gets NOT_COORDINATOR at once; one for a partition
+being loaded here waits for the load and is served (COORDINATOR_LOAD_IN_PROGRESS only past the
+wait), and so does one that arrives before this broker's metadata shows the partition; JoinGroup
+answers wait for the rebalance and SyncGroup for the leader; commits are written as
 records and a second coordinator reading the same log (failover) rebuilds the group (Stable,
 same generation, heartbeats accepted) and its offsets; losing leadership answers a waiting
 JoinGroup NOT_COORDINATOR; a group's metadata write failing turns its SyncGroup answers into
@@ -32,6 +33,7 @@ from raylog.gateway.backend import (
     ClusterView,
     FetchResult,
     ListOffsetsResult,
+    PartitionFetch,
     PartitionState,
     ProduceResult,
     TopicState,
@@ -61,11 +63,14 @@ class LogBackend:
         self.epoch = 0
         self.exists = True
         self.produce_error = 0
+        self.refused = 0  # produce calls answered with produce_error
+        self.topic_reads = 0
 
     async def cluster(self) -> ClusterView:
         return ClusterView("c", 1, [Broker(b, "127.0.0.1", 9000 + b, None) for b in (1, 2)])
 
     async def topics(self, names: Sequence[str] | None) -> Mapping[str, TopicState]:
+        self.topic_reads += 1
         if not self.exists:
             return {}
         parts = [
@@ -78,6 +83,7 @@ class LogBackend:
     ) -> ProduceResult:
         assert topic == OFFSETS_TOPIC and acks == -1
         if self.produce_error:
+            self.refused += 1
             return ProduceResult(self.produce_error, -1, -1, -1)
         log = self.logs[partition]
         stamped = bytearray(records)
@@ -87,9 +93,9 @@ class LogBackend:
         log.extend([b""] * (count - 1))  # ...or pad so that offsets stay list indexes
         return ProduceResult(0, len(log) - count, -1, 0)
 
-    async def fetch(self, topic: str, partition: int, offset: int, *args: Any) -> FetchResult:
+    async def fetch(self, topic: str, partition: int, read: PartitionFetch) -> FetchResult:
         log = self.logs[partition]
-        data = b"".join(log[offset:])
+        data = b"".join(log[read.fetch_offset :])
         return FetchResult(0, len(log), len(log), 0, data)
 
     async def list_offsets(self, topic: str, partition: int, *args: Any) -> ListOffsetsResult:
@@ -211,15 +217,19 @@ def test_an_existing_topic_is_given_cleanup_policy_compact_once() -> None:
     asyncio.run(run())
 
 
-def test_not_coordinator_and_load_in_progress() -> None:
+def test_not_coordinator_at_once_and_load_in_progress_after_the_wait() -> None:
     async def run() -> None:
         backend = LogBackend(leader=2)
-        coordinator = GroupCoordinator(backend, 1)
-        await coordinator._tick()
-        assert (await coordinator.heartbeat(GROUP, "m", 1)) == ErrorCode.NOT_COORDINATOR
+        patient = GroupCoordinator(backend, 1, load_wait_ms=60_000)
+        await patient._tick()
+        # Another broker leads the group's partition: no wait, whatever the bound.
+        heartbeat = await asyncio.wait_for(patient.heartbeat(GROUP, "m", 1), timeout=5)
+        assert heartbeat == ErrorCode.NOT_COORDINATOR
+
         backend.leaders[PARTITION] = 1
         backend.epoch = 1
         backend.produce_error = ErrorCode.NOT_ENOUGH_REPLICAS  # the load barrier cannot land
+        coordinator = GroupCoordinator(backend, 1, load_wait_ms=200)
         await coordinator._tick()
         assert (await join(coordinator)).error_code == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
         backend.produce_error = 0
@@ -230,6 +240,58 @@ def test_not_coordinator_and_load_in_progress() -> None:
         await coordinator.stop()
 
     asyncio.run(run())
+
+
+def test_a_commit_waits_for_its_partition_to_load_and_is_served() -> None:
+    """librdkafka fails an application's OffsetCommit after two quick retries of
+    COORDINATOR_LOAD_IN_PROGRESS: a commit arriving during the load is answered after it."""
+
+    async def run() -> None:
+        backend = LogBackend()
+        backend.produce_error = ErrorCode.NOT_ENOUGH_REPLICAS  # the load barrier cannot land
+        coordinator = GroupCoordinator(backend, 1, load_wait_ms=60_000)
+        coordinator.start()
+        commit = asyncio.ensure_future(
+            coordinator.commit_offsets(GROUP, "", -1, {("t", 0): (7, -1, None)})
+        )
+        await wait_for(lambda: backend.refused >= 2, "two load attempts refused")
+        assert not commit.done()
+        backend.produce_error = 0
+        assert await asyncio.wait_for(commit, timeout=5) == ErrorCode.NONE
+        fetched = await coordinator.fetch_offsets(GROUP, [("t", 0)])
+        assert fetched.offsets[("t", 0)].offset == 7
+        await coordinator.stop()
+
+    asyncio.run(run())
+
+
+def test_a_request_waits_until_this_brokers_metadata_shows_who_leads() -> None:
+    """A client learns the coordinator from any gateway; this one's metadata may lag: a group
+    request waits until it shows the group's partition (led here, then loaded)."""
+
+    async def run() -> None:
+        backend = LogBackend()
+        backend.exists = False
+        coordinator = GroupCoordinator(backend, 1, load_wait_ms=60_000)
+        coordinator.start()
+        commit = asyncio.ensure_future(
+            coordinator.commit_offsets(GROUP, "", -1, {("t", 0): (9, -1, None)})
+        )
+        await wait_for(lambda: backend.topic_reads >= 3, "ticks without the topic")
+        assert not commit.done()
+        backend.exists = True
+        assert await asyncio.wait_for(commit, timeout=5) == ErrorCode.NONE
+        await coordinator.stop()
+
+    asyncio.run(run())
+
+
+async def wait_for(condition: Any, message: str, timeout_s: float = 5.0) -> None:
+    """Until ``condition()`` holds, yielding to the event loop; fails after ``timeout_s``."""
+    async with asyncio.timeout(timeout_s):
+        while not condition():  # bounded by the timeout
+            await asyncio.sleep(0.01)
+    assert condition(), message
 
 
 def test_a_group_this_coordinator_does_not_have_answers_as_kafka() -> None:

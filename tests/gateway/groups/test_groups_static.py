@@ -1,4 +1,4 @@
-"""Static group membership (KIP-345) in the pure group state machine (rule 8 of ``groups.py``).
+"""Static group membership (KIP-345) in the pure group state machine (``groups/group.py`` rule 8).
 
 Proves: a member with a ``group_instance_id`` joins without the MEMBER_ID_REQUIRED round trip and
 the leader sees every member's instance id; a restarted instance (no member id) takes over its
@@ -31,6 +31,7 @@ from raylog.gateway.groups.group import (
     Member,
     SyncResult,
 )
+from raylog.gateway.groups.group_admin import describe
 
 FENCED = ErrorCode.FENCED_INSTANCE_ID
 
@@ -342,7 +343,7 @@ def test_restore_rebuilds_the_instance_ids_and_describe_reports_them() -> None:
     )
     assert group.static_members == {"ia": "a"}
     assert heartbeat(group, clock, "zz", "ia") == FENCED
-    described = {m.member_id: m.group_instance_id for m in group.describe().members}
+    described = {m.member_id: m.group_instance_id for m in describe(group).members}
     assert described == {"a": "ia", "d": None}
     assert static_join(group, clock, "ia", new_id="a2") is None
     assert replies(group)[("a2", "join")].generation_id == 4
