@@ -1,5 +1,5 @@
-"""The replication channel (actors/transport/channel.py): frames, authentication and links on real
-sockets.
+"""The replication channel (actors/transport/channel.py and its parts): frames, authentication
+and links on real sockets.
 
 Proves: every replication message survives a frame round trip, also fed one byte at a time;
 garbage, unknown kinds and oversized lengths are refused with FrameError; a link delivers
@@ -32,7 +32,9 @@ from raylog.actors.replication.messages import (
     ReplicateAck,
     ReplicateRequest,
 )
+from raylog.actors.transport import auth
 from raylog.actors.transport import channel as ch
+from raylog.actors.transport import frames as fr
 
 HOST = "127.0.0.1"
 DEADLINE_S = 10.0
@@ -46,7 +48,7 @@ MESSAGES: list[Any] = [
 ]
 
 
-def _read_all(data: bytes, *, step: int = 0, scratch_bytes: int = ch.SCRATCH_BYTES) -> list[Any]:
+def _read_all(data: bytes, *, step: int = 0, scratch_bytes: int = fr.SCRATCH_BYTES) -> list[Any]:
     """Every message a parser decodes from ``data`` arriving ``step`` bytes at a time (all at
     once for 0); raises FrameError if the data ends inside a frame, as a connection does."""
     parser = ch.FrameParser(scratch_bytes=scratch_bytes)
@@ -91,7 +93,7 @@ def test_large_frames_are_received_into_their_own_buffer_between_small_ones(step
 def test_a_call_request_is_encoded_as_the_server_decodes_it() -> None:
     # Two in one read: the first's Raw arguments must not point into the parser's scratch,
     # which the second overwrites once taken.
-    frames = [ch.encode_frame(ch._CallRequestOut(i, "produce", (b"b%d" % i, -1))) for i in (7, 8)]
+    frames = [ch.encode_frame(fr.CallRequestOut(i, "produce", (b"b%d" % i, -1))) for i in (7, 8)]
     requests = []
     parser = ch.FrameParser(scratch_bytes=64)
     for frame in frames:
@@ -100,7 +102,7 @@ def test_a_call_request_is_encoded_as_the_server_decodes_it() -> None:
     assert all(isinstance(r, ch.CallRequest) for r in requests)
     assert [(r.call_id, r.method) for r in requests] == [(7, "produce"), (8, "produce")]
     assert [msgspec.msgpack.decode(r.args) for r in requests] == [[b"b7", -1], [b"b8", -1]]
-    assert not ch.is_channel_message(ch._CallRequestOut(7, "produce", ()))
+    assert not ch.is_channel_message(fr.CallRequestOut(7, "produce", ()))
 
 
 @pytest.mark.parametrize(
@@ -319,7 +321,7 @@ def test_a_call_link_whose_peer_stops_reading_waits_and_loses_nothing() -> None:
         received: list[Any] = []
 
         async def peer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            writer.write(b"n" * ch.NONCE_BYTES)  # a handshake that never checks the answer
+            writer.write(b"n" * auth.NONCE_BYTES)  # a handshake that never checks the answer
             await reading.wait()
             (name_bytes,) = struct.unpack(">H", await reader.readexactly(2))
             await reader.readexactly(name_bytes + 32)  # the link's name and MAC
@@ -490,7 +492,7 @@ def test_a_local_peer_of_another_user_is_refused_both_ways() -> None:
             line = await asyncio.wait_for(squatter.stdout.readline(), DEADLINE_S)
             assert line.decode().strip() == "listening"
             boot_id = local.partition("/")[0]
-            assert await ch._connect_local(f"{boot_id}/{squatter_name}") is None
+            assert await auth.connect_local(f"{boot_id}/{squatter_name}") is None
         finally:
             squatter.kill()
             await squatter.wait()
