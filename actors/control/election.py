@@ -442,12 +442,7 @@ def elect_leaders(
             pref = p.preferred_leader
             if p.leader == pref:
                 errors[tp] = ElectionNotNeededError(f"{tp.topic}-{tp.partition} is led by {pref}")
-            elif (
-                pref in ok
-                and pref in p.isr
-                and pref not in p.observers
-                and pref not in p.offline_replicas
-            ):
+            elif _preferred_can_lead(p, ok):
                 changes.append(PartitionChange(topic=tp.topic, partition=tp.partition, leader=pref))
             else:
                 errors[tp] = PreferredLeaderNotAvailableError(
@@ -506,11 +501,48 @@ def auto_leader_rebalance(md: ClusterMetadata, imbalance_percentage: int) -> Out
         for tp, p in md_.partitions(md)
         if p.preferred_leader in over
         and p.leader != p.preferred_leader
-        and p.preferred_leader in p.isr
-        and p.preferred_leader not in p.observers
-        and p.preferred_leader not in p.offline_replicas
+        and _preferred_can_lead(p, ok)
     ]
     return _apply(md, changes)
+
+
+class PreferredLeaders(msgspec.Struct, frozen=True):
+    """The partitions not led by their preferred replica that it can come to lead, from one
+    metadata version: ``electable`` now (its broker registered, in the ISR), or ``catching_up``
+    (its broker registered, not in the ISR yet: it rejoins once it has caught up). A partition
+    whose preferred replica's broker is not registered, whose log failed there, or which is an
+    observer is in neither."""
+
+    electable: list[TopicPartition]
+    catching_up: list[TopicPartition]
+
+
+def preferred_leaders(md: ClusterMetadata) -> PreferredLeaders:
+    """Where a preferred election is due or will be (see :class:`PreferredLeaders`)."""
+    ok = _eligible(md)
+    electable: list[TopicPartition] = []
+    catching_up: list[TopicPartition] = []
+    for tp, p in md_.partitions(md):
+        pref = p.preferred_leader
+        if p.leader == pref or pref not in ok:
+            continue
+        if _preferred_can_lead(p, ok):
+            electable.append(tp)
+        elif pref not in p.observers and pref not in p.offline_replicas:
+            catching_up.append(tp)
+    return PreferredLeaders(electable, catching_up)
+
+
+def _preferred_can_lead(p: PartitionState, eligible: set[int]) -> bool:
+    """The preferred replica may take leadership now: its broker is eligible, it is in the ISR,
+    not an observer, and its log has not failed."""
+    pref = p.preferred_leader
+    return (
+        pref in eligible
+        and pref in p.isr
+        and pref not in p.observers
+        and pref not in p.offline_replicas
+    )
 
 
 # --- what each replica is told ----------------------------------------------------------------

@@ -4,7 +4,9 @@ Proves: clean election picks the first eligible ISR replica in assignment order 
 observer; unclean election happens only when allowed, picks the longest live log and is counted;
 otherwise the partition goes offline keeping its last ISR member, which is elected when it
 returns; fencing, controlled shutdown and re-registration move leaders and shrink ISRs as KRaft
-does; preferred and auto-rebalance elections go only to an eligible ISR member; AlterPartition is
+does; preferred and auto-rebalance elections go only to an eligible ISR member, and the partitions
+still off their preferred replica are told apart by whether it can lead now, is catching up or
+cannot come back; AlterPartition is
 refused with the Kafka error each broken rule calls for; a replica whose log failed (offline) is
 handled as its broker's fencing is, for its partition alone, and is eligible again once its
 broker stops reporting it. Hypothesis drives random sequences of broker failures, returns,
@@ -230,6 +232,29 @@ def test_preferred_election_only_to_an_eligible_isr_preferred_replica() -> None:
     assert isinstance(again.errors[T0], ElectionNotNeededError)
     assert isinstance(again.errors[TopicPartition("nope", 0)], UnknownTopicOrPartitionError)
     assert again.metadata is out.metadata
+
+
+def test_preferred_leaders_sorts_partitions_off_their_preferred_replica() -> None:
+    """What `raylog up` waits for after a restart: from one metadata version, the partitions
+    whose preferred replica can lead now, those whose preferred replica is still catching up,
+    and none whose preferred replica cannot come back (broker fenced, log offline, observer)."""
+    t = [TopicPartition("t", p) for p in range(4)]
+    md = topic(cluster(), [[1, 2, 3], [2, 1, 3], [4, 1, 2], [1, 2, 4]])
+    md = topic(md, [[1, 2]], observers=[[1]], name="o")  # 1 observes: 2 leads, never 1
+    md = e.fence_broker(md, 1).metadata  # 1's leaderships move, 1 leaves every ISR
+    md = e.fence_broker(md, 4).metadata  # and 4's; 4 stays fenced
+    md = e.unfence_broker(md, 1).metadata  # 1 is back, out of the ISRs until it catches up
+    assert e.preferred_leaders(md) == e.PreferredLeaders(electable=[], catching_up=[t[0], t[3]])
+    p0 = part(md, t[0])
+    md = e.alter_partition(
+        md, p0.leader, md.brokers[p0.leader].broker_epoch, t[0], p0.leader_epoch,
+        p0.partition_epoch, (*p0.isr, 1),
+    ).metadata  # fmt: skip
+    md = e.set_offline_replicas(md, 1, {t[3]}).metadata  # 1's log of t-3 failed
+    assert e.preferred_leaders(md) == e.PreferredLeaders(electable=[t[0]], catching_up=[])
+    md = e.elect_leaders(md, "preferred", [t[0]]).metadata
+    assert part(md, t[0]).leader == 1
+    assert e.preferred_leaders(md) == e.PreferredLeaders(electable=[], catching_up=[])
 
 
 def test_unclean_elect_leaders_ignores_the_topic_setting() -> None:
