@@ -42,7 +42,9 @@ import msgspec
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from raylog.actors.broker import BrokerActor
 from raylog.actors.calls import NAMESPACE, broker_actor_name, gateway_actor_name, ray_call
+from raylog.gateway.actor import GatewayActor
 from raylog.storage.errors import RaylogError, one_line
 
 log = logging.getLogger(__name__)
@@ -272,11 +274,6 @@ class SupervisorActor:
         }
 
     def _create_broker(self, broker_id: int) -> None:
-        # Imported here: an actor class referenced as a module global would be pickled by value
-        # with this actor's class (and some of its modules' globals cannot be pickled).
-        from raylog.actors.broker import BrokerActor
-        from raylog.gateway.actor import GatewayActor
-
         spec = self._specs[broker_id]
         placement: dict[str, Any] = {}
         if spec.node_id is not None:

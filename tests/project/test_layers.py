@@ -90,12 +90,6 @@ LAZY_IMPORTS: dict[tuple[str, str], str] = {
     ("raylog.pipelines", "raylog.pipelines.ray_data"): "Ray Data only for its users",
     ("raylog.pipelines.features", "raylog.pipelines"): "pyspark only when the job runs",
     ("raylog.actors.cli.pipeline", "raylog.pipelines.features"): "pyspark only when it runs",
-    ("raylog.actors.cluster.supervisor", "raylog.actors.broker"): (
-        "an actor class a Ray actor references as a global is pickled with it"
-    ),
-    ("raylog.actors.cluster.supervisor", "raylog.gateway.actor"): (
-        "an actor class a Ray actor references as a global is pickled with it"
-    ),
 }
 # Modules where every raylog import may be lazy, and why.
 LAZY_MODULES: dict[str, str] = {
