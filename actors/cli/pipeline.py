@@ -1,8 +1,8 @@
 """`raylog pipeline features|generate`: the example feature pipeline and its event generator.
 
 ``add_subcommands(subparsers)`` adds the ``pipeline`` command to the `raylog` parser
-(:func:`raylog.actors.cli.main.build_parser`). PySpark and confluent-kafka are imported only when a
-command runs, so `raylog up` does not pay for them.
+(:func:`raylog.actors.cli.main.build_parser`). PySpark and confluent-kafka are imported only
+when a command runs, so `raylog up` does not pay for them.
 """
 
 from __future__ import annotations

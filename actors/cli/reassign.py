@@ -21,14 +21,8 @@ import sys
 import time
 from typing import Any
 
-from raylog.actors.cli.main import (
-    CliError,
-    _add_cluster_args,
-    _call,
-    _connect,
-    _error_names,
-    _print_json,
-)
+from raylog.actors.cli.client import CliError, add_cluster_args, call, connect
+from raylog.actors.cli.text import error_names, print_json
 
 POLL_S = 1.0
 WAIT_TIMEOUT_S_DEFAULT = 600.0
@@ -78,7 +72,7 @@ def _started_ok(codes: dict[tuple[str, int], tuple[int, str]]) -> list[tuple[str
 
 
 def _refusals(codes: dict[tuple[str, int], tuple[int, str]]) -> list[str]:
-    names = _error_names()
+    names = error_names()
     return [
         f"{t}-{p}: {names.get(code, code)}: {message}"
         for (t, p), (code, message) in sorted(codes.items())
@@ -88,21 +82,21 @@ def _refusals(codes: dict[tuple[str, int], tuple[int, str]]) -> list[str]:
 
 class _Controller:
     """The active controller, found again once when it changed under a call (a lease moved
-    between ``_connect`` and the call). Every call made through it is idempotent: a
+    between ``connect`` and the call). Every call made through it is idempotent: a
     reassignment to the same target again is a no-op."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
-        self.handle = _connect(args)
+        self.handle = connect(args)
 
     def call(self, method: str, *call_args: Any) -> Any:
         try:
-            return _call(self.handle, method, *call_args)
+            return call(self.handle, method, *call_args)
         except CliError as e:
             if not str(e).startswith("NotControllerError"):
                 raise
-        self.handle = _connect(self.args)
-        return _call(self.handle, method, *call_args)
+        self.handle = connect(self.args)
+        return call(self.handle, method, *call_args)
 
 
 def _wait(
@@ -127,16 +121,6 @@ def _wait(
 
 
 def cmd_reassign(args: argparse.Namespace) -> int:
-    try:
-        return _reassign(args)
-    except CliError as e:
-        # Printed here: under `python -m raylog.actors.cli.main` that module runs as __main__, whose
-        # CliError is another class than the one imported here.
-        print(f"raylog: {e}", file=sys.stderr)
-        return 1
-
-
-def _reassign(args: argparse.Namespace) -> int:
     modes = sum(bool(x) for x in (args.replicas, args.rebalance, args.cancel, args.list))
     if modes != 1:
         raise CliError("choose one of --replicas, --rebalance, --cancel, --list")
@@ -150,7 +134,7 @@ def _reassign(args: argparse.Namespace) -> int:
     if args.list:
         rows = controller.call("list_reassignments")
         if args.json:
-            _print_json({"reassignments": [_row_json(r) for r in rows]})
+            print_json({"reassignments": [_row_json(r) for r in rows]})
         else:
             for r in rows:
                 print(_row_text(r))
@@ -198,7 +182,7 @@ def _report(
     ok = _started_ok(codes)
     refused = _refusals(codes)
     if args.json:
-        _print_json(
+        print_json(
             {
                 "partitions": [{"topic": t, "partition": p} for t, p in ok],
                 "errors": refused,
@@ -217,7 +201,7 @@ def _report(
 
 
 def add_subcommands(sub: Any) -> None:
-    """The CLI hook: adds ``reassign`` to ``raylog``'s subparsers."""
+    """Adds ``reassign`` to ``raylog``'s subparsers."""
     p = sub.add_parser(
         "reassign", help="move partition replicas, rebalance brokers, cancel, show progress"
     )
@@ -241,4 +225,4 @@ def add_subcommands(sub: Any) -> None:
         help=f"seconds to wait for completion (default {WAIT_TIMEOUT_S_DEFAULT:.0f})",
     )
     p.set_defaults(func=cmd_reassign)
-    _add_cluster_args(p, json_flag=True)
+    add_cluster_args(p, json_flag=True)

@@ -1,11 +1,11 @@
 """`raylog up` runs the other commands: the CLI's fast path, without joining Ray.
 
 A command such as `raylog topics describe` needs the controllers' answers. Joining Ray as a
-driver for each command costs about 1.9 s and 1.1 s of CPU (importing Ray, connecting, Ray's
-serializer set-up), most of what a command takes. `raylog up` is a Ray driver already: it
+driver for each command (importing Ray, connecting, Ray's serializer set-up) is most of what a
+command takes (benchmarks/cli.py measures both paths). `raylog up` is a Ray driver already: it
 serves commands on a loopback HTTP endpoint and runs them with its own connection, so a command
-is an HTTP call (about 0.2 s, no Ray import). Kafka's tools work the same way: they ask a
-running broker, not the cluster's internals.
+is an HTTP call and never imports Ray. Kafka's tools work the same way: they ask a running
+broker, not the cluster's internals.
 
 - The endpoint listens on 127.0.0.1 at a port the OS picks, written to ``cluster.json``
   (``admin_port``). A request carries the command's arguments as JSON and the cluster's admin

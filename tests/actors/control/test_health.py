@@ -123,13 +123,13 @@ def test_request_stats_buckets_are_cumulative() -> None:
 
 
 def test_a_failed_log_is_counted_and_described() -> None:
-    from raylog.actors.cli import main as cli
+    from raylog.actors.cli import topics
 
     md = e.set_offline_replicas(with_topic(cluster()), 3, {m.TopicPartition("t", 0)}).metadata
     rows = health.partition_health(md)
     assert [r.offline_replicas for r in rows] == [(3,), ()]
     h = health.cluster_health(rows)
     assert (h.offline_replicas, h.under_replicated_partitions, h.offline_partitions) == (1, 1, 0)
-    lines = [cli._partition_line(r) for r in rows]
+    lines = [topics.partition_line(r) for r in rows]
     assert lines[0].endswith("\tIsr: 1,2\tLeaderEpoch: 0\tOffline: 3"), lines[0]
     assert "Offline" not in lines[1] and lines[1].endswith("\tLeaderEpoch: 0"), lines[1]

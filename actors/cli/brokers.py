@@ -1,0 +1,92 @@
+"""`raylog brokers list|stop|kill|start`: the brokers of a cluster `raylog up` runs.
+
+``list`` reads the controller's metadata (id, rack, address, state, partitions led); ``stop``
+(controlled shutdown: leadership moves first), ``kill`` (a crash: the broker's actors die at
+once) and ``start`` (back with the same id, rack, data dir and port) are carried out by the
+supervisor actor of the `raylog up` process (``raylog.actors.cluster.supervisor``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from raylog.actors.cli.client import add_cluster_args, call, connect, supervisor
+from raylog.actors.cli.text import print_json
+
+# How long the CLI waits for the supervisor's answer; the supervisor bounds each step itself.
+STOP_TIMEOUT_S = 80.0  # a controlled shutdown, then the gateway's stop
+START_TIMEOUT_S = 90.0  # the broker registered and its gateway listening
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from raylog.actors.control import health
+
+    md = call(connect(args), "metadata")
+    stopped = {b for b, how in call(supervisor(), "lifecycle").items() if how == "stopped"}
+    rows = health.broker_rows(md, stopped)
+    if args.json:
+        print_json(
+            [
+                {
+                    "id": r.broker_id,
+                    "rack": r.rack,
+                    "host": r.host,
+                    "port": r.port,
+                    "state": r.state,
+                    "leader_partitions": r.leader_partitions,
+                }
+                for r in rows
+            ]
+        )
+        return 0
+    print(f"{'ID':>4}  {'RACK':<6} {'ADDRESS':<22} {'STATE':<9} LEADERS")
+    for r in rows:
+        address = f"{r.host}:{r.port}"
+        print(
+            f"{r.broker_id:>4}  {r.rack or '-':<6} {address:<22} {r.state:<9} {r.leader_partitions}"
+        )
+    sys.stdout.flush()
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    connect(args)
+    moved = call(supervisor(), "stop_broker", args.id, timeout_s=STOP_TIMEOUT_S)
+    if not moved:
+        print(f"raylog: broker {args.id} stopped; leadership move not confirmed", file=sys.stderr)
+    print(f"Broker {args.id} stopped (controlled shutdown).", flush=True)
+    return 0
+
+
+def cmd_kill(args: argparse.Namespace) -> int:
+    connect(args)
+    call(supervisor(), "kill_broker", args.id)
+    print(f"Broker {args.id} killed.", flush=True)
+    return 0
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    connect(args)
+    call(supervisor(), "start_broker", args.id, timeout_s=START_TIMEOUT_S)
+    print(f"Broker {args.id} started.", flush=True)
+    return 0
+
+
+def add_subcommands(sub: Any) -> None:
+    """Adds ``brokers`` to ``raylog``'s subparsers."""
+    brokers = sub.add_parser("brokers", help="list, stop, kill and start brokers")
+    brokers_sub = brokers.add_subparsers(dest="brokers_command", required=True)
+    listing = brokers_sub.add_parser("list", help="id, rack, address, state, partitions led")
+    listing.set_defaults(func=cmd_list)
+    add_cluster_args(listing, json_flag=True)
+    for name, func, text in (
+        ("stop", cmd_stop, "controlled shutdown: leadership moves first"),
+        ("kill", cmd_kill, "hard crash: kill the broker's actors, no clean-up"),
+        ("start", cmd_start, "start a stopped or killed broker again, as it was"),
+    ):
+        p = brokers_sub.add_parser(name, help=text)
+        p.add_argument("id", type=int)
+        p.set_defaults(func=func)
+        add_cluster_args(p)

@@ -1,0 +1,131 @@
+"""`raylog up --address`: raylog on an existing (e.g. autoscaled) Ray cluster.
+
+:class:`RayNodesCluster` runs the controllers, the supervisor and the node watcher
+(``raylog.actors.cluster.node_watcher``) on this process's node (the head, where the metadata
+store's directory is); the watcher has the supervisor start one broker and one gateway on every
+Ray node with the ``raylog`` resource, now and as nodes join, so the brokers belong to this
+process as in the embedded cluster and stop the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from raylog.actors.calls import CONTROLLERS, NAMESPACE, SUPERVISOR_ACTOR_NAME
+from raylog.actors.cluster.bootstrap import ClusterError
+from raylog.actors.cluster.embedded import START_TIMEOUT_S, STOP_STEP_TIMEOUT_S, EmbeddedCluster
+from raylog.actors.cluster.node_watcher import NodeWatcherActor
+from raylog.actors.cluster.supervisor import SupervisorActor
+from raylog.storage.errors import one_line
+
+FIRST_NODE_TIMEOUT_S = 600.0  # an autoscaler may take minutes to add a node
+
+
+class RayNodesCluster(EmbeddedCluster):
+    """raylog on an existing Ray cluster, one broker per ``raylog`` node (see the module
+    docstring); started, reported and stopped as the embedded cluster is."""
+
+    def __init__(
+        self,
+        data_dir: Path,
+        store_url: str,
+        cluster_id: str,
+        port: int,
+        s3_endpoint: str | None = None,
+        broker_configs: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(data_dir, store_url, cluster_id, 0, port, s3_endpoint, broker_configs)
+        self.port = port
+        self.watcher: Any = None
+        self._announced: set[tuple[int, str | None]] = set()  # (broker id, node id)
+
+    def start(self, stop: threading.Event | None = None) -> None:
+        """Start the controllers, the supervisor and the node watcher; returns once a first
+        broker serves (or ``stop`` is set)."""
+        here = ray.get_runtime_context().get_node_id()
+        self.placement = {"scheduling_strategy": NodeAffinitySchedulingStrategy(here, soft=False)}
+        names = self._start_controllers()
+        self.supervisor = SupervisorActor.options(  # type: ignore[attr-defined]
+            name=SUPERVISOR_ACTOR_NAME, namespace=NAMESPACE, **self.placement
+        ).remote([])
+        self.watcher = NodeWatcherActor.options(namespace=NAMESPACE, **self.placement).remote(  # type: ignore[attr-defined]
+            str(self.data_dir),
+            supervisor_name=SUPERVISOR_ACTOR_NAME,
+            controller_names=names,
+            broker_configs=self.broker_configs,
+            broker_port=self.port,
+        )
+        try:
+            ray.get(self.watcher.start.remote(), timeout=START_TIMEOUT_S)
+        except Exception as e:
+            raise ClusterError(f"node watcher: {one_line(e)}") from e
+        self._wait_first_broker(stop or threading.Event())
+
+    def _wait_first_broker(self, stop: threading.Event) -> None:
+        """At least one broker registered with its gateway serving (or a stop signal)."""
+        deadline = time.monotonic() + FIRST_NODE_TIMEOUT_S
+        while not stop.is_set() and not self._serving():
+            if time.monotonic() >= deadline:
+                raise ClusterError(
+                    f"no broker within {FIRST_NODE_TIMEOUT_S:.0f} s: no Ray node with the "
+                    "raylog resource joined (ray start --resources '{\"raylog\": 1}')"
+                )
+            stop.wait(timeout=0.5)
+        self._announced = {(s.broker_id, s.node_id) for s in self._serving()}
+
+    def _serving(self) -> list[Any]:
+        return self._serving_or_none() or []
+
+    def _serving_or_none(self) -> list[Any] | None:
+        """The serving brokers, or None when the supervisor did not answer (slow: ask again)."""
+        try:
+            return list(ray.get(self.supervisor.serving.remote(), timeout=15))
+        except ray.exceptions.RayError:
+            return None
+
+    def bootstrap_servers(self) -> str:
+        return ",".join(f"{s.host}:{s.port}" for s in self._serving())
+
+    def summary(self) -> list[str]:
+        serving = self._serving()
+        racks = ", ".join(s.rack or "-" for s in serving)
+        return [
+            f"  controllers:   {CONTROLLERS} (active + standby)",
+            f"  brokers:       one per Ray node with the raylog resource "
+            f"({len(serving)} so far, racks {racks})",
+            f"  bootstrap:     {','.join(f'{s.host}:{s.port}' for s in serving)}",
+        ]
+
+    def news(self) -> list[str]:
+        """A line per broker that joined or left since the last call (its Ray node came or
+        went, or its broker stopped serving)."""
+        serving = self._serving_or_none()
+        if serving is None:
+            return []  # no answer must not read as every broker leaving
+        current = {(s.broker_id, s.node_id): s for s in serving}
+        lines = [
+            f"broker {broker_id} left (its Ray node is gone or its gateway stopped serving)"
+            for broker_id, node_id in sorted(self._announced - current.keys(), key=str)
+        ]
+        self._announced &= current.keys()
+        for key, s in current.items():
+            if key not in self._announced:
+                self._announced.add(key)
+                lines.append(f"broker {s.broker_id} joined at {s.host}:{s.port} (rack {s.rack})")
+        return lines
+
+    def stop(self) -> None:
+        """The watcher first (no broker starts while they stop), then as the embedded cluster."""
+        if self.watcher is not None:
+            self._await_step("node watcher", [self.watcher.stop.remote()], STOP_STEP_TIMEOUT_S)
+        super().stop()
+        if self.watcher is not None:
+            with contextlib.suppress(Exception):
+                ray.kill(self.watcher, no_restart=True)
