@@ -30,7 +30,6 @@ Proves, with short sessions and leases so each scenario takes about a second:
 
 from __future__ import annotations
 
-import contextlib
 import os
 import resource
 import signal
@@ -41,16 +40,20 @@ from typing import Any
 
 import pytest
 import ray
+from support.controller_cluster import (
+    BROKERS,
+    CALL_TIMEOUT_S,
+    ControllerCluster,
+    batch,
+    cluster_fixture,
+    get,
+)
 from support.waiting import wait_until
 
-from raylog.actors.broker import BrokerActor
 from raylog.actors.calls import (
     NAMESPACE,
-    broker_actor_name,
-    controller_actor_name,
     replica_actor_name,
 )
-from raylog.actors.controller import ControllerActor
 from raylog.actors.replica import ReplicaActor
 from raylog.actors.replication.messages import BecomeLeader
 from raylog.storage import batch as rb
@@ -67,10 +70,6 @@ from raylog.storage.errors import (
 
 pytestmark = pytest.mark.slow
 
-CALL_TIMEOUT_S = 30.0
-BROKERS = (1, 2, 3)
-# A loaded 2-core machine can starve a renewal; 3 s keeps the lease while takeover stays short.
-LEASE = {"lease_ms": 3_000, "renew_ms": 1_000, "poll_ms": 100}
 BROKER_CONFIGS = {
     "broker.heartbeat.interval.ms": "100",
     "broker.session.timeout.ms": "1500",
@@ -81,154 +80,46 @@ PREFIX = "ctl-test"  # actor names of this module (namespace raylog)
 CONTROLLER_CALL_TIMEOUT_MS = 60_000
 
 
-def _batch(i: int) -> bytes:
-    return rb.build_batch(
-        [
-            rb.Record(
-                key=str(i).encode(), value=f"v{i}".encode() * 20, timestamp_ms=1_700_000_000_000
-            )
-        ]
+@pytest.fixture(scope="module")
+def cluster(
+    ray_local: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControllerCluster]:
+    root = tmp_path_factory.mktemp("controller")
+    # Calls longer than any scenario here takes to elect (a push to a hung broker is seen still
+    # waiting after the election that followed it).
+    yield from cluster_fixture(
+        ControllerCluster(root, PREFIX, BROKER_CONFIGS, call_timeout_ms=CONTROLLER_CALL_TIMEOUT_MS)
     )
 
 
-def _get(ref: Any) -> Any:
-    return ray.get(ref, timeout=CALL_TIMEOUT_S)
-
-
-class Cluster:
-    """Handles to this module's controllers and brokers."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.controller_names = (
-            f"{PREFIX}-{controller_actor_name(0)}",
-            f"{PREFIX}-{controller_actor_name(1)}",
-        )
-        self.controllers = [self._controller(name) for name in self.controller_names]
-        self.brokers: dict[int, Any] = {b: self._broker(b) for b in BROKERS}
-
-    def _controller(self, name: str) -> Any:
-        return ControllerActor.options(name=name, namespace=NAMESPACE).remote(  # type: ignore[attr-defined]
-            str(self.root / "store"),
-            name,
-            broker_configs=BROKER_CONFIGS,
-            reconcile_interval_ms=100,
-            # Longer than any scenario here takes to elect (a push to a hung broker is seen
-            # still waiting after the election that followed it).
-            call_timeout_ms=CONTROLLER_CALL_TIMEOUT_MS,
-            **LEASE,
-        )
-
-    def _broker(self, broker_id: int) -> Any:
-        return BrokerActor.options(  # type: ignore[attr-defined]
-            name=f"{PREFIX}-{broker_actor_name(broker_id)}", namespace=NAMESPACE
-        ).remote(
-            broker_id,
-            str(self.root / "data"),
-            rack="abc"[broker_id - 1],
-            port=9090 + broker_id,
-            controller_names=self.controller_names,
-            broker_configs=BROKER_CONFIGS,
-        )
-
-    def statuses(self) -> list[Any]:
-        out = []
-        for c in self.controllers:
-            try:
-                out.append(ray.get(c.status.remote(), timeout=5))
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                out.append(None)
-        return out
-
-    def call(self, method: str, *args: Any) -> Any:
-        """Call the active controller; retried while the active one changes (lease moves)."""
-        result: list[Any] = []
-
-        def attempt() -> bool:
-            try:
-                result.append(_get(getattr(self.active(), method).remote(*args)))
-            except (NotControllerError, ray.exceptions.RayActorError):
-                return False
-            return True
-
-        wait_until(attempt, timeout_s=CALL_TIMEOUT_S, message=f"controller {method}")
-        return result[-1]
-
-    def active(self) -> Any:
-        def probe() -> Any:
-            for c, s in zip(self.controllers, self.statuses(), strict=True):
-                if s is not None and s.active:
-                    return c
-            return None
-
-        return wait_until(probe, timeout_s=CALL_TIMEOUT_S, message="an active controller")
-
-    def reconciled(self) -> int:
-        def probe() -> int:
-            try:
-                return int(self.call("wait_reconciled", 5_000)) >= 0
-            except NotControllerError:
-                return False
-
-        wait_until(probe, timeout_s=CALL_TIMEOUT_S, message="brokers reconciled")
-        return 0
-
-    def leader(self, topic: str, partition: int = 0) -> int:
-        md = self.call("metadata")
-        return md.topics[topic].partitions[partition].leader
-
-    def replica(self, broker_id: int, topic: str, partition: int = 0) -> Any:
-        return _get(self.brokers[broker_id].replica.remote(topic, partition))
-
-    def leader_replica(self, topic: str, partition: int = 0) -> Any:
-        return self.replica(self.leader(topic, partition), topic, partition)
-
-    def produce(self, topic: str, i: int, partition: int = 0) -> Any:
-        return _get(self.leader_replica(topic, partition).produce.remote(_batch(i), -1, 5_000))
-
-
-@pytest.fixture(scope="module")
-def cluster(ray_local: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("controller"))
-    try:
-        c.active()
-        wait_until(
-            lambda: all(_get(b.status.remote())["broker_epoch"] > 0 for b in c.brokers.values()),
-            timeout_s=CALL_TIMEOUT_S,
-            message="three brokers registered",
-        )
-        yield c
-    finally:
-        for handle in [*c.controllers, *c.brokers.values()]:
-            with contextlib.suppress(Exception):
-                ray.kill(handle, no_restart=True)
-
-
 def _create(
-    cluster: Cluster, name: str, partitions: int = 1, configs: dict[str, str] | None = None
+    cluster: ControllerCluster,
+    name: str,
+    partitions: int = 1,
+    configs: dict[str, str] | None = None,
 ) -> Any:
     t = cluster.call("create_topic", name, partitions, 3, configs or {"min.insync.replicas": "2"})
     cluster.reconciled()
     return t
 
 
-def _produce_ok(cluster: Cluster, topic: str, i: int) -> bool:
+def _produce_ok(cluster: ControllerCluster, topic: str, i: int) -> bool:
     try:
         return cluster.produce(topic, i).error_code == 0
     except (ray.exceptions.RayActorError, AttributeError, KeyError):
         return False
 
 
-def test_two_controllers_started_together_yield_one_active(cluster: Cluster) -> None:
+def test_two_controllers_started_together_yield_one_active(cluster: ControllerCluster) -> None:
     cluster.active()
     statuses = [s for s in cluster.statuses() if s is not None]
     assert sum(s.active for s in statuses) == 1, statuses
 
 
-def test_create_topic_rf3_leader_and_followers_take_acks_all(cluster: Cluster) -> None:
+def test_create_topic_rf3_leader_and_followers_take_acks_all(cluster: ControllerCluster) -> None:
     _create(cluster, "orders")
     leader = cluster.leader("orders")
-    states = {b: _get(cluster.replica(b, "orders").state.remote()) for b in BROKERS}
+    states = {b: get(cluster.replica(b, "orders").state.remote()) for b in BROKERS}
     assert states[leader].role == "leader"
     assert sorted(s.role for b, s in states.items() if b != leader) == ["follower", "follower"]
     wait_until(
@@ -238,14 +129,14 @@ def test_create_topic_rf3_leader_and_followers_take_acks_all(cluster: Cluster) -
         assert cluster.produce("orders", i).error_code == 0
     wait_until(
         lambda: all(
-            _get(cluster.replica(b, "orders").state.remote()).high_watermark == 5 for b in BROKERS
+            get(cluster.replica(b, "orders").state.remote()).high_watermark == 5 for b in BROKERS
         ),
         timeout_s=CALL_TIMEOUT_S,
         message="HW 5 on every replica",
     )
 
 
-def test_topic_errors_configs_partitions_and_delete(cluster: Cluster) -> None:
+def test_topic_errors_configs_partitions_and_delete(cluster: ControllerCluster) -> None:
     _create(cluster, "events")
     with pytest.raises(TopicAlreadyExistsError):
         cluster.call("create_topic", "events", 1, 3)
@@ -269,14 +160,16 @@ def test_topic_errors_configs_partitions_and_delete(cluster: Cluster) -> None:
     assert not any((data / f"broker-{b}" / "events-0").exists() for b in BROKERS)
 
 
-def _pids(cluster: Cluster, topic: str) -> dict[int, int]:
+def _pids(cluster: ControllerCluster, topic: str) -> dict[int, int]:
     return {
-        b: _get(cluster.replica(b, topic).__ray_call__.remote(lambda _: os.getpid()))
+        b: get(cluster.replica(b, topic).__ray_call__.remote(lambda _: os.getpid()))
         for b in BROKERS
     }
 
 
-def test_config_changes_apply_in_place_and_a_mode_change_recreates(cluster: Cluster) -> None:
+def test_config_changes_apply_in_place_and_a_mode_change_recreates(
+    cluster: ControllerCluster,
+) -> None:
     _create(cluster, "tuned")
     wait_until(
         lambda: _produce_ok(cluster, "tuned", 0), timeout_s=CALL_TIMEOUT_S, message="produce"
@@ -289,7 +182,7 @@ def test_config_changes_apply_in_place_and_a_mode_change_recreates(cluster: Clus
     cluster.reconciled()
 
     def refused_big() -> bool:
-        outcome = _get(cluster.leader_replica("tuned").produce.remote(big, -1, 5_000))
+        outcome = get(cluster.leader_replica("tuned").produce.remote(big, -1, 5_000))
         return outcome.error_code == RecordTooLargeError.error_code
 
     # The same processes (no restart, no leadership change) now refuse a 3000-byte batch.
@@ -305,10 +198,12 @@ def test_config_changes_apply_in_place_and_a_mode_change_recreates(cluster: Clus
         message="replicas re-created for the mode change",
     )
     wait_until(lambda: _produce_ok(cluster, "tuned", 2), timeout_s=CALL_TIMEOUT_S, message="push")
-    assert _get(cluster.leader_replica("tuned").produce.remote(big, -1, 5_000)).error_code == 0
+    assert get(cluster.leader_replica("tuned").produce.remote(big, -1, 5_000)).error_code == 0
 
 
-def test_hard_kill_of_leader_broker_elects_from_isr_and_loses_nothing(cluster: Cluster) -> None:
+def test_hard_kill_of_leader_broker_elects_from_isr_and_loses_nothing(
+    cluster: ControllerCluster,
+) -> None:
     _create(cluster, "payments")
     wait_until(
         lambda: _produce_ok(cluster, "payments", 0), timeout_s=CALL_TIMEOUT_S, message="produce"
@@ -327,7 +222,7 @@ def test_hard_kill_of_leader_broker_elects_from_isr_and_loses_nothing(cluster: C
     wait_until(
         lambda: _produce_ok(cluster, "payments", 20), timeout_s=10, message="produce on new leader"
     )
-    fetched = _get(cluster.replica(new, "payments").fetch.remote(0, 1 << 20))
+    fetched = get(cluster.replica(new, "payments").fetch.remote(0, 1 << 20))
     offsets = [h.base_offset for _, h in rb.iter_batches(fetched.records)]
     assert set(acked.values()) <= set(offsets), "an acknowledged acks=all write was lost"
     # The killed broker comes back (new incarnation), re-creates its replica from the WAL and
@@ -339,13 +234,13 @@ def test_hard_kill_of_leader_broker_elects_from_isr_and_loses_nothing(cluster: C
     )
 
 
-def test_a_broker_ray_restarts_registers_again_every_time(cluster: Cluster) -> None:
+def test_a_broker_ray_restarts_registers_again_every_time(cluster: ControllerCluster) -> None:
     """A restarted broker starts itself from its constructor; Ray refuses that call while it
     still sees the actor as restarting, and a lost call left the broker alive but never
     registered (fenced for good). Several crashes in a row: every incarnation registers."""
     broker = cluster.brokers[3]
     for crash in range(6):
-        before = _get(broker.status.remote())
+        before = get(broker.status.remote())
         assert before["broker_epoch"] > 0, f"crash {crash}: broker 3 not registered"
         os.kill(before["pid"], signal.SIGKILL)
 
@@ -364,13 +259,13 @@ def test_a_broker_ray_restarts_registers_again_every_time(cluster: Cluster) -> N
     cluster.reconciled()
 
 
-def test_controlled_shutdown_moves_leadership_first(cluster: Cluster) -> None:
+def test_controlled_shutdown_moves_leadership_first(cluster: ControllerCluster) -> None:
     _create(cluster, "clicks")
     wait_until(
         lambda: _produce_ok(cluster, "clicks", 0), timeout_s=CALL_TIMEOUT_S, message="produce"
     )
     old = cluster.leader("clicks")
-    assert _get(cluster.brokers[old].shutdown.remote()) is True
+    assert get(cluster.brokers[old].shutdown.remote()) is True
     new = cluster.leader("clicks")
     assert new not in (old, -1)
     assert cluster.produce("clicks", 1).error_code == 0
@@ -397,7 +292,9 @@ def test_controlled_shutdown_moves_leadership_first(cluster: Cluster) -> None:
     )
 
 
-def test_a_hung_leader_stops_taking_writes_before_another_is_elected(cluster: Cluster) -> None:
+def test_a_hung_leader_stops_taking_writes_before_another_is_elected(
+    cluster: ControllerCluster,
+) -> None:
     """A partitioned leader: its broker's process is stopped (SIGSTOP), so no heartbeat reaches
     the controller and no command reaches its replica, while the replica actor (a process of its
     own) still answers clients. The replica refuses writes once the lease its broker last
@@ -409,7 +306,7 @@ def test_a_hung_leader_stops_taking_writes_before_another_is_elected(cluster: Cl
     wait_until(lambda: _produce_ok(cluster, "hung", 0), timeout_s=CALL_TIMEOUT_S, message="produce")
     old = cluster.leader("hung")
     replica = cluster.replica(old, "hung")
-    pid = _get(cluster.brokers[old].status.remote())["pid"]
+    pid = get(cluster.brokers[old].status.remote())["pid"]
     outcomes: list[tuple[float, bool, int, str]] = []  # (sent at, new leader seen, code, why)
     elected_at = None
     os.kill(pid, signal.SIGSTOP)
@@ -420,7 +317,7 @@ def test_a_hung_leader_stops_taking_writes_before_another_is_elected(cluster: Cl
             if elected_at is None and cluster.leader("hung") != old:
                 elected_at = time.monotonic()
             sent = time.monotonic()
-            outcome = _get(replica.produce.remote(_batch(i), 1, 1_000))  # acks=1: local
+            outcome = get(replica.produce.remote(batch(i), 1, 1_000))  # acks=1: local
             outcomes.append((sent, elected_at is not None, outcome.error_code, outcome.message))
             if elected_at is not None and outcome.error_code != 0:
                 break
@@ -445,7 +342,7 @@ def test_a_hung_leader_stops_taking_writes_before_another_is_elected(cluster: Cl
     )
 
 
-def test_a_push_to_a_hung_broker_holds_up_nothing_else(cluster: Cluster) -> None:
+def test_a_push_to_a_hung_broker_holds_up_nothing_else(cluster: ControllerCluster) -> None:
     """The leader's broker process is stopped (SIGSTOP), then a config change makes the
     controller push to every broker: the push to the stopped one waits for an answer (up to
     the controller's call timeout, a minute here). Its session expires and it is fenced, and
@@ -457,10 +354,10 @@ def test_a_push_to_a_hung_broker_holds_up_nothing_else(cluster: Cluster) -> None
         lambda: _produce_ok(cluster, "pushhung", 0), timeout_s=CALL_TIMEOUT_S, message="produce"
     )
     hung = cluster.leader("pushhung")
-    pid = _get(cluster.brokers[hung].status.remote())["pid"]
+    pid = get(cluster.brokers[hung].status.remote())["pid"]
 
     def pushing() -> tuple[int, ...]:
-        return _get(cluster.active().status.remote()).pushing
+        return get(cluster.active().status.remote()).pushing
 
     os.kill(pid, signal.SIGSTOP)
     try:
@@ -489,7 +386,9 @@ def test_a_push_to_a_hung_broker_holds_up_nothing_else(cluster: Cluster) -> None
     wait_until(lambda: hung not in pushing(), timeout_s=CALL_TIMEOUT_S, message="push answered")
 
 
-def test_a_stopped_replica_does_not_hold_up_its_brokers_heartbeats(cluster: Cluster) -> None:
+def test_a_stopped_replica_does_not_hold_up_its_brokers_heartbeats(
+    cluster: ControllerCluster,
+) -> None:
     """A follower replica's process is stopped (SIGSTOP): the broker's lease grant to it gets
     no answer, and the broker goes on heartbeating meanwhile, so its session stays live. When
     a heartbeat waited for every grant (up to 5 s each), a stopped or busy replica made the
@@ -497,11 +396,11 @@ def test_a_stopped_replica_does_not_hold_up_its_brokers_heartbeats(cluster: Clus
     _create(cluster, "stalled")
     leader = cluster.leader("stalled")
     follower = next(b for b in BROKERS if b != leader)
-    pid = _get(cluster.replica(follower, "stalled").pid.remote())
+    pid = get(cluster.replica(follower, "stalled").pid.remote())
     broker = cluster.brokers[follower]
 
     def heartbeats() -> int:
-        return int(_get(broker.status.remote())["heartbeats"])
+        return int(get(broker.status.remote())["heartbeats"])
 
     before = heartbeats()
     os.kill(pid, signal.SIGSTOP)
@@ -516,10 +415,10 @@ def test_a_stopped_replica_does_not_hold_up_its_brokers_heartbeats(cluster: Clus
         assert cluster.call("metadata").brokers[follower].state != "fenced"
     finally:
         os.kill(pid, signal.SIGCONT)
-    assert _get(cluster.replica(follower, "stalled").pid.remote()) == pid  # resumed, same one
+    assert get(cluster.replica(follower, "stalled").pid.remote()) == pid  # resumed, same one
 
 
-def _fail_log(cluster: Cluster, broker: int, topic: str, pid: int) -> None:
+def _fail_log(cluster: ControllerCluster, broker: int, topic: str, pid: int) -> None:
     """The replica's process may no longer grow a file past its segment's end + 64 bytes: its
     next batch (about 130 bytes) fails with EFBIG, as a write to a full disk fails with ENOSPC."""
     segment = max((cluster.root / "data" / f"broker-{broker}" / f"{topic}-0").glob("*.log"))
@@ -527,7 +426,9 @@ def _fail_log(cluster: Cluster, broker: int, topic: str, pid: int) -> None:
     resource.prlimit(pid, resource.RLIMIT_FSIZE, (segment.stat().st_size + 64, hard))
 
 
-def test_a_replica_whose_log_fails_goes_offline_and_its_partition_moves(cluster: Cluster) -> None:
+def test_a_replica_whose_log_fails_goes_offline_and_its_partition_moves(
+    cluster: ControllerCluster,
+) -> None:
     _create(cluster, "full-disk")
     wait_until(
         lambda: _produce_ok(cluster, "full-disk", 0), timeout_s=CALL_TIMEOUT_S, message="produce"
@@ -539,9 +440,9 @@ def test_a_replica_whose_log_fails_goes_offline_and_its_partition_moves(cluster:
         acked.append(outcome.base_offset)
     old = cluster.leader("full-disk")
     replica = cluster.replica(old, "full-disk")
-    pid = _get(replica.pid.remote())
+    pid = get(replica.pid.remote())
     _fail_log(cluster, old, "full-disk", pid)
-    failed = _get(replica.produce.remote(_batch(10), -1, 5_000))
+    failed = get(replica.produce.remote(batch(10), -1, 5_000))
     assert failed.error_code == KafkaStorageError.error_code, failed
 
     def moved() -> Any:
@@ -550,7 +451,7 @@ def test_a_replica_whose_log_fails_goes_offline_and_its_partition_moves(cluster:
 
     p = wait_until(moved, timeout_s=CALL_TIMEOUT_S, message="leadership moved off the failed log")
     assert old not in p.isr and len(p.isr) == 2, p
-    broker = _get(cluster.brokers[old].status.remote())
+    broker = get(cluster.brokers[old].status.remote())
     assert "full-disk-0" in broker["offline_replicas"], broker
     assert cluster.call("metadata").brokers[old].state == "registered"  # the broker stays up
     wait_until(
@@ -558,7 +459,7 @@ def test_a_replica_whose_log_fails_goes_offline_and_its_partition_moves(cluster:
         timeout_s=CALL_TIMEOUT_S,
         message="acks=all produce on the new leader",
     )
-    fetched = _get(cluster.replica(p.leader, "full-disk").fetch.remote(0, 1 << 20))
+    fetched = get(cluster.replica(p.leader, "full-disk").fetch.remote(0, 1 << 20))
     offsets = [h.base_offset for _, h in rb.iter_batches(fetched.records)]
     assert set(acked) <= set(offsets), "an acknowledged acks=all write was lost"
 
@@ -569,8 +470,8 @@ def test_a_replica_whose_log_fails_goes_offline_and_its_partition_moves(cluster:
         return not p.offline_replicas and old in p.isr
 
     wait_until(back, timeout_s=CALL_TIMEOUT_S, message="the re-created replica in the ISR")
-    assert _get(cluster.replica(old, "full-disk").pid.remote()) != pid
-    assert not _get(cluster.brokers[old].status.remote())["offline_replicas"]
+    assert get(cluster.replica(old, "full-disk").pid.remote()) != pid
+    assert not get(cluster.brokers[old].status.remote())["offline_replicas"]
 
     # A follower's log fails at its next append: the controller takes it out of the ISR at
     # once, so acks=all goes on with the other two well before replica.lag.time.max.ms (30 s)
@@ -578,7 +479,7 @@ def test_a_replica_whose_log_fails_goes_offline_and_its_partition_moves(cluster:
     leader = cluster.leader("full-disk")
     follower = next(b for b in BROKERS if b not in (leader, old))
     _fail_log(
-        cluster, follower, "full-disk", _get(cluster.replica(follower, "full-disk").pid.remote())
+        cluster, follower, "full-disk", get(cluster.replica(follower, "full-disk").pid.remote())
     )
     wait_until(
         lambda: _produce_ok(cluster, "full-disk", 12),
@@ -594,28 +495,28 @@ def test_replica_without_a_live_lease_refuses_produce(ray_local: Path, tmp_path:
         name=replica_actor_name(f"{PREFIX}-lease", 0, 0), namespace=NAMESPACE
     ).remote(f"{PREFIX}-lease", 0, 0, str(tmp_path / "log"), {}, None, session_lease=True)
     try:
-        _get(replica.become_leader.remote(BecomeLeader(1, 1, 1, (0,), (0,))))
-        refused = _get(replica.produce.remote(_batch(0), -1, 5_000))
+        get(replica.become_leader.remote(BecomeLeader(1, 1, 1, (0,), (0,))))
+        refused = get(replica.produce.remote(batch(0), -1, 5_000))
         assert refused.error_code == NotLeaderOrFollowerError.error_code, "never granted"
-        _get(replica.set_session_lease.remote(time.monotonic_ns() // 1_000_000 + 60_000))
-        assert _get(replica.produce.remote(_batch(1), -1, 5_000)).error_code == 0
-        _get(replica.revoke_session_lease.remote())
-        refused = _get(replica.produce.remote(_batch(2), -1, 5_000))
+        get(replica.set_session_lease.remote(time.monotonic_ns() // 1_000_000 + 60_000))
+        assert get(replica.produce.remote(batch(1), -1, 5_000)).error_code == 0
+        get(replica.revoke_session_lease.remote())
+        refused = get(replica.produce.remote(batch(2), -1, 5_000))
         assert refused.error_code == NotLeaderOrFollowerError.error_code, "revoked"
-        _get(replica.set_session_lease.remote(time.monotonic_ns() // 1_000_000 - 1))
-        refused = _get(replica.produce.remote(_batch(3), -1, 5_000))
+        get(replica.set_session_lease.remote(time.monotonic_ns() // 1_000_000 - 1))
+        refused = get(replica.produce.remote(batch(3), -1, 5_000))
         assert refused.error_code == NotLeaderOrFollowerError.error_code, "lapsed"
     finally:
         ray.kill(replica, no_restart=True)
 
 
 def test_active_controller_killed_standby_takes_over_and_old_epoch_is_refused(
-    cluster: Cluster,
+    cluster: ControllerCluster,
 ) -> None:
     if "orders" not in cluster.call("metadata").topics:  # when run on its own
         _create(cluster, "orders")
     old = cluster.active()
-    old_epoch = _get(old.status.remote()).controller_epoch
+    old_epoch = get(old.status.remote()).controller_epoch
     ray.kill(old, no_restart=False)  # Ray restarts it; it comes back as the standby
     new = wait_until(
         lambda: next(
@@ -635,11 +536,11 @@ def test_active_controller_killed_standby_takes_over_and_old_epoch_is_refused(
     )
     # Once a broker has heard from the new controller, the old epoch's commands are refused.
     wait_until(
-        lambda: _get(cluster.brokers[1].status.remote())["controller_epoch"] > old_epoch,
+        lambda: get(cluster.brokers[1].status.remote())["controller_epoch"] > old_epoch,
         timeout_s=CALL_TIMEOUT_S,
         message="broker 1 knows the new controller epoch",
     )
     with pytest.raises(NotControllerError):
-        _get(cluster.brokers[1].apply.remote(old_epoch, 0, [], "followers"))
+        get(cluster.brokers[1].apply.remote(old_epoch, 0, [], "followers"))
     statuses = [s for s in cluster.statuses() if s is not None]
     assert sum(s.active for s in statuses) == 1

@@ -18,25 +18,25 @@ One node, three brokers (racks a, b, c), active + standby controller. Proves:
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import ray
+from support.controller_cluster import (
+    BROKERS,
+    CALL_TIMEOUT_S,
+    ControllerCluster,
+    cluster_fixture,
+    get,
+)
 from support.waiting import wait_until
-from test_controller_ray import CALL_TIMEOUT_S, LEASE, Cluster, _get
 
-from raylog.actors.broker import BrokerActor
-from raylog.actors.calls import NAMESPACE, broker_actor_name, controller_actor_name
-from raylog.actors.controller import ControllerActor
 from raylog.storage import batch as rb
 from raylog.storage.errors import NoReassignmentInProgressError, PolicyViolationError
 
 pytestmark = pytest.mark.slow
 
-BROKERS = (1, 2, 3)
 PREFIX = "reassign-test"
 BROKER_CONFIGS = {
     "broker.heartbeat.interval.ms": "100",
@@ -47,61 +47,15 @@ BROKER_CONFIGS = {
 }
 
 
-class ReassignCluster(Cluster):
-    """The controller tests' cluster with this module's names and configs."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.controller_names = (
-            f"{PREFIX}-{controller_actor_name(0)}",
-            f"{PREFIX}-{controller_actor_name(1)}",
-        )
-        self.controllers = [self._controller(name) for name in self.controller_names]
-        self.brokers = {b: self._broker(b) for b in BROKERS}
-
-    def _controller(self, name: str) -> Any:
-        return ControllerActor.options(name=name, namespace=NAMESPACE).remote(  # type: ignore[attr-defined]
-            str(self.root / "store"),
-            name,
-            broker_configs=BROKER_CONFIGS,
-            reconcile_interval_ms=100,
-            **LEASE,
-        )
-
-    def _broker(self, broker_id: int) -> Any:
-        return BrokerActor.options(  # type: ignore[attr-defined]
-            name=f"{PREFIX}-{broker_actor_name(broker_id)}", namespace=NAMESPACE
-        ).remote(
-            broker_id,
-            str(self.root / "data"),
-            rack="abc"[broker_id - 1],
-            port=9090 + broker_id,
-            controller_names=self.controller_names,
-            broker_configs=BROKER_CONFIGS,
-        )
-
-    def partition(self, topic: str, partition: int = 0) -> Any:
-        return self.call("metadata").topics[topic].partitions[partition]
-
-
 @pytest.fixture(scope="module")
-def cluster(ray_local: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReassignCluster]:
-    c = ReassignCluster(tmp_path_factory.mktemp("reassign"))
-    try:
-        c.active()
-        wait_until(
-            lambda: all(_get(b.status.remote())["broker_epoch"] > 0 for b in c.brokers.values()),
-            timeout_s=CALL_TIMEOUT_S,
-            message="three brokers registered",
-        )
-        yield c
-    finally:
-        for handle in [*c.controllers, *c.brokers.values()]:
-            with contextlib.suppress(Exception):
-                ray.kill(handle, no_restart=True)
+def cluster(
+    ray_local: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControllerCluster]:
+    root = tmp_path_factory.mktemp("reassign")
+    yield from cluster_fixture(ControllerCluster(root, PREFIX, BROKER_CONFIGS))
 
 
-def _produce_acked(cluster: ReassignCluster, topic: str, i: int, timeout_s: float = 20) -> int:
+def _produce_acked(cluster: ControllerCluster, topic: str, i: int, timeout_s: float = 20) -> int:
     """Produce record ``i`` with acks=all, retrying retriable errors (leadership moves) like a
     Kafka client; returns the acknowledged offset."""
     acked: list[int] = []
@@ -120,24 +74,24 @@ def _produce_acked(cluster: ReassignCluster, topic: str, i: int, timeout_s: floa
     return acked[0]
 
 
-def _offsets(cluster: ReassignCluster, topic: str, broker: int) -> set[int]:
-    fetched = _get(cluster.replica(broker, topic).fetch.remote(0, 8 << 20))
+def _offsets(cluster: ControllerCluster, topic: str, broker: int) -> set[int]:
+    fetched = get(cluster.replica(broker, topic).fetch.remote(0, 8 << 20))
     return {h.base_offset for _, h in rb.iter_batches(fetched.records)}
 
 
-def _create_on(cluster: ReassignCluster, topic: str, assignment: list[list[int]]) -> None:
+def _create_on(cluster: ControllerCluster, topic: str, assignment: list[list[int]]) -> None:
     cluster.call("create_topic", topic, len(assignment), len(assignment[0]), {}, assignment)
     cluster.reconciled()
 
 
-def test_auto_leader_rebalance_after_brokers_stopped_one_by_one(cluster: ReassignCluster) -> None:
+def test_auto_leader_rebalance_after_brokers_stopped_one_by_one(cluster: ControllerCluster) -> None:
     cluster.call("create_topic", "skewed", 3, 3, {})
     cluster.reconciled()
     preferred = [p.replicas[0] for p in cluster.call("metadata").topics["skewed"].partitions]
     assert sorted(preferred) == [1, 2, 3]
     last = preferred[2]
     for b in preferred[:2]:  # a rolling controlled shutdown: the broker left keeps every leader
-        assert _get(cluster.brokers[b].shutdown.remote()) is True
+        assert get(cluster.brokers[b].shutdown.remote()) is True
     leaders = [p.leader for p in cluster.call("metadata").topics["skewed"].partitions]
     assert leaders == [last, last, last]
     for b in preferred[:2]:
@@ -152,7 +106,7 @@ def test_auto_leader_rebalance_after_brokers_stopped_one_by_one(cluster: Reassig
 
 
 def test_reassign_rf2_from_1_2_to_2_3_while_producing_loses_nothing(
-    cluster: ReassignCluster,
+    cluster: ControllerCluster,
 ) -> None:
     _create_on(cluster, "moving", [[1, 2]])
     acked = {i: _produce_acked(cluster, "moving", i) for i in range(50)}
@@ -183,7 +137,7 @@ def test_reassign_rf2_from_1_2_to_2_3_while_producing_loses_nothing(
 
 
 def test_controller_failover_in_the_middle_resumes_a_throttled_reassignment(
-    cluster: ReassignCluster,
+    cluster: ControllerCluster,
 ) -> None:
     _create_on(cluster, "slow-move", [[1, 2]])
     for i in range(300):
@@ -219,7 +173,7 @@ def test_controller_failover_in_the_middle_resumes_a_throttled_reassignment(
     assert cluster.replica(1, "slow-move") is None
 
 
-def test_cancel_restores_the_original_replicas(cluster: ReassignCluster) -> None:
+def test_cancel_restores_the_original_replicas(cluster: ControllerCluster) -> None:
     _create_on(cluster, "undo", [[1, 2]])
     for i in range(100):
         _produce_acked(cluster, "undo", i)
@@ -234,7 +188,7 @@ def test_cancel_restores_the_original_replicas(cluster: ReassignCluster) -> None
     assert cluster.replica(3, "undo") is None
 
 
-def test_rebalance_moves_replicas_onto_the_unused_broker(cluster: ReassignCluster) -> None:
+def test_rebalance_moves_replicas_onto_the_unused_broker(cluster: ControllerCluster) -> None:
     _create_on(cluster, "lopsided", [[1, 2], [2, 1], [1, 2]])
     started = cluster.call("rebalance", ["lopsided"])
     assert sum(3 in target for target in started.values()) == 2
@@ -252,7 +206,7 @@ def test_rebalance_moves_replicas_onto_the_unused_broker(cluster: ReassignCluste
     assert cluster.call("rebalance", ["lopsided"]) == {}
 
 
-def test_topic_that_would_not_fit_in_memory_is_refused(cluster: ReassignCluster) -> None:
+def test_topic_that_would_not_fit_in_memory_is_refused(cluster: ControllerCluster) -> None:
     with pytest.raises(PolicyViolationError) as e:
         cluster.call("create_topic", "enormous", 50_000, 3, {})
     assert "MiB" in str(e.value)

@@ -19,8 +19,6 @@ The backend is ``test_groups_coordinator``'s stand-in for the replica actors' lo
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
-from typing import Any
 
 from kafka.protocol.admin import (
     DeleteGroupsRequest,
@@ -31,62 +29,24 @@ from kafka.protocol.admin import (
     ListGroupsResponse,
 )
 from kafka.protocol.consumer import OffsetDeleteRequest, OffsetDeleteResponse
-from kafka.protocol.consumer.metadata import ConsumerProtocolSubscription
-from test_groups_coordinator import GROUP, PARTITION, LogBackend, join, loaded
+from support.group_coordinator import (
+    ELSEWHERE,
+    GROUP,
+    OTHER,
+    PARTITION,
+    TOPIC,
+    TopicsLogBackend,
+    consumer_join,
+    failover,
+    loaded,
+    roundtrip,
+    subscription,
+)
 
-from raylog.gateway import codec
-from raylog.gateway.backend import PartitionState, ProduceResult, TopicState
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.groups.coordinator import GroupCoordinator, partition_for
-from raylog.gateway.groups.group import GroupState, JoinResult, MemberIdentity
+from raylog.gateway.groups.group import GroupState, MemberIdentity
 from raylog.gateway.groups.group_admin import GroupListing
-from raylog.gateway.handlers import HANDLERS, RequestContext, advertised_versions
-from raylog.gateway.protocol import Connection, Request
-
-TOPIC = "t"
-OTHER = "u"
-# A group whose __consumer_offsets partition differs from GROUP's.
-ELSEWHERE = next(f"g{i}" for i in range(100) if partition_for(f"g{i}", 3) != PARTITION)
-
-
-class TopicsLogBackend(LogBackend):
-    """The in-memory ``__consumer_offsets`` plus two one-partition data topics; while ``gate``
-    is set, writes wait for it to open, so that a test can queue requests behind one."""
-
-    gate: asyncio.Event | None = None
-
-    async def produce(self, *args: Any, **kwargs: Any) -> ProduceResult:
-        if self.gate is not None:
-            await asyncio.wait_for(self.gate.wait(), timeout=5)
-        return await super().produce(*args, **kwargs)
-
-    async def topics(self, names: Sequence[str] | None) -> Mapping[str, TopicState]:
-        found = dict(await super().topics(names))
-        for name in (TOPIC, OTHER):
-            found[name] = TopicState(name, [PartitionState(0, 1, 0, [1], [1], [])])
-        return {n: s for n, s in found.items() if names is None or n in names}
-
-
-def subscription(*topics: str) -> bytes:
-    message = ConsumerProtocolSubscription(topics=list(topics), user_data=None)
-    return bytes(message.encode(version=0))
-
-
-async def consumer_join(
-    coordinator: GroupCoordinator,
-    member_id: str = "",
-    *,
-    group_id: str = GROUP,
-    group_instance_id: str | None = None,
-) -> JoinResult:
-    """A JoinGroup of a consumer subscribed to TOPIC."""
-    return await join(
-        coordinator,
-        member_id,
-        group_id=group_id,
-        metadata=subscription(TOPIC),
-        group_instance_id=group_instance_id,
-    )
 
 
 async def stable_member(coordinator: GroupCoordinator, group_id: str = GROUP) -> tuple[str, int]:
@@ -109,14 +69,6 @@ async def empty_group_with_offsets(coordinator: GroupCoordinator, group_id: str 
     assert await coordinator.commit_offsets(group_id, member, generation, offsets) == 0
     _, errors = await coordinator.leave_group(group_id, [MemberIdentity(member)])
     assert errors == [0]
-
-
-async def failover(backend: LogBackend, old: GroupCoordinator) -> GroupCoordinator:
-    """Broker 2 takes over every partition and reads the same log back."""
-    backend.leaders = dict.fromkeys(backend.leaders, 2)
-    backend.epoch += 1
-    await old._tick()
-    return await loaded(backend, broker=2)
 
 
 def test_list_groups_lists_loaded_groups_of_this_broker() -> None:
@@ -233,23 +185,6 @@ def test_offset_delete_tombstones_only_what_it_may_delete() -> None:
 
 
 # --- through the codec and the handlers ---------------------------------------------------------
-
-
-async def roundtrip(
-    coordinator: GroupCoordinator, request: Any, version: int, response_class: Any
-) -> Any:
-    request.API_VERSION = version
-    request.with_header(correlation_id=7, client_id="admin")
-    connection = Connection(advertised_versions())
-    connection.receive_data(bytes(request.encode(version=version, header=True, framed=True)))
-    event = connection.next_event()
-    assert isinstance(event, Request)
-    backend = coordinator._backend
-    context = RequestContext(backend, advertised_versions(), "127.0.0.1:5", coordinator)
-    response = await HANDLERS[event.api_key](context, event)
-    data = bytes(connection.send(event, response))
-    header = 8 if codec.response_header_version(event.api_key, version) == 0 else 9
-    return response_class.decode(data[header:], version=version)
 
 
 def test_list_groups_over_the_wire_all_versions_and_the_state_filter() -> None:

@@ -23,126 +23,21 @@ coordinator); the live tests in ``tests/e2e/test_consumer_groups.py`` use the re
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from kafka.record.default_records import DefaultRecordBatch
+from support.group_coordinator import GROUP, PARTITION, Clock, LogBackend, join, loaded
 
-from raylog.gateway.backend import (
-    Broker,
-    ClusterView,
-    FetchResult,
-    ListOffsetsResult,
-    PartitionFetch,
-    PartitionState,
-    ProduceResult,
-    TopicState,
-)
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.groups import records as gr
 from raylog.gateway.groups.coordinator import (
     CREATE_RETRY_MS,
     OFFSETS_TOPIC,
     GroupCoordinator,
-    partition_for,
 )
-from raylog.gateway.groups.group import GroupState, JoinResult, MemberIdentity
-from raylog.storage import batch as rb
+from raylog.gateway.groups.group import GroupState, MemberIdentity
 from raylog.storage.errors import RaylogError
-
-GROUP = "g"
-PARTITION = partition_for(GROUP, 3)
-
-
-class LogBackend:
-    """Three ``__consumer_offsets`` partitions as byte logs; leaders set by the test."""
-
-    def __init__(self, leader: int = 1) -> None:
-        self.logs: dict[int, list[bytes]] = {p: [] for p in range(3)}
-        self.leaders = dict.fromkeys(range(3), leader)
-        self.epoch = 0
-        self.exists = True
-        self.produce_error = 0
-        self.refused = 0  # produce calls answered with produce_error
-        self.topic_reads = 0
-
-    async def cluster(self) -> ClusterView:
-        return ClusterView("c", 1, [Broker(b, "127.0.0.1", 9000 + b, None) for b in (1, 2)])
-
-    async def topics(self, names: Sequence[str] | None) -> Mapping[str, TopicState]:
-        self.topic_reads += 1
-        if not self.exists:
-            return {}
-        parts = [
-            PartitionState(p, self.leaders[p], self.epoch, [1, 2], [1, 2], []) for p in range(3)
-        ]
-        return {OFFSETS_TOPIC: TopicState(OFFSETS_TOPIC, parts, internal=True)}
-
-    async def produce(
-        self, topic: str, partition: int, records: bytes, acks: int, timeout_ms: int
-    ) -> ProduceResult:
-        assert topic == OFFSETS_TOPIC and acks == -1
-        if self.produce_error:
-            self.refused += 1
-            return ProduceResult(self.produce_error, -1, -1, -1)
-        log = self.logs[partition]
-        stamped = bytearray(records)
-        rb.set_base_offset(stamped, 0, len(log))
-        log.append(bytes(stamped))  # one record per slot: batches here hold one record...
-        count = rb.parse_header(records, 0).records_count
-        log.extend([b""] * (count - 1))  # ...or pad so that offsets stay list indexes
-        return ProduceResult(0, len(log) - count, -1, 0)
-
-    async def fetch(self, topic: str, partition: int, read: PartitionFetch) -> FetchResult:
-        log = self.logs[partition]
-        data = b"".join(log[read.fetch_offset :])
-        return FetchResult(0, len(log), len(log), 0, data)
-
-    async def list_offsets(self, topic: str, partition: int, *args: Any) -> ListOffsetsResult:
-        return ListOffsetsResult(0, -1, 0)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.ms = 0
-
-    def __call__(self) -> int:
-        return self.ms
-
-
-async def loaded(
-    backend: LogBackend, broker: int = 1, clock: Clock | None = None, delay_ms: int = 0
-) -> Any:
-    coordinator = GroupCoordinator(
-        backend, broker, monotonic_ms=clock or Clock(), initial_rebalance_delay_ms=delay_ms
-    )
-    await coordinator._tick()
-    owned = list(coordinator._owned.values())
-    await asyncio.gather(*(o.loader for o in owned if o.loader is not None))
-    return coordinator
-
-
-async def join(
-    coordinator: GroupCoordinator,
-    member_id: str = "",
-    *,
-    group_id: str = GROUP,
-    metadata: bytes = b"sub",
-    group_instance_id: str | None = None,
-) -> JoinResult:
-    """A JoinGroup of a "range" consumer (10 s session and rebalance timeouts)."""
-    return await coordinator.join_group(
-        group_id=group_id,
-        member_id=member_id,
-        client_id="c",
-        client_host="/127.0.0.1",
-        session_timeout_ms=10_000,
-        rebalance_timeout_ms=10_000,
-        protocol_type="consumer",
-        protocols=[("range", metadata)],
-        require_known_member_id=True,
-        group_instance_id=group_instance_id,
-    )
 
 
 async def stable_member(coordinator: GroupCoordinator) -> tuple[str, int]:

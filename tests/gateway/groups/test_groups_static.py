@@ -20,7 +20,7 @@ group record rebuilds the instance ids; DescribeGroups reports them.
 from __future__ import annotations
 
 from kafka.protocol.consumer.metadata import ConsumerProtocolSubscription
-from test_groups import REBALANCE_MS, SESSION_MS, Clock, join, replies
+from support.group_state import REBALANCE_MS, SESSION_MS, Clock, join, replies
 
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.groups.group import (

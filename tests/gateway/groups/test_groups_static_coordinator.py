@@ -31,15 +31,18 @@ from kafka.protocol.consumer import (
     SyncGroupRequest,
     SyncGroupResponse,
 )
-from test_groups_admin_coordinator import (
+from support.group_coordinator import (
+    GROUP,
+    PARTITION,
     TOPIC,
+    LogBackend,
     TopicsLogBackend,
     consumer_join,
     failover,
+    loaded,
     roundtrip,
     subscription,
 )
-from test_groups_coordinator import GROUP, PARTITION, LogBackend, loaded
 
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.groups.coordinator import GroupCoordinator
