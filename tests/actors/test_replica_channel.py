@@ -126,7 +126,7 @@ def test_batches_read_as_views_go_by_ray_call_as_bytes() -> None:
     as they are; a Ray call pickles its message, and pickle refuses a memoryview."""
     import pickle
 
-    from raylog.actors.replica import _picklable
+    from raylog.actors.replica_port import picklable
     from raylog.actors.replication.messages import BatchMeta, RecordBatch, ReplicateRequest
 
     data = rb.build_batch([rb.Record(b"k", b"v", 1_700_000_000_000)])
@@ -134,8 +134,8 @@ def test_batches_read_as_views_go_by_ray_call_as_bytes() -> None:
     request = ReplicateRequest(0, 1, 0, -1, (RecordBatch(BatchMeta(0, 1, len(data), 1), view),))  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         pickle.dumps(request)
-    sent = pickle.loads(pickle.dumps(_picklable(request)))
+    sent = pickle.loads(pickle.dumps(picklable(request)))
     assert sent.batches[0].data == data and type(sent.batches[0].data) is bytes
     assert ch.encode_frame(request) == ch.encode_frame(sent)  # the channel's frame: the same
     plain = ReplicateRequest(0, 1, 0, -1, (RecordBatch(BatchMeta(0, 1, len(data), 1), data),))
-    assert _picklable(plain) is plain  # nothing to convert: no copy
+    assert picklable(plain) is plain  # nothing to convert: no copy

@@ -3,10 +3,12 @@
 Everything non-deterministic comes from one ``random.Random(seed)``: network delays, drops,
 duplicates and partitions (network.py), fsync latency, crashes that lose unsynced writes or
 tear them (disk.py), and the clients' choices. The replicas run the production state machine
-(``raylog.actors.replication.partition.PartitionReplica``) behind a tiny shell (``SimNode``) that
-carries out each Ready exactly as the Ray shell must: log operations, fsync (later, as an event), HW
-checkpoint, messages, produce results. Time is simulated; a run is a bounded number of steps, each
-the processing of one event, and the checkers (checkers.py) run after every step.
+(``raylog.actors.replication.partition.PartitionReplica``) and the production executor of its
+Readys (``raylog.actors.replication.executor.ReadyExecutor``: the effects' order, early sends,
+group commit, flush policy, throttle), whose port is the node (node.py): a simulated disk whose
+fsyncs complete as later events, and the simulated network. What a seed runs is its scenario
+(scenario.py). Time is simulated; a run is a bounded number of steps, each the processing of one
+event, and the checkers (checkers.py) run after every step.
 
 The controller (controller.py) decides with raylog's own pure election module on real cluster
 metadata: it fences a broker whose death Ray confirmed (~20 ms after a crash, the fast path) or
@@ -47,7 +49,10 @@ its log at the leader's log start, possibly inside a batch.
 Faults: message drop, delay (hence reordering), duplication (not on client connections, which
 are TCP), network partitions between any two of replicas and controller, crashes that lose the
 unsynced tail or keep a prefix of it (torn write), restarts that recover from the durable disk,
-controller failovers.
+controller failovers. Some seeds run a relaxed flush policy (flush.messages > 1, acknowledged
+before fsync), where crashes keep the page cache: that is all such a topic promises to survive
+(see ``Scenario.flush_messages``). Some run a reassignment's throttle on every leader, which
+holds back fetch answers to followers outside the ISR.
 
 After the last step the run settles (checker 10, liveness): faults and writes stop, every
 crashed broker restarts, no message is lost any more, and the partition must converge within
@@ -61,33 +66,18 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import msgspec
-
-from raylog.actors.control.reconciler import LEADERS, Outcome, Push, Reconciler
+from raylog.actors.control.reconciler import Outcome, Push
 from raylog.actors.replication.messages import (
     CONSUMER_REPLICA_ID,
-    AlterPartitionRequest,
     DeleteRecordsRequest,
     FetchRequest,
     FetchResponse,
-    LocalAppendDurable,
     ProduceRequest,
 )
-from raylog.actors.replication.partition import (
-    AppendBatch,
-    PartitionReplica,
-    ProduceResult,
-    ReplicaConfig,
-    Role,
-    SendFetchData,
-    SendPushData,
-    SendToReplica,
-    TruncateTo,
-)
-from raylog.actors.replication.ready import AdvanceLogStart, DeleteRecordsResult
+from raylog.actors.replication.ready import DeleteRecordsResult, ProduceResult, Role
 from raylog.storage.errors import (
     DuplicateBrokerRegistrationError,
     KafkaStorageError,
@@ -96,16 +86,15 @@ from raylog.storage.errors import (
 )
 
 from .checkers import Checkers, SimViolation
-from .controller import ApplyAnswer, ApplyRequest, Fenced, SimController, incarnation_id
+from .controller import ApplyAnswer, ApplyRequest, Fenced, incarnation_id
 from .disk import SimDisk
-from .network import NetworkConfig, SimNetwork
+from .network import SimNetwork
+from .node import CLIENT, CONTROLLER, Forwarded, Heartbeat, HeartbeatReply, SimNode
+from .scenario import Scenario
 
-CONTROLLER = -100
-CLIENT = -200
 TICK_MS = 20
 CONTROLLER_TICK_MS = 50  # the reconcile interval: expired sessions fenced, then a push round
 PUSH_TIMEOUT_MS = 200  # a push's call timeout, scaled
-RESYNC_MS = 1_000  # every broker is pushed its specs again at least this often, scaled
 HEARTBEAT_MS = 50  # broker.heartbeat.interval.ms, scaled to the simulation's time
 LOG_RETRY_MS = 300  # replica.offline.retry.backoff.ms, scaled
 SESSION_MS = 250  # broker.session.timeout.ms, scaled
@@ -118,125 +107,6 @@ IDEMPOTENT_EPOCH_BUMP = 0.03  # chance to bump the epoch before a new batch
 SETTLE_MS = 20_000  # checker 10: time to converge after the faults stop
 SETTLE_CHECK_MS = 100
 MAX_EVENTS_QUEUED = 100_000  # bound: a run that floods itself is a bug in the sim
-
-
-@dataclass
-class Scenario:
-    """What one seed runs; ``from_seed`` picks a random mix."""
-
-    replicas: int = 3
-    observers: int = 0
-    min_insync_replicas: int = 2
-    replication_mode: str = "pull"
-    unclean_leader_election_enable: bool = False
-    settle: bool = True  # checker 10 after the last step
-    lossy_checks: bool = False  # only the checkers that hold with data loss (Checkers.lossy)
-    steps: int = 1300
-    produce_interval_ms: int = 15
-    consume_interval_ms: int = 30
-    delete_records_interval_ms: int = 150
-    fault_interval_ms: int = 120
-    fsync_max_ms: int = 8
-    # Each broker's clock rate is drawn from this range; the lease guard absorbs up to 10 %.
-    clock_rate_min: float = 0.95
-    clock_rate_max: float = 1.05
-    # A replica's log fails now and then (a full disk, a failed fsync) while its broker runs
-    # on: the replica goes offline, losing what it had not synced; its broker's heartbeats
-    # report it; LOG_RETRY_MS later the broker re-creates it from its log. Off by default: a
-    # new kind of fault changes every seed's run.
-    log_failures: bool = False
-    resync_ms: int = RESYNC_MS  # the reconciler's resync_interval_ms
-    network: NetworkConfig = field(default_factory=NetworkConfig)
-    replica_class: type[PartitionReplica] = PartitionReplica
-    controller_class: type[SimController] = SimController
-    reconciler_class: type[Reconciler] = Reconciler
-
-    @classmethod
-    def from_seed(cls, seed: int, **overrides: Any) -> Scenario:
-        rng = random.Random(seed ^ 0x5EED)
-        scenario = cls(
-            replicas=rng.choice((2, 3, 3, 3)),
-            observers=rng.choice((0, 0, 1)),
-            min_insync_replicas=rng.choice((1, 2, 2)),
-            replication_mode=rng.choice(("pull", "push")),
-            network=NetworkConfig(
-                drop_probability=rng.choice((0.0, 0.02, 0.1)),
-                duplicate_probability=rng.choice((0.0, 0.05)),
-                delay_max_ms=rng.choice((3, 20, 60)),
-            ),
-            fault_interval_ms=rng.choice((60, 120, 300)),
-        )
-        for key, value in overrides.items():
-            setattr(scenario, key, value)
-        return scenario
-
-    def replica_config(self) -> ReplicaConfig:
-        return ReplicaConfig(
-            replica_lag_time_max_ms=300,
-            min_insync_replicas=self.min_insync_replicas,
-            replication_mode=self.replication_mode,
-            unclean_leader_election_enable=self.unclean_leader_election_enable,
-            max_pending_acks_all=50,
-            max_pending_acks_local=50,
-            fetch_max_bytes=4096,
-            fetch_max_wait_ms=100,
-            fetch_timeout_ms=300,
-            fetch_backoff_ms=20,
-            push_idle_fetch_ms=100,
-            alter_partition_timeout_ms=200,
-        )
-
-
-@dataclass
-class SimNode:
-    node_id: int
-    disk: SimDisk
-    replica: PartitionReplica
-    alive: bool = True
-    incarnation: int = 0  # of the replica's process (a crash or a replacement starts a new one)
-    verified_batches: int = 0  # checker 2: batches below the HW already compared
-    # The broker around the replica: its process incarnation (a crash and restart starts a
-    # new one, a replacement of the replica does not), its session and clock.
-    broker_incarnation: int = 0
-    clock_rate: float = 1.0
-    lease_until_ms: int = 0  # on this broker's clock
-    applied_epoch: int = -1  # the newest metadata version whose command it applied
-    controller_epoch: int = 0  # the newest controller epoch it heard from
-    log_failed: bool = False  # its replica is offline (a failed log), the broker runs on
-    log_failure: int = 0  # which failure of this node's log (heartbeats name it)
-    log_failure_recorded: bool = False  # a heartbeat reporting it was answered
-    # The (controller epoch, push id) whose phase 1 it applied last: a leader phase is carried
-    # out only after its own push's phase 1.
-    followers_applied: tuple[int, int] | None = None
-    # Checker 12: every (controller epoch, push id) whose leader phase any incarnation of this
-    # broker applied (so both phases: the leader phase waits for phase 1).
-    applied_pushes: set[tuple[int, int]] = field(default_factory=set)
-
-
-@dataclass(frozen=True)
-class Heartbeat:
-    node_id: int
-    broker_incarnation: int
-    applied_epoch: int
-    t0_ms: int  # the broker's clock, read before sending
-    log_failure: int = 0  # raylog's heartbeats carry the broker's offline replicas (0: none)
-
-
-@dataclass(frozen=True)
-class HeartbeatReply:
-    broker_incarnation: int
-    lease_ok: bool
-    t0_ms: int
-    controller_epoch: int
-    log_failure: int = 0  # the heartbeat's: the controller has recorded that failure
-
-
-@dataclass(frozen=True)
-class Forwarded:
-    """An AlterPartition proposal as the broker forwards it: with its incarnation."""
-
-    broker_incarnation: int
-    request: AlterPartitionRequest
 
 
 @dataclass
@@ -276,8 +146,7 @@ class Simulation:
         self.observer_ids = tuple(range(n, n + self.scenario.observers))
         self.nodes: dict[int, SimNode] = {}
         for node_id in (*self.replica_ids, *self.observer_ids):
-            disk = SimDisk()
-            node = SimNode(node_id, disk, self._new_replica(node_id, disk))
+            node = SimNode(node_id, SimDisk(), self)
             node.clock_rate = self.rng.uniform(
                 self.scenario.clock_rate_min, self.scenario.clock_rate_max
             )
@@ -329,6 +198,12 @@ class Simulation:
             "log_failures": 0,
             "log_recoveries": 0,
             "offline_changes": 0,  # the controller's record of offline replicas changed
+            # The executors (node.py): fsyncs, appends, sends before the local write, and
+            # fetch answers the throttle held back.
+            "fsyncs": 0,
+            "appends": 0,
+            "sent_before_write": 0,
+            "throttled": 0,
         }
         self.steps_done = 0
 
@@ -358,17 +233,6 @@ class Simulation:
 
     # --- plumbing -----------------------------------------------------------------------------
 
-    def _new_replica(self, node_id: int, disk: SimDisk) -> PartitionReplica:
-        return self.scenario.replica_class(
-            node_id,
-            self.config,
-            log_start_offset=disk.log_start,
-            log_end_offset=disk.end_offset,
-            epoch_cache=disk.epoch_cache(),
-            high_watermark=disk.hw_checkpoint,
-            producer_batches=[batch.meta for batch in disk.batches],
-        )
-
     def _schedule(self, delay_ms: int, kind: str, *args: Any) -> None:
         if len(self.queue) >= MAX_EVENTS_QUEUED:
             raise SimViolation("event queue overflow")
@@ -380,66 +244,6 @@ class Simulation:
         # Client connections are TCP: lost with a partition or a crash, never duplicated.
         for delay in self.net.deliveries(src, dst, duplicate=not client):
             self._schedule(delay, "deliver", src, dst, incarnation, message)
-
-    def _step_node(self, node: SimNode, message: Any) -> None:
-        node.replica.step(message, self.now_ms)
-        self._run_ready(node)
-
-    def _run_ready(self, node: SimNode, writer: bool = False) -> None:
-        ready = node.replica.ready()
-        appended = False
-        for op in ready.log_ops:
-            if isinstance(op, TruncateTo) and op.full:
-                node.disk.start_at(op.offset, op.generation)
-                node.verified_batches = 0
-            elif isinstance(op, TruncateTo):
-                node.disk.truncate(op.offset, op.generation)
-                node.verified_batches = min(node.verified_batches, len(node.disk.batches))
-            elif isinstance(op, AdvanceLogStart):
-                if op.offset > node.replica.high_watermark:
-                    raise SimViolation(f"replica {node.node_id} log start {op.offset} above its HW")
-                self.checkers.note_log_start(op.offset)
-                gone = node.disk.advance_log_start(op.offset)
-                node.verified_batches = max(0, node.verified_batches - gone)
-            else:
-                assert isinstance(op, AppendBatch)
-                node.disk.append(op.batch, op.data, op.generation)
-                appended = True
-                if writer:
-                    self.checkers.check_single_writer(op.batch.leader_epoch, node.node_id)
-                    self._check_not_deposed(node, op.batch.leader_epoch)
-                    self._check_one_leader(node, op.batch.leader_epoch)
-        if appended:
-            delay = self.rng.randint(0, self.scenario.fsync_max_ms)
-            end, generation = node.disk.end_offset, node.disk.generation
-            self._schedule(delay, "fsync", node.node_id, node.incarnation, end, generation)
-        if ready.checkpoint_high_watermark is not None:
-            node.disk.hw_checkpoint = ready.checkpoint_high_watermark
-        for out in ready.messages:
-            if isinstance(out, SendToReplica):
-                self._send(node.node_id, out.to, out.message)
-            elif isinstance(out, SendPushData):
-                batches = node.disk.read(out.base_offset, 1 << 30, out.end_offset)
-                assert batches and batches[0].meta.base_offset == out.base_offset
-                request = msgspec.structs.replace(out.request, batches=batches)
-                self._send(node.node_id, out.to, request)
-            else:
-                assert isinstance(out, SendFetchData)
-                self._send_fetch_data(node, out)
-        for request in ready.alter_partition:
-            self._send(node.node_id, CONTROLLER, Forwarded(node.broker_incarnation, request))
-        for result in ready.produce_results:
-            self._send(node.node_id, CLIENT, result, client=True)
-        for deleted in ready.delete_records_results:
-            self._send(node.node_id, CLIENT, deleted, client=True)
-
-    def _send_fetch_data(self, node: SimNode, out: SendFetchData) -> None:
-        response = out.response
-        if response.error_code == 0 and out.fetch_offset < out.upper_offset:
-            batches = node.disk.read(out.fetch_offset, out.max_bytes, out.upper_offset)
-            response = msgspec.structs.replace(response, batches=batches)
-        dst = CLIENT if out.to == CONSUMER_REPLICA_ID else out.to
-        self._send(node.node_id, dst, response, client=dst == CLIENT)
 
     # --- the run ------------------------------------------------------------------------------
 
@@ -459,6 +263,8 @@ class Simulation:
             self._step()
         if self.scenario.settle:
             self._settle()
+        for node in self.nodes.values():
+            self.stats["sent_before_write"] += node.executor.sent_before_write
         return self
 
     def _step(self) -> None:
@@ -530,16 +336,20 @@ class Simulation:
         node = self.nodes[node_id]
         if not node.alive or node.incarnation != incarnation:
             return
-        node.replica.tick(self.now_ms)
-        self._run_ready(node)
+        node.executor.tick(self.now_ms)
         self._schedule(TICK_MS, "tick", node_id, incarnation)
 
     def _on_fsync(self, node_id: int, incarnation: int, end: int, generation: int) -> None:
         node = self.nodes[node_id]
         if not node.alive or node.incarnation != incarnation:
             return
-        if node.disk.sync(end, generation):
-            self._step_node(node, LocalAppendDurable(end, generation))
+        node.flushed(end, generation, self.now_ms)
+
+    def _on_send_later(self, node_id: int, incarnation: int, to: int, message: Any) -> None:
+        """A send the node's throttle held back (the process that held it still runs)."""
+        node = self.nodes[node_id]
+        if node.alive and node.incarnation == incarnation:
+            self._send(node_id, to, message)
 
     def _on_deliver(self, src: int, dst: int, incarnation: int, message: Any) -> None:
         if dst == CONTROLLER:
@@ -551,14 +361,14 @@ class Simulation:
             if not node.alive or node.incarnation != incarnation:
                 return
             if isinstance(message, HeartbeatReply):
-                self._broker_heartbeat_reply(node, message)
+                node.heartbeat_reply(message, SESSION_MS - LEASE_GUARD_MS)
                 return
             if isinstance(message, ApplyRequest):
-                message = self._broker_apply(node, message)
+                message = node.apply(message)
                 if message is None:
                     return
             elif node.log_failed:  # as raylog's offline replica: KAFKA_STORAGE_ERROR
-                self._refuse(node, message, KafkaStorageError.error_code, "offline")
+                node.refuse(message, KafkaStorageError.error_code, "offline")
                 return
             elif isinstance(message, (ProduceRequest, DeleteRecordsRequest)) and (
                 self._clock(node) >= node.lease_until_ms
@@ -566,8 +376,7 @@ class Simulation:
                 self._refuse_without_lease(node, message)
                 return
             was_leader_epoch = (node.replica.role, node.replica.leader_epoch)
-            node.replica.step(message, self.now_ms)
-            self._run_ready(node, writer=isinstance(message, ProduceRequest))
+            node.executor.step(message, self.now_ms)
             if (
                 node.replica.role is Role.LEADER
                 and was_leader_epoch != (Role.LEADER, node.replica.leader_epoch)
@@ -592,52 +401,10 @@ class Simulation:
         self._send(node_id, CONTROLLER, beat)
         self._schedule(HEARTBEAT_MS, "heartbeat", node_id, broker_incarnation)
 
-    def _broker_heartbeat_reply(self, node: SimNode, reply: HeartbeatReply) -> None:
-        if reply.broker_incarnation != node.broker_incarnation:
-            return
-        node.controller_epoch = max(node.controller_epoch, reply.controller_epoch)
-        if node.log_failed and reply.log_failure == node.log_failure:
-            node.log_failure_recorded = True
-        if reply.lease_ok:
-            until = reply.t0_ms + SESSION_MS - LEASE_GUARD_MS
-            node.lease_until_ms = max(node.lease_until_ms, until)
-
-    def _broker_apply(self, node: SimNode, request: ApplyRequest) -> Any:
-        """One phase of a push, as raylog's broker applies it (``BrokerActor.apply``): refused
-        from an older controller than one it heard from, and (Ray's order) a leader phase
-        before its own phase 1; else answered, and the role command of the phase returned
-        for the replica to step (None: none, or the replica is offline and refuses it)."""
-        call, epoch = request.call, request.controller_epoch
-        key = (epoch, call.push_id)
-        leaders = call.phase == LEADERS
-        applied = epoch >= node.controller_epoch and (not leaders or node.followers_applied == key)
-        self._send(node.node_id, CONTROLLER, ApplyAnswer(epoch, call, applied))
-        if not applied:
-            return None
-        node.controller_epoch = epoch
-        if leaders:
-            node.applied_epoch = max(node.applied_epoch, call.metadata_epoch)
-            node.applied_pushes.add(key)
-        else:
-            node.followers_applied = key
-        commands = [s.command for s in call.specs if s.is_leader == leaders]
-        return None if node.log_failed or not commands else commands[0]
-
-    def _refuse(self, node: SimNode, message: Any, code: int, why: str) -> None:
-        """Answer a client's write with an error; anything else (fetches, replication) goes
-        unanswered, as if lost."""
-        if isinstance(message, ProduceRequest):
-            result: Any = ProduceResult(message.request_id, code, -1, why)
-        elif isinstance(message, DeleteRecordsRequest):
-            result = DeleteRecordsResult(message.request_id, code, -1, why)
-        else:
-            return
-        self._send(node.node_id, CLIENT, result, client=True)
-
     def _refuse_without_lease(self, node: SimNode, message: Any) -> None:
         """As raylog's replica actor: no write lease, no write (NOT_LEADER_OR_FOLLOWER)."""
         self.stats["lease_refused"] += 1
-        self._refuse(node, message, NotLeaderOrFollowerError.error_code, "lease lapsed")
+        node.refuse(message, NotLeaderOrFollowerError.error_code, "lease lapsed")
 
     # --- the controller -------------------------------------------------------------------------
 
@@ -841,7 +608,7 @@ class Simulation:
         node.log_failure += 1
         node.log_failure_recorded = False
         node.incarnation += 1
-        node.disk.crash(self.rng, tear=False)
+        node.disk.crash(self.rng, tear=False, keep_page_cache=self.scenario.crash_keeps_page_cache)
         self.stats["log_failures"] += 1
         self._schedule(LOG_RETRY_MS, "log_back", node.node_id, node.incarnation)
 
@@ -858,8 +625,7 @@ class Simulation:
         node.log_failed = False
         node.incarnation += 1
         node.disk.generation += 1
-        node.replica = self._new_replica(node.node_id, node.disk)
-        node.verified_batches = 0
+        node.start_replica()
         self.stats["log_recoveries"] += 1
         self._schedule(self.rng.randint(0, TICK_MS), "tick", node.node_id, node.incarnation)
 
@@ -867,7 +633,8 @@ class Simulation:
         node.alive = False
         node.log_failed = False
         node.incarnation += 1
-        node.disk.crash(self.rng, tear=self.rng.random() < 0.5)
+        tear = self.rng.random() < 0.5
+        node.disk.crash(self.rng, tear, keep_page_cache=self.scenario.crash_keeps_page_cache)
         self.stats["crashes"] += 1
         # Ray reports the broker's death to the controller within ~20 ms.
         self._schedule(20, "broker_dead", node.node_id, node.broker_incarnation)
@@ -880,8 +647,7 @@ class Simulation:
         node.incarnation += 1
         node.broker_incarnation += 1
         node.lease_until_ms, node.applied_epoch, node.controller_epoch = 0, -1, 0
-        node.replica = self._new_replica(node.node_id, node.disk)
-        node.verified_batches = 0
+        node.start_replica()
         self._schedule(self.rng.randint(0, TICK_MS), "tick", node.node_id, node.incarnation)
         self._schedule(0, "heartbeat", node.node_id, node.broker_incarnation)
 
@@ -895,8 +661,7 @@ class Simulation:
         node.log_failed = False  # a replaced replica is a re-created one
         node.disk.durable_count = len(node.disk.batches)
         node.disk.generation += 1
-        node.replica = self._new_replica(node.node_id, node.disk)
-        node.verified_batches = 0
+        node.start_replica()
         self.stats["replacements"] += 1
         self._schedule(self.rng.randint(0, TICK_MS), "tick", node.node_id, node.incarnation)
 

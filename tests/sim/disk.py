@@ -3,10 +3,13 @@
 What it models: appends land in the page cache (``batches``) and become durable only when an
 fsync covering them completes (``durable_count``). A crash keeps the durable prefix plus, when
 the write tears, some prefix of the unsynced batches (never a partial batch: the real log's
-recovery drops a torn batch by its CRC, which is the same as keeping a prefix of whole batches).
-Recovery then fsyncs what survived. Truncation is immediate and durable, as the state machine's
-contract says, and so is a move of the log start offset (DeleteRecords; the real log checkpoints
-it before it deletes anything): batches wholly below it go, whole, at once.
+recovery drops a torn batch by its CRC, which is the same as keeping a prefix of whole batches),
+or all of them when the machine stays up (a process crash: the page cache survives).
+Recovery then fsyncs what survived. An fsync reports the log generation it started in (the
+state machine's, which every truncation bumps): one started before a truncation syncs nothing.
+Truncation is immediate and durable, as the state machine's contract says, and so is a move of
+the log start offset (DeleteRecords; the real log checkpoints it before it deletes anything):
+batches wholly below it go, whole, at once.
 
 Invariant: batches are contiguous from the first one's base offset, which is at or below
 ``log_start`` (and the log end is at or above it), and ``durable_count <= len(batches)``.
@@ -33,17 +36,19 @@ class SimDisk:
     def end_offset(self) -> int:
         return self.batches[-1].meta.next_offset if self.batches else self.log_start
 
-    def append(self, meta: BatchMeta, data: bytes, generation: int) -> None:
+    def append(self, meta: BatchMeta, data: bytes, generation: int) -> int:
+        """Append at the log end; returns the offset the batch got there: ``meta.base_offset``,
+        or the log end when that differs (then nothing is written: the shell's executor stops
+        on the mismatch, as the real log's caller does)."""
         # The one exception to contiguity: an empty log started inside the leader's first batch
         # (its log start lies there) takes that batch whole.
         straddles = not self.batches and meta.base_offset < self.end_offset < meta.next_offset
         if meta.base_offset != self.end_offset and not straddles:
-            raise AssertionError(
-                f"log assigned {self.end_offset}, state machine {meta.base_offset}"
-            )
+            return self.end_offset
         self.generation = generation
         self.batches.append(RecordBatch(meta, data))
         self.bases.append(meta.base_offset)
+        return meta.base_offset
 
     def truncate(self, offset: int, generation: int) -> None:
         index = bisect.bisect_left(self.bases, offset)
@@ -85,9 +90,13 @@ class SimDisk:
         self.durable_count = max(self.durable_count, min(count, len(self.batches)))
         return True
 
-    def crash(self, rng: random.Random, tear: bool) -> None:
+    def crash(self, rng: random.Random, tear: bool, keep_page_cache: bool = False) -> None:
+        """The process stops: the unsynced batches are lost (a prefix of them kept when the
+        write tears), or all kept with ``keep_page_cache`` (the machine stays up)."""
         unsynced = len(self.batches) - self.durable_count
         keep = rng.randint(0, unsynced) if tear and unsynced else 0
+        if keep_page_cache:
+            keep = unsynced
         cut = self.durable_count + keep
         del self.batches[cut:]
         del self.bases[cut:]
