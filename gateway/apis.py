@@ -1,6 +1,6 @@
 """The API versions raylog's gateway implements, and what it advertises in ApiVersions.
 
-``TARGET_VERSIONS`` is KAFKA_PROTOCOL.md §1: the versions every supported client was measured
+``TARGET_VERSIONS`` is docs/PROTOCOL.md section 1: the versions every supported client was run
 against. ApiVersions' own flexible versions are answered specially (see
 ``handlers/api_versions.py``); the group admin APIs (15, 16, 42) are advertised up to flexible
 versions, which the codec decodes and encodes like any other. The transaction APIs (24, 25, 26,
@@ -37,7 +37,7 @@ TARGET_VERSIONS: Mapping[int, VersionRange] = MappingProxyType(
         9: (1, 3),  # OffsetFetch
         10: (0, 2),  # FindCoordinator
         # JoinGroup: aiokafka knows {0, 1, 2, 5}. v9 (KIP-814 skip_assignment) would read to
-        # kafka-python as a 3.2 broker (see KAFKA_PROTOCOL.md on its version guess).
+        # kafka-python as a 3.2 broker (see docs/PROTOCOL.md on its version guess).
         11: (0, 5),
         12: (0, 3),  # Heartbeat
         13: (0, 3),  # LeaveGroup: v3 is KIP-345's batch of (member id, group_instance_id)

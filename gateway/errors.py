@@ -124,7 +124,7 @@ class ErrorCode(IntEnum):
 
 
 # Codes whose Java exception extends RetriableException. CORRUPT_MESSAGE is retriable in Java but
-# fatal in kafka-python and aiokafka (KAFKA_PROTOCOL.md §4): never send it to mean "retry".
+# fatal in kafka-python and aiokafka (docs/PROTOCOL.md, section 3): never send it to mean "retry".
 RETRIABLE: frozenset[ErrorCode] = frozenset(
     {
         ErrorCode.CORRUPT_MESSAGE,

@@ -146,9 +146,9 @@ def keep_large_buffers_on_the_heap() -> bool:
 
     A reading process (a Spark Python worker, a Ray Data task, a driver) receives an 8 MiB
     answer per fetch. With glibc's defaults each one is mapped and unmapped again, and every
-    page is faulted in zeroed; kept on the heap, the same reads took half the reader's CPU
-    (2026-11-25, 1M records). Processes of a cluster raylog starts get these settings from
-    their environment; a Spark worker has no such hook, so joining sets them with
+    page is faulted in zeroed; kept on the heap, the buffers are reused and the reader's CPU
+    goes to decoding. Processes of a cluster raylog starts get these settings from their
+    environment; a Spark worker has no such hook, so joining sets them with
     ``mallopt`` (once per process). A process started with either variable set keeps its
     own. Returns whether the settings were applied (glibc only).
     """

@@ -25,7 +25,7 @@ _R = TypeVar("_R")
 class CloseConnection(Exception):
     """Raised by a handler to close the client's connection instead of answering.
 
-    Kafka does this for a Produce with acks=0 that failed (KAFKA_PROTOCOL.md section 4): the
+    Kafka does this for a Produce with acks=0 that failed (docs/PROTOCOL.md, section 3): the
     client gets no response to learn the error from, so the broker closes the connection and
     the client's next send fails and refreshes metadata. The server logs one line and closes
     that connection only; it is not counted as a rejected (misbehaving) connection.

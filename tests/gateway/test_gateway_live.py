@@ -96,7 +96,7 @@ def test_kafka_python_consumer(
 def test_kafka_python_infers_the_broker_version_from_the_advertised_table(
     live_gateway: LiveGateway, no_closed_connections: None
 ) -> None:
-    """KAFKA_PROTOCOL.md: the table reads as 2.3; at a guessed 2.5 or later kafka-python
+    """docs/PROTOCOL.md: the table reads as 2.3; at a guessed 2.5 or later kafka-python
     insists on InitProducerId v3+ and fails. Advertising a new API must not move the guess."""
     from kafka import KafkaAdminClient
 
