@@ -200,6 +200,18 @@ class GatewayActor:
             "topics": sorted(view.topics()) if view else [],
         }
 
+    async def set_up_groups(self) -> None:
+        """Create ``__consumer_offsets`` through the active controller if it does not exist
+        (what the first FindCoordinator does otherwise; `raylog up` calls this once)."""
+        if self._groups is None:
+            raise RaylogError(f"gateway of broker {self.broker_id} is not started")
+        await asyncio.wait_for(self._groups.set_up_topic(), CREATE_TIMEOUT_MS / 1000)
+
+    async def loaded_group_partitions(self) -> list[int]:
+        """The ``__consumer_offsets`` partitions this broker's coordinator has loaded (it serves
+        their groups)."""
+        return self._groups.loaded_partitions() if self._groups is not None else []
+
     async def metrics(self) -> dict[str, Any]:
         """Request counts, latency histograms and bytes since start (see ``request_stats``),
         how fetches were read: ``fetch_reads`` (bytes read from the segment files on this

@@ -8,7 +8,11 @@ be started first (``raylog.actors.cluster.bootstrap``). Ready means, in order:
 1. every broker registered and every gateway serving a view that lists them all;
 2. every partition led by a running replica at the metadata's leader epoch;
 3. after a restart, leadership back on each partition's preferred replica wherever that replica
-   can lead within ``PARTITIONS_LED_TIMEOUT_S`` (those still catching up rejoin the ISR first).
+   can lead within ``PARTITIONS_LED_TIMEOUT_S`` (those still catching up rejoin the ISR first);
+4. consumer groups served: ``__consumer_offsets`` created at the first start (a cluster's first
+   group would otherwise wait for its replicas to start), and every partition of it loaded by
+   its leader's group coordinator, so that a first JoinGroup or OffsetCommit is answered at
+   once.
 
 Each wait is bounded; what is not done in time is reported in one line on stderr and does not
 hold the cluster back.
@@ -38,6 +42,7 @@ from raylog.actors.cluster.supervisor import BrokerSpec, SupervisorActor
 from raylog.actors.control import election
 from raylog.actors.control.metadata import ClusterMetadata, TopicPartition
 from raylog.actors.controller import ControllerActor
+from raylog.gateway.groups.coordinator import OFFSETS_TOPIC
 from raylog.storage.errors import one_line
 
 # Takeover by the standby within lease_ms of the active one dying; lease >= 2 x renew.
@@ -139,6 +144,7 @@ class EmbeddedCluster:
             raise ClusterError(one_line(e)) from e
         self._wait_ready()
         self._restore_preferred_leaders()
+        self._serve_groups()
 
     def serve_metrics(self, port: int) -> Any:
         """The Prometheus endpoint on ``port`` (``raylog.actors.cluster.metrics``); returns its
@@ -294,6 +300,54 @@ class EmbeddedCluster:
         )
 
     # --- what `raylog up` prints -----------------------------------------------------------------
+
+    def _serve_groups(self) -> None:
+        """Ready step 4 (module docstring), bounded by ``PARTITIONS_LED_TIMEOUT_S``."""
+        try:
+            handles = ray.get(self.supervisor.handles.remote(), timeout=ANSWER_TIMEOUT_S)
+            _, gateway = next(iter(handles.values()))
+            ray.get(gateway.set_up_groups.remote(), timeout=PARTITIONS_LED_TIMEOUT_S)
+        except (ray.exceptions.RayError, StopIteration) as e:
+            warn(f"{OFFSETS_TOPIC} not created: {one_line(e)} (the first group creates it)")
+            return
+        self._wait_partitions_led()
+        deadline = time.monotonic() + PARTITIONS_LED_TIMEOUT_S
+        while True:
+            waiting = self._group_partitions_not_loaded(handles)
+            if waiting == 0:
+                return
+            if time.monotonic() >= deadline:
+                warn(
+                    f"{waiting if waiting is not None else 'some'} partitions of {OFFSETS_TOPIC} "
+                    f"not loaded by their coordinators after {PARTITIONS_LED_TIMEOUT_S:.0f} s: "
+                    "their groups' first requests wait for them"
+                )
+                return
+            time.sleep(POLL_S)
+
+    def _group_partitions_not_loaded(self, handles: dict[int, tuple[Any, Any]]) -> int | None:
+        """``__consumer_offsets`` partitions whose leader's coordinator has not loaded them;
+        None when the controllers or gateways do not answer."""
+        found = self._active_metadata()
+        if found is None or OFFSETS_TOPIC not in found[1].topics:
+            return None
+        try:
+            loaded = dict(
+                zip(
+                    handles,
+                    ray.get(
+                        [g.loaded_group_partitions.remote() for _, g in handles.values()],
+                        timeout=ANSWER_TIMEOUT_S,
+                    ),
+                    strict=True,
+                )
+            )
+        except ray.exceptions.RayError:
+            return None
+        return sum(
+            p.partition not in loaded.get(p.leader, ())
+            for p in found[1].topics[OFFSETS_TOPIC].partitions
+        )
 
     def bootstrap_servers(self) -> str:
         return ",".join(f"{HOST}:{self.ports[b]}" for b in self.broker_ids)

@@ -82,6 +82,7 @@ from raylog.gateway.groups.group import (
 )
 from raylog.gateway.groups.group_admin import GroupDescription, GroupListing, OffsetDeletePlan
 from raylog.storage import batch as rb
+from raylog.storage.errors import RaylogError
 from raylog.storage.records import iter_decoded
 
 __all__ = [
@@ -278,19 +279,27 @@ class GroupCoordinator:
         self._last_set_up_ms = now
         self._setting_up = asyncio.get_running_loop().create_task(self._set_up_topic())
 
+    async def set_up_topic(self) -> None:
+        """Create ``__consumer_offsets`` now, as the first FindCoordinator would (`raylog up`
+        does this before it says ready, so that a cluster's first group is served at once);
+        nothing when it exists. Raises what the creation raised."""
+        if OFFSETS_TOPIC in await self._backend.topics([OFFSETS_TOPIC]):
+            return
+        if self._create_topic is None:
+            raise RaylogError(f"this coordinator cannot create {OFFSETS_TOPIC}")
+        cluster = await self._backend.cluster()
+        rf = max(1, min(self._replication_factor, len(cluster.brokers)))
+        configs = dict(OFFSETS_TOPIC_CONFIGS)
+        await self._create_topic(OFFSETS_TOPIC, self._num_partitions, rf, configs)
+        log.info("created %s: %d partitions, RF %d", OFFSETS_TOPIC, self._num_partitions, rf)
+
     async def _set_up_topic(self) -> None:
         """Create the topic with OFFSETS_TOPIC_CONFIGS; or, when it exists, make sure its
         cleanup.policy is compact (module docstring, step 1)."""
         try:
             if OFFSETS_TOPIC not in await self._backend.topics([OFFSETS_TOPIC]):
                 if self._create_topic is not None:
-                    cluster = await self._backend.cluster()
-                    rf = max(1, min(self._replication_factor, len(cluster.brokers)))
-                    configs = dict(OFFSETS_TOPIC_CONFIGS)
-                    await self._create_topic(OFFSETS_TOPIC, self._num_partitions, rf, configs)
-                    log.info(
-                        "created %s: %d partitions, RF %d", OFFSETS_TOPIC, self._num_partitions, rf
-                    )
+                    await self.set_up_topic()
             elif self._configure_topic is not None:
                 policy = {"cleanup.policy": OFFSETS_TOPIC_CONFIGS["cleanup.policy"]}
                 await self._configure_topic(OFFSETS_TOPIC, policy)

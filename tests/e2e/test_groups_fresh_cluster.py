@@ -1,12 +1,13 @@
 """The first offset commit of a new group, on a cluster `raylog up` has just called ready.
 
-Proves, on a fresh `raylog up` (3 brokers, no ``__consumer_offsets`` yet), a user's sequence:
+Proves, on a `raylog up` of its own started for the test, a user's sequence once it says ready:
 2,000 records produced with confluent-kafka (acks=all) to an RF=3 topic, then a consumer of a
 new group commits explicit offsets synchronously, without subscribing. librdkafka retries an
 OffsetCommit answered COORDINATOR_LOAD_IN_PROGRESS only twice, within a few hundred
 milliseconds, and then hands the error to the application: the commit succeeds only if the
-coordinator serves it once the group's ``__consumer_offsets`` partition is loaded. The offsets
-read back (OffsetFetch) are the ones committed.
+group's ``__consumer_offsets`` partition is served by then (`raylog up` creates the topic and
+waits for its coordinators to load it before it says ready; a coordinator still loading holds
+the request). The offsets read back (OffsetFetch) are the ones committed.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ CLIENT_TIMEOUT_S = 90.0
 
 @pytest.fixture
 def fresh_up(tmp_path: Path) -> Iterator[UpProcess]:
-    """A `raylog up` of its own, started for this test (no ``__consumer_offsets`` yet)."""
+    """A `raylog up` of its own, started for this test."""
     attempts = itertools.count()
     up = started_up(lambda: tmp_path / f"data-{next(attempts)}")
     try:
