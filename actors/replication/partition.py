@@ -53,6 +53,13 @@ Decisions:
   both the HW and the start offset of the current leader epoch, and its log start reaches ours
   (raylog's rule, not Kafka's: an acknowledged DeleteRecords then holds on every replica a
   clean election can pick). Observers never join.
+- A replica re-created from its log (its broker replaced the actor, not the machine) is told
+  again to lead the epoch it led, and resumes it at its log end. Its predecessor may have
+  proposed adding a follower, which the controller may commit after sending the command, and
+  a leadership that wrote no batch leaves no trace in the log. So a fresh replica that leads
+  an epoch its log ends with, or that is given an ISR lacking some replica, first proposes
+  its ISR with ``fence`` (a new partition epoch: no older proposal can be committed after
+  it), and until the answer every replica counts towards the HW and the low watermark.
 - Long poll lives here: a replica's fetch that finds no data (pull mode; observers in push
   mode too) is parked, at most one per replica, and answered when data or a new HW arrives, or
   at ``max_wait_ms`` (on tick). Consumers' fetches are answered at once (the shell long-polls
@@ -67,9 +74,12 @@ Decisions:
   acknowledges the last one, from where its ack says its log ends: one push and one fsync per
   round trip, not per batch, as a fetch takes what accumulated. Any fetch below the leader's
   end, or a refusing ack, stops pushes to it until it fetches at the leader's end again; a
-  fetch also clears a push in flight (a lost push or ack costs one idle fetch). A follower
-  accepts a push only if its first batch starts at its log end and the epoch below matches
-  its own; otherwise it refuses and pulls.
+  fetch also clears a push in flight (a lost push or ack costs one idle fetch). An ack whose
+  log end lies below the leader's log start (DeleteRecords or retention moved it while the
+  follower was outside the ISR) stops pushes too: nothing is left to push from there, and
+  the follower's next fetch is OFFSET_OUT_OF_RANGE (Kafka's rule), on which it starts over at
+  the leader's log start. A follower accepts a push only if its first batch starts at its log
+  end and the epoch below matches its own; otherwise it refuses and pulls.
 - Idempotent producers (``raylog.actors.replication.producer_state``, Kafka's rules): the leader
   checks a client batch's producer id, epoch and sequence before appending it; a retry of one of the
   producer's last five batches is answered with the ORIGINAL offsets once this request's acks
@@ -404,14 +414,21 @@ class PartitionReplica:
         self._drop_empty_epochs()
         last_epoch = self.epoch_cache[-1][0] if self.epoch_cache else UNDEFINED_EPOCH
         # A replica actor re-created from its WAL (its topic's replication.mode changed, or it
-        # died alone and its broker re-created it) is told again to lead the epoch it led: its
-        # log ends with that epoch's batches, and it resumes that leadership where it ends. Kafka
-        # bumps the epoch on every leader restart because a crashed machine may lose the
-        # unflushed tail; here the process was replaced, not the machine, so nothing its
-        # followers could have copied is missing (a whole-node crash fences the broker and
-        # elects a new leader with a new epoch).
-        resuming = self.role is Role.NONE and last_epoch == msg.leader_epoch
-        if resuming and (msg.leader_epoch, msg.partition_epoch) < self.committed_partition_state:
+        # died alone and its broker re-created it) is told again to lead the epoch it led, and
+        # resumes that leadership where its log ends. Kafka bumps the epoch on every leader
+        # restart because a crashed machine may lose the unflushed tail; here the process was
+        # replaced, not the machine, so nothing its followers could have copied is missing (a
+        # whole-node crash fences the broker and elects a new leader with a new epoch).
+        fresh = self.role is Role.NONE
+        # A fresh replica whose log ends with this epoch's batches resumes it. One whose log
+        # does not may resume it too: a leadership that wrote no batch leaves no trace in the
+        # log. Its predecessor may then have proposed adding a follower, a proposal the
+        # controller may commit (or have committed) after sending this command, so the ISR
+        # below may lack a member the controller counts; unless it already holds every
+        # replica, this replica leads as a resumed one (the fence below) until it knows.
+        resuming = fresh and last_epoch == msg.leader_epoch
+        may_resume = resuming or (fresh and not set(msg.replicas) <= set(msg.isr))
+        if may_resume and (msg.leader_epoch, msg.partition_epoch) < self.committed_partition_state:
             # A command older than the ISR our predecessor already had committed (reordered
             # in flight): leading on its smaller ISR could advance the HW, and answer
             # DeleteRecords, without a member the controller counts. The next one is current.
@@ -433,23 +450,21 @@ class PartitionReplica:
         self.fetch_in_flight = None
         self.push_active = False
         self.push_ack_owed = False
-        if resuming:
-            # The HW we recovered may lie below the one our predecessor exposed (the checkpoint
-            # is lazy), and a follower whose end reached only that must not rejoin the ISR: it
-            # may lack committed batches. Our log end holds every one of them, so it is the
-            # bar, as Kafka's leaderEpochStartOffset is the log end at becoming leader.
-            self.leader_epoch_start_offset = self.log_end_offset
+        if not resuming:
+            # KIP-101: the new epoch starts at our log end; followers truncate against it.
+            self.epoch_cache.append((msg.leader_epoch, self.log_end_offset))
+        # Kafka's leaderEpochStartOffset: the log end at becoming leader. A resumed leader's
+        # recovered HW may lie below the one its predecessor exposed (the checkpoint is lazy),
+        # and a follower whose end reached only that must not rejoin the ISR: it may lack
+        # committed batches. Our log end holds every one of them, so it is the bar.
+        self.leader_epoch_start_offset = self.log_end_offset
+        self.isr_unconfirmed = may_resume
+        if may_resume:
             # Our predecessor may have proposed adding a follower that the controller has not
             # committed yet. Until it is fenced, the HW must not pass any replica that may be
             # in the ISR by then: a proposal of our ISR with ``fence`` bumps the partition
             # epoch, after which none of its proposals can be committed (the ticks resend it).
-            self.isr_unconfirmed = True
             self._propose_isr(self.isr, now_ms, fence=True)
-        else:
-            self.isr_unconfirmed = False
-            # KIP-101: the new epoch starts at our log end; followers truncate against it.
-            self.epoch_cache.append((msg.leader_epoch, self.log_end_offset))
-            self.leader_epoch_start_offset = self.log_end_offset
         # Kafka's resetReplicaState: ISR members count as caught up now; every follower's end
         # is unknown until it fetches in this epoch, which holds the HW until they all do.
         self.followers = {}
@@ -893,8 +908,11 @@ class PartitionReplica:
         if start is None or start >= self.log_end_offset or replica_id in self.observers:
             return
         if start < self.log_start_offset:
-            # DeleteRecords moved our log start past its log end (it was out of the ISR): it
-            # falls back to pull, is told its offset is out of range and restarts at our start.
+            # Its log ends below our log start (DeleteRecords or retention moved it while the
+            # push was in flight, the follower being outside the ISR): what it lacks is gone
+            # here, and no batch starts where it ends. Kafka's rule for a fetch from there is
+            # OFFSET_OUT_OF_RANGE, on which the follower starts over at our log start: stop
+            # pushing, so that its next fetch gets that answer.
             state.pushed_end_offset = None
             return
         self._push(replica_id, state, start, self.config.fetch_max_bytes)

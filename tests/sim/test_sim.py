@@ -273,6 +273,15 @@ FOUND_BUGS = [
     # the ISR that it went on pushing to; it asked its log for data below its log start.
     (1000027, {}),
     (1000390, {}),
+    (1004574, {}),
+    (1007862, {}),
+    (1011017, {}),
+    (1016937, {}),
+    # A leader re-created in an epoch its predecessor led without writing a batch took a
+    # command older than its predecessor's committed ISR expansion as a new leadership, and
+    # answered DeleteRecords without the added member, which was then elected
+    # (PartitionReplica._on_become_leader).
+    (1018763, {}),
 ]
 
 

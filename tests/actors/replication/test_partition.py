@@ -20,6 +20,7 @@ from raylog.actors.replication.messages import (
     BatchMeta,
     BecomeFollower,
     BecomeLeader,
+    DeleteRecordsRequest,
     EpochEndOffset,
     FetchRequest,
     FetchResponse,
@@ -65,7 +66,9 @@ def make_leader(
 ) -> PartitionReplica:
     replica = PartitionReplica(0, ReplicaConfig(**config))
     replica.step(BecomeLeader(1, EPOCH, 0, isr, replicas, observers), now_ms)
-    replica.ready()
+    ready = replica.ready()
+    if ready.alter_partition:  # a fresh replica fences before it trusts a partial ISR
+        commit_alter(replica, ready, now_ms)
     return replica
 
 
@@ -165,7 +168,7 @@ def test_isr_expands_when_follower_reaches_hw_and_epoch_start() -> None:
     # Recovered log [0, 10) with HW 4; leading epoch 1 starts at offset 10.
     leader = PartitionReplica(0, log_end_offset=10, epoch_cache=[(0, 0)], high_watermark=4)
     leader.step(BecomeLeader(1, EPOCH, 0, (0,), (0, 1)), 0)
-    leader.ready()
+    commit_alter(leader, leader.ready())  # its fence (a fresh replica given a partial ISR)
     assert follower_fetch(leader, 1, 6, 10).alter_partition == []  # >= HW, < epoch start
     ready = follower_fetch(leader, 1, 10, 20)
     assert [p.new_isr for p in ready.alter_partition] == [(0, 1)]
@@ -784,6 +787,53 @@ def test_a_recreated_leader_ignores_a_command_older_than_its_predecessors_isr() 
     assert replica.role is Role.NONE  # refused: on ISR (0,) its HW would ignore 1 and 2
     replica.step(BecomeLeader(1, 3, 8, (0, 1, 2), (0, 1, 2)), 2)
     assert replica.role is Role.LEADER and replica.isr == (0, 1, 2)
+
+
+def test_a_recreated_leader_whose_epoch_left_no_batch_ignores_an_older_command_too() -> None:
+    # The predecessor led epoch 3 without writing in it (its lease had lapsed), so the log's
+    # last epoch is 1; it proposed ISR (0, 1, 2), committed at partition epoch 8, and the
+    # answer reaches the re-created actor before a command from before the commit (7, ISR
+    # (0,)). Taken as a new leadership, that command made a leader whose HW and DeleteRecords
+    # ignored 1 and 2, which the controller could then elect with less (simulator seed
+    # 1018763: an acknowledged low watermark undone).
+    replica = _recovered([(1, 0)], log_end=10)
+    replica.step(AlterPartitionResponse(0, 3, 8, (0, 1, 2), 5), 0)
+    replica.step(BecomeLeader(1, 3, 7, (0,), (0, 1, 2)), 1)
+    assert replica.role is Role.NONE
+    replica.step(BecomeLeader(1, 3, 8, (0, 1, 2), (0, 1, 2)), 2)
+    assert replica.role is Role.LEADER and replica.isr == (0, 1, 2)
+    assert replica.epoch_cache == [(1, 0), (3, 10)]  # its epoch starts at its log end
+
+
+def test_a_fresh_leader_given_a_partial_isr_fences_before_trusting_it() -> None:
+    # The same predecessor, but this time nothing reaches the re-created actor before its
+    # command: it cannot tell whether it resumes epoch 3 (no batch of it in the log), so it
+    # fences, and until an answer comes every replica counts towards the HW and the low
+    # watermark. Here the predecessor's proposal (0, 1) got there first.
+    replica = _recovered([(1, 0)], log_end=10)
+    replica.step(BecomeLeader(1, 3, 7, (0,), (0, 1, 2)), 0)
+    fence = replica.ready().alter_partition[-1]
+    assert (fence.new_isr, fence.partition_epoch, fence.fence) == ((0,), 7, True)
+    replica.step(DeleteRecordsRequest(9, 6, 1_000), 1)
+    assert replica.log_start_offset == 6 and replica.ready().delete_records_results == []
+    # Still waiting for 1's log start: 1 may be in the ISR.
+    assert (
+        follower_fetch(replica, 2, 10, 2, epoch=3, log_start_offset=6).delete_records_results == []
+    )
+    replica.step(AlterPartitionResponse(108, 3, 8, (0, 1), fence.request_id), 3)
+    assert (replica.isr, replica.isr_unconfirmed) == ((0, 1), False)
+    assert replica.ready().delete_records_results == []
+    ready = follower_fetch(replica, 1, 10, 4, epoch=3, log_start_offset=0)
+    assert ready.delete_records_results == []  # 1 starts at 0, below 6
+    done = follower_fetch(replica, 1, 10, 5, epoch=3, log_start_offset=6).delete_records_results
+    assert [(d.request_id, d.error_code, d.low_watermark) for d in done] == [(9, 0, 6)]
+
+
+def test_a_fresh_leader_given_every_replica_in_its_isr_leads_at_once() -> None:
+    # Nothing a predecessor proposed could add a member: no fence, as on a new topic.
+    replica = _recovered([(1, 0)], log_end=10)
+    replica.step(BecomeLeader(1, 3, 7, (0, 1, 2), (0, 1, 2)), 0)
+    assert replica.ready().alter_partition == [] and not replica.isr_unconfirmed
 
 
 def test_a_refused_become_leader_changes_nothing() -> None:
