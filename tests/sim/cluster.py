@@ -91,6 +91,7 @@ from .disk import SimDisk
 from .network import SimNetwork
 from .node import CLIENT, CONTROLLER, Forwarded, Heartbeat, HeartbeatReply, SimNode
 from .scenario import Scenario
+from .seeds import replay_command
 
 TICK_MS = 20
 CONTROLLER_TICK_MS = 50  # the reconcile interval: expired sessions fenced, then a push round
@@ -931,7 +932,7 @@ def run_seed(seed: int, scenario: Scenario | None = None, trace: bool = False) -
     except AssertionError as e:
         raise type(e)(
             f"seed {seed} failed at step {sim.steps_done} (t={sim.now_ms} ms): {e}\n"
-            f"replay: RAYLOG_SIM_SEED={seed} .venv/bin/python -m pytest tests/sim -k replay\n"
+            f"replay: {replay_command(seed, sim.scenario.overrides)}\n"
             f"scenario: {sim.scenario}"
         ) from e
     return sim

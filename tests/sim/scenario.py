@@ -63,6 +63,9 @@ class Scenario:
     executor_class: type[ReadyExecutor] = ReadyExecutor
     controller_class: type[SimController] = SimController
     reconciler_class: type[Reconciler] = Reconciler
+    # What ``from_seed`` was given on top of the seed's mix: a failure's replay command names
+    # them (seeds.replay_command).
+    overrides: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_seed(cls, seed: int, **overrides: Any) -> Scenario:
@@ -87,6 +90,7 @@ class Scenario:
             scenario.throttle_bytes_per_sec = rng.choice((300, 1_000))
         for key, value in overrides.items():
             setattr(scenario, key, value)
+        scenario.overrides = dict(overrides)
         return scenario
 
     def replica_config(self) -> ReplicaConfig:

@@ -1,15 +1,15 @@
 """Seeded simulation of partition replication under faults.
 
-Proves, for many seeds (``--sim-seeds N`` or env ``RAYLOG_SIM_SEEDS``, default 500), that the
-production state machine keeps the safety properties listed in ``checkers.py`` while the network
+Proves, for many seeds (fixed ones, and fresh ones: ``--sim-seeds N`` or ``RAYLOG_SIM_SEEDS``), that
+the production state machine keeps the safety properties listed in ``checkers.py`` while the network
 drops, delays, duplicates, reorders and partitions messages and replicas crash (losing unsynced
 writes, sometimes tearing them) and restart, or have their process replaced on a running machine
 (page cache kept, the controller's same command resent: a leader resumes the epoch it led),
-idempotent producers included (no committed batch
-twice, no sequence gap, retries across leader changes answered with the original offsets). Also
-proves the checkers can fail: replicas with known bugs (a high watermark that ignores followers,
-skipped truncation, no deduplication, followers that keep no producer state, DeleteRecords
-answered before the followers moved their log start) are caught within a bounded number of seeds.
+idempotent producers included (no committed batch twice, no sequence gap, retries across leader
+changes answered with the original offsets). Also proves the checkers can fail: replicas with known
+bugs (a high watermark that ignores followers, skipped truncation, no deduplication, followers that
+keep no producer state, DeleteRecords answered before the followers moved their log start) are
+caught within a bounded number of seeds.
 The controller (tests/sim/controller.py) decides with raylog's own election module; brokers
 heartbeat it and hold write leases; sessions expire behind network partitions and standby
 controllers take over, and checker 9 (no split brain) holds. It can fail too: a controller
@@ -32,13 +32,14 @@ reassignment's throttle in some seeds. Executors with known bugs (acknowledging 
 a group commit that counts or forgets the appends made during an fsync, dropped truncations,
 dropped log start moves) are caught within a bounded number of seeds.
 
-Replay one seed deterministically: ``RAYLOG_SIM_SEED=1234 pytest tests/sim -k replay``; add
-``RAYLOG_SIM_TRACE=1`` and ``-s`` to print every event of the run.
+Seeds (seeds.py): each kind of run takes fixed seeds and fresh ones derived from the commit;
+a failing seed prints the command that replays it with its scenario
+(``RAYLOG_SIM_SEED=1234 RAYLOG_SIM_OVERRIDES='{...}' pytest tests/sim/test_sim.py::test_replay``);
+add ``RAYLOG_SIM_TRACE=1`` and ``-s`` to print every event of the run.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import msgspec
@@ -62,44 +63,70 @@ from raylog.actors.replication.ready import AdvanceLogStart, TruncateTo
 from .checkers import SimViolation
 from .cluster import Scenario, Simulation, run_seed
 from .controller import TP, SimController
+from .seeds import SEED_BASE, SeedKind, chunk_id, fresh_seed_base, replay_request
 
 pytestmark = pytest.mark.sim
 
-DEFAULT_SEEDS = 500
-SEED_BASE = 1_000_000  # seeds run are SEED_BASE .. SEED_BASE + n - 1
-
-
-CHUNK_SEEDS = 250  # seeds per test case: keeps each case well inside pytest's timeout
-UNCLEAN_SEEDS = 150  # runs with unclean elections (checker 10 and the invariants)
-LOG_FAILURE_SEEDS = 100  # runs where replicas' logs fail (every checker)
-
-
-def _seed_count(config: pytest.Config) -> int:
-    option = config.getoption("--sim-seeds", default=None)
-    if option is not None:
-        return int(option)
-    return int(os.environ.get("RAYLOG_SIM_SEEDS", DEFAULT_SEEDS))
+# The kinds of runs (seeds.py), by the fixture that takes their ranges of seeds: each runs its
+# fixed seeds, always, and fresh ones derived from the commit, ``chunk`` seeds per test case
+# (well inside pytest's timeout).
+KINDS = {
+    # Clean elections: every checker.
+    "clean_seeds": SeedKind(
+        overrides={},
+        fixed=range(SEED_BASE, SEED_BASE + 500),
+        fresh_env="RAYLOG_SIM_SEEDS",
+        fresh_default=250,
+        fresh_offset=0,
+        chunk=250,
+    ),
+    # Replicas' logs fail: every checker.
+    "log_failure_seeds": SeedKind(
+        overrides={"log_failures": True},
+        fixed=range(SEED_BASE, SEED_BASE + 100),
+        fresh_env="RAYLOG_SIM_LOG_FAILURE_SEEDS",
+        fresh_default=50,
+        fresh_offset=100_000_000,
+        chunk=100,
+    ),
+    # Unclean elections: checker 10 and the state machine's invariants.
+    "unclean_seeds": SeedKind(
+        overrides={"unclean_leader_election_enable": True, "lossy_checks": True},
+        fixed=range(150),
+        fresh_env="RAYLOG_SIM_UNCLEAN_SEEDS",
+        fresh_default=75,
+        fresh_offset=200_000_000,
+        chunk=150,
+    ),
+}
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "seed_chunk" in metafunc.fixturenames:
-        count = _seed_count(metafunc.config)
-        chunks = [
-            (start, min(start + CHUNK_SEEDS, SEED_BASE + count))
-            for start in range(SEED_BASE, SEED_BASE + count, CHUNK_SEEDS)
-        ]
-        metafunc.parametrize("seed_chunk", chunks, ids=[f"seeds{a}-{b - 1}" for a, b in chunks])
+    """Parametrize ``clean_seeds``, ``log_failure_seeds`` and ``unclean_seeds`` with ranges of
+    seeds (named by their first and last seed): the fixed ones, then the fresh ones."""
+    base, _ = fresh_seed_base()
+    for name, kind in KINDS.items():
+        if name in metafunc.fixturenames:
+            option = metafunc.config.getoption("--sim-seeds") if name == "clean_seeds" else None
+            chunks = kind.chunks(base, option)
+            metafunc.parametrize(name, chunks, ids=[chunk_id(c) for c in chunks])
 
 
-def test_many_seeds(seed_chunk: tuple[int, int]) -> None:
-    start, stop = seed_chunk
+def run_seeds(seeds: range, overrides: dict[str, Any]) -> dict[str, int]:
+    """Run each seed with ``overrides`` (a failure names the seed and its replay command);
+    return the sums of their stats."""
     totals: dict[str, int] = {}
-    for seed in range(start, stop):
-        sim = run_seed(seed)
+    for seed in seeds:
+        sim = run_seed(seed, Scenario.from_seed(seed, **overrides))
         for key, value in sim.stats.items():
             totals[key] = totals.get(key, 0) + value
+    return totals
+
+
+def test_many_seeds(clean_seeds: range) -> None:
+    totals = run_seeds(clean_seeds, KINDS["clean_seeds"].overrides)
     # The runs must exercise what they claim to: writes, reads, crashes and failovers.
-    count = stop - start
+    count = len(clean_seeds)
     assert totals["acked_all"] > count, totals
     assert totals["consumed"] > count, totals
     assert totals["crashes"] > count // 2, totals
@@ -117,10 +144,11 @@ def test_many_seeds(seed_chunk: tuple[int, int]) -> None:
 
 
 def test_replay() -> None:
-    """Re-run one seed (RAYLOG_SIM_SEED) twice and show that it replays identically."""
-    seed = int(os.environ.get("RAYLOG_SIM_SEED", SEED_BASE))
-    first = run_seed(seed, trace=bool(os.environ.get("RAYLOG_SIM_TRACE")))
-    second = run_seed(seed)
+    """Re-run one seed (RAYLOG_SIM_SEED, with the scenario overrides RAYLOG_SIM_OVERRIDES) twice
+    and show that it replays identically."""
+    seed, overrides, trace = replay_request()
+    first = run_seed(seed, Scenario.from_seed(seed, **overrides), trace=trace)
+    second = run_seed(seed, Scenario.from_seed(seed, **overrides))
     assert (first.stats, first.now_ms, first.checkers.committed) == (
         second.stats,
         second.now_ms,
@@ -215,27 +243,21 @@ class StaysAboveALeaderThatEndsBelowIt(PartitionReplica):
             super()._handle_out_of_range(msg, request)
 
 
-def test_failed_logs_lose_nothing_and_converge() -> None:
-    totals: dict[str, int] = {}
-    for seed in range(SEED_BASE, SEED_BASE + LOG_FAILURE_SEEDS):
-        sim = run_seed(seed, Scenario.from_seed(seed, log_failures=True))
-        for key, value in sim.stats.items():
-            totals[key] = totals.get(key, 0) + value
-    count = LOG_FAILURE_SEEDS
+def test_failed_logs_lose_nothing_and_converge(log_failure_seeds: range) -> None:
+    totals = run_seeds(log_failure_seeds, KINDS["log_failure_seeds"].overrides)
+    count = len(log_failure_seeds)
     assert totals["log_failures"] > count and totals["log_recoveries"] > count // 2, totals
     # The controller recorded replicas going offline and coming back, and elected around them.
     assert totals["offline_changes"] > count, totals
     assert totals["elections"] > count // 4 and totals["acked_all"] > count, totals
 
 
-def test_runs_with_unclean_elections_converge() -> None:
+def test_runs_with_unclean_elections_converge(unclean_seeds: range) -> None:
     """With unclean elections (and DeleteRecords, crashes, partitions): the state machine's own
     invariants hold, no split brain, and the partition converges once the faults stop
     (checker 10), though acknowledged data may be lost (the loss checkers are off: lossy)."""
-    for seed in range(UNCLEAN_SEEDS):
-        run_seed(
-            seed, Scenario.from_seed(seed, unclean_leader_election_enable=True, lossy_checks=True)
-        )
+    totals = run_seeds(unclean_seeds, KINDS["unclean_seeds"].overrides)
+    assert totals["elections"] > len(unclean_seeds) // 4, totals
 
 
 def test_checker_10_catches_a_follower_that_never_converges() -> None:
