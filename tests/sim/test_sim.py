@@ -231,10 +231,10 @@ def test_checkers_catch_known_bug(bug: type[PartitionReplica]) -> None:
 
 
 class StaysAboveALeaderThatEndsBelowIt(PartitionReplica):
-    """Known bug (raylog's own until 2026-11-26): after an unclean election the new leader's log
-    may end below a follower's log start (DeleteRecords had moved it up). The follower's fetch
-    is out of range; it cut its log at the larger of the two, its own start (nothing to cut),
-    and fetched out of range again, forever: the ISR never grew back (checker 10)."""
+    """Known bug: after an unclean election the new leader's log may end below a follower's log
+    start (DeleteRecords had moved it up). The follower's fetch is out of range; it cuts its log
+    at the larger of the two, its own start (nothing to cut), and fetches out of range again,
+    forever: the ISR never grows back (checker 10)."""
 
     def _handle_out_of_range(self, msg: FetchResponse, request: FetchRequest) -> None:
         if request.fetch_offset > msg.log_end_offset:
@@ -279,7 +279,7 @@ def test_checker_10_catches_a_follower_that_never_converges() -> None:
 
 
 # Seeds that found bugs, each replayed with its scenario (their failures are described where
-# the fix is: actors/replication/partition.py).
+# the fix is, in actors/replication/).
 FOUND_BUGS = [
     # A leader re-created in the same epoch advanced its HW past a follower whose addition to
     # the ISR its predecessor had proposed; the controller committed it, the follower was
@@ -292,7 +292,8 @@ FOUND_BUGS = [
     (4379, {"unclean_leader_election_enable": True, "lossy_checks": True}),
     (247, {"unclean_leader_election_enable": True, "lossy_checks": True}),
     # Push mode: DeleteRecords moved the leader's log start past the end of a follower out of
-    # the ISR that it went on pushing to; it asked its log for data below its log start.
+    # the ISR that it went on pushing to; it asked its log for data below its log start
+    # (leader.LeaderSide._push_next).
     (1000027, {}),
     (1000390, {}),
     (1004574, {}),
@@ -302,7 +303,7 @@ FOUND_BUGS = [
     # A leader re-created in an epoch its predecessor led without writing a batch took a
     # command older than its predecessor's committed ISR expansion as a new leadership, and
     # answered DeleteRecords without the added member, which was then elected
-    # (PartitionReplica._on_become_leader).
+    # (partition.PartitionReplica._on_become_leader).
     (1018763, {}),
 ]
 

@@ -838,7 +838,7 @@ def test_a_fresh_leader_given_every_replica_in_its_isr_leads_at_once() -> None:
 
 def test_a_refused_become_leader_changes_nothing() -> None:
     # Epoch 2 is older than the log's last epoch (3): refused, and the replica keeps no part of
-    # the command (it used to be left a leader without follower states, failing every tick).
+    # the command (not a leader without follower states, which would fail every tick).
     replica = _recovered([(1, 0), (3, 4)], log_end=10)
     with pytest.raises(InvariantViolation):
         replica.step(BecomeLeader(1, 2, 7, (0, 1, 2), (0, 1, 2)), 0)
