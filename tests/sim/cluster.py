@@ -657,9 +657,13 @@ class Simulation:
         actor: a topic config changed, or the actor died alone): the page cache keeps every
         write, recovery syncs it, and the controller, which elected no one, sends the same
         command again with its next push to the broker, its resync at the latest (a leader
-        resumes the epoch it led)."""
+        resumes the epoch it led). Not an offline replica (a failed log): as raylog's broker,
+        only _on_log_back re-creates it, once the controller has recorded the failure; sooner,
+        it would lead again an epoch whose unsynced writes its log lost, while its followers
+        hold other records at those offsets."""
+        if node.log_failed:
+            return
         node.incarnation += 1
-        node.log_failed = False  # a replaced replica is a re-created one
         node.disk.durable_count = len(node.disk.batches)
         node.disk.generation += 1
         node.start_replica()

@@ -305,6 +305,14 @@ FOUND_BUGS = [
     # answered DeleteRecords without the added member, which was then elected
     # (partition.PartitionReplica._on_become_leader).
     (1018763, {}),
+    # A leader whose log failed (its unsynced writes lost) was re-created before the controller
+    # recorded the failure, and led its epoch again from the shorter log while a follower held
+    # other batches of that epoch (the broker re-creates an offline replica only through its
+    # retry path: actors/broker.py, and tests/sim/cluster.py's _replace).
+    (1043500241, {"log_failures": True}),
+    (1043500414, {"log_failures": True}),
+    (1043500723, {"log_failures": True}),
+    (1043501798, {"log_failures": True}),
 ]
 
 
