@@ -8,7 +8,9 @@ Decisions:
 - A follower fetches only from a durable log end: the fetch offset tells the leader what it
   holds durably, and the leader counts it towards the HW. One fetch is in flight at a time; an
   unanswered one is sent again after ``fetch_timeout_ms``; an error answer backs off
-  ``fetch_backoff_ms``.
+  ``fetch_backoff_ms``. An answer to a fetch from an offset that is no longer the follower's
+  log end (a push landed meanwhile) is dropped, as Kafka's fetcher drops an answer whose fetch
+  offset is not the partition's current one: its verdict is about a log that has moved.
 - Divergence (KIP-320, with KIP-101/279's truncation): the leader answers a fetch whose last
   fetched epoch ends lower in its log with that epoch's end; the follower cuts its log there
   (Kafka's truncation for a diverging epoch, through the largest epoch it knows below an epoch
@@ -114,6 +116,13 @@ class FollowerSide(ReplicaState):
         if self.role not in (Role.FOLLOWER, Role.OBSERVER):
             return
         self.fetch_in_flight = None
+        if request.fetch_offset != self.log.log_end_offset:
+            # Our log moved since this fetch was sent (a push landed): the answer is about an
+            # offset we no longer fetch from, and its verdict (out of range below the leader's
+            # log start, a divergence) would cut what the pushes brought, committed data
+            # included. Kafka's fetcher drops such an answer too; fetch again from our end.
+            self._maybe_fetch(now_ms)
+            return
         if msg.leader_epoch != self.leader_epoch or msg.error_code not in (
             NONE,
             OffsetOutOfRangeError.error_code,
@@ -140,7 +149,7 @@ class FollowerSide(ReplicaState):
         else:
             if self._straddles_leader_log_start(msg, request):
                 self._truncate_fully(msg.log_start_offset)
-            appended = self._append_from_leader(msg.batches, request.fetch_offset)
+            appended = self._append_from_leader(msg.batches)
             self._update_follower_high_watermark(msg.high_watermark)
             self._adopt_leader_log_start(msg.log_start_offset)
             if self._receives_pushes():
@@ -165,11 +174,10 @@ class FollowerSide(ReplicaState):
             and self.log.log_end_offset > self.log.log_start_offset
         )
 
-    def _append_from_leader(self, batches: tuple[RecordBatch, ...], fetch_offset: int) -> bool:
-        """Append the leader's batches that extend our log; returns whether any did."""
+    def _append_from_leader(self, batches: tuple[RecordBatch, ...]) -> bool:
+        """Append the leader's batches that extend our log (read from our log end); returns
+        whether any did."""
         check_invariant(len(batches) <= MAX_BATCHES_PER_MESSAGE, "too many batches in one message")
-        if fetch_offset != self.log.log_end_offset:
-            return False  # our log moved (a push landed) since this fetch was sent
         appended = False
         for record_batch in batches:
             meta = record_batch.meta
@@ -268,7 +276,7 @@ class FollowerSide(ReplicaState):
             )
             self._maybe_fetch(now_ms)
             return
-        self._append_from_leader(msg.batches, self.log.log_end_offset)
+        self._append_from_leader(msg.batches)
         self._update_follower_high_watermark(msg.high_watermark)
         self._adopt_leader_log_start(msg.log_start_offset)
         self.push_active = True
