@@ -8,8 +8,10 @@ watermark, and what those are.
 
 Decisions:
 - High watermark. The leader's HW is the minimum of the log end offsets over the *maximal* ISR
-  (KIP-497: the committed ISR plus members of an in-flight expansion; an in-flight shrink still
-  counts the members it would remove), where the leader contributes its *durable* end offset:
+  (KIP-497: the committed ISR plus members of an in-flight expansion, also one answered
+  FENCED_LEADER_EPOCH, which may have been committed before the epoch ended; an in-flight
+  shrink still counts the members it would remove), where the leader contributes its *durable*
+  end offset:
   raylog counts a write as replicated only once fsync'd on every such member (followers report
   only durable offsets: they fetch from their log end only after it is durable, and push acks
   carry the durable end). The HW never moves backwards.

@@ -91,6 +91,7 @@ from raylog.actors.replication.ready import (
 )
 from raylog.actors.replication.replica_state import MAX_REPLICAS, NONE
 from raylog.storage.errors import (
+    FencedLeaderEpochError,
     InvalidUpdateVersionError,
     NotEnoughReplicasAfterAppendError,
     NotLeaderOrFollowerError,
@@ -313,10 +314,16 @@ class PartitionReplica(LeaderSide, FollowerSide):
                 self.alter_in_flight = None
             # Otherwise a late answer to an earlier proposal: the one in flight may still be
             # committed, so its additions must keep counting towards the HW (maximal ISR).
+        elif answers_in_flight and msg.error_code == FencedLeaderEpochError.error_code:
+            # Our leader epoch is over, but the proposal may have been committed before it
+            # ended (an answer lost): its additions keep counting towards the HW until the
+            # controller tells us our new role, as Kafka keeps its pending ISR state on this
+            # error. Resending it is harmless: refused again, once per timeout at most.
+            return
         elif answers_in_flight:
-            # FENCED_LEADER_EPOCH (the controller will tell us our new role), INELIGIBLE_REPLICA
-            # and the rest: drop the proposal, and wait before proposing again so a refusal
-            # cannot turn into a request per tick. The HW keeps using the committed ISR.
+            # INELIGIBLE_REPLICA and the rest: the controller refused this proposal, so it was
+            # not committed: drop it, and wait before proposing again so a refusal cannot turn
+            # into a request per tick. The HW keeps using the committed ISR.
             self.alter_in_flight = None
             self.alter_not_before_ms = now_ms + self.config.alter_partition_timeout_ms
 

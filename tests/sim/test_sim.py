@@ -301,6 +301,17 @@ FOUND_BUGS = [
     # there, dropping committed batches the pushes had brought, and was then elected
     # (follower.FollowerSide._on_fetch_response).
     (1000906, {"log_failures": True}),
+    # A leader's proposal to add a follower was committed, its answer lost, and leadership
+    # moved on; the resent proposal was answered FENCED_LEADER_EPOCH, the leader dropped it and
+    # advanced its HW without that follower, which was elected next
+    # (partition.PartitionReplica._on_alter_partition_response).
+    (2000401, {}),
+    # Failed logs: a leader whose log failed (its unsynced writes lost) was re-created before
+    # the controller recorded the failure, and led its epoch again from the shorter log while a
+    # follower held other batches of that epoch (the broker re-creates an offline replica only
+    # through its retry path: actors/broker.py, and tests/sim/cluster.py's _replace).
+    (2001542, {"log_failures": True}),
+    (2015807, {"log_failures": True}),
 ]
 
 

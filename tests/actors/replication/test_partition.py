@@ -217,6 +217,27 @@ def test_hw_counts_pending_isr_additions_maximal_isr() -> None:
     assert leader.high_watermark == 1
 
 
+def test_a_proposal_answered_fenced_leader_epoch_still_holds_the_hw() -> None:
+    # The controller committed our proposal to add 2, its answer was lost, and it then moved
+    # leadership on (a new epoch); a resent proposal is answered FENCED_LEADER_EPOCH. The
+    # addition may be committed, so 2 keeps holding the HW until the controller tells us our
+    # new role (Kafka keeps its pending ISR state on this error). Dropping the proposal let a
+    # deposed leader advance its HW past 2, which the controller then elected without those
+    # batches (simulator seed 2000401).
+    leader = make_leader(isr=(0, 1), replicas=(0, 1, 2))
+    (proposal,) = follower_fetch(leader, 2, 0, 5).alter_partition
+    produce(leader, 1, acks=1)
+    make_durable(leader)
+    follower_fetch(leader, 1, 1, 10)
+    assert leader.high_watermark == 0  # held back by 2, a pending member
+    fenced = FencedLeaderEpochError.error_code
+    leader.step(AlterPartitionResponse(fenced, EPOCH, 9, (0, 1, 2), proposal.request_id), 20)
+    follower_fetch(leader, 1, 1, 30)
+    assert leader.alter_in_flight == proposal and leader.high_watermark == 0
+    follower_fetch(leader, 2, 1, 40)
+    assert leader.high_watermark == 1
+
+
 def test_hw_frozen_while_isr_below_min_insync_replicas() -> None:
     leader = make_leader(isr=(0,), replicas=(0, 1), min_insync_replicas=2)
     produce(leader, 1, acks=1)
