@@ -653,6 +653,7 @@ class BrokerActor:
             min_insync_replicas=cfg.min_insync_replicas,
             replication_mode=cfg.replication_mode,
             unclean_leader_election_enable=cfg.unclean_leader_election_enable,
+            acks_before_fsync=cfg.flush_messages > 1,
         )
 
     async def _remove(self, key: tuple[str, int], *, delete_data: bool) -> None:

@@ -133,16 +133,16 @@ class FollowerSide(ReplicaState):
             self._handle_out_of_range(msg, request)
         elif msg.diverging_epoch is not None:
             if msg.diverging_epoch.end_offset <= msg.log_start_offset and (
-                msg.log_start_offset > self.log.high_watermark
-                or self.config.unclean_leader_election_enable
+                msg.log_start_offset > self.log.high_watermark or self._may_lose_committed()
             ):
                 # The leader knows nothing below its log start (its first epoch entry was moved
                 # up to it, possibly inside a batch, where no truncation can cut), and all we
                 # hold below it is deleted there: start over at its log start, as Kafka's
                 # follower ends up doing after its next fetch is out of range. After a clean
                 # election our HW is below it (the logs agree below it, and diverge below the
-                # leader's log start); after an unclean one our HW says nothing, and where we
-                # diverge below the leader's log start is unknowable.
+                # leader's log start); after an unclean one (or a power loss under a relaxed
+                # flush policy) our HW says nothing, and where we diverge below the leader's log
+                # start is unknowable.
                 self._truncate_fully(msg.log_start_offset)
             else:
                 self._truncate_diverged(msg.diverging_epoch)

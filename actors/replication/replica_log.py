@@ -18,7 +18,9 @@ Decisions:
   never moves back), so moving the log start changes nothing else; the epoch cache keeps the
   epoch in force at the new start, as Kafka's truncateFromStart.
 - A truncation below the high watermark happens only after an unclean election, when
-  ``unclean_leader_election_enable`` is set: committed data is then given up, knowingly.
+  ``unclean_leader_election_enable`` is set, or where acknowledged records may never have
+  reached a disk (``acks_before_fsync``: flush.messages > 1) and a power loss took them:
+  committed data is then given up, knowingly.
 
 Invariants (checked with explicit raises that survive ``python -O``):
 - log_start_offset <= high_watermark <= log_end_offset; durable_end_offset <= log_end_offset;
@@ -200,8 +202,8 @@ class ReplicaLog:
     # --- truncation ----------------------------------------------------------------------------
 
     def truncate(self, offset: int, unclean: bool, ready: Ready) -> None:
-        """Cut the log at ``offset`` (a batch boundary); ``unclean``: an unclean election made
-        giving up committed data acceptable."""
+        """Cut the log at ``offset`` (a batch boundary); ``unclean``: giving up committed data
+        is acceptable (an unclean election, or acknowledged records that no disk may hold)."""
         if offset >= self.log_end_offset:
             self.drop_empty_epochs()
             return
@@ -214,7 +216,7 @@ class ReplicaLog:
             check_invariant(
                 unclean, f"truncation to {offset} below the high watermark {self.high_watermark}"
             )
-            # Only after an unclean election: committed data is being given up, knowingly.
+            # Only where committed data may be given up (see the module's docstring).
             self.high_watermark = offset
             ready.checkpoint_high_watermark = offset
         self.generation += 1

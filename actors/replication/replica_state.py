@@ -186,12 +186,16 @@ class ReplicaState:
     def _append(self, batch: BatchMeta, data: bytes, *, replicated: bool) -> None:
         self.log.append(batch, data, replicated, self._ready)
 
+    def _may_lose_committed(self) -> bool:
+        """Whether giving up records below the HW can be right: after an unclean election, or
+        where acknowledged records may not have reached any disk (a relaxed flush policy)."""
+        return self.config.unclean_leader_election_enable or self.config.acks_before_fsync
+
     def _truncate(self, offset: int) -> None:
-        self.log.truncate(offset, self.config.unclean_leader_election_enable, self._ready)
+        self.log.truncate(offset, self._may_lose_committed(), self._ready)
 
     def _truncate_fully(self, new_start_offset: int) -> None:
-        unclean = self.config.unclean_leader_election_enable
-        self.log.truncate_fully(new_start_offset, unclean, self._ready)
+        self.log.truncate_fully(new_start_offset, self._may_lose_committed(), self._ready)
 
     def _set_high_watermark(self, new_hw: int) -> None:
         self.log.set_high_watermark(new_hw, self._ready)

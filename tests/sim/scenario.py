@@ -102,6 +102,7 @@ class Scenario:
             min_insync_replicas=self.min_insync_replicas,
             replication_mode=self.replication_mode,
             unclean_leader_election_enable=self.unclean_leader_election_enable,
+            acks_before_fsync=self.flush_messages > 1,
             max_pending_acks_all=50,
             max_pending_acks_local=50,
             fetch_max_bytes=4096,

@@ -381,6 +381,20 @@ def test_truncation_below_hw_is_an_invariant_violation() -> None:
     assert issubclass(InvariantViolation, AssertionError)
 
 
+def test_truncation_below_hw_is_expected_where_acks_precede_the_fsync() -> None:
+    # flush.messages > 1: the elected leader may have lost acknowledged records to a power
+    # loss; the follower gives up what it holds beyond the leader's log, as Kafka's does.
+    config = ReplicaConfig(acks_before_fsync=True)
+    follower = PartitionReplica(
+        0, config, log_end_offset=8, epoch_cache=[(0, 0), (1, 5)], high_watermark=8
+    )
+    follower.step(BecomeFollower(1, 1, 3, 0), 0)
+    request = follower.ready().messages[0].message
+    follower.step(FetchResponse(1, request.request_id, 3, 0, 8, 0, 20, EpochEndOffset(0, 10)), 1)
+    assert follower.ready().log_ops == [TruncateTo(5, 1)]
+    assert (follower.log_end_offset, follower.high_watermark) == (5, 5)
+
+
 def test_fencing_with_stale_and_future_leader_epochs() -> None:
     leader = make_leader()
     stale = fetch_answers(follower_fetch(leader, 1, 0, 1, epoch=EPOCH - 1))[0]
