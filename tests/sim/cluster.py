@@ -91,7 +91,7 @@ from .disk import SimDisk
 from .network import SimNetwork
 from .node import CLIENT, CONTROLLER, Forwarded, Heartbeat, HeartbeatReply, SimNode
 from .scenario import Scenario
-from .seeds import replay_command
+from .seeds import replay_command, replay_request
 
 TICK_MS = 20
 CONTROLLER_TICK_MS = 50  # the reconcile interval: expired sessions fenced, then a push round
@@ -940,3 +940,18 @@ def run_seed(seed: int, scenario: Scenario | None = None, trace: bool = False) -
             f"scenario: {sim.scenario}"
         ) from e
     return sim
+
+
+def replay_from_environment() -> Simulation:
+    """Re-run the seed RAYLOG_SIM_SEED with the scenario overrides RAYLOG_SIM_OVERRIDES, as a
+    failure's replay command asks (RAYLOG_SIM_TRACE prints every event), twice: raise if the
+    two runs differ, so that what the replay shows is what failed."""
+    seed, overrides, trace = replay_request()
+    first = run_seed(seed, Scenario.from_seed(seed, **overrides), trace=trace)
+    second = run_seed(seed, Scenario.from_seed(seed, **overrides))
+    assert (first.stats, first.now_ms, first.checkers.committed) == (
+        second.stats,
+        second.now_ms,
+        second.checkers.committed,
+    ), f"seed {seed} ran differently twice: the simulation is not deterministic"
+    return first

@@ -6,11 +6,12 @@ the command line; and a failing seed prints a command that replays exactly its r
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 import pytest
 
-from . import test_sim
-from .cluster import Scenario, run_seed
+from .cluster import Scenario, replay_from_environment, run_seed
+from .mutants import AnswersDeleteRecordsAtOnce, LeaseBeforeApplying
 from .network import NetworkConfig
 from .seeds import (
     REPLAY_TEST,
@@ -20,7 +21,6 @@ from .seeds import (
     fresh_seed_base,
     replay_request,
 )
-from .test_sim import AnswersDeleteRecordsAtOnce, LeaseBeforeApplying
 
 pytestmark = pytest.mark.sim
 
@@ -70,7 +70,10 @@ def test_a_failing_seed_prints_the_command_that_replays_exactly_its_run(
     assert failure is not None, "the known bug was not caught in 50 seeds"
     command = next(line for line in failure.splitlines() if line.startswith("replay: "))
     words = shlex.split(command.removeprefix("replay: "))
-    assert words[-1] == REPLAY_TEST and REPLAY_TEST.endswith("::" + test_sim.test_replay.__name__)
+    assert words[-1] == REPLAY_TEST
+    test_file, _, test_name = REPLAY_TEST.partition("::")
+    root = Path(__file__).resolve().parents[2]
+    assert f"def {test_name}() -> None:" in (root / test_file).read_text()
     for word in words:
         if word.startswith("RAYLOG_SIM_"):
             name, _, value = word.partition("=")
@@ -78,5 +81,5 @@ def test_a_failing_seed_prints_the_command_that_replays_exactly_its_run(
     assert replay_request() == (seed, overrides, False)
     # test_replay runs that command's seed and scenario: the same failure, at the same step.
     with pytest.raises(AssertionError) as replayed:
-        test_sim.test_replay()
+        replay_from_environment()
     assert str(replayed.value).splitlines()[0] == failure.splitlines()[0]

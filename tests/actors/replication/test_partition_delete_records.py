@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from test_partition import (
+from support.partition_steps import (
     EPOCH,
     commit_alter,
     fetch_answers,
