@@ -560,7 +560,9 @@ class BrokerActor:
                 if _is_dead(result):  # re-created from its WAL by the next apply
                     dead.append(key)
                     log.warning("broker %d: replica %s-%d died", self.broker_id, *key)
-                    self._hosted.pop(key, None)
+                    gone = self._hosted.get(key)
+                    if gone is not None and gone.offline is None:
+                        self._hosted.pop(key)  # an offline one waits for _retry_offline
                 elif isinstance(result, BaseException):
                     log.warning(
                         "broker %d: replica %s-%d refused its command: %r",
@@ -582,7 +584,11 @@ class BrokerActor:
         hosted = self._hosted.get(key)
         replica_config = self._replica_config(spec.configs)
         if hosted is not None and hosted.topic_id == spec.topic_id:
-            if hosted.configs == spec.configs:
+            if hosted.configs == spec.configs or hosted.offline is not None:
+                # An offline replica is re-created only by _retry_offline (with the configs of
+                # its latest spec), once the controller has recorded it offline: a new actor
+                # sooner would be told to lead again the epoch whose unsynced writes its log
+                # lost, while its followers hold other records at those offsets.
                 return
             # Changed configs apply in place (Kafka's dynamic topic configs), unless the
             # replication mode changed: then the replica is re-created from its WAL.
@@ -647,6 +653,7 @@ class BrokerActor:
             min_insync_replicas=cfg.min_insync_replicas,
             replication_mode=cfg.replication_mode,
             unclean_leader_election_enable=cfg.unclean_leader_election_enable,
+            acks_before_fsync=cfg.flush_messages > 1,
         )
 
     async def _remove(self, key: tuple[str, int], *, delete_data: bool) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sim.seeds import fresh_seed_base
 
 MOTO_REGION = "us-east-1"
 MOTO_CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
@@ -118,13 +119,20 @@ def create_bucket(s3_client_kwargs: dict[str, Any]) -> Callable[..., str]:
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """``--sim-seeds N``: how many seeds the simulator runs (tests/sim; env RAYLOG_SIM_SEEDS)."""
+    """``--sim-seeds N``: how many fresh seeds the simulator runs besides its fixed ones
+    (tests/sim/seeds.py; env RAYLOG_SIM_SEEDS)."""
     parser.addoption(
         "--sim-seeds",
         type=int,
         default=None,
-        help="number of seeds for the replication simulator (default 500, or RAYLOG_SIM_SEEDS)",
+        help="fresh seeds for the replication simulator's clean runs (or RAYLOG_SIM_SEEDS)",
     )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Which fresh seeds the simulator runs (they vary by commit): a failing run says so."""
+    base, source = fresh_seed_base()
+    return f"raylog simulator: fresh seeds from {base} ({source}; RAYLOG_SIM_SEED_BASE to repeat)"
 
 
 _RAY_DATA_DIR: Path | None = None

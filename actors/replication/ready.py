@@ -60,6 +60,10 @@ class ReplicaConfig(msgspec.Struct, frozen=True):
     min_insync_replicas: int = 1  # min.insync.replicas
     replication_mode: str = "pull"  # replication.mode: "pull" (Kafka's) or "push" (klite's)
     unclean_leader_election_enable: bool = False  # unclean.leader.election.enable
+    # flush.messages > 1: records are acknowledged before they are fsync'd, so a power loss of
+    # every replica may lose acknowledged ones; a follower then truncates below its high
+    # watermark to the elected leader's shorter log, as Kafka's does, instead of failing.
+    acks_before_fsync: bool = False
     max_pending_acks_all: int = 1_000  # acks=all requests waiting for the HW
     max_pending_acks_local: int = 10_000  # acks 0/1 requests waiting for the local fsync
     fetch_max_bytes: int = REPLICA_FETCH_BYTES_DEFAULT  # replica.fetch.max.bytes

@@ -13,7 +13,11 @@ from support.waiting import wait_until
 
 from raylog.actors.calls import NAMESPACE, replica_actor_name
 from raylog.actors.replica import ReplicaActor
-from raylog.actors.replication.messages import BecomeFollower, BecomeLeader
+from raylog.actors.replication.messages import (
+    AlterPartitionResponse,
+    BecomeFollower,
+    BecomeLeader,
+)
 from raylog.pipelines import records as R
 from raylog.storage import batch as rb
 
@@ -42,6 +46,11 @@ def _start(topic: str, log_dir: Path, replicas: tuple[int, ...] = (0,)) -> objec
         ),
         timeout=CALL_TIMEOUT_S,
     )
+    if replicas != (0,):
+        # A fresh leader given a partial ISR fences it first (its process may have replaced
+        # one that led): commit that as the controller would, partition epoch 2.
+        committed = AlterPartitionResponse(0, leader_epoch=1, partition_epoch=2, isr=(0,))
+        ray.get(replica.alter_partition_response.remote(committed), timeout=CALL_TIMEOUT_S)
     return replica
 
 

@@ -91,6 +91,7 @@ from .disk import SimDisk
 from .network import SimNetwork
 from .node import CLIENT, CONTROLLER, Forwarded, Heartbeat, HeartbeatReply, SimNode
 from .scenario import Scenario
+from .seeds import replay_command, replay_request
 
 TICK_MS = 20
 CONTROLLER_TICK_MS = 50  # the reconcile interval: expired sessions fenced, then a push round
@@ -656,9 +657,13 @@ class Simulation:
         actor: a topic config changed, or the actor died alone): the page cache keeps every
         write, recovery syncs it, and the controller, which elected no one, sends the same
         command again with its next push to the broker, its resync at the latest (a leader
-        resumes the epoch it led)."""
+        resumes the epoch it led). Not an offline replica (a failed log): as raylog's broker,
+        only _on_log_back re-creates it, once the controller has recorded the failure; sooner,
+        it would lead again an epoch whose unsynced writes its log lost, while its followers
+        hold other records at those offsets."""
+        if node.log_failed:
+            return
         node.incarnation += 1
-        node.log_failed = False  # a replaced replica is a re-created one
         node.disk.durable_count = len(node.disk.batches)
         node.disk.generation += 1
         node.start_replica()
@@ -931,7 +936,22 @@ def run_seed(seed: int, scenario: Scenario | None = None, trace: bool = False) -
     except AssertionError as e:
         raise type(e)(
             f"seed {seed} failed at step {sim.steps_done} (t={sim.now_ms} ms): {e}\n"
-            f"replay: RAYLOG_SIM_SEED={seed} .venv/bin/python -m pytest tests/sim -k replay\n"
+            f"replay: {replay_command(seed, sim.scenario.overrides)}\n"
             f"scenario: {sim.scenario}"
         ) from e
     return sim
+
+
+def replay_from_environment() -> Simulation:
+    """Re-run the seed RAYLOG_SIM_SEED with the scenario overrides RAYLOG_SIM_OVERRIDES, as a
+    failure's replay command asks (RAYLOG_SIM_TRACE prints every event), twice: raise if the
+    two runs differ, so that what the replay shows is what failed."""
+    seed, overrides, trace = replay_request()
+    first = run_seed(seed, Scenario.from_seed(seed, **overrides), trace=trace)
+    second = run_seed(seed, Scenario.from_seed(seed, **overrides))
+    assert (first.stats, first.now_ms, first.checkers.committed) == (
+        second.stats,
+        second.now_ms,
+        second.checkers.committed,
+    ), f"seed {seed} ran differently twice: the simulation is not deterministic"
+    return first

@@ -63,6 +63,9 @@ class Scenario:
     executor_class: type[ReadyExecutor] = ReadyExecutor
     controller_class: type[SimController] = SimController
     reconciler_class: type[Reconciler] = Reconciler
+    # What ``from_seed`` was given on top of the seed's mix: a failure's replay command names
+    # them (seeds.replay_command).
+    overrides: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_seed(cls, seed: int, **overrides: Any) -> Scenario:
@@ -87,6 +90,7 @@ class Scenario:
             scenario.throttle_bytes_per_sec = rng.choice((300, 1_000))
         for key, value in overrides.items():
             setattr(scenario, key, value)
+        scenario.overrides = dict(overrides)
         return scenario
 
     def replica_config(self) -> ReplicaConfig:
@@ -98,6 +102,7 @@ class Scenario:
             min_insync_replicas=self.min_insync_replicas,
             replication_mode=self.replication_mode,
             unclean_leader_election_enable=self.unclean_leader_election_enable,
+            acks_before_fsync=self.flush_messages > 1,
             max_pending_acks_all=50,
             max_pending_acks_local=50,
             fetch_max_bytes=4096,

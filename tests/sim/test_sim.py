@@ -1,15 +1,15 @@
 """Seeded simulation of partition replication under faults.
 
-Proves, for many seeds (``--sim-seeds N`` or env ``RAYLOG_SIM_SEEDS``, default 500), that the
-production state machine keeps the safety properties listed in ``checkers.py`` while the network
+Proves, for many seeds (fixed ones, and fresh ones: ``--sim-seeds N`` or ``RAYLOG_SIM_SEEDS``), that
+the production state machine keeps the safety properties listed in ``checkers.py`` while the network
 drops, delays, duplicates, reorders and partitions messages and replicas crash (losing unsynced
 writes, sometimes tearing them) and restart, or have their process replaced on a running machine
 (page cache kept, the controller's same command resent: a leader resumes the epoch it led),
-idempotent producers included (no committed batch
-twice, no sequence gap, retries across leader changes answered with the original offsets). Also
-proves the checkers can fail: replicas with known bugs (a high watermark that ignores followers,
-skipped truncation, no deduplication, followers that keep no producer state, DeleteRecords
-answered before the followers moved their log start) are caught within a bounded number of seeds.
+idempotent producers included (no committed batch twice, no sequence gap, retries across leader
+changes answered with the original offsets). Also proves the checkers can fail: replicas with known
+bugs (a high watermark that ignores followers, skipped truncation, no deduplication, followers that
+keep no producer state, DeleteRecords answered before the followers moved their log start) are
+caught within a bounded number of seeds.
 The controller (tests/sim/controller.py) decides with raylog's own election module; brokers
 heartbeat it and hold write leases; sessions expire behind network partitions and standby
 controllers take over, and checker 9 (no split brain) holds. It can fail too: a controller
@@ -32,74 +32,107 @@ reassignment's throttle in some seeds. Executors with known bugs (acknowledging 
 a group commit that counts or forgets the appends made during an fsync, dropped truncations,
 dropped log start moves) are caught within a bounded number of seeds.
 
-Replay one seed deterministically: ``RAYLOG_SIM_SEED=1234 pytest tests/sim -k replay``; add
-``RAYLOG_SIM_TRACE=1`` and ``-s`` to print every event of the run.
+Seeds (seeds.py): each kind of run takes fixed seeds and fresh ones derived from the commit;
+a failing seed prints the command that replays it with its scenario
+(``RAYLOG_SIM_SEED=1234 RAYLOG_SIM_OVERRIDES='{...}' pytest tests/sim/test_sim.py::test_replay``);
+add ``RAYLOG_SIM_TRACE=1`` and ``-s`` to print every event of the run.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-import msgspec
 import pytest
 
-from raylog.actors.control import reassignment
-from raylog.actors.control.metadata import ClusterMetadata
-from raylog.actors.control.reconciler import Outcome, Reconciler, ReplicaSpec
+from raylog.actors.control.reconciler import Reconciler
 from raylog.actors.replication.executor import FLUSH_INTERVAL_MS_NEVER, ReadyExecutor
-from raylog.actors.replication.messages import (
-    BatchMeta,
-    EpochEndOffset,
-    FetchRequest,
-    FetchResponse,
-    LocalAppendDurable,
-)
 from raylog.actors.replication.partition import InvariantViolation, PartitionReplica
-from raylog.actors.replication.producer_state import APPEND, Verdict
-from raylog.actors.replication.ready import AdvanceLogStart, TruncateTo
 
 from .checkers import SimViolation
-from .cluster import Scenario, Simulation, run_seed
-from .controller import TP, SimController
+from .cluster import Scenario, Simulation, replay_from_environment, run_seed
+from .mutants import (
+    AcksBeforeFsync,
+    AnswersDeleteRecordsAtOnce,
+    AppendsRetriesAgain,
+    CountsFailedPushesAsApplied,
+    DropsLogStartAdvances,
+    DropsTruncations,
+    FollowersKeepNoProducerState,
+    ForgetsAppendsDuringAnFsync,
+    IgnoresFollowersHighWatermark,
+    IgnoresOfflineReplicas,
+    LeadsBeforeTheStepDown,
+    LeaseBeforeApplying,
+    MovesLeadersOften,
+    NeverResyncs,
+    ReportsTheEndAtCompletion,
+    SkipsTruncation,
+    StaysAboveALeaderThatEndsBelowIt,
+)
+from .seeds import SEED_BASE, SeedKind, chunk_id, fresh_seed_base
 
 pytestmark = pytest.mark.sim
 
-DEFAULT_SEEDS = 500
-SEED_BASE = 1_000_000  # seeds run are SEED_BASE .. SEED_BASE + n - 1
-
-
-CHUNK_SEEDS = 250  # seeds per test case: keeps each case well inside pytest's timeout
-UNCLEAN_SEEDS = 150  # runs with unclean elections (checker 10 and the invariants)
-LOG_FAILURE_SEEDS = 100  # runs where replicas' logs fail (every checker)
-
-
-def _seed_count(config: pytest.Config) -> int:
-    option = config.getoption("--sim-seeds", default=None)
-    if option is not None:
-        return int(option)
-    return int(os.environ.get("RAYLOG_SIM_SEEDS", DEFAULT_SEEDS))
+# The kinds of runs (seeds.py), by the fixture that takes their ranges of seeds: each runs its
+# fixed seeds, always, and fresh ones derived from the commit, ``chunk`` seeds per test case
+# (well inside pytest's timeout).
+KINDS = {
+    # Clean elections: every checker.
+    "clean_seeds": SeedKind(
+        overrides={},
+        fixed=range(SEED_BASE, SEED_BASE + 500),
+        fresh_env="RAYLOG_SIM_SEEDS",
+        fresh_default=250,
+        fresh_offset=0,
+        chunk=250,
+    ),
+    # Replicas' logs fail: every checker.
+    "log_failure_seeds": SeedKind(
+        overrides={"log_failures": True},
+        fixed=range(SEED_BASE, SEED_BASE + 100),
+        fresh_env="RAYLOG_SIM_LOG_FAILURE_SEEDS",
+        fresh_default=50,
+        fresh_offset=100_000_000,
+        chunk=100,
+    ),
+    # Unclean elections: checker 10 and the state machine's invariants.
+    "unclean_seeds": SeedKind(
+        overrides={"unclean_leader_election_enable": True, "lossy_checks": True},
+        fixed=range(150),
+        fresh_env="RAYLOG_SIM_UNCLEAN_SEEDS",
+        fresh_default=75,
+        fresh_offset=200_000_000,
+        chunk=150,
+    ),
+}
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "seed_chunk" in metafunc.fixturenames:
-        count = _seed_count(metafunc.config)
-        chunks = [
-            (start, min(start + CHUNK_SEEDS, SEED_BASE + count))
-            for start in range(SEED_BASE, SEED_BASE + count, CHUNK_SEEDS)
-        ]
-        metafunc.parametrize("seed_chunk", chunks, ids=[f"seeds{a}-{b - 1}" for a, b in chunks])
+    """Parametrize ``clean_seeds``, ``log_failure_seeds`` and ``unclean_seeds`` with ranges of
+    seeds (named by their first and last seed): the fixed ones, then the fresh ones."""
+    base, _ = fresh_seed_base()
+    for name, kind in KINDS.items():
+        if name in metafunc.fixturenames:
+            option = metafunc.config.getoption("--sim-seeds") if name == "clean_seeds" else None
+            chunks = kind.chunks(base, option)
+            metafunc.parametrize(name, chunks, ids=[chunk_id(c) for c in chunks])
 
 
-def test_many_seeds(seed_chunk: tuple[int, int]) -> None:
-    start, stop = seed_chunk
+def run_seeds(seeds: range, overrides: dict[str, Any]) -> dict[str, int]:
+    """Run each seed with ``overrides`` (a failure names the seed and its replay command);
+    return the sums of their stats."""
     totals: dict[str, int] = {}
-    for seed in range(start, stop):
-        sim = run_seed(seed)
+    for seed in seeds:
+        sim = run_seed(seed, Scenario.from_seed(seed, **overrides))
         for key, value in sim.stats.items():
             totals[key] = totals.get(key, 0) + value
+    return totals
+
+
+def test_many_seeds(clean_seeds: range) -> None:
+    totals = run_seeds(clean_seeds, KINDS["clean_seeds"].overrides)
     # The runs must exercise what they claim to: writes, reads, crashes and failovers.
-    count = stop - start
+    count = len(clean_seeds)
     assert totals["acked_all"] > count, totals
     assert totals["consumed"] > count, totals
     assert totals["crashes"] > count // 2, totals
@@ -117,66 +150,9 @@ def test_many_seeds(seed_chunk: tuple[int, int]) -> None:
 
 
 def test_replay() -> None:
-    """Re-run one seed (RAYLOG_SIM_SEED) twice and show that it replays identically."""
-    seed = int(os.environ.get("RAYLOG_SIM_SEED", SEED_BASE))
-    first = run_seed(seed, trace=bool(os.environ.get("RAYLOG_SIM_TRACE")))
-    second = run_seed(seed)
-    assert (first.stats, first.now_ms, first.checkers.committed) == (
-        second.stats,
-        second.now_ms,
-        second.checkers.committed,
-    )
-
-
-class IgnoresFollowersHighWatermark(PartitionReplica):
-    """Known bug: the leader advances its HW to its own durable end, ignoring the ISR."""
-
-    def _maybe_advance_high_watermark(self) -> None:
-        saved = self.isr, self.alter_in_flight
-        self.isr, self.alter_in_flight = (self.replica_id,), None
-        try:
-            super()._maybe_advance_high_watermark()
-        finally:
-            self.isr, self.alter_in_flight = saved
-
-
-class SkipsTruncation(PartitionReplica):
-    """Known bug: divergence is neither detected by the leader nor acted on by the follower, so
-    a follower keeps a suffix no leader wrote, appends after it, and its end counts towards the
-    HW."""
-
-    def _truncate_diverged(self, diverging: EpochEndOffset) -> None:
-        return None
-
-    def _on_fetch(self, msg: FetchRequest, now_ms: int) -> None:
-        super()._on_fetch(msgspec.structs.replace(msg, last_fetched_epoch=-1), now_ms)
-
-
-class AppendsRetriesAgain(PartitionReplica):
-    """Known bug: the leader never deduplicates; a retried batch is appended a second time."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.producers.check = lambda *_: Verdict(APPEND)  # type: ignore[method-assign]
-
-
-class FollowersKeepNoProducerState(PartitionReplica):
-    """Known bug: followers do not record producers from replicated batch headers, so a new
-    leader appends a retry of a batch its predecessor had already appended."""
-
-    def _append(self, batch: BatchMeta, data: bytes, *, replicated: bool) -> None:
-        if replicated:
-            batch = msgspec.structs.replace(batch, producer_id=-1)
-        super()._append(batch, data, replicated=replicated)
-
-
-class AnswersDeleteRecordsAtOnce(PartitionReplica):
-    """Known bug: the leader answers DeleteRecords with its own log start, without waiting for
-    the followers' (Kafka's DelayedDeleteRecords skipped): a later leader may start lower."""
-
-    @property
-    def low_watermark(self) -> int:
-        return self.log_start_offset
+    """Re-run one seed (RAYLOG_SIM_SEED, with the scenario overrides RAYLOG_SIM_OVERRIDES) twice
+    and show that it replays identically."""
+    replay_from_environment()
 
 
 @pytest.mark.parametrize(
@@ -202,40 +178,21 @@ def test_checkers_catch_known_bug(bug: type[PartitionReplica]) -> None:
     pytest.fail(f"{bug.__name__} was not caught by a checker within {max_seeds} seeds")
 
 
-class StaysAboveALeaderThatEndsBelowIt(PartitionReplica):
-    """Known bug (raylog's own until 2026-11-26): after an unclean election the new leader's log
-    may end below a follower's log start (DeleteRecords had moved it up). The follower's fetch
-    is out of range; it cut its log at the larger of the two, its own start (nothing to cut),
-    and fetched out of range again, forever: the ISR never grew back (checker 10)."""
-
-    def _handle_out_of_range(self, msg: FetchResponse, request: FetchRequest) -> None:
-        if request.fetch_offset > msg.log_end_offset:
-            self._truncate(max(msg.log_end_offset, self.log_start_offset))
-        else:
-            super()._handle_out_of_range(msg, request)
-
-
-def test_failed_logs_lose_nothing_and_converge() -> None:
-    totals: dict[str, int] = {}
-    for seed in range(SEED_BASE, SEED_BASE + LOG_FAILURE_SEEDS):
-        sim = run_seed(seed, Scenario.from_seed(seed, log_failures=True))
-        for key, value in sim.stats.items():
-            totals[key] = totals.get(key, 0) + value
-    count = LOG_FAILURE_SEEDS
+def test_failed_logs_lose_nothing_and_converge(log_failure_seeds: range) -> None:
+    totals = run_seeds(log_failure_seeds, KINDS["log_failure_seeds"].overrides)
+    count = len(log_failure_seeds)
     assert totals["log_failures"] > count and totals["log_recoveries"] > count // 2, totals
     # The controller recorded replicas going offline and coming back, and elected around them.
     assert totals["offline_changes"] > count, totals
     assert totals["elections"] > count // 4 and totals["acked_all"] > count, totals
 
 
-def test_runs_with_unclean_elections_converge() -> None:
+def test_runs_with_unclean_elections_converge(unclean_seeds: range) -> None:
     """With unclean elections (and DeleteRecords, crashes, partitions): the state machine's own
     invariants hold, no split brain, and the partition converges once the faults stop
     (checker 10), though acknowledged data may be lost (the loss checkers are off: lossy)."""
-    for seed in range(UNCLEAN_SEEDS):
-        run_seed(
-            seed, Scenario.from_seed(seed, unclean_leader_election_enable=True, lossy_checks=True)
-        )
+    totals = run_seeds(unclean_seeds, KINDS["unclean_seeds"].overrides)
+    assert totals["elections"] > len(unclean_seeds) // 4, totals
 
 
 def test_checker_10_catches_a_follower_that_never_converges() -> None:
@@ -257,7 +214,7 @@ def test_checker_10_catches_a_follower_that_never_converges() -> None:
 
 
 # Seeds that found bugs, each replayed with its scenario (their failures are described where
-# the fix is: actors/replication/partition.py).
+# the fix is, in actors/replication/).
 FOUND_BUGS = [
     # A leader re-created in the same epoch advanced its HW past a follower whose addition to
     # the ISR its predecessor had proposed; the controller committed it, the follower was
@@ -270,35 +227,42 @@ FOUND_BUGS = [
     (4379, {"unclean_leader_election_enable": True, "lossy_checks": True}),
     (247, {"unclean_leader_election_enable": True, "lossy_checks": True}),
     # Push mode: DeleteRecords moved the leader's log start past the end of a follower out of
-    # the ISR that it went on pushing to; it asked its log for data below its log start.
+    # the ISR that it went on pushing to; it asked its log for data below its log start
+    # (leader.LeaderSide._push_next).
     (1000027, {}),
     (1000390, {}),
+    # Push mode, failed logs: the answer to a fetch that pushes had overtaken said its offset
+    # was below the leader's log start (DeleteRecords had moved it); the follower started over
+    # there, dropping committed batches the pushes had brought, and was then elected
+    # (follower.FollowerSide._on_fetch_response).
+    (1000906, {"log_failures": True}),
+    # A leader's proposal to add a follower was committed, its answer lost, and leadership
+    # moved on; the resent proposal was answered FENCED_LEADER_EPOCH, the leader dropped it and
+    # advanced its HW without that follower, which was elected next
+    # (partition.PartitionReplica._on_alter_partition_response).
+    (2000401, {}),
+    # Failed logs: a leader whose log failed (its unsynced writes lost) was re-created before
+    # the controller recorded the failure, and led its epoch again from the shorter log while a
+    # follower held other batches of that epoch (the broker re-creates an offline replica only
+    # through its retry path: actors/broker.py, and tests/sim/cluster.py's _replace).
+    (2001542, {"log_failures": True}),
+    (2015807, {"log_failures": True}),
+    # Push from below the leader's log start (1004574, 1007862, 1011017, 1016937) and an
+    # acknowledged DeleteRecords undone by a leader change (1018763: a fresh leader trusted a
+    # partial ISR; partition's fence). The simulator's course has changed since they found their
+    # bugs (its controller pushes through the reconciler), so today they run other histories;
+    # the unit tests of test_partition_delete_records.py and test_partition.py pin the fixes.
+    (1004574, {}),
+    (1007862, {}),
+    (1011017, {}),
+    (1016937, {}),
+    (1018763, {}),
 ]
 
 
 @pytest.mark.parametrize(("seed", "overrides"), FOUND_BUGS, ids=[str(s) for s, _ in FOUND_BUGS])
 def test_seeds_that_found_bugs(seed: int, overrides: dict[str, Any]) -> None:
     run_seed(seed, Scenario.from_seed(seed, **overrides))
-
-
-class LeaseBeforeApplying(SimController):
-    """Known bug: a heartbeat extends the write lease of a broker as soon as it is unfenced or
-    registered, before it applied the metadata version that says so (raylog's controller waits
-    for ``lease_from_epoch``): a leader deposed behind a partition comes back still believing
-    it leads, and takes writes in its old epoch."""
-
-    def heartbeat(self, broker_id: int, *args: Any, **kwargs: Any) -> bool:
-        super().heartbeat(broker_id, *args, **kwargs)
-        return self.md.brokers[broker_id].state != "fenced"
-
-
-class IgnoresOfflineReplicas(SimController):
-    """Known bug: heartbeats' reports of failed logs are ignored, so a replica that lost its
-    unsynced writes, re-created by its broker, resumes leading the epoch it led; its followers
-    keep other records at the same offsets of that epoch, and a committed one is lost."""
-
-    def heartbeat(self, *args: Any, **kwargs: Any) -> bool:
-        return super().heartbeat(*args[:5], log_failed=False)
 
 
 @pytest.mark.parametrize(
@@ -358,25 +322,6 @@ def test_unclean_election_loses_data_and_checkers_see_it() -> None:
 # --- the reconciler -------------------------------------------------------------------------
 
 
-class MovesLeadersOften(SimController):
-    """Workload, not a bug: each leader move first re-orders the replicas so that another ISR
-    member is preferred (a reassignment that adds no replica, which completes at once), then
-    runs the preferred election. The old leader is up and reachable, which preferred
-    elections alone rarely bring about."""
-
-    moved = 0  # leader moves made
-
-    def preferred_election(self) -> bool:
-        p = self.partition
-        others = [b for b in p.isr if b != p.leader and b not in p.observers]
-        if p.leader >= 0 and others:
-            target = [others[0], *(b for b in p.replicas if b != others[0])]
-            self._write(reassignment.start(self.md, {TP: target}))
-        changed = super().preferred_election()
-        self.moved += int(self.leader != p.leader and p.leader >= 0)
-        return changed
-
-
 MOVES_SEEDS = 150
 
 
@@ -389,32 +334,6 @@ def test_leaders_moved_often_never_lead_two_at_a_time() -> None:
         moved += sim.controller.moved
         acked += sim.stats["acked_all"]
     assert moved > MOVES_SEEDS // 4 and acked > MOVES_SEEDS, (moved, acked)
-
-
-class LeadsBeforeTheStepDown(Reconciler):
-    """Known bug: a leader phase waits for no other broker's phase 1, so a new leader may take
-    writes while the old one, not yet stepped down, still does."""
-
-    def _stepped_down_first(
-        self, md: ClusterMetadata, targets: dict[int, list[ReplicaSpec]]
-    ) -> dict[int, set[int] | None]:
-        return {b: set() for b in super()._stepped_down_first(md, targets)}
-
-
-class NeverResyncs(Reconciler):
-    """Known bug: a broker whose specs did not change is never pushed again, so a replica
-    re-created on a running broker (its process replaced) never learns its role."""
-
-    def _needs_push(self, link: Any, specs: list[ReplicaSpec], now_ms: int) -> bool:
-        return bool(link.pushed != specs)
-
-
-class CountsFailedPushesAsApplied(Reconciler):
-    """Known bug: a push that failed (no answer in time, a refusal, the broker's death) counts
-    as applied: the broker is not pushed again, and its lease may come before it applied."""
-
-    def _applied(self, outcome: Outcome) -> bool:
-        return True
 
 
 @pytest.mark.parametrize(
@@ -445,56 +364,10 @@ def test_checkers_catch_reconciler_bugs(bug: type[Reconciler], overrides: dict[s
 # --- the Ready executor (actors/replication/executor.py), the Ray actor's own -----------------
 
 
-class AcksBeforeFsync(ReadyExecutor):
-    """Known bug: with flush.messages=1, an append counts as durable once written, before its
-    fsync (acks=1 answered, the leader's end counted towards the HW, a follower fetching or
-    acking from it): a crash loses acknowledged writes."""
-
-    def _after_append(self, records: int, now_ms: int) -> None:
-        replica = self.replica
-        replica.step(LocalAppendDurable(self.port.log_end_offset, replica.generation), now_ms)
-        self._request_flush()
-
-
-class ReportsTheEndAtCompletion(ReadyExecutor):
-    """Known bug (group commit): an fsync's completion reports the log end as it is then, so
-    the appends made while it ran count as durable before the next fsync syncs them."""
-
-    def flushed(self, end_offset: int, generation: int, now_ms: int) -> None:
-        super().flushed(self.port.log_end_offset, generation, now_ms)
-
-
-class ForgetsAppendsDuringAnFsync(ReadyExecutor):
-    """Known bug (group commit): the appends made while an fsync runs wait for the fsync of a
-    later append, which may never come: the high watermark stays below the log end."""
-
-    def flushed(self, end_offset: int, generation: int, now_ms: int) -> None:
-        self._flush_wanted = False
-        super().flushed(end_offset, generation, now_ms)
-
-
-class DropsTruncations(ReadyExecutor):
-    """Known bug: a follower's TruncateTo is not carried out: its log keeps a suffix the
-    state machine dropped, and the log no longer assigns the offsets it chooses."""
-
-    def _apply_log_ops(self, log_ops: list[Any]) -> int:
-        return super()._apply_log_ops(
-            [op for op in log_ops if not (isinstance(op, TruncateTo) and not op.full)]
-        )
-
-
-class DropsLogStartAdvances(ReadyExecutor):
-    """Known bug: DeleteRecords' AdvanceLogStart is not carried out: the log keeps the records
-    below the new start, and a restarted replica starts there again."""
-
-    def _apply_log_ops(self, log_ops: list[Any]) -> int:
-        return super()._apply_log_ops([op for op in log_ops if not isinstance(op, AdvanceLogStart)])
-
-
 # (bug, scenario overrides, what catches it, a word of its message)
 EXECUTOR_BUGS: list[tuple[type[ReadyExecutor], dict[str, Any], type[AssertionError], str]] = [
-    (AcksBeforeFsync, {}, SimViolation, "committed batch"),
-    # The window is one fsync long: fsyncs slower than the network make it show.
+    # The window of these two is one fsync long: fsyncs slower than the network make it show.
+    (AcksBeforeFsync, {"fsync_max_ms": 50}, SimViolation, "committed batch"),
     (
         ReportsTheEndAtCompletion,
         {"fsync_max_ms": 50, "fault_interval_ms": 60},
@@ -557,6 +430,21 @@ def test_relaxed_flush_loses_acknowledged_writes_to_power_loss() -> None:
         except AssertionError:
             continue
     pytest.fail("a relaxed flush policy never lost an acknowledged write to power loss")
+
+
+def test_relaxed_flush_with_power_loss_converges() -> None:
+    """The same runs, with the checkers that hold with data loss: the replicas give up the
+    acknowledged records their leader lost (a truncation below their high watermark) and
+    converge on its log, instead of failing (seeds 30 and 79 found a follower that failed)."""
+    for seed in range(100):
+        scenario = Scenario.from_seed(
+            seed,
+            flush_messages=5,
+            flush_ms=40,
+            crash_keeps_page_cache=False,
+            lossy_checks=True,
+        )
+        run_seed(seed, scenario)
 
 
 def test_runs_exercise_the_executor() -> None:

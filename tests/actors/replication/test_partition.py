@@ -14,16 +14,26 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from support.partition_steps import (
+    EPOCH,
+    commit_alter,
+    fetch_answers,
+    follower_fetch,
+    make_durable,
+    make_leader,
+    produce,
+    results,
+)
 
 from raylog.actors.replication.messages import (
     AlterPartitionResponse,
     BatchMeta,
     BecomeFollower,
     BecomeLeader,
+    DeleteRecordsRequest,
     EpochEndOffset,
     FetchRequest,
     FetchResponse,
-    LocalAppendDurable,
     ProduceRequest,
     RecordBatch,
     ReplicateAck,
@@ -52,81 +62,6 @@ from raylog.storage.errors import (
     RequestTimedOutError,
     UnknownLeaderEpochError,
 )
-
-EPOCH = 1
-
-
-def make_leader(
-    isr: tuple[int, ...] = (0, 1, 2),
-    replicas: tuple[int, ...] = (0, 1, 2),
-    observers: tuple[int, ...] = (),
-    now_ms: int = 0,
-    **config: Any,
-) -> PartitionReplica:
-    replica = PartitionReplica(0, ReplicaConfig(**config))
-    replica.step(BecomeLeader(1, EPOCH, 0, isr, replicas, observers), now_ms)
-    replica.ready()
-    return replica
-
-
-def produce(
-    replica: PartitionReplica,
-    request_id: int,
-    acks: int = -1,
-    now_ms: int = 0,
-    timeout_ms: int = 30_000,
-    count: int = 1,
-) -> Ready:
-    replica.step(ProduceRequest(request_id, acks, timeout_ms, count, 10, b"x"), now_ms)
-    return replica.ready()
-
-
-def make_durable(replica: PartitionReplica, now_ms: int = 0) -> Ready:
-    replica.step(LocalAppendDurable(replica.log_end_offset, replica.generation), now_ms)
-    return replica.ready()
-
-
-_fetch_ids = iter(range(1, 1 << 30))
-
-
-def follower_fetch(
-    replica: PartitionReplica,
-    follower: int,
-    offset: int,
-    now_ms: int,
-    epoch: int = EPOCH,
-    log_start_offset: int = 0,
-) -> Ready:
-    """A follower's fetch; it reports its log start offset as followers do."""
-    request = FetchRequest(
-        follower, next(_fetch_ids), epoch, offset, -1, 1 << 20, 0, log_start_offset
-    )
-    replica.step(request, now_ms)
-    return replica.ready()
-
-
-def commit_alter(replica: PartitionReplica, ready: Ready, now_ms: int = 0) -> Ready:
-    request = ready.alter_partition[-1]
-    replica.step(
-        AlterPartitionResponse(
-            0,
-            request.leader_epoch,
-            request.partition_epoch + 1,
-            request.new_isr,
-            request.request_id,
-        ),
-        now_ms,
-    )
-    return replica.ready()
-
-
-def results(ready: Ready) -> dict[int, ProduceResult]:
-    return {r.request_id: r for r in ready.produce_results}
-
-
-def fetch_answers(ready: Ready) -> list[FetchResponse]:
-    return [m.response for m in ready.messages if isinstance(m, SendFetchData)]
-
 
 # --- ISR -------------------------------------------------------------------------------------
 
@@ -165,7 +100,7 @@ def test_isr_expands_when_follower_reaches_hw_and_epoch_start() -> None:
     # Recovered log [0, 10) with HW 4; leading epoch 1 starts at offset 10.
     leader = PartitionReplica(0, log_end_offset=10, epoch_cache=[(0, 0)], high_watermark=4)
     leader.step(BecomeLeader(1, EPOCH, 0, (0,), (0, 1)), 0)
-    leader.ready()
+    commit_alter(leader, leader.ready())  # its fence (a fresh replica given a partial ISR)
     assert follower_fetch(leader, 1, 6, 10).alter_partition == []  # >= HW, < epoch start
     ready = follower_fetch(leader, 1, 10, 20)
     assert [p.new_isr for p in ready.alter_partition] == [(0, 1)]
@@ -211,6 +146,27 @@ def test_hw_counts_pending_isr_additions_maximal_isr() -> None:
     assert leader.isr == (0, 1)
     assert leader.high_watermark == 0  # held back by 2, a pending member
     follower_fetch(leader, 2, 1, 10)
+    assert leader.high_watermark == 1
+
+
+def test_a_proposal_answered_fenced_leader_epoch_still_holds_the_hw() -> None:
+    # The controller committed our proposal to add 2, its answer was lost, and it then moved
+    # leadership on (a new epoch); a resent proposal is answered FENCED_LEADER_EPOCH. The
+    # addition may be committed, so 2 keeps holding the HW until the controller tells us our
+    # new role (Kafka keeps its pending ISR state on this error). Dropping the proposal let a
+    # deposed leader advance its HW past 2, which the controller then elected without those
+    # batches (simulator seed 2000401).
+    leader = make_leader(isr=(0, 1), replicas=(0, 1, 2))
+    (proposal,) = follower_fetch(leader, 2, 0, 5).alter_partition
+    produce(leader, 1, acks=1)
+    make_durable(leader)
+    follower_fetch(leader, 1, 1, 10)
+    assert leader.high_watermark == 0  # held back by 2, a pending member
+    fenced = FencedLeaderEpochError.error_code
+    leader.step(AlterPartitionResponse(fenced, EPOCH, 9, (0, 1, 2), proposal.request_id), 20)
+    follower_fetch(leader, 1, 1, 30)
+    assert leader.alter_in_flight == proposal and leader.high_watermark == 0
+    follower_fetch(leader, 2, 1, 40)
     assert leader.high_watermark == 1
 
 
@@ -355,6 +311,20 @@ def test_truncation_below_hw_is_an_invariant_violation() -> None:
     with pytest.raises(InvariantViolation):
         follower.step(response, 1)
     assert issubclass(InvariantViolation, AssertionError)
+
+
+def test_truncation_below_hw_is_expected_where_acks_precede_the_fsync() -> None:
+    # flush.messages > 1: the elected leader may have lost acknowledged records to a power
+    # loss; the follower gives up what it holds beyond the leader's log, as Kafka's does.
+    config = ReplicaConfig(acks_before_fsync=True)
+    follower = PartitionReplica(
+        0, config, log_end_offset=8, epoch_cache=[(0, 0), (1, 5)], high_watermark=8
+    )
+    follower.step(BecomeFollower(1, 1, 3, 0), 0)
+    request = follower.ready().messages[0].message
+    follower.step(FetchResponse(1, request.request_id, 3, 0, 8, 0, 20, EpochEndOffset(0, 10)), 1)
+    assert follower.ready().log_ops == [TruncateTo(5, 1)]
+    assert (follower.log_end_offset, follower.high_watermark) == (5, 5)
 
 
 def test_fencing_with_stale_and_future_leader_epochs() -> None:
@@ -786,9 +756,56 @@ def test_a_recreated_leader_ignores_a_command_older_than_its_predecessors_isr() 
     assert replica.role is Role.LEADER and replica.isr == (0, 1, 2)
 
 
+def test_a_recreated_leader_whose_epoch_left_no_batch_ignores_an_older_command_too() -> None:
+    # The predecessor led epoch 3 without writing in it (its lease had lapsed), so the log's
+    # last epoch is 1; it proposed ISR (0, 1, 2), committed at partition epoch 8, and the
+    # answer reaches the re-created actor before a command from before the commit (7, ISR
+    # (0,)). Taken as a new leadership, that command made a leader whose HW and DeleteRecords
+    # ignored 1 and 2, which the controller could then elect with less (simulator seed
+    # 1018763: an acknowledged low watermark undone).
+    replica = _recovered([(1, 0)], log_end=10)
+    replica.step(AlterPartitionResponse(0, 3, 8, (0, 1, 2), 5), 0)
+    replica.step(BecomeLeader(1, 3, 7, (0,), (0, 1, 2)), 1)
+    assert replica.role is Role.NONE
+    replica.step(BecomeLeader(1, 3, 8, (0, 1, 2), (0, 1, 2)), 2)
+    assert replica.role is Role.LEADER and replica.isr == (0, 1, 2)
+    assert replica.epoch_cache == [(1, 0), (3, 10)]  # its epoch starts at its log end
+
+
+def test_a_fresh_leader_given_a_partial_isr_fences_before_trusting_it() -> None:
+    # The same predecessor, but this time nothing reaches the re-created actor before its
+    # command: it cannot tell whether it resumes epoch 3 (no batch of it in the log), so it
+    # fences, and until an answer comes every replica counts towards the HW and the low
+    # watermark. Here the predecessor's proposal (0, 1) got there first.
+    replica = _recovered([(1, 0)], log_end=10)
+    replica.step(BecomeLeader(1, 3, 7, (0,), (0, 1, 2)), 0)
+    fence = replica.ready().alter_partition[-1]
+    assert (fence.new_isr, fence.partition_epoch, fence.fence) == ((0,), 7, True)
+    replica.step(DeleteRecordsRequest(9, 6, 1_000), 1)
+    assert replica.log_start_offset == 6 and replica.ready().delete_records_results == []
+    # Still waiting for 1's log start: 1 may be in the ISR.
+    assert (
+        follower_fetch(replica, 2, 10, 2, epoch=3, log_start_offset=6).delete_records_results == []
+    )
+    replica.step(AlterPartitionResponse(108, 3, 8, (0, 1), fence.request_id), 3)
+    assert (replica.isr, replica.isr_unconfirmed) == ((0, 1), False)
+    assert replica.ready().delete_records_results == []
+    ready = follower_fetch(replica, 1, 10, 4, epoch=3, log_start_offset=0)
+    assert ready.delete_records_results == []  # 1 starts at 0, below 6
+    done = follower_fetch(replica, 1, 10, 5, epoch=3, log_start_offset=6).delete_records_results
+    assert [(d.request_id, d.error_code, d.low_watermark) for d in done] == [(9, 0, 6)]
+
+
+def test_a_fresh_leader_given_every_replica_in_its_isr_leads_at_once() -> None:
+    # Nothing a predecessor proposed could add a member: no fence, as on a new topic.
+    replica = _recovered([(1, 0)], log_end=10)
+    replica.step(BecomeLeader(1, 3, 7, (0, 1, 2), (0, 1, 2)), 0)
+    assert replica.ready().alter_partition == [] and not replica.isr_unconfirmed
+
+
 def test_a_refused_become_leader_changes_nothing() -> None:
     # Epoch 2 is older than the log's last epoch (3): refused, and the replica keeps no part of
-    # the command (it used to be left a leader without follower states, failing every tick).
+    # the command (not a leader without follower states, which would fail every tick).
     replica = _recovered([(1, 0), (3, 4)], log_end=10)
     with pytest.raises(InvariantViolation):
         replica.step(BecomeLeader(1, 2, 7, (0, 1, 2), (0, 1, 2)), 0)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from test_partition import (
+from support.partition_steps import (
     EPOCH,
     commit_alter,
     fetch_answers,
@@ -221,6 +221,30 @@ def test_push_carries_the_log_start_both_ways() -> None:
     assert follower.ready().log_ops[-1] == AdvanceLogStart(6)
     ack = make_durable(follower, 3).messages[0].message
     assert isinstance(ack, ReplicateAck) and ack.log_start_offset == 6
+
+
+def test_an_answer_to_a_fetch_a_push_overtook_is_dropped() -> None:
+    # Push mode: our fetch from 5 is in flight when a push brings [5, 10). DeleteRecords then
+    # moves the leader's log start to 8, and the answer to the fetch says 5 is out of range.
+    # Acting on it would start our log over at 8, dropping [8, 10), which we hold and the
+    # leader may already count as committed (simulator seed 1000906, failed logs: the replica
+    # that did so was elected and lacked committed batches). Kafka's fetcher drops an answer
+    # whose fetch offset is no longer the partition's: we fetch again later, from 10.
+    follower = follower_with_log(end=5, high_watermark=3, replication_mode="push")
+    request = sent_fetch(follower.ready())
+    assert request.fetch_offset == 5
+    batch = RecordBatch(BatchMeta(5, 5, 10, EPOCH), b"x")
+    follower.step(ReplicateRequest(0, EPOCH, 5, EPOCH, (batch,)), 1)
+    make_durable(follower, 2)
+    assert follower.log_end_offset == 10
+    out_of_range = FetchResponse(0, request.request_id, EPOCH, 1, 9, 8, 12)
+    follower.step(out_of_range, 3)
+    ready = follower.ready()
+    assert [op for op in ready.log_ops if isinstance(op, TruncateTo)] == []
+    assert (follower.log_start_offset, follower.log_end_offset) == (0, 10)
+    assert follower.fetch_in_flight is None  # dropped; pushes are flowing
+    follower.tick(1_000)  # none for push_idle_fetch_ms: it fetches, from its log end
+    assert sent_fetch(follower.ready()).fetch_offset == 10
 
 
 def test_a_follower_started_inside_a_batch_takes_that_batch_whole() -> None:

@@ -1,0 +1,202 @@
+"""Deliberately broken replicas, executors, reconcilers and controllers: each states the bug it
+carries, and test_sim.py proves the simulator's checkers catch it (a checker that nothing can
+fail proves nothing). MovesLeadersOften is no bug: a controller that moves leaders more often
+than raylog's does, to stress the one-leader-at-a-time rule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from raylog.actors.control import reassignment
+from raylog.actors.control.metadata import ClusterMetadata
+from raylog.actors.control.reconciler import Outcome, Reconciler, ReplicaSpec
+from raylog.actors.replication.executor import ReadyExecutor
+from raylog.actors.replication.messages import (
+    BatchMeta,
+    EpochEndOffset,
+    FetchRequest,
+    FetchResponse,
+    LocalAppendDurable,
+)
+from raylog.actors.replication.partition import PartitionReplica
+from raylog.actors.replication.producer_state import APPEND, Verdict
+from raylog.actors.replication.ready import AdvanceLogStart, TruncateTo
+
+from .controller import TP, SimController
+
+
+class IgnoresFollowersHighWatermark(PartitionReplica):
+    """Known bug: the leader advances its HW to its own durable end, ignoring the ISR."""
+
+    def _maybe_advance_high_watermark(self) -> None:
+        saved = self.isr, self.alter_in_flight
+        self.isr, self.alter_in_flight = (self.replica_id,), None
+        try:
+            super()._maybe_advance_high_watermark()
+        finally:
+            self.isr, self.alter_in_flight = saved
+
+
+class SkipsTruncation(PartitionReplica):
+    """Known bug: divergence is neither detected by the leader nor acted on by the follower, so
+    a follower keeps a suffix no leader wrote, appends after it, and its end counts towards the
+    HW."""
+
+    def _truncate_diverged(self, diverging: EpochEndOffset) -> None:
+        return None
+
+    def _on_fetch(self, msg: FetchRequest, now_ms: int) -> None:
+        super()._on_fetch(msgspec.structs.replace(msg, last_fetched_epoch=-1), now_ms)
+
+
+class AppendsRetriesAgain(PartitionReplica):
+    """Known bug: the leader never deduplicates; a retried batch is appended a second time."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.producers.check = lambda *_: Verdict(APPEND)  # type: ignore[method-assign]
+
+
+class FollowersKeepNoProducerState(PartitionReplica):
+    """Known bug: followers do not record producers from replicated batch headers, so a new
+    leader appends a retry of a batch its predecessor had already appended."""
+
+    def _append(self, batch: BatchMeta, data: bytes, *, replicated: bool) -> None:
+        if replicated:
+            batch = msgspec.structs.replace(batch, producer_id=-1)
+        super()._append(batch, data, replicated=replicated)
+
+
+class AnswersDeleteRecordsAtOnce(PartitionReplica):
+    """Known bug: the leader answers DeleteRecords with its own log start, without waiting for
+    the followers' (Kafka's DelayedDeleteRecords skipped): a later leader may start lower."""
+
+    @property
+    def low_watermark(self) -> int:
+        return self.log_start_offset
+
+
+class StaysAboveALeaderThatEndsBelowIt(PartitionReplica):
+    """Known bug: after an unclean election the new leader's log may end below a follower's log
+    start (DeleteRecords had moved it up). The follower's fetch is out of range; it cuts its log
+    at the larger of the two, its own start (nothing to cut), and fetches out of range again,
+    forever: the ISR never grows back (checker 10)."""
+
+    def _handle_out_of_range(self, msg: FetchResponse, request: FetchRequest) -> None:
+        if request.fetch_offset > msg.log_end_offset:
+            self._truncate(max(msg.log_end_offset, self.log_start_offset))
+        else:
+            super()._handle_out_of_range(msg, request)
+
+
+class LeaseBeforeApplying(SimController):
+    """Known bug: a heartbeat extends the write lease of a broker as soon as it is unfenced or
+    registered, before it applied the metadata version that says so (raylog's controller waits
+    for ``lease_from_epoch``): a leader deposed behind a partition comes back still believing
+    it leads, and takes writes in its old epoch."""
+
+    def heartbeat(self, broker_id: int, *args: Any, **kwargs: Any) -> bool:
+        super().heartbeat(broker_id, *args, **kwargs)
+        return self.md.brokers[broker_id].state != "fenced"
+
+
+class IgnoresOfflineReplicas(SimController):
+    """Known bug: heartbeats' reports of failed logs are ignored, so a replica that lost its
+    unsynced writes, re-created by its broker, resumes leading the epoch it led; its followers
+    keep other records at the same offsets of that epoch, and a committed one is lost."""
+
+    def heartbeat(self, *args: Any, **kwargs: Any) -> bool:
+        return super().heartbeat(*args[:5], log_failed=False)
+
+
+class MovesLeadersOften(SimController):
+    """Workload, not a bug: each leader move first re-orders the replicas so that another ISR
+    member is preferred (a reassignment that adds no replica, which completes at once), then
+    runs the preferred election. The old leader is up and reachable, which preferred
+    elections alone rarely bring about."""
+
+    moved = 0  # leader moves made
+
+    def preferred_election(self) -> bool:
+        p = self.partition
+        others = [b for b in p.isr if b != p.leader and b not in p.observers]
+        if p.leader >= 0 and others:
+            target = [others[0], *(b for b in p.replicas if b != others[0])]
+            self._write(reassignment.start(self.md, {TP: target}))
+        changed = super().preferred_election()
+        self.moved += int(self.leader != p.leader and p.leader >= 0)
+        return changed
+
+
+class LeadsBeforeTheStepDown(Reconciler):
+    """Known bug: a leader phase waits for no other broker's phase 1, so a new leader may take
+    writes while the old one, not yet stepped down, still does."""
+
+    def _stepped_down_first(
+        self, md: ClusterMetadata, targets: dict[int, list[ReplicaSpec]]
+    ) -> dict[int, set[int] | None]:
+        return {b: set() for b in super()._stepped_down_first(md, targets)}
+
+
+class NeverResyncs(Reconciler):
+    """Known bug: a broker whose specs did not change is never pushed again, so a replica
+    re-created on a running broker (its process replaced) never learns its role."""
+
+    def _needs_push(self, link: Any, specs: list[ReplicaSpec], now_ms: int) -> bool:
+        return bool(link.pushed != specs)
+
+
+class CountsFailedPushesAsApplied(Reconciler):
+    """Known bug: a push that failed (no answer in time, a refusal, the broker's death) counts
+    as applied: the broker is not pushed again, and its lease may come before it applied."""
+
+    def _applied(self, outcome: Outcome) -> bool:
+        return True
+
+
+class AcksBeforeFsync(ReadyExecutor):
+    """Known bug: with flush.messages=1, an append counts as durable once written, before its
+    fsync (acks=1 answered, the leader's end counted towards the HW, a follower fetching or
+    acking from it): a crash loses acknowledged writes."""
+
+    def _after_append(self, records: int, now_ms: int) -> None:
+        replica = self.replica
+        replica.step(LocalAppendDurable(self.port.log_end_offset, replica.generation), now_ms)
+        self._request_flush()
+
+
+class ReportsTheEndAtCompletion(ReadyExecutor):
+    """Known bug (group commit): an fsync's completion reports the log end as it is then, so
+    the appends made while it ran count as durable before the next fsync syncs them."""
+
+    def flushed(self, end_offset: int, generation: int, now_ms: int) -> None:
+        super().flushed(self.port.log_end_offset, generation, now_ms)
+
+
+class ForgetsAppendsDuringAnFsync(ReadyExecutor):
+    """Known bug (group commit): the appends made while an fsync runs wait for the fsync of a
+    later append, which may never come: the high watermark stays below the log end."""
+
+    def flushed(self, end_offset: int, generation: int, now_ms: int) -> None:
+        self._flush_wanted = False
+        super().flushed(end_offset, generation, now_ms)
+
+
+class DropsTruncations(ReadyExecutor):
+    """Known bug: a follower's TruncateTo is not carried out: its log keeps a suffix the
+    state machine dropped, and the log no longer assigns the offsets it chooses."""
+
+    def _apply_log_ops(self, log_ops: list[Any]) -> int:
+        return super()._apply_log_ops(
+            [op for op in log_ops if not (isinstance(op, TruncateTo) and not op.full)]
+        )
+
+
+class DropsLogStartAdvances(ReadyExecutor):
+    """Known bug: DeleteRecords' AdvanceLogStart is not carried out: the log keeps the records
+    below the new start, and a restarted replica starts there again."""
+
+    def _apply_log_ops(self, log_ops: list[Any]) -> int:
+        return super()._apply_log_ops([op for op in log_ops if not isinstance(op, AdvanceLogStart)])
