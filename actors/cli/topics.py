@@ -20,13 +20,26 @@ from raylog.actors.cli.client import (
 )
 from raylog.actors.cli.text import ids, parse_configs, print_json
 
+RECONCILE_WAIT_S = 30.0  # how long create and delete wait for every broker to apply them
+
+
+def wait_reconciled(controller: Any) -> bool:
+    """Whether every live broker applied the controller's metadata within RECONCILE_WAIT_S. The
+    call's own timeout outlasts the controller's wait by CALL_TIMEOUT_S, so that a slow
+    reconcile is reported as such, not as a controller that did not answer."""
+    wait_ms = int(RECONCILE_WAIT_S * 1000)
+    epoch = call(
+        controller, "wait_reconciled", wait_ms, timeout_s=RECONCILE_WAIT_S + CALL_TIMEOUT_S
+    )
+    return int(epoch) >= 0
+
 
 def cmd_create(args: argparse.Namespace) -> int:
     configs = parse_configs(args.config or [])
     controller = connect(args)
     call(controller, "create_topic", args.name, args.partitions, args.replication_factor, configs)
     # Leaders elected and every broker hosting its replicas: clients can produce at once.
-    if call(controller, "wait_reconciled", int(CALL_TIMEOUT_S * 1000)) < 0:
+    if not wait_reconciled(controller):
         print(f"raylog: topic {args.name} created; replicas not all started yet", file=sys.stderr)
     print(f"Created topic {args.name}.", flush=True)
     return 0
@@ -42,7 +55,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
     for name in args.names:
         call(controller, "delete_topic", name)
     # Every broker stopped the replicas and removed their data.
-    if call(controller, "wait_reconciled", int(CALL_TIMEOUT_S * 1000)) < 0:
+    if not wait_reconciled(controller):
         print("raylog: topics deleted; replicas not all stopped yet", file=sys.stderr)
     for name in args.names:
         print(f"Deleted topic {name}.", flush=True)
