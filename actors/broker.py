@@ -162,10 +162,10 @@ class SessionSentinel:
     """Lives exactly as long as the broker process that created it; the controller's death watch.
 
     Why a separate actor: Ray reports the death of a restartable actor (the broker has
-    ``max_restarts=-1``) to a caller only after it decided to restart it, 1.3-2 s on these
-    machines, but the death of a non-restartable one within ~25 ms. The sentinel is owned by the
-    broker actor, so Ray kills it when the broker's process dies (measured: 23-36 ms after a
-    SIGKILL or ray.kill of the broker), and with its node. Cost: one more small process.
+    ``max_restarts=-1``) to a caller only after it decided to restart it (seconds), but the
+    death of a non-restartable one at once. The sentinel is owned by the broker actor, so Ray
+    kills it as soon as the broker's process dies (a SIGKILL or ray.kill of the broker), and with
+    its node (benchmarks/failover.py measures both). Cost: one more small process.
     """
 
     async def wait_forever(self) -> None:
