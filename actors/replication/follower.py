@@ -163,14 +163,17 @@ class FollowerSide(ReplicaState):
 
     def _straddles_leader_log_start(self, msg: FetchResponse, request: FetchRequest) -> bool:
         """The leader's first batch starts below our log end, which is the leader's log start
-        and lies inside that batch, above our HW: our bytes just below it are not the
-        leader's, which cannot tell (it knows no epoch below its log start, so KIP-320's check
-        passed), and are deleted there anyway. Then we start over at its log start."""
+        and lies inside that batch, above our HW (or anywhere, where our HW says nothing: after
+        an unclean election, or a power loss under a relaxed flush policy): our bytes just
+        below it are not the leader's, which cannot tell (it knows no epoch below its log
+        start, so KIP-320's check passed), and are deleted there anyway. Then we start over at
+        its log start."""
         first = msg.batches[0].meta if msg.batches else None
         return (
             first is not None
             and first.base_offset < request.fetch_offset < first.next_offset
-            and request.fetch_offset == msg.log_start_offset > self.log.high_watermark
+            and request.fetch_offset == msg.log_start_offset
+            and (msg.log_start_offset > self.log.high_watermark or self._may_lose_committed())
             and self.log.log_end_offset > self.log.log_start_offset
         )
 

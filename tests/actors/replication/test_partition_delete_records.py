@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from support.partition_steps import (
     EPOCH,
     commit_alter,
@@ -262,6 +263,29 @@ def test_a_follower_started_inside_a_batch_takes_that_batch_whole() -> None:
     assert [type(op) for op in ready.log_ops] == [AppendBatch]
     assert (follower.log_start_offset, follower.log_end_offset) == (15, 20)
     assert follower.epoch_cache == [(EPOCH, 15)]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [{"unclean_leader_election_enable": True}, {"acks_before_fsync": True}],
+    ids=["unclean", "acks-before-fsync"],
+)
+def test_a_follower_whose_hw_says_nothing_ends_inside_the_leaders_first_batch(
+    config: dict[str, Any],
+) -> None:
+    # Simulator seed 418655930 (unclean elections, push mode): after truncating for a diverging
+    # epoch, our log ends at 5, at our HW; the leader's log starts there, inside its batch
+    # [4, 7). Where an unclean election (or a power loss under a relaxed flush policy) may
+    # have put other records below our HW, our record 4 need not be the leader's, and the
+    # leader deleted it anyway: we start over at 5 and take the batch whole.
+    follower = follower_with_log(end=5, high_watermark=5, **config)
+    request = sent_fetch(follower.ready())
+    assert request.fetch_offset == 5
+    batch = RecordBatch(BatchMeta(4, 3, 30, EPOCH), b"x")
+    follower.step(FetchResponse(0, request.request_id, EPOCH, 0, 7, 5, 7, None, (batch,)), 1)
+    ready = follower.ready()
+    assert [type(op) for op in ready.log_ops] == [TruncateTo, AppendBatch]
+    assert (follower.log_start_offset, follower.log_end_offset) == (5, 7)
 
 
 def test_a_follower_joins_the_isr_only_once_its_log_start_reaches_the_leaders() -> None:
