@@ -341,3 +341,16 @@ class ReassignmentInProgressError(RaylogError):
     """A request that cannot run while partitions are being reassigned (e.g. a rebalance plan)."""
 
     error_code = 60
+
+
+class UnsupportedSaslMechanismError(RaylogError):
+    """A client asked for a SASL mechanism this listener does not enable."""
+
+    error_code = 33
+
+
+class SaslAuthenticationFailedError(RaylogError):
+    """A SASL exchange failed: wrong credentials, or a malformed or out-of-order message. The
+    message says which, never a secret; the gateway closes the connection after answering."""
+
+    error_code = 58
