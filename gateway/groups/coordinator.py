@@ -287,6 +287,10 @@ class GroupCoordinator:
             return
         if self._create_topic is None:
             raise RaylogError(f"this coordinator cannot create {OFFSETS_TOPIC}")
+        await self._create_offsets_topic()
+
+    async def _create_offsets_topic(self) -> None:
+        assert self._create_topic is not None
         cluster = await self._backend.cluster()
         rf = max(1, min(self._replication_factor, len(cluster.brokers)))
         configs = dict(OFFSETS_TOPIC_CONFIGS)
@@ -299,7 +303,7 @@ class GroupCoordinator:
         try:
             if OFFSETS_TOPIC not in await self._backend.topics([OFFSETS_TOPIC]):
                 if self._create_topic is not None:
-                    await self.set_up_topic()
+                    await self._create_offsets_topic()
             elif self._configure_topic is not None:
                 policy = {"cleanup.policy": OFFSETS_TOPIC_CONFIGS["cleanup.policy"]}
                 await self._configure_topic(OFFSETS_TOPIC, policy)
