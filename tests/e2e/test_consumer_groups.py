@@ -32,8 +32,9 @@ import time
 from collections.abc import Callable
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from support.cluster import UpProcess, cli_env
+from support.embedded import produce_values
 from support.waiting import wait_until
 
 from raylog.gateway.groups.coordinator import partition_for
@@ -61,16 +62,8 @@ def cluster(shared_up: UpProcess) -> UpProcess:
 
 
 def _produce(bootstrap: str) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
-    failed: list[str] = []
-    for i in range(RECORDS):
-        producer.produce(
-            TOPIC,
-            value=f"v{i}".encode(),
-            partition=i % PARTITIONS,
-            on_delivery=lambda err, _msg: failed.append(str(err)) if err else None,
-        )
-    assert producer.flush(CLIENT_TIMEOUT_S) == 0 and not failed, failed[:3]
+    values = [(i % PARTITIONS, f"v{i}".encode()) for i in range(RECORDS)]
+    produce_values(bootstrap, TOPIC, values, timeout_s=CLIENT_TIMEOUT_S)
 
 
 def _all_values() -> set[bytes]:

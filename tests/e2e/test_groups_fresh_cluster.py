@@ -17,8 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from support.cluster import UpProcess, started_up
+from support.embedded import produce_values
 
 pytestmark = pytest.mark.slow
 
@@ -45,16 +46,8 @@ def test_a_new_groups_first_commit_succeeds_on_a_ready_cluster(fresh_up: UpProce
         "topics", "create", TOPIC, "--partitions", str(PARTITIONS), "--replication-factor", "3"
     )
     assert done.returncode == 0, done.stderr
-    producer = Producer({"bootstrap.servers": up.bootstrap, "acks": "all", "linger.ms": 5})
-    failed: list[str] = []
-    for i in range(RECORDS):
-        producer.produce(
-            TOPIC,
-            value=f"v{i}".encode(),
-            partition=i % PARTITIONS,
-            on_delivery=lambda err, _msg: failed.append(str(err)) if err else None,
-        )
-    assert producer.flush(CLIENT_TIMEOUT_S) == 0 and not failed, failed[:3]
+    values = [(i % PARTITIONS, f"v{i}".encode()) for i in range(RECORDS)]
+    produce_values(up.bootstrap, TOPIC, values, timeout_s=CLIENT_TIMEOUT_S)
 
     consumer = Consumer(
         {

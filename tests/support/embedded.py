@@ -138,8 +138,14 @@ def produce(
     return sorted(rows, key=lambda r: (r["topic"], r["partition"], r["offset"]))
 
 
-def produce_values(bootstrap: str, topic: str, values: list[tuple[int, bytes]]) -> None:
-    """Produce ``(partition, value)`` pairs with acks=all (streaming tests)."""
+def produce_values(
+    bootstrap: str,
+    topic: str,
+    values: list[tuple[int, bytes]],
+    timeout_s: float = CLIENT_TIMEOUT_S,
+) -> None:
+    """Produce ``(partition, value)`` pairs with acks=all; fails unless every one is
+    acknowledged within ``timeout_s``."""
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
@@ -152,7 +158,7 @@ def produce_values(bootstrap: str, topic: str, values: list[tuple[int, bytes]]) 
             on_delivery=lambda err, _msg: failed.append(str(err)) if err else None,
         )
         producer.poll(0)
-    assert producer.flush(CLIENT_TIMEOUT_S) == 0 and not failed, failed[:3]
+    assert producer.flush(timeout_s) == 0 and not failed, failed[:3]
 
 
 def cluster_action(data_dir: Path, *args: str) -> Any:

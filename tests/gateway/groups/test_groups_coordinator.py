@@ -183,10 +183,12 @@ def test_a_request_waits_until_this_brokers_metadata_shows_who_leads() -> None:
 
 async def wait_for(condition: Any, message: str, timeout_s: float = 5.0) -> None:
     """Until ``condition()`` holds, yielding to the event loop; fails after ``timeout_s``."""
-    async with asyncio.timeout(timeout_s):
-        while not condition():  # bounded by the timeout
-            await asyncio.sleep(0.01)
-    assert condition(), message
+    try:
+        async with asyncio.timeout(timeout_s):
+            while not condition():  # bounded by the timeout
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        raise AssertionError(f"{message}: not within {timeout_s} s") from None
 
 
 def test_a_group_this_coordinator_does_not_have_answers_as_kafka() -> None:
