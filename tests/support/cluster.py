@@ -84,20 +84,28 @@ class Lines:
 # worker ports (10002-19999): Ray's own processes bind ephemeral ports while a cluster starts,
 # and a port that was free when the test chose it could be taken by the time a gateway binds.
 PORT_RANGE = (20000, 32000)
+# Blocks handed out in this process: reserved for a process not started yet (a Ray node's worker
+# ports, a gateway), so a later block must not overlap one although its ports are still free.
+_HANDED_OUT: list[range] = []
 
 
 def free_port_block(count: int) -> int:
     """A first port with ``count`` consecutive free loopback ports after it, outside the
-    ephemeral range (a random block, so concurrent runs rarely pick the same one)."""
+    ephemeral range and apart from every block handed out before in this process (a random
+    block, so concurrent runs rarely pick the same one)."""
     rng = random.Random(os.getpid() ^ time.monotonic_ns())
     for _ in range(200):
         first = rng.randrange(PORT_RANGE[0], PORT_RANGE[1] - count)
+        block = range(first, first + count)
+        if any(block.start < r.stop and r.start < block.stop for r in _HANDED_OUT):
+            continue
         socks: list[socket.socket] = []
         try:
             for port in range(first, first + count):
                 s = socket.socket()
                 socks.append(s)
                 s.bind(("127.0.0.1", port))
+            _HANDED_OUT.append(block)
             return first
         except OSError:
             continue
