@@ -4,7 +4,7 @@
 against. ApiVersions' own flexible versions are answered specially (see
 ``handlers/api_versions.py``); the group admin APIs (15, 16, 42) are advertised up to flexible
 versions, which the codec decodes and encodes like any other. The transaction APIs (24, 25, 26,
-28) and SASL are not in it yet.
+28) are not in it yet.
 
 What is *advertised* is the target range of each API that has a handler registered, and nothing
 else: a client never sees an API the gateway cannot answer. So the advertised table grows as
@@ -47,6 +47,9 @@ TARGET_VERSIONS: Mapping[int, VersionRange] = MappingProxyType(
         # DeleteGroups <= 2. Flexible: ListGroups 3+, DescribeGroups 5+, DeleteGroups 2.
         15: (0, 6),  # DescribeGroups: v6 answers an unknown group GROUP_ID_NOT_FOUND (KIP-1043)
         16: (0, 5),  # ListGroups: v4 states filter (KIP-518), v5 types filter (KIP-848)
+        # SaslHandshake: v1 only. v0 means raw SASL tokens after the handshake, outside Kafka's
+        # framing; every supported client sends v1 once it is advertised alone.
+        17: (1, 1),
         18: (0, 2),  # ApiVersions
         19: (2, 4),  # CreateTopics: v4 = -1 defaults (KIP-464)
         20: (1, 3),  # DeleteTopics
@@ -56,6 +59,7 @@ TARGET_VERSIONS: Mapping[int, VersionRange] = MappingProxyType(
         22: (0, 1),  # InitProducerId: kafka-python's guessed version must stay < 2.5
         32: (0, 2),  # DescribeConfigs
         33: (0, 1),  # AlterConfigs
+        36: (0, 2),  # SaslAuthenticate: v1 adds session_lifetime_ms (raylog: 0), v2 flexible
         # CreatePartitions, ElectLeaders: v2+ are flexible; librdkafka sends CreatePartitions v0
         # and ElectLeaders up to what the broker offers, kafka-python the highest both know.
         37: (0, 1),  # CreatePartitions

@@ -42,6 +42,7 @@ import kafka.protocol.admin
 import kafka.protocol.consumer
 import kafka.protocol.metadata
 import kafka.protocol.producer
+import kafka.protocol.sasl
 from kafka.protocol.api_message import ApiMessage
 from kafka.protocol.schemas.fields.codecs import Bytes, UnsignedVarInt32
 from kafka.protocol.schemas.fields.codecs.encode_buffer import EncodeBufferPool
@@ -101,6 +102,7 @@ def _collect_message_classes() -> tuple[dict[int, type[ApiMessage]], dict[int, t
         kafka.protocol.consumer,
         kafka.protocol.metadata,
         kafka.protocol.producer,
+        kafka.protocol.sasl,
     )
     for module in modules:
         for name in getattr(module, "__all__", ()):

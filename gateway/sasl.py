@@ -135,6 +135,7 @@ class PlainServer:
     def __init__(self, lookup: CredentialLookup) -> None:
         self._lookup = lookup
         self._used = False
+        self.user = ""  # the user named, once a message named one (for log lines)
         self.principal: str | None = None
         self.done = False  # authenticated
 
@@ -146,7 +147,7 @@ class PlainServer:
         if len(parts) != 3:
             raise SaslAuthenticationFailedError("PLAIN message is not authzid NUL user NUL pass")
         authzid, user, password = parts
-        user = _checked_name(user)
+        user = self.user = _checked_name(user)
         if authzid and authzid != user:
             raise SaslAuthenticationFailedError("authorization id must be the user's own")
         if not password:
@@ -217,7 +218,7 @@ class ScramServer:
         self._mask_key = mask_key
         self._state = "first"
         self._credential: ScramCredential | None = None
-        self._user = ""
+        self.user = ""  # the user named, once the client-first named one (for log lines)
         self._gs2_header = ""
         self._client_first_bare = ""
         self._server_first = ""
@@ -263,7 +264,7 @@ class ScramServer:
             iterations = ITERATIONS_MIN
         else:
             salt, iterations = credential.salt, credential.iterations
-        self._user = user
+        self.user = user
         self._gs2_header = f"{cbind},{authzid_field},"
         self._client_first_bare = bare
         self._nonce = client_nonce + self._server_nonce
@@ -300,7 +301,7 @@ class ScramServer:
             raise SaslAuthenticationFailedError(FAILED)
         server_signature = _hmac(self._hash, credential.server_key, auth_message)
         self.done = True
-        self.principal = self._user
+        self.principal = self.user
         return b"v=" + base64.b64encode(server_signature)
 
 

@@ -25,6 +25,12 @@ per request, ``max_in_flight`` requests and ``max_in_flight_bytes`` per connecti
 ``connections_max_idle_ms`` (Kafka's key and default: a connection with nothing in flight and
 nothing received for that long is closed; a peer that does not read its responses for that long
 is dropped too), and ``close_timeout_s`` for in-flight requests to finish when the server stops.
+
+Listeners: ``start`` opens one, and may be called once per listener (each its own socket,
+optionally TLS). A connection on a SASL listener is served its requests one at a time until its
+SASL exchange succeeds, and only those ``authentication.ClientSession.admits``; anything else
+closes it. A failed exchange's answer is held for the throttle's delay, sent, and the
+connection closed, with one log line naming the user and the address (never a secret).
 """
 
 from __future__ import annotations
@@ -32,12 +38,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from raylog.actors.transport.arena import ArenaPool
 from raylog.actors.transport.channel import Buffer, WritableProtocol
+from raylog.gateway.authentication import Authenticator, ClientSession, SessionState
 from raylog.gateway.backend import Backend
 from raylog.gateway.errors import RemoteProtocolError
 from raylog.gateway.groups.coordinator import GroupCoordinator
@@ -57,7 +65,7 @@ from raylog.gateway.protocol import (
 )
 from raylog.gateway.request_stats import RequestStats
 
-__all__ = ["GatewayServer", "Limits", "event_loop_factory"]
+__all__ = ["GatewayServer", "Limits", "ListenerSocket", "event_loop_factory"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +82,16 @@ class Limits:
     max_connections: int = 1024  # max.connections
     connections_max_idle_ms: int = 600_000  # connections.max.idle.ms
     close_timeout_s: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerSocket:
+    """What the server needs of one listener: its name (Metadata answers with its addresses),
+    whether it runs SASL, and its TLS context (None: no TLS)."""
+
+    name: str = ""
+    sasl: bool = False
+    ssl_context: ssl.SSLContext | None = None
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
@@ -100,8 +118,10 @@ class GatewayServer:
         connections_max_idle_ms: int = 600_000,
         close_timeout_s: float = 5.0,
         groups: GroupCoordinator | None = None,
+        authenticator: Authenticator | None = None,
     ) -> None:
         self.backend = backend
+        self.authenticator = authenticator  # SASL listeners need one
         self.groups = groups  # the group coordinator the group APIs use (None: unavailable)
         # Shared memory that large requests are received into, when the backend hands them to
         # its replicas from there (``raylog.actors.transport.arena``).
@@ -116,13 +136,14 @@ class GatewayServer:
             connections_max_idle_ms=connections_max_idle_ms,
             close_timeout_s=close_timeout_s,
         )
-        self._server: asyncio.Server | None = None
+        self._servers: list[asyncio.Server] = []
         self._clients: set[asyncio.Task[None]] = set()
         self.connections_accepted = 0
         self.connections_rejected = 0  # closed by us for garbage, handler bugs or over the limit
         self.read_buffered_peak = 0  # most bytes one connection held read and not yet taken
         self.write_buffered_peak = 0  # most response bytes one connection's transport held
         self.reads_held_for_writes = 0  # times a reader waited for its client to read
+        self.authentication_failures = 0
         self.request_stats = RequestStats()  # for the metrics endpoint
 
     @property
@@ -136,29 +157,36 @@ class GatewayServer:
 
     @property
     def serving(self) -> bool:
-        return self._server is not None and self._server.is_serving()
+        return bool(self._servers) and all(server.is_serving() for server in self._servers)
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen on ``host:port`` (0 = any free port); return the bound port."""
-        if self._server is not None:
-            raise RuntimeError("server already started")
+    async def start(self, host: str, port: int, listener: ListenerSocket | None = None) -> int:
+        """Listen on ``host:port`` (0 = any free port) as ``listener`` (default: plaintext,
+        no SASL); return the bound port. Called once per listener."""
+        listener = listener or ListenerSocket()
+        if listener.sasl and self.authenticator is None:
+            raise ValueError(f"listener {listener.name} runs SASL: the server needs credentials")
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _ClientSocket(self), host, port)
-        return int(self._server.sockets[0].getsockname()[1])
+        server = await loop.create_server(
+            lambda: _ClientSocket(self, listener), host, port, ssl=listener.ssl_context
+        )
+        self._servers.append(server)
+        return int(server.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
         """Stop accepting, let in-flight requests finish (bounded), then close every connection."""
-        if self._server is None:
+        if not self._servers:
             return
-        self._server.close()
+        for server in self._servers:
+            server.close()
         clients = list(self._clients)
         for task in clients:
             task.cancel()
         if clients:
             # Each connection drains within close_timeout_s; the margin covers closing itself.
             await asyncio.wait(clients, timeout=self.limits.close_timeout_s * 2)
-        await self._server.wait_closed()
-        self._server = None
+        for server in self._servers:
+            await server.wait_closed()
+        self._servers = []
 
     def _on_connect(self, sock: _ClientSocket) -> None:
         assert sock.transport is not None
@@ -168,7 +196,7 @@ class GatewayServer:
             sock.transport.abort()
             return
         self.connections_accepted += 1
-        client = _ClientConnection(self, self._handlers, sock)
+        client = _ClientConnection(self, self._handlers, sock, sock.listener)
         task = asyncio.get_running_loop().create_task(client.run())
         self._clients.add(task)
         task.add_done_callback(self._clients.discard)
@@ -178,9 +206,10 @@ class _ClientSocket(WritableProtocol):
     """The socket side of one client connection: bytes go straight into the sans-IO
     :class:`Connection`'s buffers; ``readable`` wakes the reader task."""
 
-    def __init__(self, server: GatewayServer) -> None:
+    def __init__(self, server: GatewayServer, listener: ListenerSocket) -> None:
         super().__init__()
         self._server = server
+        self.listener = listener
         self.connection: Connection | None = None  # set by the _ClientConnection
         self.readable = asyncio.Event()  # bytes, or the end, arrived
         self.want_data = False  # the reader task waits for data: keep reading the socket
@@ -233,6 +262,7 @@ class _ClientConnection:
         server: GatewayServer,
         handlers: Mapping[int, Handler],
         sock: _ClientSocket,
+        listener: ListenerSocket,
     ) -> None:
         self._server = server  # for its counters
         self._handlers = handlers
@@ -243,6 +273,7 @@ class _ClientConnection:
         self._transport = sock.transport
         peer = sock.transport.get_extra_info("peername")
         self._peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self._peer_host = str(peer[0]) if isinstance(peer, tuple) else str(peer)
         self._connection = Connection(
             server.api_versions,
             max_frame_bytes=limits.max_frame_bytes,
@@ -251,8 +282,15 @@ class _ClientConnection:
             allocate=server.arenas.allocate if server.arenas is not None else None,
         )
         sock.connection = self._connection
+        self._session = ClientSession(self._peer_host, listener.sasl)
         self._context = RequestContext(
-            server.backend, server.api_versions, self._peer, server.groups
+            server.backend,
+            server.api_versions,
+            self._peer,
+            server.groups,
+            listener=listener.name,
+            session=self._session,
+            authenticator=server.authenticator,
         )
         self._requests: set[asyncio.Task[None]] = set()
         self._answered = asyncio.Event()  # set whenever a response is released
@@ -297,6 +335,24 @@ class _ClientConnection:
                 self._abort()
                 return
             if isinstance(event, Request):
+                if not self._session.authenticated:
+                    # One at a time until authenticated: each answer decides what is admitted.
+                    if not self._session.admits(event.api_key):
+                        self._server.connections_rejected += 1
+                        log.warning(
+                            "closing connection from %s: API %d before SASL authentication",
+                            self._peer,
+                            event.api_key,
+                        )
+                        if event.hold is not None:
+                            event.hold.release()
+                        self._abort()
+                        return
+                    await self._answer(event)
+                    if self._session.authenticated and self._server.authenticator is not None:
+                        self._server.authenticator.throttle.succeeded(self._peer_host)
+                        log.debug("%s authenticated as %s", self._peer, self._session.principal)
+                    continue
                 task = asyncio.create_task(self._answer(event))
                 self._requests.add(task)
                 task.add_done_callback(self._requests.discard)
@@ -367,6 +423,9 @@ class _ClientConnection:
         self._server.request_stats.answered(
             request.api_key, time.monotonic() - started_s, len(data) if data else 0
         )
+        if self._session.state is SessionState.FAILED:
+            await self._refuse(data)
+            return
         if data:
             self._sock.write(data)
             try:
@@ -374,6 +433,27 @@ class _ClientConnection:
                     await self._sock.drain()
             except (ConnectionError, OSError, TimeoutError):
                 self._abort()
+
+    async def _refuse(self, answer: bytes | memoryview | None) -> None:
+        """A failed SASL exchange: hold the answer for the throttle's delay, send it, close."""
+        server = self._server
+        server.authentication_failures += 1
+        assert server.authenticator is not None
+        throttle = server.authenticator.throttle
+        delay_ms = throttle.failed(self._peer_host, int(time.monotonic() * 1000))
+        log.warning(
+            "authentication of user %r (%s) from %s failed; closing the connection in %d ms",
+            self._session.user,
+            self._session.mechanism,
+            self._peer,
+            delay_ms,
+        )
+        self._closing = True
+        await asyncio.sleep(delay_ms / 1000)
+        if answer:
+            self._sock.write(answer)
+        self._transport.close()  # sends what is buffered, then closes
+        self._answered.set()
 
     async def _drain_requests(self) -> None:
         # After an abort nobody can read the answers: cancel at once instead of waiting.

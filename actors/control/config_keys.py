@@ -44,6 +44,7 @@ from typing import Any, Literal, NamedTuple
 
 import msgspec
 
+from raylog.actors.control import listeners as listeners_
 from raylog.actors.replication.ready import REPLICA_FETCH_BYTES_DEFAULT, REPLICA_FETCH_BYTES_MAX
 from raylog.storage.errors import InvalidConfigError
 from raylog.storage.log import MAX_BATCH_BYTES, LogConfig, cleanup_policies
@@ -552,6 +553,12 @@ class BrokerConfig(msgspec.Struct, frozen=True, kw_only=True):
     log_cleaner_backoff_ms: int
     leader_replication_throttled_rate: int
     replica_offline_retry_backoff_ms: int
+    listeners: str
+    advertised_listeners: str
+    listener_security_protocol_map: str
+    allow_insecure_network_listeners: bool
+    sasl_enabled_mechanisms: str
+    connection_failed_authentication_delay_ms: int
 
 
 BROKER_CONFIG_DEFS: tuple[ConfigDef, ...] = (
@@ -725,7 +732,68 @@ BROKER_CONFIG_DEFS: tuple[ConfigDef, ...] = (
         "restarts. Each raylog replica has a log directory and a process of its own, so its "
         "broker retries it alone, and a disk that was full comes back without a restart.",
     ),
+    # Client listeners and their security (raylog.actors.control.listeners).
+    ConfigDef(
+        name="listeners",
+        type="string",
+        default="",
+        doc="The gateways' client listeners, NAME://HOST:PORT,... with the first broker's "
+        "ports (the embedded cluster's broker i listens on each port + i). Empty: "
+        "PLAINTEXT://127.0.0.1:<raylog up --port>.",
+    ),
+    ConfigDef(
+        name="advertised.listeners",
+        type="string",
+        default="",
+        doc="How clients reach each listener, NAME://HOST:PORT,...; a listener missing here is "
+        "advertised as it listens (bound to every interface: as its node's address).",
+    ),
+    ConfigDef(
+        name="listener.security.protocol.map",
+        type="string",
+        default=listeners_.DEFAULT_PROTOCOL_MAP,
+        doc="The security protocol of each listener name, NAME:PROTOCOL,... (PLAINTEXT, SSL, "
+        "SASL_PLAINTEXT, SASL_SSL).",
+    ),
+    ConfigDef(
+        name="allow.insecure.network.listeners",
+        type="boolean",
+        default="false",
+        doc="Allow a PLAINTEXT or SASL_PLAINTEXT listener on an address other than loopback.",
+        note="Kafka has no such setting and allows it. raylog refuses to send records and PLAIN "
+        "passwords unencrypted across a network unless told so.",
+    ),
+    ConfigDef(
+        name="sasl.enabled.mechanisms",
+        type="list",
+        default="PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
+        choices=("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"),
+        doc="The SASL mechanisms SASL listeners offer; credentials are SCRAM's for all three "
+        "(`raylog users`).",
+        note="Kafka's default is GSSAPI (Kerberos), which raylog does not implement.",
+    ),
+    ConfigDef(
+        name="connection.failed.authentication.delay.ms",
+        type="int",
+        default="100",
+        minimum=0,
+        doc="How long a failed authentication's answer is held before the connection closes; "
+        "doubled for each further failure from the same address within a minute (up to 5 s).",
+        note="Kafka delays every failure by the same time.",
+    ),
 )
+
+
+def _listeners_parse(reg: ConfigRegistry, given: Mapping[str, str]) -> None:
+    # The formats only; their ports and addresses are checked where the brokers start.
+    if given.get("listeners"):
+        listeners_.parse_listeners(
+            given["listeners"],
+            given.get("advertised.listeners", ""),
+            given.get("listener.security.protocol.map", listeners_.DEFAULT_PROTOCOL_MAP),
+        )
+    elif given.get("advertised.listeners"):
+        raise _fail("advertised.listeners", given["advertised.listeners"], "needs listeners")
 
 
 def _session_outlives_heartbeats(reg: ConfigRegistry, given: Mapping[str, str]) -> None:
@@ -742,7 +810,7 @@ def _session_outlives_heartbeats(reg: ConfigRegistry, given: Mapping[str, str]) 
 
 
 BROKER_CONFIGS = ConfigRegistry(
-    BROKER_CONFIG_DEFS, BrokerConfig, checks=(_session_outlives_heartbeats,)
+    BROKER_CONFIG_DEFS, BrokerConfig, checks=(_session_outlives_heartbeats, _listeners_parse)
 )
 
 

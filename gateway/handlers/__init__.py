@@ -39,6 +39,8 @@ from raylog.gateway.handlers import (
     offset_delete,
     offset_fetch,
     produce,
+    sasl_authenticate,
+    sasl_handshake,
     sync_group,
 )
 from raylog.gateway.handlers.context import CloseConnection, Handler, RequestContext, per_partition
@@ -53,8 +55,11 @@ __all__ = [
 ]
 
 _MODULES: tuple[ModuleType, ...] = (
-    # metadata and the data path
+    # the connection: versions, authentication
     api_versions,
+    sasl_handshake,
+    sasl_authenticate,
+    # metadata and the data path
     metadata,
     produce,
     fetch,

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from raylog.gateway.authentication import Authenticator, ClientSession
 from raylog.gateway.backend import Backend
 from raylog.gateway.groups.coordinator import GroupCoordinator
 from raylog.gateway.protocol import Request
@@ -34,12 +35,18 @@ class CloseConnection(Exception):
 
 @dataclass(frozen=True, slots=True)
 class RequestContext:
-    """What a handler may use besides the request: the backend and the advertised table."""
+    """What a handler may use besides the request: the backend, the advertised table, and
+    the connection: its listener and its authentication session."""
 
     backend: Backend
     api_versions: Mapping[int, tuple[int, int]]
     peer: str  # "host:port" of the client, for log lines
     groups: GroupCoordinator | None = None  # None: group APIs answer COORDINATOR_NOT_AVAILABLE
+    # The listener the client came in on: Metadata and FindCoordinator answer with its
+    # addresses ("" answers with each broker's first listener).
+    listener: str = ""
+    session: ClientSession | None = None  # None: no authentication (unit tests of handlers)
+    authenticator: Authenticator | None = None  # None: the gateway has no SASL listener
 
 
 Handler = Callable[[RequestContext, Request], Awaitable[Any | None]]

@@ -66,6 +66,7 @@ EXPECTED_TABLE = {
     14: (0, 3),  # SyncGroup
     15: (0, 6),  # DescribeGroups
     16: (0, 5),  # ListGroups
+    17: (1, 1),  # SaslHandshake
     18: (0, 2),  # ApiVersions
     19: (2, 4),  # CreateTopics
     20: (1, 3),  # DeleteTopics
@@ -73,6 +74,7 @@ EXPECTED_TABLE = {
     22: (0, 1),  # InitProducerId
     32: (0, 2),  # DescribeConfigs
     33: (0, 1),  # AlterConfigs
+    36: (0, 2),  # SaslAuthenticate
     37: (0, 1),  # CreatePartitions
     42: (0, 2),  # DeleteGroups
     43: (0, 1),  # ElectLeaders
@@ -104,10 +106,10 @@ def test_api_versions_v0_golden_bytes() -> None:
     assert isinstance(request, Request)
     assert request.header == codec.RequestHeader(18, 0, 7, "raw", 1)
     assert answer(connection, request) == bytes.fromhex(
-        "000000a0"  # size: 160 bytes
+        "000000ac"  # size: 172 bytes
         "00000007"  # correlation id
         "0000"  # error_code NONE
-        "00000019"  # api_keys: 25 entries, by key; each key, min, max
+        "0000001b"  # api_keys: 27 entries, by key; each key, min, max
         "000000030007"  # Produce 3-7
         "00010004000b"  # Fetch 4-11
         "000200010003"  # ListOffsets 1-3
@@ -121,6 +123,7 @@ def test_api_versions_v0_golden_bytes() -> None:
         "000e00000003"  # SyncGroup 0-3
         "000f00000006"  # DescribeGroups 0-6
         "001000000005"  # ListGroups 0-5
+        "001100010001"  # SaslHandshake 1-1
         "001200000002"  # ApiVersions 0-2
         "001300020004"  # CreateTopics 2-4
         "001400010003"  # DeleteTopics 1-3
@@ -128,6 +131,7 @@ def test_api_versions_v0_golden_bytes() -> None:
         "001600000001"  # InitProducerId 0-1
         "002000000002"  # DescribeConfigs 0-2
         "002100000001"  # AlterConfigs 0-1
+        "002400000002"  # SaslAuthenticate 0-2
         "002500000001"  # CreatePartitions 0-1
         "002a00000002"  # DeleteGroups 0-2
         "002b00000001"  # ElectLeaders 0-1

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raylog.gateway.backend import Broker, ClusterView, PartitionState, TopicState
-from raylog.gateway.server import GatewayServer
+from raylog.gateway.server import GatewayServer, ListenerSocket
 from support.waiting import wait_until
 
 HOST = "127.0.0.1"
@@ -90,8 +90,14 @@ def sample_topics() -> dict[str, TopicState]:
 class LiveGateway:
     """A GatewayServer running in a background thread's event loop."""
 
-    def __init__(self, backend: InMemoryBackend, **server_kwargs: Any) -> None:
+    def __init__(
+        self,
+        backend: InMemoryBackend,
+        listener: ListenerSocket | None = None,
+        **server_kwargs: Any,
+    ) -> None:
         self.backend = backend
+        self.listener = listener
         self.loop = asyncio.new_event_loop()
         self.server = GatewayServer(backend, **server_kwargs)
         self._thread = threading.Thread(target=self.loop.run_forever, name="gateway", daemon=True)
@@ -99,7 +105,7 @@ class LiveGateway:
 
     def start(self) -> None:
         self._thread.start()
-        self.port = self.call(self.server.start(HOST, 0))
+        self.port = self.call(self.server.start(HOST, 0, self.listener))
         self.backend.port = self.port
 
     def call(self, coroutine: Any, timeout_s: float = START_TIMEOUT_S) -> Any:
