@@ -87,7 +87,7 @@ def scram_credential(
 ) -> ScramCredential:
     """The credential to store for ``password`` (``salt``: fresh random bytes per credential,
     at least SALT_BYTES_MIN)."""
-    _hash_name(mechanism)
+    _hash_name(mechanism)  # refuses a mechanism that is not a SCRAM one
     if not ITERATIONS_MIN <= iterations <= ITERATIONS_MAX:
         raise InvalidConfigError(
             f"SCRAM iterations must be in [{ITERATIONS_MIN}, {ITERATIONS_MAX}], got {iterations}"
@@ -102,7 +102,7 @@ def scram_credential(
 
 def password_matches(credential: ScramCredential, password: str) -> bool:
     """Whether ``password`` is the one ``credential`` was made from (constant-time compare)."""
-    _hash_name(credential.mechanism)
+    _hash_name(credential.mechanism)  # refuses a mechanism that is not a SCRAM one
     stored_key, _ = _keys(credential.mechanism, password, credential.salt, credential.iterations)
     return hmac.compare_digest(stored_key, credential.stored_key)
 
