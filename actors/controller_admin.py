@@ -3,7 +3,8 @@
 This module owns the requests an operator or a Kafka client sends the active controller (through
 a gateway or the CLI): CreateTopics, DeleteTopics, DescribeConfigs, AlterConfigs,
 CreatePartitions, ElectLeaders, AlterPartitionReassignments and ListPartitionReassignments
-(KIP-455), AllocateProducerIds, and raylog's rebalance; and the two background duties of the
+(KIP-455), AllocateProducerIds, AlterUserScramCredentials and DescribeUserScramCredentials
+(KIP-554), and raylog's rebalance; and the two background duties of the
 reconcile loop that come with them: completing reassignments, and the automatic preferred
 leader election (``auto.leader.rebalance.enable``). Each request decides with a pure module on
 the current metadata (``metadata``, ``placement``, ``election``, ``reassignment``) and writes the
@@ -288,6 +289,30 @@ class AdminRequests:
             if n.get("Alive") and n.get("Resources", {}).get("memory")
         }
         return node_of, memory
+
+    # --- SCRAM credentials (KIP-554) -------------------------------------------------------------
+
+    async def alter_scram_credentials(
+        self,
+        upsertions: list[tuple[str, str, int, bytes, bytes]],
+        deletions: list[tuple[str, str]],
+    ) -> list[tuple[str, int, str]]:
+        """AlterUserScramCredentials: ``upsertions`` as (user, mechanism, iterations, salt,
+        salted_password), ``deletions`` as (user, mechanism); per user named, Kafka's error code
+        and message ((user, 0, "") = done). Only the derived keys are stored
+        (``metadata.alter_scram_credentials``); the gateways' metadata polls carry them."""
+        self._ensure_started()
+        ups = [md_.ScramUpsertion(*u) for u in upsertions]
+        dels = [md_.ScramDeletion(*d) for d in deletions]
+        return await self._mutate(lambda md: md_.alter_scram_credentials(md, ups, dels))
+
+    async def describe_scram_credentials(
+        self, users: list[str] | None = None
+    ) -> list[md_.ScramUserDescription]:
+        """DescribeUserScramCredentials: each user's (mechanism, iterations), never a salt or a
+        key; every user when ``users`` is None or empty (``metadata``'s rules)."""
+        self._ensure_started()
+        return md_.describe_scram_credentials(self._require_active().metadata, users)
 
     async def allocate_producer_ids(self) -> tuple[int, int]:
         """AllocateProducerIds: the next block of producer ids as ``(first, count)``.

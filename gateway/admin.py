@@ -1,7 +1,8 @@
 """Admin requests forwarded from a gateway to the active controller.
 
 This module owns carrying out the admin APIs (CreateTopics, DeleteTopics, DescribeConfigs and
-AlterConfigs on topics, CreatePartitions, ElectLeaders) and handing out producer ids
+AlterConfigs on topics, CreatePartitions, ElectLeaders, Describe/AlterUserScramCredentials) and
+handing out producer ids
 (InitProducerId), whichever broker the request reached:
 
 1. The request goes to the active controller, found through a :class:`ControllerLocator` (the
@@ -31,7 +32,15 @@ from ray.exceptions import RayTaskError
 from raylog.actors.calls import ray_call
 from raylog.actors.control import config_keys
 from raylog.actors.control import metadata as md_
-from raylog.gateway.backend import AdminResult, NewTopic, TopicConfigsResult, TopicState
+from raylog.gateway.backend import (
+    AdminResult,
+    NewTopic,
+    ScramUpsertion,
+    ScramUserDescription,
+    TopicConfigsResult,
+    TopicState,
+    UserResult,
+)
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.producer_ids import ProducerIdBlocks, ProducerIdResult
 from raylog.gateway.routing import MetadataSource
@@ -144,6 +153,25 @@ class ControllerAdmin:
             every = partitions or []
             return {tp: AdminResult(exc.error_code, one_line(exc)) for tp in every}
         return {tuple(tp): AdminResult(code) for tp, code in codes.items()}
+
+    async def alter_scram_credentials(
+        self, upsertions: Sequence[ScramUpsertion], deletions: Sequence[tuple[str, str]]
+    ) -> Sequence[UserResult]:
+        try:
+            return await self.call("alter_scram_credentials", list(upsertions), list(deletions))
+        except RaylogError as exc:  # every user named gets the failure
+            named = dict.fromkeys(change[0] for change in (*deletions, *upsertions))
+            return [(user, exc.error_code, one_line(exc)) for user in named]
+
+    async def describe_scram_credentials(
+        self, users: Sequence[str] | None
+    ) -> tuple[AdminResult, Sequence[ScramUserDescription]]:
+        try:
+            wanted = None if users is None else list(users)
+            found = await self.call("describe_scram_credentials", wanted)
+        except RaylogError as exc:
+            return AdminResult(exc.error_code, one_line(exc)), []
+        return AdminResult(ErrorCode.NONE), found
 
     async def init_producer_id(self) -> ProducerIdResult:
         """A fresh producer id from this gateway's block (a new block from the controller when

@@ -67,6 +67,9 @@ TARGET_VERSIONS: Mapping[int, VersionRange] = MappingProxyType(
         43: (0, 1),  # ElectLeaders: v1 adds election_type (preferred / unclean)
         44: (0, 0),  # IncrementalAlterConfigs
         47: (0, 0),  # OffsetDelete
+        # Describe/AlterUserScramCredentials (KIP-554): v0 is their only version, flexible.
+        50: (0, 0),
+        51: (0, 0),
     }
 )
 

@@ -8,8 +8,9 @@ in-memory ones.
 
 Methods grow with the handlers: :class:`Backend` is what Metadata needs, :class:`DataBackend`
 adds the data path (Produce, Fetch, ListOffsets, and DeleteRecords, which like them goes to
-each partition's leader replica), :class:`AdminBackend` the admin APIs (topics
-and configs, carried out by the active controller whichever broker the request reached). Record
+each partition's leader replica), :class:`AdminBackend` the admin APIs (topics,
+configs and SCRAM users, carried out by the active controller whichever broker the request
+reached). Record
 batches cross this boundary as opaque ``bytes``: neither side decodes records on the produce or
 fetch path.
 """
@@ -19,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import NamedTuple, Protocol, runtime_checkable
+
+from raylog.actors.control.metadata import ScramUserDescription, UserResult
 
 __all__ = [
     "AdminBackend",
@@ -34,8 +37,11 @@ __all__ = [
     "PartitionFetch",
     "PartitionState",
     "ProduceResult",
+    "ScramUpsertion",
+    "ScramUserDescription",
     "TopicConfigsResult",
     "TopicState",
+    "UserResult",
 ]
 
 READ_UNCOMMITTED = 0  # Fetch / ListOffsets isolation_level values, as on the wire
@@ -246,6 +252,11 @@ class TopicConfigsResult(NamedTuple):
     message: str = ""
 
 
+# AlterUserScramCredentials' upsertion: (user, mechanism name, iterations, salt, salted
+# password); the password itself never reaches raylog.
+ScramUpsertion = tuple[str, str, int, bytes, bytes]
+
+
 @runtime_checkable
 class AdminBackend(Backend, Protocol):
     """A :class:`Backend` that also carries out admin requests through the active controller.
@@ -294,4 +305,17 @@ class AdminBackend(Backend, Protocol):
     ) -> Mapping[tuple[str, int], AdminResult]:
         """ElectLeaders ("preferred" or "unclean") on ``partitions`` (every one when None):
         one result per partition the controller reports on."""
+        ...
+
+    async def alter_scram_credentials(
+        self, upsertions: Sequence[ScramUpsertion], deletions: Sequence[tuple[str, str]]
+    ) -> Sequence[UserResult]:
+        """AlterUserScramCredentials (KIP-554): per user named, (user, error code, message)."""
+        ...
+
+    async def describe_scram_credentials(
+        self, users: Sequence[str] | None
+    ) -> tuple[AdminResult, Sequence[ScramUserDescription]]:
+        """DescribeUserScramCredentials: the request's error (when the controller cannot be
+        asked) and per user its (mechanism, iterations); every user when ``users`` is None."""
         ...

@@ -27,7 +27,7 @@ class LocalProtocolError(Exception):
 
 
 class ErrorCode(IntEnum):
-    """Kafka error codes up to 90, with Kafka's names (``Errors.java``)."""
+    """Kafka error codes up to 93, with Kafka's names (``Errors.java``)."""
 
     UNKNOWN_SERVER_ERROR = -1
     NONE = 0
@@ -121,6 +121,9 @@ class ErrorCode(IntEnum):
     UNSTABLE_OFFSET_COMMIT = 88
     THROTTLING_QUOTA_EXCEEDED = 89
     PRODUCER_FENCED = 90
+    RESOURCE_NOT_FOUND = 91
+    DUPLICATE_RESOURCE = 92
+    UNACCEPTABLE_CREDENTIAL = 93
 
 
 # Codes whose Java exception extends RetriableException. CORRUPT_MESSAGE is retriable in Java but

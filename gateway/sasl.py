@@ -27,23 +27,28 @@ import hmac
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from raylog.actors.control.scram import (
+    ITERATIONS_MAX,
+    ITERATIONS_MIN,
+    SCRAM_HASHES,
+    SCRAM_SHA_256,
+    SCRAM_SHA_512,
+    salted_password,
+    scram_keys,
+    valid_user_name,
+)
 from raylog.storage.errors import (
     InvalidConfigError,
     SaslAuthenticationFailedError,
     UnsupportedSaslMechanismError,
 )
 
+# SCRAM_SHA_256, SCRAM_SHA_512, SCRAM_HASHES, ITERATIONS_MIN/MAX and the key math are
+# actors/control/scram.py's (the controller and the CLI use them too), and public names here.
 PLAIN = "PLAIN"
-SCRAM_SHA_256 = "SCRAM-SHA-256"
-SCRAM_SHA_512 = "SCRAM-SHA-512"
-SCRAM_HASHES = {SCRAM_SHA_256: "sha256", SCRAM_SHA_512: "sha512"}
 MECHANISMS = (SCRAM_SHA_512, SCRAM_SHA_256, PLAIN)  # SaslHandshake's answer, strongest first
-# Kafka's bounds for SCRAM iterations (ScramMechanism.minIterations/maxIterations).
-ITERATIONS_MIN = 4096
-ITERATIONS_MAX = 16384
 SALT_BYTES_MIN = 16
 AUTH_BYTES_MAX = 4096  # one SaslAuthenticate message; real ones are under 300 bytes
-NAME_CHARS_MAX = 255  # a user name
 
 FAILED = "authentication failed: invalid credentials"  # the one answer to a wrong secret
 
@@ -72,13 +77,9 @@ def _hmac(hash_name: str, key: bytes, message: bytes) -> bytes:
     return hmac.new(key, message, hash_name).digest()
 
 
-def _keys(hash_name: str, password: str, salt: bytes, iterations: int) -> tuple[bytes, bytes]:
-    """(StoredKey, ServerKey) of ``password`` (RFC 5802 section 3). Kafka takes the password's
-    UTF-8 bytes as they are (no SASLprep), and so do its clients: so do we."""
-    salted = hashlib.pbkdf2_hmac(hash_name, password.encode(), salt, iterations)
-    client_key = _hmac(hash_name, salted, b"Client Key")
-    stored_key = hashlib.new(hash_name, client_key).digest()
-    return stored_key, _hmac(hash_name, salted, b"Server Key")
+def _keys(mechanism: str, password: str, salt: bytes, iterations: int) -> tuple[bytes, bytes]:
+    """(StoredKey, ServerKey) of ``password`` (RFC 5802 section 3; scram.py's math)."""
+    return scram_keys(mechanism, salted_password(mechanism, password, salt, iterations))
 
 
 def scram_credential(
@@ -86,7 +87,7 @@ def scram_credential(
 ) -> ScramCredential:
     """The credential to store for ``password`` (``salt``: fresh random bytes per credential,
     at least SALT_BYTES_MIN)."""
-    hash_name = _hash_name(mechanism)
+    _hash_name(mechanism)  # refuses a mechanism that is not a SCRAM one
     if not ITERATIONS_MIN <= iterations <= ITERATIONS_MAX:
         raise InvalidConfigError(
             f"SCRAM iterations must be in [{ITERATIONS_MIN}, {ITERATIONS_MAX}], got {iterations}"
@@ -95,14 +96,14 @@ def scram_credential(
         raise InvalidConfigError(f"a SCRAM salt needs at least {SALT_BYTES_MIN} bytes")
     if not password:
         raise InvalidConfigError("a SCRAM password may not be empty")
-    stored_key, server_key = _keys(hash_name, password, salt, iterations)
+    stored_key, server_key = _keys(mechanism, password, salt, iterations)
     return ScramCredential(mechanism, salt, iterations, stored_key, server_key)
 
 
 def password_matches(credential: ScramCredential, password: str) -> bool:
     """Whether ``password`` is the one ``credential`` was made from (constant-time compare)."""
-    hash_name = _hash_name(credential.mechanism)
-    stored_key, _ = _keys(hash_name, password, credential.salt, credential.iterations)
+    _hash_name(credential.mechanism)  # refuses a mechanism that is not a SCRAM one
+    stored_key, _ = _keys(credential.mechanism, password, credential.salt, credential.iterations)
     return hmac.compare_digest(stored_key, credential.stored_key)
 
 
@@ -122,7 +123,7 @@ def _text(message: bytes) -> str:
 
 
 def _checked_name(name: str) -> str:
-    if not name or len(name) > NAME_CHARS_MAX or any(ord(c) < 0x20 for c in name):
+    if not valid_user_name(name):
         raise SaslAuthenticationFailedError("invalid user name")
     return name
 

@@ -49,6 +49,11 @@ rather than defining exceptions of their own.
 | ReassignmentInProgressError       | REASSIGNMENT_IN_PROGRESS       |   60 |
 | OutOfOrderSequenceError           | OUT_OF_ORDER_SEQUENCE_NUMBER   |   45 |
 | InvalidProducerEpochError         | INVALID_PRODUCER_EPOCH         |   47 |
+| UnsupportedSaslMechanismError     | UNSUPPORTED_SASL_MECHANISM     |   33 |
+| SaslAuthenticationFailedError     | SASL_AUTHENTICATION_FAILED     |   58 |
+| ResourceNotFoundError             | RESOURCE_NOT_FOUND             |   91 |
+| DuplicateResourceError            | DUPLICATE_RESOURCE             |   92 |
+| UnacceptableCredentialError       | UNACCEPTABLE_CREDENTIAL        |   93 |
 """
 
 from __future__ import annotations
@@ -354,3 +359,21 @@ class SaslAuthenticationFailedError(RaylogError):
     message says which, never a secret; the gateway closes the connection after answering."""
 
     error_code = 58
+
+
+class ResourceNotFoundError(RaylogError):
+    """A request names a resource that does not exist (e.g. a SCRAM credential to delete)."""
+
+    error_code = 91
+
+
+class DuplicateResourceError(RaylogError):
+    """A request names the same resource twice (e.g. one user in AlterUserScramCredentials)."""
+
+    error_code = 92
+
+
+class UnacceptableCredentialError(RaylogError):
+    """A SCRAM credential Kafka's rules refuse (an empty user name, iterations out of range)."""
+
+    error_code = 93

@@ -2,8 +2,10 @@
 
 This module parses the arguments and dispatches; each command group is a module of this package
 (``up``, ``topics``, ``configs``, ``brokers``, ``leader_election``, ``status``, ``reassign``,
-``pipeline``), each adding its commands to the parser with ``add_subcommands``. How a command
-reaches the running cluster is ``client``'s; the cluster itself is ``raylog.actors.cluster``'s.
+``pipeline``, ``users``), each adding its commands to the parser with ``add_subcommands``. How a
+command reaches the running cluster is ``client``'s; the cluster itself is
+``raylog.actors.cluster``'s. A command whose parser sets ``prepare`` (``users create``) has it
+run here first, in the caller's process, to read a secret and pass on only what it derives.
 
 `raylog up` runs a cluster in the foreground. Every other command finds the cluster from
 ``--data-dir`` (or $RAYLOG_DATA_DIR) or ``--address`` and asks the active controller or the
@@ -28,6 +30,7 @@ from raylog.actors.cli import (
     status,
     topics,
     up,
+    users,
 )
 from raylog.actors.cli.client import CliError, run_on_cluster
 
@@ -45,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_subcommands(sub)
     pipeline.add_subcommands(sub)
     reassign.add_subcommands(sub)
+    users.add_subcommands(sub)
     return parser
 
 
@@ -89,6 +93,14 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     guarded = args.command != "up"
+    if "prepare" in vars(args):
+        # A secret a command takes (users create's password) is read here, in this process;
+        # only what prepare derives from it goes on, as hidden arguments.
+        try:
+            argv = args.prepare(args, argv)
+        except CliError as e:
+            print(f"raylog: {e}", file=sys.stderr)
+            return 1
     # The commands that ask the running cluster (those with --data-dir); `pipeline` runs here.
     if guarded and "data_dir" in vars(args) and not getattr(args, "address", None):
         served = run_on_cluster(args, argv)

@@ -1,7 +1,8 @@
 """The cluster metadata and the pure transitions that change it.
 
 This module owns the shape of raylog's cluster metadata — broker registrations, topics with their
-config overrides, and per partition its replicas, leader, epochs and ISR — as msgspec Structs that
+config overrides, per partition its replicas, leader, epochs and ISR, and the SASL/SCRAM users'
+credentials (KIP-554, keys only: ``actors/control/scram.py``) — as msgspec Structs that
 encode to JSON or msgpack for the controller's compare-and-swap writes to the object store, and
 the mechanical transitions on it. Every transition takes a :class:`ClusterMetadata` and returns a
 new one (never mutating), bumping ``metadata_epoch`` once, or returns the very same object when
@@ -43,20 +44,26 @@ clock and records only the outcome (a broker's ``state``).
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import msgspec
 
-from raylog.actors.control import config_keys, placement
+from raylog.actors.control import config_keys, placement, scram
 from raylog.storage.errors import (
     BrokerIdNotRegisteredError,
+    DuplicateResourceError,
     InvalidPartitionsError,
     InvalidReplicaAssignmentError,
     InvalidReplicationFactorError,
     InvalidTopicError,
+    RaylogError,
+    ResourceNotFoundError,
     TopicAlreadyExistsError,
+    UnacceptableCredentialError,
     UnknownTopicOrPartitionError,
+    UnsupportedSaslMechanismError,
 )
 
 NO_LEADER = -1
@@ -139,6 +146,21 @@ class TopicMetadata(msgspec.Struct, frozen=True, kw_only=True):
     partitions: tuple[PartitionState, ...] = ()  # partitions[i].partition == i
 
 
+class ScramCredentialRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One user's SCRAM credential for one mechanism (Kafka's UserScramCredentialRecord): the
+    keys of RFC 5802 section 3, enough to check a client's proof, not enough to log in. Its
+    repr hides the salt and keys, as Kafka's does."""
+
+    mechanism: str  # scram.SCRAM_SHA_256 or scram.SCRAM_SHA_512
+    salt: bytes
+    iterations: int
+    stored_key: bytes
+    server_key: bytes
+
+    def __repr__(self) -> str:
+        return f"ScramCredentialRecord({self.mechanism}, iterations={self.iterations}, [hidden])"
+
+
 class ClusterMetadata(msgspec.Struct, frozen=True, kw_only=True):
     """The root document the controller reads and compare-and-swaps in the object store."""
 
@@ -151,6 +173,9 @@ class ClusterMetadata(msgspec.Struct, frozen=True, kw_only=True):
     # Cluster-wide dynamic broker configs (validated by config_keys.BROKER_CONFIGS), over the
     # static ones the controller was started with; e.g. the reassignment throttle.
     dynamic_broker_configs: dict[str, str] = {}
+    # SASL/SCRAM users (KIP-554): user name -> its credentials, at most one per mechanism, in
+    # mechanism order; a user without credentials is not stored.
+    scram_credentials: dict[str, tuple[ScramCredentialRecord, ...]] = {}
 
 
 class PartitionChange(msgspec.Struct, frozen=True, kw_only=True):
@@ -293,6 +318,14 @@ def check(md: ClusterMetadata) -> None:
             if p.partition != i:
                 raise AssertionError(f"{name}-{i}: stored as partition {p.partition}")
             check_partition(p, f"{name}-{i}")
+    for user, records in md.scram_credentials.items():
+        mechanisms = [r.mechanism for r in records]
+        if (
+            not user
+            or not records
+            or mechanisms != sorted(set(mechanisms) & set(scram.SCRAM_HASHES))
+        ):
+            raise AssertionError(f"SCRAM user {user!r}: credentials {mechanisms}")
 
 
 # --- transitions ------------------------------------------------------------------------------
@@ -628,3 +661,169 @@ def take_controllership(md: ClusterMetadata, controller_epoch: int) -> ClusterMe
             f"controller epoch {controller_epoch} is not above {md.controller_epoch}"
         )
     return _bump(md, controller_epoch=controller_epoch)
+
+
+# --- SCRAM credentials (KIP-554) ----------------------------------------------------------------
+
+
+class ScramUpsertion(NamedTuple):
+    """One upsertion of AlterUserScramCredentials: the client salted the password."""
+
+    user: str
+    mechanism: str
+    iterations: int
+    salt: bytes
+    salted_password: bytes
+
+
+class ScramDeletion(NamedTuple):
+    """One deletion of AlterUserScramCredentials."""
+
+    user: str
+    mechanism: str
+
+
+# Per user of a request, in the order first named: (user, Kafka error code, message); (user, 0,
+# "") when done.
+UserResult = tuple[str, int, str]
+# Kafka's messages.
+CREDENTIAL_NAMED_TWICE = "A user credential cannot be altered twice in the same request"
+DESCRIBED_TWICE = "Cannot describe SCRAM credentials for the same user twice in a single request: "
+NO_SUCH_USER = "Attempt to describe a user credential that does not exist: "
+
+
+def _check_user_and_mechanism(user: str, mechanism: str) -> None:
+    if not user:
+        raise UnacceptableCredentialError("Username must not be empty")
+    if not scram.valid_user_name(user):
+        raise UnacceptableCredentialError(
+            f"Username must be at most {scram.USER_NAME_CHARS_MAX} characters without control "
+            f"characters"
+        )
+    if scram.hash_name(mechanism) is None:
+        raise UnsupportedSaslMechanismError(
+            f"Unknown SCRAM mechanism {mechanism!r}: {' or '.join(scram.SCRAM_HASHES)}"
+        )
+
+
+def _check_upsertion(u: ScramUpsertion) -> None:
+    _check_user_and_mechanism(u.user, u.mechanism)
+    if u.iterations < scram.ITERATIONS_MIN:
+        raise UnacceptableCredentialError(
+            f"Too few iterations: {u.iterations}, at least {scram.ITERATIONS_MIN}"
+        )
+    if u.iterations > scram.ITERATIONS_MAX:
+        raise UnacceptableCredentialError(
+            f"Too many iterations: {u.iterations}, at most {scram.ITERATIONS_MAX}"
+        )
+    # Not Kafka's checks, which take any bytes: an empty salt or a salted password that is not
+    # a digest of the mechanism's hash is a client's bug, and would store a useless credential.
+    if not u.salt:
+        raise UnacceptableCredentialError("Salt must not be empty")
+    if len(u.salted_password) != scram.digest_size(u.mechanism):
+        raise UnacceptableCredentialError(
+            f"A {u.mechanism} salted password is {scram.digest_size(u.mechanism)} bytes"
+        )
+
+
+def _check_deletion(md: ClusterMetadata, d: ScramDeletion) -> None:
+    _check_user_and_mechanism(d.user, d.mechanism)
+    if all(r.mechanism != d.mechanism for r in md.scram_credentials.get(d.user, ())):
+        raise ResourceNotFoundError("Attempt to delete a user credential that does not exist")
+
+
+def alter_scram_credentials(
+    md: ClusterMetadata,
+    upsertions: Iterable[ScramUpsertion],
+    deletions: Iterable[ScramDeletion],
+) -> tuple[ClusterMetadata, list[UserResult]]:
+    """AlterUserScramCredentials as Kafka's controller carries it out (ScramControlManager): a
+    user may be named once per request (else DUPLICATE_RESOURCE for that user, nothing done for
+    it); each other user's change is checked on its own (UNSUPPORTED_SASL_MECHANISM,
+    UNACCEPTABLE_CREDENTIAL, RESOURCE_NOT_FOUND for deleting what is not there) and the valid
+    ones are applied together. The keys are derived here from the salted password
+    (``scram.scram_keys``); a user whose last credential is deleted is removed."""
+    named: dict[str, None] = {}
+    errors: dict[str, RaylogError] = {}
+    deletes: dict[str, ScramDeletion] = {}
+    upserts: dict[str, ScramUpsertion] = {}
+    for change in (*deletions, *upsertions):
+        user = change.user
+        named.setdefault(user)
+        if user in errors:
+            continue
+        if deletes.pop(user, None) is not None or upserts.pop(user, None) is not None:
+            errors[user] = DuplicateResourceError(CREDENTIAL_NAMED_TWICE)
+            continue
+        try:
+            if isinstance(change, ScramDeletion):
+                _check_deletion(md, change)
+                deletes[user] = change
+            else:
+                _check_upsertion(change)
+                upserts[user] = change
+        except RaylogError as exc:
+            errors[user] = exc
+    results = [
+        (user, errors[user].error_code, str(errors[user])) if user in errors else (user, 0, "")
+        for user in named
+    ]
+    if not deletes and not upserts:
+        return md, results
+    table = dict(md.scram_credentials)
+    for d in deletes.values():
+        left = tuple(r for r in table[d.user] if r.mechanism != d.mechanism)
+        if left:
+            table[d.user] = left
+        else:
+            del table[d.user]
+    for u in upserts.values():
+        stored_key, server_key = scram.scram_keys(u.mechanism, u.salted_password)
+        record = ScramCredentialRecord(
+            mechanism=u.mechanism,
+            salt=u.salt,
+            iterations=u.iterations,
+            stored_key=stored_key,
+            server_key=server_key,
+        )
+        others = [r for r in table.get(u.user, ()) if r.mechanism != u.mechanism]
+        table[u.user] = tuple(sorted([*others, record], key=lambda r: r.mechanism))
+    return _bump(md, scram_credentials=table), results
+
+
+class ScramUserDescription(NamedTuple):
+    """DescribeUserScramCredentials for one user: each mechanism with its iterations (never a
+    salt or a key), or Kafka's error code and message."""
+
+    user: str
+    error_code: int
+    message: str
+    credentials: tuple[tuple[str, int], ...]  # (mechanism, iterations)
+
+
+def describe_scram_credentials(
+    md: ClusterMetadata, users: Sequence[str] | None
+) -> list[ScramUserDescription]:
+    """DescribeUserScramCredentials as Kafka answers it (ScramImage.describe): every user with
+    credentials when ``users`` is None or empty, else each user asked for once, in the order
+    asked: RESOURCE_NOT_FOUND for one without credentials, DUPLICATE_RESOURCE for one asked
+    twice."""
+    asked = Counter(users or sorted(md.scram_credentials))  # in the order first named
+    out = []
+    for user, times in asked.items():
+        found = tuple((r.mechanism, r.iterations) for r in md.scram_credentials.get(user, ()))
+        if times > 1:
+            out.append(
+                ScramUserDescription(
+                    user, DuplicateResourceError.error_code, DESCRIBED_TWICE + user, ()
+                )
+            )
+        elif not found:
+            out.append(
+                ScramUserDescription(
+                    user, ResourceNotFoundError.error_code, NO_SUCH_USER + user, ()
+                )
+            )
+        else:
+            out.append(ScramUserDescription(user, 0, "", found))
+    return out

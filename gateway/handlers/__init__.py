@@ -16,6 +16,7 @@ from types import MappingProxyType, ModuleType
 from raylog.gateway import apis
 from raylog.gateway.handlers import (
     alter_configs,
+    alter_user_scram_credentials,
     api_versions,
     create_partitions,
     create_topics,
@@ -24,6 +25,7 @@ from raylog.gateway.handlers import (
     delete_topics,
     describe_configs,
     describe_groups,
+    describe_user_scram_credentials,
     elect_leaders,
     fetch,
     find_coordinator,
@@ -74,6 +76,8 @@ _MODULES: tuple[ModuleType, ...] = (
     alter_configs,
     incremental_alter_configs,
     elect_leaders,
+    describe_user_scram_credentials,
+    alter_user_scram_credentials,
     # consumer groups
     find_coordinator,
     join_group,

@@ -24,7 +24,12 @@ Proves:
   assignments 42; ElectLeaders v0/v1 returns the controller's per-partition codes (84 when the
   preferred leader already leads), leaves out 84 when every partition was asked for;
 - Metadata creates an unknown topic only when both the broker config and the request allow it,
-  answering 5 (then the topic exists with the broker defaults), else 3.
+  answering 5 (then the topic exists with the broker defaults), else 3;
+- AlterUserScramCredentials v0 stores the keys of the client's salted password (RFC 5802's, as
+  the SASL exchange derives them) and answers per user 33 / 91 / 92 / 93 with Kafka's rules;
+  DescribeUserScramCredentials v0 answers Kafka's mechanism types and iterations only, 91 and 92
+  per user; with no controller to ask, every user of an alter gets 41 and a describe's
+  top-level error is 41; both are advertised at v0.
 """
 
 from __future__ import annotations
@@ -39,6 +44,8 @@ import pytest
 from kafka.protocol.admin import (
     AlterConfigsRequest,
     AlterConfigsResponse,
+    AlterUserScramCredentialsRequest,
+    AlterUserScramCredentialsResponse,
     CreatePartitionsRequest,
     CreatePartitionsResponse,
     CreateTopicsRequest,
@@ -47,6 +54,8 @@ from kafka.protocol.admin import (
     DeleteTopicsResponse,
     DescribeConfigsRequest,
     DescribeConfigsResponse,
+    DescribeUserScramCredentialsRequest,
+    DescribeUserScramCredentialsResponse,
     ElectLeadersRequest,
     ElectLeadersResponse,
     IncrementalAlterConfigsRequest,
@@ -55,15 +64,20 @@ from kafka.protocol.admin import (
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 from support.gateway import InMemoryBackend
 
-from raylog.actors.control import config_keys, election
+from raylog.actors.control import config_keys, election, scram
 from raylog.actors.control import metadata as md_
+from raylog.gateway import codec, sasl
 from raylog.gateway.actor import _set_topic_configs, client_view
+from raylog.gateway.admin import ControllerAdmin
 from raylog.gateway.backend import (
     AdminBackend,
     AdminResult,
     NewTopic,
+    ScramUpsertion,
+    ScramUserDescription,
     TopicConfigsResult,
     TopicState,
+    UserResult,
 )
 from raylog.gateway.handlers import HANDLERS, RequestContext, advertised_versions
 from raylog.gateway.handlers.incremental_alter_configs import (
@@ -139,6 +153,20 @@ class AdminMemory(InMemoryBackend):
             results[(tp.topic, tp.partition)] = AdminResult(error.error_code, str(error))
         return results
 
+    async def alter_scram_credentials(
+        self, upsertions: Sequence[ScramUpsertion], deletions: Sequence[tuple[str, str]]
+    ) -> Sequence[UserResult]:
+        ups = [md_.ScramUpsertion(*u) for u in upsertions]
+        self.md, results = md_.alter_scram_credentials(
+            self.md, ups, [md_.ScramDeletion(*d) for d in deletions]
+        )
+        return results
+
+    async def describe_scram_credentials(
+        self, users: Sequence[str] | None
+    ) -> tuple[AdminResult, Sequence[ScramUserDescription]]:
+        return AdminResult(0), md_.describe_scram_credentials(self.md, users)
+
     def _apply(self, change: Any, validate_only: bool) -> AdminResult:
         try:
             new = change(self.md)
@@ -166,7 +194,9 @@ def roundtrip(backend: InMemoryBackend, request: Any, version: int, response_cla
     context = RequestContext(backend, advertised_versions(), "test")
     response = asyncio.run(HANDLERS[event.api_key](context, event))
     data = bytes(connection.send(event, response))
-    return response_class.decode(data[8:], version=version)
+    # size and correlation id, and the tagged fields of a flexible version's header v1
+    header = 9 if codec.is_flexible(event.api_key, version) else 8
+    return response_class.decode(data[header:], version=version)
 
 
 def test_the_in_memory_backend_is_an_admin_backend() -> None:
@@ -592,3 +622,100 @@ def test_metadata_lists_fenced_brokers_and_failed_logs_as_offline_replicas() -> 
     assert (parts[0].leader_id, list(parts[0].isr_nodes)) == (2, [2])
     assert list(parts[0].offline_replicas) == [1, 3]  # 1: its log failed; 3: fenced
     assert (parts[1].leader_id, list(parts[1].offline_replicas)) == (1, [3])
+
+
+# --- Describe/AlterUserScramCredentials (KIP-554) ------------------------------------------------
+
+SHA_256, SHA_512 = 1, 2  # Kafka's ScramMechanism types
+_Upsertion = AlterUserScramCredentialsRequest.ScramCredentialUpsertion
+_Deletion = AlterUserScramCredentialsRequest.ScramCredentialDeletion
+
+
+def scram_upsertion(user: str, mechanism: int = SHA_256, iterations: int = 4096) -> Any:
+    name = {SHA_256: scram.SCRAM_SHA_256, SHA_512: scram.SCRAM_SHA_512}.get(mechanism)
+    salted = scram.salted_password(name or scram.SCRAM_SHA_256, "pw", b"salt" * 8, iterations)
+    return _Upsertion(
+        name=user, mechanism=mechanism, iterations=iterations, salt=b"salt" * 8,
+        salted_password=salted,
+    )  # fmt: skip
+
+
+def alter_users(backend: Any, upsertions: list[Any], deletions: list[tuple[str, int]] = ()) -> Any:
+    request = AlterUserScramCredentialsRequest(
+        deletions=[_Deletion(name=u, mechanism=m) for u, m in deletions], upsertions=upsertions
+    )
+    response = roundtrip(backend, request, 0, AlterUserScramCredentialsResponse)
+    return {r.user: r.error_code for r in response.results}
+
+
+def describe_users(backend: Any, users: list[str] | None) -> Any:
+    names = (
+        None
+        if users is None
+        else [DescribeUserScramCredentialsRequest.UserName(name=u) for u in users]
+    )
+    return roundtrip(
+        backend,
+        DescribeUserScramCredentialsRequest(users=names),
+        0,
+        DescribeUserScramCredentialsResponse,
+    )
+
+
+def test_alter_user_scram_credentials_stores_the_keys_of_the_salted_password() -> None:
+    backend = AdminMemory()
+    ups = [scram_upsertion("alice"), scram_upsertion("bob", SHA_512, 8192)]
+    assert alter_users(backend, ups) == {"alice": 0, "bob": 0}
+    (alice,) = backend.md.scram_credentials["alice"]
+    expected = sasl.scram_credential(scram.SCRAM_SHA_256, "pw", b"salt" * 8, 4096)
+    assert (alice.mechanism, alice.stored_key, alice.server_key) == (
+        expected.mechanism, expected.stored_key, expected.server_key
+    )  # fmt: skip
+    assert backend.md.scram_credentials["bob"][0].iterations == 8192
+    refused = [
+        scram_upsertion("carol", 0),  # UNKNOWN
+        scram_upsertion("dave", 3),
+        scram_upsertion("erin", SHA_256, 100),
+        scram_upsertion(""),
+        scram_upsertion("bob", SHA_256),  # bob is also deleted below
+    ]
+    codes = alter_users(backend, refused, [("bob", SHA_512), ("zoe", SHA_256)])
+    assert codes == {"carol": 33, "dave": 33, "erin": 93, "": 93, "bob": 92, "zoe": 91}
+    assert set(backend.md.scram_credentials) == {"alice", "bob"}
+    assert alter_users(backend, [], [("bob", SHA_512)]) == {"bob": 0}
+    assert set(backend.md.scram_credentials) == {"alice"}
+
+
+def test_describe_user_scram_credentials() -> None:
+    backend = AdminMemory()
+    alter_users(backend, [scram_upsertion("alice"), scram_upsertion("bob", SHA_512, 8192)])
+    alter_users(backend, [scram_upsertion("alice", SHA_512, 16384)])
+
+    def table(response: Any) -> dict[str, Any]:
+        assert response.error_code == 0 and response.error_message is None
+        return {
+            r.user: r.error_code or [(c.mechanism, c.iterations) for c in r.credential_infos]
+            for r in response.results
+        }
+
+    everyone = {"alice": [(SHA_256, 4096), (SHA_512, 16384)], "bob": [(SHA_512, 8192)]}
+    assert table(describe_users(backend, None)) == everyone
+    assert table(describe_users(backend, [])) == everyone
+    assert table(describe_users(backend, ["bob", "nobody", "alice", "alice"])) == {
+        "bob": [(SHA_512, 8192)], "nobody": 91, "alice": 92
+    }  # fmt: skip
+    response = describe_users(backend, ["nobody"])
+    assert "does not exist: nobody" in response.results[0].error_message
+
+
+def test_scram_admin_without_a_controller_answers_not_controller() -> None:
+    backend = ControllerAdmin(None, None)  # type: ignore[arg-type]
+    codes = alter_users(backend, [scram_upsertion("alice"), scram_upsertion("bob")], [("c", 1)])
+    assert codes == {"alice": 41, "bob": 41, "c": 41}
+    response = describe_users(backend, None)
+    assert (response.error_code, response.results) == (41, [])
+    assert "controller" in response.error_message
+
+
+def test_scram_apis_are_advertised_at_v0() -> None:
+    assert advertised_versions()[50] == advertised_versions()[51] == (0, 0)

@@ -80,6 +80,8 @@ EXPECTED_TABLE = {
     43: (0, 1),  # ElectLeaders
     44: (0, 0),  # IncrementalAlterConfigs
     47: (0, 0),  # OffsetDelete
+    50: (0, 0),  # DescribeUserScramCredentials
+    51: (0, 0),  # AlterUserScramCredentials
 }
 
 
@@ -137,6 +139,8 @@ def test_api_versions_v0_golden_bytes() -> None:
         "002b00000001"  # ElectLeaders 0-1
         "002c00000000"  # IncrementalAlterConfigs 0-0
         "002f00000000"  # OffsetDelete 0-0
+        "003200000000"  # DescribeUserScramCredentials 0-0
+        "003300000000"  # AlterUserScramCredentials 0-0
     )
 
 
