@@ -83,7 +83,9 @@ class Listener:
         return self.security_protocol in (SASL_PLAINTEXT, SASL_SSL)
 
     def endpoint(self) -> Endpoint:
-        return Endpoint(self.name, self.advertised_host, self.advertised_port, self.security_protocol)
+        return Endpoint(
+            self.name, self.advertised_host, self.advertised_port, self.security_protocol
+        )
 
     def describe(self) -> str:
         return f"{self.name}://{self.advertised_host}:{self.advertised_port}"

@@ -96,9 +96,7 @@ def test_out_of_order_and_listener_without_sasl_are_illegal_state() -> None:
     )
     assert plain.authenticate(b"x").error_code == ErrorCode.ILLEGAL_SASL_STATE
     early = auth.ClientSession("h", sasl_listener=True)
-    assert early.authenticate(b"\0alice\0alice-secret").error_code == (
-        ErrorCode.ILLEGAL_SASL_STATE
-    )
+    assert early.authenticate(b"\0alice\0alice-secret").error_code == (ErrorCode.ILLEGAL_SASL_STATE)
     done = auth.ClientSession("h", sasl_listener=True)
     assert scram(done, "alice", "alice-secret", sasl.SCRAM_SHA_256).error_code == 0
     assert done.handshake(sasl.SCRAM_SHA_256, authenticator(), "n").error_code == (

@@ -108,10 +108,10 @@ def test_api_versions_v0_golden_bytes() -> None:
     assert isinstance(request, Request)
     assert request.header == codec.RequestHeader(18, 0, 7, "raw", 1)
     assert answer(connection, request) == bytes.fromhex(
-        "000000ac"  # size: 172 bytes
+        "000000b8"  # size: 184 bytes
         "00000007"  # correlation id
         "0000"  # error_code NONE
-        "0000001b"  # api_keys: 27 entries, by key; each key, min, max
+        "0000001d"  # api_keys: 29 entries, by key; each key, min, max
         "000000030007"  # Produce 3-7
         "00010004000b"  # Fetch 4-11
         "000200010003"  # ListOffsets 1-3

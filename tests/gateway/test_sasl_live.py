@@ -120,10 +120,12 @@ def test_wrong_credentials_are_refused_and_others_still_served(
     from confluent_kafka import KafkaException
 
     before = sasl_gateway.server.authentication_failures
-    with caplog.at_level(logging.WARNING, logger="raylog.gateway.server"):
-        with pytest.raises(KafkaException):
-            # librdkafka retries a failed authentication: the listing times out.
-            confluent_topics(sasl_gateway.port, sasl.SCRAM_SHA_512, user, password, timeout_s=3)
+    # librdkafka retries a failed authentication: the listing times out.
+    with (
+        caplog.at_level(logging.WARNING, logger="raylog.gateway.server"),
+        pytest.raises(KafkaException),
+    ):
+        confluent_topics(sasl_gateway.port, sasl.SCRAM_SHA_512, user, password, timeout_s=3)
     assert sasl_gateway.server.authentication_failures > before
     lines = [r.getMessage() for r in caplog.records if "authentication of user" in r.getMessage()]
     assert lines and all(repr(user) in line and "127.0.0.1" in line for line in lines)
