@@ -46,12 +46,15 @@ if TYPE_CHECKING:
 __all__ = [
     "CA_KEY",
     "CLIENT_AUTH",
+    "CLIENT_DAYS_DEFAULT",
+    "CLIENT_NAME",
     "LISTENER_LEAF_DAYS",
     "CertificateAuthority",
     "LeafCertificate",
     "ListenerCertificate",
     "PemKeystore",
     "ReloadingContext",
+    "check_client_certificate",
     "client_context",
     "ensure_cluster_ca",
     "listener_context",
@@ -193,6 +196,23 @@ class CertificateAuthority:
         return LeafCertificate(
             cert.public_bytes(serialization.Encoding.PEM), _key_pem(key), self.cert_pem
         )
+
+
+# A client certificate's name: its CN (the principal ``User:CN=NAME`` under the DEFAULT
+# ssl.principal.mapping.rules) and the name of its files (`raylog certs issue`).
+CLIENT_NAME = re.compile(r"[A-Za-z0-9_@-][A-Za-z0-9._@-]{0,63}")
+CLIENT_DAYS_DEFAULT = 365
+
+
+def check_client_certificate(name: str, days: int) -> None:
+    """ValueError naming the problem unless ``name`` and ``days`` make a client certificate."""
+    if CLIENT_NAME.fullmatch(name) is None:
+        raise ValueError(
+            f"a client certificate name is 1-64 letters, digits and . _ @ -, not starting "
+            f"with '.': {name[:80]!r}"
+        )
+    if not 1 <= days <= CA_DAYS:
+        raise ValueError(f"a client certificate lives 1 to {CA_DAYS} days, not {days}")
 
 
 def ensure_cluster_ca(store: ObjectStore, cluster_id: str) -> CertificateAuthority:

@@ -2,8 +2,9 @@
 
 This module parses the arguments and dispatches; each command group is a module of this package
 (``up``, ``topics``, ``configs``, ``brokers``, ``leader_election``, ``status``, ``reassign``,
-``pipeline``), each adding its commands to the parser with ``add_subcommands``. How a command
-reaches the running cluster is ``client``'s; the cluster itself is ``raylog.actors.cluster``'s.
+``pipeline``, ``certs``), each adding its commands to the parser with ``add_subcommands``. How a
+command reaches the running cluster is ``client``'s; the cluster itself is
+``raylog.actors.cluster``'s.
 
 `raylog up` runs a cluster in the foreground. Every other command finds the cluster from
 ``--data-dir`` (or $RAYLOG_DATA_DIR) or ``--address`` and asks the active controller or the
@@ -21,6 +22,7 @@ from typing import TextIO
 
 from raylog.actors.cli import (
     brokers,
+    certs,
     configs,
     leader_election,
     pipeline,
@@ -45,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_subcommands(sub)
     pipeline.add_subcommands(sub)
     reassign.add_subcommands(sub)
+    certs.add_subcommands(sub)
     return parser
 
 
@@ -89,8 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     guarded = args.command != "up"
-    # The commands that ask the running cluster (those with --data-dir); `pipeline` runs here.
-    if guarded and "data_dir" in vars(args) and not getattr(args, "address", None):
+    # The commands that ask the running cluster (those with --data-dir); `pipeline` runs here,
+    # and so do those that write files where they are run (``runs_here``: `certs`).
+    remote = not getattr(args, "address", None) and not getattr(args, "runs_here", False)
+    if guarded and "data_dir" in vars(args) and remote:
         served = run_on_cluster(args, argv)
         if served is not None:
             return served
