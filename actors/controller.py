@@ -858,13 +858,18 @@ class ControllerActor(AdminRequests):
         }
 
     async def issue_certificate(
-        self, subject: str, ips: list[str], dns_names: list[str] | None = None
+        self,
+        subject: str,
+        ips: list[str],
+        dns_names: list[str] | None = None,
+        days: int = pki.LEAF_DAYS,
     ) -> pki.LeafCertificate:
         """A leaf certificate from the cluster CA (created in the object store on first use)
         for a broker's or gateway's replication channels, or (with the gateway's host names
-        as ``dns_names``) its client listeners. Any controller can answer."""
+        as ``dns_names``, pki.LISTENER_LEAF_DAYS) its client listeners. Any controller can
+        answer."""
         ca = await self._certificate_authority()
-        return ca.issue(subject, tuple(ips), tuple(dns_names or ()))
+        return ca.issue(subject, tuple(ips), tuple(dns_names or ()), days)
 
     async def _certificate_authority(self) -> pki.CertificateAuthority:
         """The cluster CA, read from (or created in) the object store on first use."""
