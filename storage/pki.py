@@ -277,6 +277,7 @@ def client_context(leaf: LeafCertificate) -> ssl.SSLContext:
 
 LISTENER_LEAF_DAYS = 90
 RENEW_AT = 2 / 3  # of a cluster-CA leaf's life
+PEM_FILE_BYTES_MAX = 1 << 20  # a keystore or truststore (a CA bundle is a few hundred KiB)
 CLIENT_AUTH = {"none": ssl.CERT_NONE, "requested": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
 _PEM_BLOCK = re.compile(rb"-----BEGIN ([A-Z0-9 ]+)-----.+?-----END \1-----", re.DOTALL)
 _KEY_LABELS = (b"PRIVATE KEY", b"ENCRYPTED PRIVATE KEY", b"RSA PRIVATE KEY", b"EC PRIVATE KEY")
@@ -298,14 +299,18 @@ class PemKeystore:
 
 
 def _read(path: str, key: str) -> tuple[bytes, tuple[int, int]]:
+    """The file's bytes and (st_mtime_ns, st_size)."""
     try:
         with open(path, "rb") as f:
             st = os.fstat(f.fileno())
-            return f.read(), (st.st_mtime_ns, st.st_size)
+            body = f.read(PEM_FILE_BYTES_MAX + 1)
     except FileNotFoundError:
         raise InvalidConfigError(f"{key}: no such file {path}") from None
     except OSError as e:
         raise InvalidConfigError(f"{key}: cannot read {path}: {e.strerror}") from None
+    if len(body) > PEM_FILE_BYTES_MAX:
+        raise InvalidConfigError(f"{key}: {path} is over {PEM_FILE_BYTES_MAX >> 20} MiB")
+    return body, (st.st_mtime_ns, st.st_size)
 
 
 def _certificates(blocks: list[bytes], path: str, key: str) -> list[Any]:

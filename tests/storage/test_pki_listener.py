@@ -7,11 +7,11 @@ refuses a client without a certificate and one whose certificate is of another C
 client-only leaf of the cluster CA; ``requested`` admits both; bad ``ssl.client.auth`` values
 and a missing truststore are InvalidConfigError. A Kafka PEM keystore (encrypted key and
 chain) serves handshakes, and each bad keystore (missing file, no key, no certificate, no or a
-wrong password, a key of another certificate, an expired certificate) and truststore is one
-clear InvalidConfigError without the password in it. ``ReloadingContext`` re-issues a
-cluster-CA leaf at 2/3 of its life (by a given clock) and reloads a keystore whose file changed:
-the next connection gets the new certificate; a bad new file is reported once and the old
-certificate stays.
+wrong password, a key of another certificate, an expired certificate, an oversized file) and
+truststore is one clear InvalidConfigError without the password in it. ``ReloadingContext``
+re-issues a cluster-CA leaf at 2/3 of its life (by a given clock) and reloads a keystore whose
+file changed: the next connection gets the new certificate; a bad new file is reported once and
+the old certificate stays.
 """
 
 from __future__ import annotations
@@ -281,6 +281,9 @@ def test_each_bad_keystore_is_one_clear_error(
         + b"-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"
     )
     assert "certificate 1 in" in error(garbage)
+    huge = tmp_path / "huge.pem"
+    huge.write_bytes(Path(encrypted).read_bytes() + b"#" * pki.PEM_FILE_BYTES_MAX)
+    assert "is over 1 MiB" in error(huge)
 
 
 def test_bad_truststores(leaf: pki.LeafCertificate, tmp_path: Path) -> None:
