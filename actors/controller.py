@@ -857,12 +857,25 @@ class ControllerActor(AdminRequests):
             "unclean_leader_elections": self.unclean_elections,
         }
 
-    async def issue_certificate(self, subject: str, ips: list[str]) -> pki.LeafCertificate:
+    async def issue_certificate(
+        self,
+        subject: str,
+        ips: list[str],
+        dns_names: list[str] | None = None,
+        days: int = pki.LEAF_DAYS,
+    ) -> pki.LeafCertificate:
         """A leaf certificate from the cluster CA (created in the object store on first use)
-        for a broker's or gateway's replication channels. Any controller can answer."""
+        for a broker's or gateway's replication channels, or (with the gateway's host names
+        as ``dns_names``, pki.LISTENER_LEAF_DAYS) its client listeners. Any controller can
+        answer."""
+        ca = await self._certificate_authority()
+        return ca.issue(subject, tuple(ips), tuple(dns_names or ()), days)
+
+    async def _certificate_authority(self) -> pki.CertificateAuthority:
+        """The cluster CA, read from (or created in) the object store on first use."""
         if self._ca is None:
             self._ca = await asyncio.to_thread(pki.ensure_cluster_ca, self._store, self._cluster_id)
-        return self._ca.issue(subject, tuple(ips))
+        return self._ca
 
     async def leader_of(self, topic: str, partition: int) -> int:
         """The partition's leader broker id (-1: offline)."""

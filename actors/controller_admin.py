@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
 import ray
@@ -32,7 +32,8 @@ from raylog.actors.control import config_keys, election, placement, reassignment
 from raylog.actors.control import metadata as md_
 from raylog.actors.control.metadata import ClusterMetadata, TopicMetadata, TopicPartition
 from raylog.actors.control.metadata_store import VersionedMetadata
-from raylog.storage.errors import RaylogError
+from raylog.storage import pki
+from raylog.storage.errors import InvalidRequestError, RaylogError
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ class AdminRequests:
     _require_active: Callable[[], VersionedMetadata]
     _leos: Callable[[], dict[TopicPartition, dict[int, int]]]
     _count_unclean: Callable[[election.Outcome], None]
+    _certificate_authority: Callable[[], Awaitable[pki.CertificateAuthority]]
 
     async def _mutate(self, change: Callable[[ClusterMetadata], tuple[ClusterMetadata, T]]) -> T:
         raise NotImplementedError  # the host's
@@ -324,3 +326,21 @@ class AdminRequests:
         self._ensure_started()
         block = await self._mutate(md_.allocate_producer_ids)
         return block.start, len(block)
+
+    # --- the cluster CA, for Kafka clients (`raylog certs`) ----------------------------------
+
+    async def ca_certificate(self) -> bytes:
+        """The cluster CA's certificate (PEM): what clients trust (``ssl.ca.location``)."""
+        return (await self._certificate_authority()).cert_pem
+
+    async def issue_client_certificate(self, name: str, days: int) -> pki.LeafCertificate:
+        """A client certificate (clientAuth only, ``CN=name``) from the cluster CA, living
+        ``days``; InvalidRequestError for a bad name or life."""
+        try:
+            pki.check_client_certificate(name, days)
+        except ValueError as e:
+            raise InvalidRequestError(str(e)) from None
+        ca = await self._certificate_authority()
+        leaf = ca.issue(name, days=days, server=False)
+        log.info("issued a client certificate for CN=%s (%d days)", name, days)
+        return leaf

@@ -354,6 +354,14 @@ class UnsupportedSaslMechanismError(RaylogError):
     error_code = 33
 
 
+class SslAuthenticationFailedError(RaylogError):
+    """A TLS client's certificate names no principal (no ``ssl.principal.mapping.rules`` rule
+    applies, or it does not parse): the gateway closes the connection, as Kafka's brokers do
+    (Kafka's SslAuthenticationException has no error code of its own)."""
+
+    error_code = -1
+
+
 class SaslAuthenticationFailedError(RaylogError):
     """A SASL exchange failed: wrong credentials, or a malformed or out-of-order message. The
     message says which, never a secret; the gateway closes the connection after answering."""

@@ -2,10 +2,11 @@
 
 This module parses the arguments and dispatches; each command group is a module of this package
 (``up``, ``topics``, ``configs``, ``brokers``, ``leader_election``, ``status``, ``reassign``,
-``pipeline``, ``users``), each adding its commands to the parser with ``add_subcommands``. How a
-command reaches the running cluster is ``client``'s; the cluster itself is
-``raylog.actors.cluster``'s. A command whose parser sets ``prepare`` (``users create``) has it
-run here first, in the caller's process, to read a secret and pass on only what it derives.
+``pipeline``, ``users``, ``certs``), each adding its commands to the parser with
+``add_subcommands``. How a command reaches the running cluster is ``client``'s; the cluster
+itself is ``raylog.actors.cluster``'s. A command whose parser sets ``prepare`` (``users
+create``) has it run here first, in the caller's process, to read a secret and pass on only what
+it derives.
 
 `raylog up` runs a cluster in the foreground. Every other command finds the cluster from
 ``--data-dir`` (or $RAYLOG_DATA_DIR) or ``--address`` and asks the active controller or the
@@ -23,6 +24,7 @@ from typing import TextIO
 
 from raylog.actors.cli import (
     brokers,
+    certs,
     configs,
     leader_election,
     pipeline,
@@ -49,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     pipeline.add_subcommands(sub)
     reassign.add_subcommands(sub)
     users.add_subcommands(sub)
+    certs.add_subcommands(sub)
     return parser
 
 
@@ -101,8 +104,10 @@ def main(argv: list[str] | None = None) -> int:
         except CliError as e:
             print(f"raylog: {e}", file=sys.stderr)
             return 1
-    # The commands that ask the running cluster (those with --data-dir); `pipeline` runs here.
-    if guarded and "data_dir" in vars(args) and not getattr(args, "address", None):
+    # The commands that ask the running cluster (those with --data-dir); `pipeline` runs here,
+    # and so do those that write files where they are run (``runs_here``: `certs`).
+    remote = not getattr(args, "address", None) and not getattr(args, "runs_here", False)
+    if guarded and "data_dir" in vars(args) and remote:
         served = run_on_cluster(args, argv)
         if served is not None:
             return served
