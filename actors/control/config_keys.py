@@ -45,6 +45,7 @@ from typing import Any, Literal, NamedTuple
 import msgspec
 
 from raylog.actors.control import listeners as listeners_
+from raylog.actors.control.principal_mapping import PrincipalMapper
 from raylog.actors.replication.ready import REPLICA_FETCH_BYTES_DEFAULT, REPLICA_FETCH_BYTES_MAX
 from raylog.storage.errors import InvalidConfigError
 from raylog.storage.log import MAX_BATCH_BYTES, LogConfig, cleanup_policies
@@ -85,13 +86,14 @@ class ConfigDef(msgspec.Struct, frozen=True, kw_only=True):
     maximum: int | None = None  # ints, longs and doubles: inclusive upper bound
     choices: tuple[str, ...] = ()  # strings and list items: the allowed values (case-sensitive)
     note: str = ""  # why raylog's default or rule differs from Kafka's
+    sensitive: bool = False  # a secret: DescribeConfigs shows no value (Kafka's is_sensitive)
 
 
 class ConfigEntry(msgspec.Struct, frozen=True, kw_only=True):
     """One row of a DescribeConfigs answer."""
 
     name: str
-    value: str
+    value: str | None  # None for a sensitive key, as Kafka answers
     is_default: bool
     source: int  # SOURCE_* code
     config_type: int  # CONFIG_TYPE_CODES value
@@ -247,10 +249,11 @@ class ConfigRegistry:
             rows.append(
                 ConfigEntry(
                     name=key,
-                    value=d.default if is_default else given[key],
+                    value=None if d.sensitive else d.default if is_default else given[key],
                     is_default=is_default,
                     source=SOURCE_DEFAULT_CONFIG if is_default else override_source,
                     config_type=CONFIG_TYPE_CODES[d.type],
+                    is_sensitive=d.sensitive,
                     documentation=d.doc,
                 )
             )
@@ -559,6 +562,13 @@ class BrokerConfig(msgspec.Struct, frozen=True, kw_only=True):
     allow_insecure_network_listeners: bool
     sasl_enabled_mechanisms: str
     connection_failed_authentication_delay_ms: int
+    ssl_keystore_type: str
+    ssl_keystore_location: str
+    ssl_key_password: str
+    ssl_truststore_type: str
+    ssl_truststore_location: str
+    ssl_client_auth: str
+    ssl_principal_mapping_rules: str
 
 
 BROKER_CONFIG_DEFS: tuple[ConfigDef, ...] = (
@@ -781,6 +791,59 @@ BROKER_CONFIG_DEFS: tuple[ConfigDef, ...] = (
         "doubled for each further failure from the same address within a minute (up to 5 s).",
         note="Kafka delays every failure by the same time.",
     ),
+    ConfigDef(
+        name="ssl.keystore.type",
+        type="string",
+        default="PEM",
+        choices=("PEM",),
+        doc="The format of ssl.keystore.location.",
+        note="Kafka's default is JKS; raylog reads PEM only.",
+    ),
+    ConfigDef(
+        name="ssl.keystore.location",
+        type="string",
+        default="",
+        doc="SSL and SASL_SSL listeners' certificate: one PEM file with the private key and the "
+        "certificate chain, read again when it changes. Empty: a certificate of the cluster CA "
+        "(90 days, renewed at two thirds of its life; `raylog certs ca` exports the CA).",
+    ),
+    ConfigDef(
+        name="ssl.key.password",
+        type="string",
+        default="",
+        sensitive=True,
+        doc="The password of ssl.keystore.location's private key, if it is encrypted.",
+    ),
+    ConfigDef(
+        name="ssl.truststore.type",
+        type="string",
+        default="PEM",
+        choices=("PEM",),
+        doc="The format of ssl.truststore.location.",
+        note="Kafka's default is JKS; raylog reads PEM only.",
+    ),
+    ConfigDef(
+        name="ssl.truststore.location",
+        type="string",
+        default="",
+        doc="The CA certificates (PEM) client certificates are checked against. Empty: the "
+        "cluster CA (`raylog certs issue` issues client certificates from it).",
+    ),
+    ConfigDef(
+        name="ssl.client.auth",
+        type="string",
+        default="none",
+        choices=("none", "requested", "required"),
+        doc="Whether SSL listeners ask clients for a certificate; its subject, mapped by "
+        "ssl.principal.mapping.rules, is then the client's principal.",
+    ),
+    ConfigDef(
+        name="ssl.principal.mapping.rules",
+        type="string",
+        default="DEFAULT",
+        doc="Kafka's rules from a client certificate's subject to its principal's name, e.g. "
+        "RULE:^CN=(.*?),.*$/$1/,DEFAULT.",
+    ),
 )
 
 
@@ -794,6 +857,8 @@ def _listeners_parse(reg: ConfigRegistry, given: Mapping[str, str]) -> None:
         )
     elif given.get("advertised.listeners"):
         raise _fail("advertised.listeners", given["advertised.listeners"], "needs listeners")
+    if "ssl.principal.mapping.rules" in given:
+        PrincipalMapper.from_rules(given["ssl.principal.mapping.rules"])
 
 
 def _session_outlives_heartbeats(reg: ConfigRegistry, given: Mapping[str, str]) -> None:

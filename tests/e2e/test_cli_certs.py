@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import ExtendedKeyUsageOID
 from support.cluster import RAYLOG, UpProcess, cli_env
 
-from raylog.gateway.principal_mapping import PrincipalMapper, peer_principal
+from raylog.actors.control.principal_mapping import PrincipalMapper, peer_principal
 from raylog.storage import pki
 from raylog.storage.localstore import LocalObjectStore
 

@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from raylog.gateway.principal_mapping import (
+from raylog.actors.control.principal_mapping import (
     ANONYMOUS,
     PrincipalMapper,
     peer_principal,
