@@ -63,6 +63,7 @@ from raylog.actors.calls import (
     replica_actor_name,
 )
 from raylog.actors.control import config_keys
+from raylog.actors.control.listeners import Endpoint
 from raylog.actors.control.reconciler import LEADERS, ReplicaSpec
 from raylog.actors.controller import SESSION_GUARD_FRACTION, HeartbeatReply, RegisterReply
 from raylog.actors.replica import ReplicaActor
@@ -190,6 +191,7 @@ class BrokerActor:
         controller_names: tuple[str, ...] = (controller_actor_name(0), controller_actor_name(1)),
         broker_configs: dict[str, str] | None = None,
         auto_start: bool = True,
+        endpoints: tuple[Endpoint, ...] = (),
     ) -> None:
         self.broker_id = broker_id
         self.dir = Path(data_dir) / f"broker-{broker_id}"
@@ -197,6 +199,7 @@ class BrokerActor:
         self.rack = rack
         self.host = host
         self.port = port
+        self.endpoints = tuple(endpoints)  # its gateway's listeners, as clients reach them
         self.incarnation_id = uuid.uuid4().hex
         self._controller_names = tuple(controller_names)
         self._config = config_keys.broker_config(broker_configs)
@@ -285,6 +288,7 @@ class BrokerActor:
                     self.port,
                     self._self(),
                     self._sentinel,
+                    self.endpoints,
                 )
                 self._broker_epoch = reply.broker_epoch
                 self._controller_epoch = max(self._controller_epoch, reply.controller_epoch)

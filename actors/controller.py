@@ -85,6 +85,7 @@ from raylog.actors.calls import (
 )
 from raylog.actors.control import config_keys, election, health
 from raylog.actors.control import metadata as md_
+from raylog.actors.control.listeners import Endpoint
 from raylog.actors.control.metadata import ClusterMetadata, TopicPartition
 from raylog.actors.control.metadata_store import MetadataStore, VersionedMetadata
 from raylog.actors.control.reconciler import Outcome, Push, Reconciler
@@ -375,8 +376,10 @@ class ControllerActor(AdminRequests):
         port: int,
         handle: Any,
         sentinel: Any,
+        endpoints: tuple[Endpoint, ...] = (),
     ) -> RegisterReply:
-        """BrokerRegistration: records the incarnation (fencing an older one) and watches it."""
+        """BrokerRegistration: records the incarnation (fencing an older one) and watches it.
+        ``endpoints``: its client listeners, as clients reach them."""
         self._ensure_started()
         live = self._sessions.live(broker_id, monotonic_ms())
 
@@ -390,6 +393,7 @@ class ControllerActor(AdminRequests):
                 port,
                 old_session_live=live,
                 log_end_offsets=self._leos(),
+                endpoints=endpoints,
             )
             self._count_unclean(out)
             return out.metadata, None

@@ -329,6 +329,11 @@ class AdminRequests:
 
     # --- the cluster CA, for Kafka clients (`raylog certs`) ----------------------------------
 
+    async def sasl_mask_key(self) -> bytes:
+        """The key every gateway masks unknown users' SCRAM salts with (derived from the CA's
+        private key, so all gateways answer an unknown user alike)."""
+        return (await self._certificate_authority()).derive_secret(b"sasl mask key")
+
     async def ca_certificate(self) -> bytes:
         """The cluster CA's certificate (PEM): what clients trust (``ssl.ca.location``)."""
         return (await self._certificate_authority()).cert_pem

@@ -10,13 +10,21 @@ admin requests (``active_controller``), and ``broker_configs`` (``config_keys.BR
 keys, e.g. ``auto.create.topics.enable``, ``num.partitions``) decide what the gateway does on its
 own: topic auto-creation from Metadata and the defaults of CreateTopics' -1 counts. Whoever
 starts the gateways passes them the same broker configs it passes the controllers.
+
+Listeners (``raylog.actors.control.listeners``): one socket per listener. A gateway with TLS or
+SASL listeners asks the active controller before it listens (bounded) for what they need: its
+TLS certificate from the cluster CA with the advertised names (unless ``ssl.keystore.location``
+names one; either is reloaded in place, ``TLS_REFRESH_S``) and the key that masks unknown SCRAM
+users. SCRAM credentials come with each metadata refresh.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import ipaddress
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,12 +33,17 @@ import ray
 from raylog.actors.calls import NAMESPACE, ray_call
 from raylog.actors.control import config_keys
 from raylog.actors.control import metadata as md_
+from raylog.actors.control.listeners import Listener
+from raylog.actors.control.principal_mapping import PrincipalMapper
+from raylog.gateway import sasl
+from raylog.gateway.authentication import Authenticator
 from raylog.gateway.backend import AdminBackend, Broker, PartitionState, TopicState
 from raylog.gateway.groups.coordinator import GroupCoordinator
 from raylog.gateway.replica_backend import ReplicaBackend
 from raylog.gateway.request_stats import RequestStats
 from raylog.gateway.routing import MetadataView
-from raylog.gateway.server import GatewayServer
+from raylog.gateway.server import GatewayServer, ListenerSocket
+from raylog.storage import pki
 from raylog.storage.errors import RaylogError
 
 log = logging.getLogger(__name__)
@@ -39,6 +52,8 @@ POLL_MS_DEFAULT = 200
 CALL_TIMEOUT_MS = 2_000  # bound on one status()/metadata() call to a controller
 CREATE_TIMEOUT_MS = 30_000  # bound on creating __consumer_offsets through the controller
 LOOKUP_TIMEOUT_S = 5.0  # bound on ray.get_actor (a GCS round trip, run in a thread)
+SECURITY_SETUP_TIMEOUT_S = 60.0  # a controller answers what TLS / SASL listeners need
+TLS_REFRESH_S = 60.0  # how often the listeners' certificate is checked for renewal
 
 
 # Topics Metadata marks is_internal (the group coordinator's; see gateway/groups/coordinator.py).
@@ -71,7 +86,16 @@ def client_view(md: md_.ClusterMetadata) -> tuple[list[Broker], dict[str, TopicS
     are those whose log failed.
     """
     live = {b: r for b, r in md.brokers.items() if r.state != "fenced"}
-    brokers = [Broker(r.broker_id, r.host, r.port, r.rack) for _, r in sorted(live.items())]
+    brokers = [
+        Broker(
+            r.broker_id,
+            r.host,
+            r.port,
+            r.rack,
+            tuple((e.name, e.host, e.port) for e in r.endpoints),
+        )
+        for _, r in sorted(live.items())
+    ]
     topics = {
         name: TopicState(
             name,
@@ -107,6 +131,7 @@ class GatewayActor:
         controller_names: tuple[str, ...] = (),
         poll_ms: int = POLL_MS_DEFAULT,
         broker_configs: dict[str, str] | None = None,
+        listeners: tuple[Listener, ...] = (),
     ) -> None:
         self.broker_id = broker_id
         self.cluster_id = cluster_id
@@ -123,28 +148,152 @@ class GatewayActor:
         self._metadata_epoch = -1
         self._groups: GroupCoordinator | None = None
         self._broker_configs = dict(broker_configs or {})
+        self._config = config_keys.broker_config(self._broker_configs)
+        # No listeners given: one PLAINTEXT listener on host:port.
+        self._listeners = tuple(listeners) or (
+            Listener("PLAINTEXT", "PLAINTEXT", host, port, host, port),
+        )
+        self._credentials: dict[str, tuple[md_.ScramCredentialRecord, ...]] = {}
+        self._tls: dict[str, pki.ReloadingContext] = {}  # by ssl.client.auth mode
+        self._tls_checked_s = 0.0
 
     async def start(self) -> int:
-        """Open the listener and start polling metadata; returns the bound port. Idempotent."""
+        """Open the listeners and start polling metadata; returns the first listener's bound
+        port. Idempotent."""
         if self._server is not None:
             return self.port
         view = MetadataView(self.broker_id, self.cluster_id)
         backend = ReplicaBackend(view, controller=self, broker_configs=self._broker_configs)
         self._backend = backend
         groups = self._group_coordinator(backend)
-        server = GatewayServer(backend, groups=groups)
-        try:
-            self.port = await server.start(self.host, self.port)
-        except OSError as exc:
-            raise GatewayStartError(
-                f"gateway of broker {self.broker_id} cannot listen on {self.host}:{self.port}: "
-                f"{exc.strerror or exc}"
-            ) from None
+        server = GatewayServer(backend, groups=groups, authenticator=await self._authenticator())
+        ports = []
+        for listener in self._listeners:
+            try:
+                ports.append(
+                    await server.start(
+                        listener.host, listener.port, await self._listener_socket(listener)
+                    )
+                )
+            except OSError as exc:
+                await server.stop()
+                raise GatewayStartError(
+                    f"gateway of broker {self.broker_id} cannot listen on {listener.describe()} "
+                    f"({listener.host}:{listener.port}): {exc.strerror or exc}"
+                ) from None
+        self.port = ports[0]
         self._view, self._server = view, server
         self._poller = asyncio.get_running_loop().create_task(self._poll_loop())
         self._groups = groups
         groups.start()
         return self.port
+
+    # --- listener security ------------------------------------------------------------------
+
+    async def _authenticator(self) -> Authenticator | None:
+        """SASL settings when a listener runs SASL: the enabled mechanisms, the credentials of
+        the latest metadata, and the cluster's mask key (asked of the controller)."""
+        if not any(listener.sasl for listener in self._listeners):
+            return None
+        mask_key = await self._ask_controller("sasl_mask_key")
+        return Authenticator(
+            self._scram_credential,
+            mask_key,
+            self._config.sasl_enabled_mechanisms.split(","),
+            self._config.connection_failed_authentication_delay_ms,
+        )
+
+    def _scram_credential(self, user: str, mechanism: str) -> sasl.ScramCredential | None:
+        for record in self._credentials.get(user, ()):
+            if record.mechanism == mechanism:
+                return sasl.ScramCredential(
+                    record.mechanism,
+                    record.salt,
+                    record.iterations,
+                    record.stored_key,
+                    record.server_key,
+                )
+        return None
+
+    async def _listener_socket(self, listener: Listener) -> ListenerSocket:
+        if not listener.tls:
+            return ListenerSocket(listener.name, listener.sasl)
+        config = self._config
+        # As Kafka: ssl.client.auth is an SSL listener's; SASL_SSL authenticates by SASL.
+        client_auth = config.ssl_client_auth if not listener.sasl else "none"
+        tls = self._tls.get(client_auth)
+        if tls is None:
+            if config.ssl_keystore_location:
+                source: pki.ListenerCertificate = await asyncio.to_thread(
+                    pki.load_keystore_pem,
+                    config.ssl_keystore_location,
+                    config.ssl_key_password or None,
+                )
+            else:
+                source = await self._issue_listener_certificate()
+            trusted = None
+            if config.ssl_truststore_location:
+                trusted = await asyncio.to_thread(
+                    pki.load_truststore_pem, config.ssl_truststore_location
+                )
+            tls = self._tls[client_auth] = pki.ReloadingContext(
+                source, client_auth=client_auth, trusted_ca_pem=trusted
+            )
+            self._tls_checked_s = time.monotonic()
+        mapper = None
+        if client_auth != "none":
+            mapper = PrincipalMapper.from_rules(config.ssl_principal_mapping_rules)
+        return ListenerSocket(listener.name, listener.sasl, tls.context, mapper)
+
+    async def _issue_listener_certificate(self) -> pki.LeafCertificate:
+        """A leaf of the cluster CA naming every advertised host (as an IP or DNS SAN)."""
+        hosts = {ray.util.get_node_ip_address()}
+        hosts |= {listener.advertised_host for listener in self._listeners if listener.tls}
+        ips, names = [], []
+        for host in sorted(hosts):
+            try:
+                ipaddress.ip_address(host)
+                ips.append(host)
+            except ValueError:
+                names.append(host)
+        return await self._ask_controller(  # type: ignore[no-any-return]
+            "issue_certificate",
+            f"gateway:{self.broker_id}",
+            ips,
+            names,
+            pki.LISTENER_LEAF_DAYS,
+        )
+
+    async def _refresh_tls(self) -> None:
+        """Renew the listeners' certificates when due (bounded: once per TLS_REFRESH_S)."""
+        if not self._tls or time.monotonic() - self._tls_checked_s < TLS_REFRESH_S:
+            return
+        self._tls_checked_s = time.monotonic()
+        for tls in self._tls.values():
+            try:
+                if await tls.refresh(time.time(), self._issue_listener_certificate):
+                    log.info("gateway %d: listener certificate renewed", self.broker_id)
+            except RaylogError as exc:  # a bad keystore file: the old certificate serves on
+                log.warning("gateway %d: listener certificate not renewed: %s", self.broker_id, exc)
+
+    async def _ask_controller(self, method: str, *args: Any) -> Any:
+        """Ask the active controller, waiting (bounded) for one to be elected."""
+        deadline = time.monotonic() + SECURITY_SETUP_TIMEOUT_S
+        failure: Exception = RaylogError("no active controller")
+        while time.monotonic() < deadline:
+            controller = await self.active_controller()
+            if controller is not None:
+                try:
+                    return await ray_call(
+                        getattr(controller, method).remote(*args), CALL_TIMEOUT_MS
+                    )
+                except (RaylogError, ray.exceptions.RayError) as exc:
+                    failure, self._controller = exc, None
+            await asyncio.sleep(0.2)
+        raise GatewayStartError(
+            f"gateway of broker {self.broker_id}: {method} not answered within "
+            f"{SECURITY_SETUP_TIMEOUT_S:.0f} s: {failure}"
+        )
 
     def _group_coordinator(self, backend: ReplicaBackend) -> GroupCoordinator:
         """This broker's group coordinator; it creates ``__consumer_offsets`` through the
@@ -256,11 +405,13 @@ class GatewayActor:
             )
             self._server.backend.set_channel_tls(leaf)
             self._has_certificate = True
+        await self._refresh_tls()
         md: md_.ClusterMetadata = await ray_call(
             self._controller.metadata.remote(), CALL_TIMEOUT_MS
         )
         if md.metadata_epoch == self._metadata_epoch:
             return
+        self._credentials = md.scram_credentials
         brokers, topics = client_view(md)
         live = [b.node_id for b in brokers]
         assert self._view is not None

@@ -47,9 +47,10 @@ TARGET_VERSIONS: Mapping[int, VersionRange] = MappingProxyType(
         # DeleteGroups <= 2. Flexible: ListGroups 3+, DescribeGroups 5+, DeleteGroups 2.
         15: (0, 6),  # DescribeGroups: v6 answers an unknown group GROUP_ID_NOT_FOUND (KIP-1043)
         16: (0, 5),  # ListGroups: v4 states filter (KIP-518), v5 types filter (KIP-848)
-        # SaslHandshake: v1 only. v0 means raw SASL tokens after the handshake, outside Kafka's
-        # framing; every supported client sends v1 once it is advertised alone.
-        17: (1, 1),
+        # SaslHandshake: librdkafka counts the broker as SASL-capable only if v0 is advertised,
+        # but every supported client sends v1 (SaslAuthenticate follows). v0 would mean raw
+        # SASL tokens outside Kafka's framing: handlers/sasl_handshake.py refuses it.
+        17: (0, 1),
         18: (0, 2),  # ApiVersions
         19: (2, 4),  # CreateTopics: v4 = -1 defaults (KIP-464)
         20: (1, 3),  # DeleteTopics

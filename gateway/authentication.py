@@ -111,6 +111,7 @@ class ClientSession:
         self.principal = principal if not sasl_listener else ""
         self.mechanism = ""
         self.user = ""  # the user an exchange named, for log lines (authenticated or not)
+        self.failure = ""  # why the exchange failed (what the client was told: no secret)
         self._server: sasl.PlainServer | sasl.ScramServer | None = None
 
     @property
@@ -143,6 +144,12 @@ class ClientSession:
         self.state = SessionState.AUTHENTICATE
         return Outcome()
 
+    def refuse(self, why: str) -> None:
+        """End the exchange as failed (the server closes once the answer is sent)."""
+        self.state = SessionState.FAILED
+        self._server = None
+        self.failure = why
+
     def authenticate(self, auth_bytes: bytes) -> Outcome:
         """SaslAuthenticate: one message of the exchange. The mechanisms are CPU-bound for
         at most a few PBKDF2 rounds (PLAIN): callers may run this in a thread."""
@@ -153,9 +160,8 @@ class ClientSession:
             answer = server.step(auth_bytes)
         except RaylogError as exc:  # SaslAuthenticationFailedError: the message names no secret
             self.user = server.user
-            self.state = SessionState.FAILED
-            self._server = None
-            return Outcome(ErrorCode.SASL_AUTHENTICATION_FAILED, str(exc))
+            self.refuse(str(exc))
+            return Outcome(ErrorCode.SASL_AUTHENTICATION_FAILED, self.failure)
         self.user = server.user
         if server.done:
             self.state = SessionState.AUTHENTICATED

@@ -49,12 +49,25 @@ READ_COMMITTED = 1
 
 
 class Broker(NamedTuple):
-    """A broker as clients must reach it: its gateway's advertised address."""
+    """A broker as clients must reach it: its gateway's advertised address (its first
+    listener's) and, by listener name, every listener's."""
 
     node_id: int
     host: str
     port: int
     rack: str | None
+    endpoints: tuple[tuple[str, str, int], ...] = ()  # (listener name, host, port)
+
+    def address(self, listener: str) -> tuple[str, int] | None:
+        """Where a client that came in on ``listener`` reaches this broker; None when it has no
+        such listener (Kafka leaves the broker out of that client's answers). Without
+        endpoints, or for an unnamed listener: the first listener's address."""
+        if not self.endpoints or not listener:
+            return self.host, self.port
+        for name, host, port in self.endpoints:
+            if name == listener:
+                return host, port
+        return None
 
 
 class ClusterView(NamedTuple):

@@ -285,7 +285,10 @@ class ScramServer:
             raise SaslAuthenticationFailedError(
                 "SCRAM channel binding differs from the client-first"
             )
-        if attrs[1][1] != self._nonce:
+        # Kafka's check (ScramSaslServer): the nonce ends with the server-first's. librdkafka
+        # before 2.1 sends its own nonce again in front of it, and Kafka's brokers accept that;
+        # the fresh server part is there either way, so a replayed exchange still fails.
+        if not attrs[1][1].endswith(self._nonce):
             raise SaslAuthenticationFailedError("SCRAM nonce does not match")
         proof = _b64(proof_b64, "proof")
         auth_message = f"{self._client_first_bare},{self._server_first},{without_proof}".encode()

@@ -43,9 +43,10 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from raylog.actors.control.principal_mapping import PrincipalMapper, peer_principal
 from raylog.actors.transport.arena import ArenaPool
 from raylog.actors.transport.channel import Buffer, WritableProtocol
-from raylog.gateway.authentication import Authenticator, ClientSession, SessionState
+from raylog.gateway.authentication import ANONYMOUS, Authenticator, ClientSession, SessionState
 from raylog.gateway.backend import Backend
 from raylog.gateway.errors import RemoteProtocolError
 from raylog.gateway.groups.coordinator import GroupCoordinator
@@ -64,6 +65,7 @@ from raylog.gateway.protocol import (
     Signal,
 )
 from raylog.gateway.request_stats import RequestStats
+from raylog.storage.errors import RaylogError
 
 __all__ = ["GatewayServer", "Limits", "ListenerSocket", "event_loop_factory"]
 
@@ -87,11 +89,14 @@ class Limits:
 @dataclass(frozen=True, slots=True)
 class ListenerSocket:
     """What the server needs of one listener: its name (Metadata answers with its addresses),
-    whether it runs SASL, and its TLS context (None: no TLS)."""
+    whether it runs SASL, its TLS context (None: no TLS) and, for SSL listeners that ask for
+    client certificates, how a certificate maps to a principal."""
 
     name: str = ""
     sasl: bool = False
     ssl_context: ssl.SSLContext | None = None
+    # SSL with client certificates: the certificate's subject, mapped, names the principal.
+    principal_mapper: PrincipalMapper | None = None
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop]:
@@ -220,10 +225,16 @@ class _ClientSocket(WritableProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         assert self.connection is not None
+        if self.connection.at_eof:
+            # TLS may hand over bytes after the end the connection saw (a close_notify's
+            # companions): nothing more is read, so they are dropped.
+            return memoryview(bytearray(max(1, min(sizehint, 1 << 16))))
         return self.connection.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
         assert self.connection is not None and self.transport is not None
+        if self.connection.at_eof:
+            return  # dropped (see get_buffer)
         self.connection.buffer_updated(nbytes)
         server = self._server
         server.request_stats.received(nbytes)
@@ -242,7 +253,9 @@ class _ClientSocket(WritableProtocol):
 
     def eof_received(self) -> bool:
         self._end()
-        return True  # keep the write side open: answers to what is in flight still go out
+        # Keep the write side open: answers to what is in flight still go out. (TLS cannot
+        # half-close: asyncio ignores the answer there, and warns when it is True.)
+        return self.listener.ssl_context is None
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
@@ -282,7 +295,8 @@ class _ClientConnection:
             allocate=server.arenas.allocate if server.arenas is not None else None,
         )
         sock.connection = self._connection
-        self._session = ClientSession(self._peer_host, listener.sasl)
+        self._closing = False
+        self._session = ClientSession(self._peer_host, listener.sasl, self._principal(listener))
         self._context = RequestContext(
             server.backend,
             server.api_versions,
@@ -294,10 +308,27 @@ class _ClientConnection:
         )
         self._requests: set[asyncio.Task[None]] = set()
         self._answered = asyncio.Event()  # set whenever a response is released
-        self._closing = False
+
+    def _principal(self, listener: ListenerSocket) -> str:
+        """The principal of a connection without SASL: its client certificate's, mapped, on an
+        SSL listener that asks for one; else ANONYMOUS. A certificate no rule maps fails the
+        connection (closed once ``run`` starts), as in Kafka."""
+        if listener.principal_mapper is None or listener.sasl:
+            return ANONYMOUS
+        ssl_object = self._transport.get_extra_info("ssl_object")
+        der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+        try:
+            return peer_principal(der, listener.principal_mapper)
+        except RaylogError as exc:
+            log.warning("closing connection from %s: %s", self._peer, exc)
+            self._closing = True
+            return ANONYMOUS
 
     async def run(self) -> None:
         try:
+            if self._closing:  # refused as it opened (an unmappable client certificate)
+                self._server.connections_rejected += 1
+                return
             await self._read_loop()
             # The peer closed its side, or sent garbage: answer nothing more than what is in
             # flight (for EOF) and close.
@@ -442,10 +473,11 @@ class _ClientConnection:
         throttle = server.authenticator.throttle
         delay_ms = throttle.failed(self._peer_host, int(time.monotonic() * 1000))
         log.warning(
-            "authentication of user %r (%s) from %s failed; closing the connection in %d ms",
+            "authentication of user %r (%s) from %s failed: %s; closing the connection in %d ms",
             self._session.user,
-            self._session.mechanism,
+            self._session.mechanism or "no mechanism",
             self._peer,
+            self._session.failure,
             delay_ms,
         )
         self._closing = True

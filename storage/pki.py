@@ -23,6 +23,7 @@ keystore); the CA also issues client-only leaves (clientAuth) for Kafka clients
 from __future__ import annotations
 
 import datetime as dt
+import hmac
 import ipaddress
 import json
 import os
@@ -140,6 +141,12 @@ class CertificateAuthority:
             .sign(key, hashes.SHA256())
         )
         return cls(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
+
+    def derive_secret(self, label: bytes) -> bytes:
+        """A 32-byte secret for ``label`` derived from the CA's private key: the same on every
+        node that can read the CA, unknown to anyone who cannot (e.g. the key that masks
+        unknown users' SCRAM salts on every gateway alike)."""
+        return hmac.new(self._key_pem, b"raylog derived secret: " + label, "sha256").digest()
 
     def to_json(self) -> bytes:
         return json.dumps(

@@ -48,6 +48,7 @@ def cmd_up(args: argparse.Namespace, run_command: cli_server.Runner) -> int:
 def _up(args: argparse.Namespace, run_command: cli_server.Runner) -> int:
     from raylog.actors.cluster import bootstrap
     from raylog.actors.control import config_keys
+    from raylog.actors.control import listeners as listeners_
     from raylog.storage.errors import RaylogError
 
     data_dir = bootstrap.prepare_data_dir(data_dir_of(args))
@@ -56,7 +57,7 @@ def _up(args: argparse.Namespace, run_command: cli_server.Runner) -> int:
         raise CliError(f"a raylog cluster is already running from {data_dir} (pid {running.pid})")
     broker_configs = parse_configs(args.broker_config or [], flag="--broker-config")
     try:
-        config_keys.broker_config(broker_configs)
+        config = config_keys.broker_config(broker_configs)
     except RaylogError as e:
         raise CliError(str(e)) from e
     on_ray_nodes = bool(args.address)  # cluster mode: one broker per `raylog` Ray node
@@ -68,10 +69,31 @@ def _up(args: argparse.Namespace, run_command: cli_server.Runner) -> int:
     brokers = DEFAULT_BROKERS if args.brokers is None else args.brokers
     host = bootstrap.HOST
     if on_ray_nodes:  # the gateways listen on the other nodes' addresses
+        try:
+            listeners_.configured(
+                config, default=listeners_.RAY_CLUSTER_DEFAULT.format(port=args.port)
+            )
+        except RaylogError as e:
+            raise CliError(str(e)) from e
         metrics_port = args.metrics_port if args.metrics_port is not None else args.port + 1
     else:
-        bootstrap.check_ports_free(host, [args.port + i for i in range(brokers)])
+        try:
+            listened = [
+                listener
+                for own in listeners_.embedded_brokers(
+                    listeners_.configured(config, default=f"PLAINTEXT://{host}:{args.port}"),
+                    brokers,
+                    host,
+                )
+                for listener in own
+            ]
+        except RaylogError as e:
+            raise CliError(str(e)) from e
+        for listener in listened:
+            bootstrap.check_ports_free(listener.host or "0.0.0.0", [listener.port])
         metrics_port = args.metrics_port if args.metrics_port is not None else args.port + brokers
+        if metrics_port in {listener.port for listener in listened}:
+            raise CliError(f"metrics port {metrics_port} is a listener's: give --metrics-port")
     bootstrap.check_ports_free(host, [metrics_port], what="metrics port")
     store_url, store = bootstrap.open_store(args.object_store, data_dir, args.s3_endpoint)
     cluster_id = bootstrap.cluster_id(store)

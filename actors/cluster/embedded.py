@@ -25,6 +25,7 @@ import string
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,8 @@ from raylog.actors.calls import (
 from raylog.actors.cluster import metrics
 from raylog.actors.cluster.bootstrap import HOST, ClusterError
 from raylog.actors.cluster.supervisor import BrokerSpec, SupervisorActor
-from raylog.actors.control import election
+from raylog.actors.control import config_keys, election
+from raylog.actors.control import listeners as listeners_
 from raylog.actors.control.metadata import ClusterMetadata, TopicPartition
 from raylog.actors.controller import ControllerActor
 from raylog.gateway.groups.coordinator import OFFSETS_TOPIC
@@ -65,6 +67,20 @@ def rack_name(index: int) -> str:
         index, rem = divmod(index - 1, len(letters))
         name = letters[rem] + name
     return name
+
+
+def bootstrap_lines(
+    listeners: tuple[listeners_.Listener, ...], servers: Callable[[int], str]
+) -> list[str]:
+    """``bootstrap:`` (the first listener's addresses: raylog's own tools use them), then a
+    ``listener:`` line per listener when there are several or the one is not PLAINTEXT."""
+    lines = [f"  bootstrap:     {servers(0)}"]
+    if len(listeners) > 1 or listeners[0].security_protocol != "PLAINTEXT":
+        for i, listener in enumerate(listeners):
+            protocol = listener.security_protocol
+            named = listener.name if listener.name == protocol else f"{listener.name} ({protocol})"
+            lines.append(f"  listener:      {named} {servers(i)}")
+    return lines
 
 
 def warn(line: str) -> None:
@@ -98,7 +114,12 @@ class EmbeddedCluster:
         self.s3_endpoint = s3_endpoint
         self.cluster_id = cluster_id
         self.broker_ids = list(range(1, brokers + 1))
-        self.ports = {b: port + i for i, b in enumerate(self.broker_ids)}
+        config = config_keys.broker_config(self.broker_configs)
+        self.listeners = listeners_.configured(config, default=f"PLAINTEXT://{HOST}:{port}")
+        per_broker = listeners_.embedded_brokers(self.listeners, brokers, HOST)
+        self.broker_listeners = dict(zip(self.broker_ids, per_broker, strict=True))
+        # Each broker's first listener: where raylog's own tools reach it.
+        self.ports = {b: own[0].advertised_port for b, own in self.broker_listeners.items()}
         self.controllers: list[Any] = []
         self.supervisor: Any = None
         self.placement: dict[str, Any] = {}  # Ray options of the controllers and supervisor
@@ -125,12 +146,13 @@ class EmbeddedCluster:
             BrokerSpec(
                 broker_id=b,
                 rack=rack_name(i),
-                host=HOST,
+                host=self.broker_listeners[b][0].advertised_host,
                 port=self.ports[b],
                 data_dir=str(self.data_dir),
                 cluster_id=self.cluster_id,
                 controller_names=names,
                 broker_configs=self.broker_configs,
+                listeners=self.broker_listeners[b],
             )
             for i, b in enumerate(self.broker_ids)
         ]
@@ -349,8 +371,12 @@ class EmbeddedCluster:
             for p in found[1].topics[OFFSETS_TOPIC].partitions
         )
 
-    def bootstrap_servers(self) -> str:
-        return ",".join(f"{HOST}:{self.ports[b]}" for b in self.broker_ids)
+    def bootstrap_servers(self, listener: int = 0) -> str:
+        """The brokers' addresses on their ``listener``-th listener (the first: raylog's own)."""
+        return ",".join(
+            f"{own[listener].advertised_host}:{own[listener].advertised_port}"
+            for own in self.broker_listeners.values()
+        )
 
     def summary(self) -> list[str]:
         """The lines `raylog up` prints about the brokers once ready."""
@@ -358,7 +384,7 @@ class EmbeddedCluster:
         return [
             f"  controllers:   {CONTROLLERS} (active + standby)",
             f"  brokers:       {len(self.broker_ids)} (racks {racks})",
-            f"  bootstrap:     {self.bootstrap_servers()}",
+            *bootstrap_lines(self.listeners, self.bootstrap_servers),
         ]
 
     def news(self) -> list[str]:

@@ -43,6 +43,8 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from raylog.actors.broker import META_FILE
 from raylog.actors.calls import NAMESPACE, SUPERVISOR_ACTOR_NAME, controller_actor_name, ray_call
 from raylog.actors.cluster.supervisor import BrokerSpec
+from raylog.actors.control import config_keys
+from raylog.actors.control import listeners as listeners_
 from raylog.storage.errors import NotControllerError, RaylogError, one_line
 
 log = logging.getLogger(__name__)
@@ -175,6 +177,10 @@ class NodeWatcherActor:
         self._controller_names = tuple(controller_names)
         self._broker_configs = dict(broker_configs or {})
         self._port = broker_port
+        config = config_keys.broker_config(self._broker_configs)
+        self._listeners = listeners_.configured(
+            config, default=listeners_.RAY_CLUSTER_DEFAULT.format(port=broker_port)
+        )
         self._poll_ms = poll_ms
         self._starting: dict[str, tuple[int, asyncio.Task[None]]] = {}  # node id -> broker id
         self._task: asyncio.Task[None] | None = None
@@ -256,11 +262,17 @@ class NodeWatcherActor:
     def _start_broker(self, view: NodeView, broker_id: int, cluster_id: str) -> None:
         """Ask the supervisor for the pair, in the background (a start takes seconds; the rounds
         go on meanwhile, so a node dying elsewhere is still seen at once)."""
+        # The node's raylog.port label moves every listener's port by as much as the first's.
+        first = self._listeners[0].port
+        own = listeners_.for_broker(
+            self._listeners, view.port - first if view.port else 0, view.address
+        )
         spec = BrokerSpec(
             broker_id=broker_id,
             rack=view.rack or "",
-            host=view.address,
-            port=view.port or self._port,
+            host=own[0].advertised_host,
+            port=own[0].advertised_port,
+            listeners=own,
             data_dir=node_data_dir(view, self._data_dir),
             cluster_id=cluster_id,
             controller_names=self._controller_names,

@@ -44,6 +44,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raylog.actors.broker import BrokerActor
 from raylog.actors.calls import NAMESPACE, broker_actor_name, gateway_actor_name, ray_call
+from raylog.actors.control.listeners import Listener
 from raylog.gateway.actor import GatewayActor
 from raylog.storage.errors import RaylogError, one_line
 
@@ -72,6 +73,8 @@ class BrokerSpec(msgspec.Struct, frozen=True, kw_only=True):
     controller_names: tuple[str, ...]
     broker_configs: dict[str, str] = {}
     node_id: str | None = None  # cluster mode: both actors pinned to this Ray node
+    # The gateway's client listeners (listeners.for_broker's); none: PLAINTEXT on host:port.
+    listeners: tuple[Listener, ...] = ()
 
 
 async def ray_status(broker: Any, timeout_ms: int) -> Any:
@@ -291,6 +294,7 @@ class SupervisorActor:
             port=spec.port,
             controller_names=spec.controller_names,
             broker_configs=spec.broker_configs,
+            endpoints=tuple(listener.endpoint() for listener in spec.listeners),
         )
         gateway = GatewayActor.options(  # type: ignore[attr-defined]
             name=gateway_actor_name(broker_id), namespace=NAMESPACE, **placement
@@ -301,6 +305,7 @@ class SupervisorActor:
             port=spec.port,
             controller_names=spec.controller_names,
             broker_configs=spec.broker_configs,
+            listeners=spec.listeners,
         )
         self._running[broker_id] = _Running(broker, gateway)
         self._lifecycle[broker_id] = "running"

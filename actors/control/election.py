@@ -39,6 +39,7 @@ import msgspec
 
 from raylog.actors.control import config_keys
 from raylog.actors.control import metadata as md_
+from raylog.actors.control.listeners import Endpoint
 from raylog.actors.control.metadata import (
     NO_LEADER,
     ClusterMetadata,
@@ -271,6 +272,7 @@ def register_broker(
     *,
     old_session_live: bool,
     log_end_offsets: LogEndOffsets | None = None,
+    endpoints: tuple[Endpoint, ...] = (),
 ) -> Outcome:
     """BrokerRegistration, with what a new incarnation of a known broker implies.
 
@@ -297,7 +299,7 @@ def register_broker(
         if old.state != "fenced":
             fenced = fence_broker(md, broker_id, log_end_offsets)
             md, changes = fenced.metadata, fenced.changes
-    md = md_.register_broker(md, broker_id, incarnation_id, rack, host, port)
+    md = md_.register_broker(md, broker_id, incarnation_id, rack, host, port, endpoints)
     # The new process re-creates every replica from its log: none is offline any more.
     online = set_offline_replicas(md, broker_id, (), log_end_offsets)
     elected = _elect_offline(online.metadata, log_end_offsets or {}, holding=broker_id)

@@ -8,14 +8,19 @@ A broker listens on one or more listeners, each ``NAME://HOST:PORT`` with a secu
 - ``SASL_PLAINTEXT``: SASL (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512) without TLS;
 - ``SASL_SSL``: SASL inside TLS.
 
-``advertised.listeners`` says how clients reach each listener (default: as it listens; a
-listener bound to every interface must be advertised). Metadata and FindCoordinator answer with
-the addresses of the listener the client came in on, so a client that connected to
-``SASL_SSL`` is never sent to the ``PLAINTEXT`` port.
+A listener's host is an address of its broker's node, ``0.0.0.0`` / ``::`` for every interface,
+or empty for the node's own address (Kafka's "default interface": the address Ray knows the node
+by). ``advertised.listeners`` says how clients reach each listener (default: as it listens; a
+listener bound to every interface is advertised as the node's address). Metadata and
+FindCoordinator answer with the addresses of the listener the client came in on, so a client
+that connected to ``SASL_SSL`` is never sent to the ``PLAINTEXT`` port.
 
 raylog's brokers share one configuration, so the ports of ``listeners`` are the first broker's:
 the embedded cluster's broker *i* (0-based) listens on each port + *i*, as ``--port`` gives
-consecutive ports; on a Ray cluster every node's broker uses the ports as given, on its node.
+consecutive ports; on a Ray cluster every node's broker uses the ports as given, on its node
+(moved by as much as its ``raylog.port`` label moves the first). Without ``listeners``, the
+embedded cluster listens ``PLAINTEXT://127.0.0.1:<--port>`` and `raylog up --address`
+:data:`RAY_CLUSTER_DEFAULT` (SASL_SSL on each node's address).
 
 A listener without TLS on an address other than loopback sends every record, and with
 ``SASL_PLAINTEXT`` PLAIN's passwords, in clear text across the network: :func:`check_exposure`
@@ -26,10 +31,16 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import msgspec
 
 from raylog.storage.errors import InvalidConfigError
+
+if TYPE_CHECKING:
+    from raylog.actors.control.config_keys import BrokerConfig
 
 __all__ = [
     "SECURITY_PROTOCOLS",
@@ -47,15 +58,17 @@ SASL_PLAINTEXT = "SASL_PLAINTEXT"
 SASL_SSL = "SASL_SSL"
 SECURITY_PROTOCOLS = (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL)
 DEFAULT_PROTOCOL_MAP = ",".join(f"{p}:{p}" for p in SECURITY_PROTOCOLS)
+# `raylog up --address`'s listener when none is configured: SASL over TLS on every node's address.
+RAY_CLUSTER_DEFAULT = "SASL_SSL://:{port}"
 LISTENERS_MAX = 16  # per broker
 
 _NAME = re.compile(r"[A-Za-z0-9_]+")
 _ENTRY = re.compile(r"(?P<name>[^:/]+)://(?P<host>\[[^\]]*\]|[^:]*):(?P<port>-?[0-9]+)")
 
 
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    """How clients reach one listener of one broker (what the broker registers)."""
+class Endpoint(msgspec.Struct, frozen=True):
+    """How clients reach one listener of one broker (what the broker registers; stored in the
+    cluster metadata)."""
 
     name: str
     host: str
@@ -69,7 +82,7 @@ class Listener:
 
     name: str
     security_protocol: str
-    host: str  # "" or 0.0.0.0 / :: = every interface
+    host: str  # "": the node's address (for_broker fills it in); 0.0.0.0 / :: every interface
     port: int  # 0 = any free port (tests)
     advertised_host: str
     advertised_port: int
@@ -174,7 +187,7 @@ def parse_listeners(
                     f"listener {name} is advertised as every interface: name the address "
                     "clients use",
                 )
-        else:  # as it listens; every interface: as its broker's node address (for_broker)
+        else:  # as it listens; every interface: as its node's address (for_broker)
             ad_host, ad_port = ("" if _every_interface(host) else host), port
         result.append(Listener(name, protocol, host, port, ad_host, ad_port))
     if ads:
@@ -187,25 +200,58 @@ def parse_listeners(
 def for_broker(
     listeners: Iterable[Listener], port_offset: int, node_address: str
 ) -> tuple[Listener, ...]:
-    """The listeners of one broker: each port + ``port_offset`` (the embedded cluster's broker
-    index; 0 on a Ray cluster, one broker per node), a listener bound to every interface and
-    not advertised advertised as ``node_address`` (its node's address)."""
+    """The listeners of one broker on the node at ``node_address``: each port + ``port_offset``
+    (the embedded cluster's broker index; on a Ray cluster, the node's ``raylog.port`` label
+    minus the first listener's port), an empty host the node's address, and a listener bound
+    to every interface and not advertised advertised as the node's address."""
 
     def shifted(port: int) -> int:
         return port + port_offset if port else 0
 
-    result = []
-    for listener in listeners:
-        ad_host = listener.advertised_host or node_address
-        result.append(
-            replace(
-                listener,
-                port=shifted(listener.port),
-                advertised_host=ad_host,
-                advertised_port=shifted(listener.advertised_port),
-            )
+    return tuple(
+        replace(
+            listener,
+            host=listener.host or node_address,
+            port=shifted(listener.port),
+            advertised_host=listener.advertised_host or node_address,
+            advertised_port=shifted(listener.advertised_port),
         )
-    return tuple(result)
+        for listener in listeners
+    )
+
+
+def configured(config: BrokerConfig, default: str) -> tuple[Listener, ...]:
+    """The cluster's listeners from its broker configs (refused where :func:`check_exposure`
+    refuses them); ``default`` (e.g. ``PLAINTEXT://127.0.0.1:9092``) when ``listeners`` is
+    empty."""
+    listeners = parse_listeners(
+        config.listeners or default,
+        config.advertised_listeners if config.listeners else "",
+        config.listener_security_protocol_map,
+    )
+    check_exposure(listeners, config.allow_insecure_network_listeners)
+    return listeners
+
+
+def embedded_brokers(
+    listeners: tuple[Listener, ...], brokers: int, node_address: str
+) -> list[tuple[Listener, ...]]:
+    """Each embedded broker's listeners (broker i: every port + i), refusing port ranges that
+    overlap (``PLAINTEXT`` at 9092 and ``SASL_SSL`` at 9093 with three brokers)."""
+    per_broker = [for_broker(listeners, i, node_address) for i in range(brokers)]
+    seen: dict[int, str] = {}
+    for i, own in enumerate(per_broker):
+        for listener in own:
+            if not listener.port:
+                continue
+            other = seen.setdefault(listener.port, f"{listener.name} of broker {i + 1}")
+            if other != f"{listener.name} of broker {i + 1}":
+                raise InvalidConfigError(
+                    f"port {listener.port} is both {other}'s and {listener.name}'s of broker "
+                    f"{i + 1}: the embedded cluster's broker i listens on each listener's port "
+                    "+ i, so leave a gap of at least the broker count between listener ports"
+                )
+    return per_broker
 
 
 def _loopback(host: str) -> bool:
@@ -219,18 +265,19 @@ def _loopback(host: str) -> bool:
 
 def check_exposure(listeners: Iterable[Listener], allow_insecure: bool) -> None:
     """Refuse a listener without TLS bound beyond loopback, unless ``allow_insecure``
-    (``allow.insecure.network.listeners``)."""
+    (``allow.insecure.network.listeners``). A listener on its node's address (empty host)
+    counts as on the network: a Ray node's address is."""
     if allow_insecure:
         return
     for listener in listeners:
         if not listener.tls and not _loopback(listener.host):
-            where = listener.host or "every interface"
+            where = (
+                "every interface"
+                if listener.host in ("0.0.0.0", "::")
+                else listener.host or "its node's address"
+            )
             raise InvalidConfigError(
                 f"listener {listener.name} ({listener.security_protocol}) on {where} would "
                 "carry records (and PLAIN passwords) unencrypted over the network: use SSL or "
                 "SASL_SSL, bind it to 127.0.0.1, or set allow.insecure.network.listeners=true"
             )
-
-
-def endpoints_by_name(endpoints: Iterable[Endpoint]) -> Mapping[str, Endpoint]:
-    return {e.name: e for e in endpoints}

@@ -51,6 +51,7 @@ from typing import Literal, NamedTuple
 import msgspec
 
 from raylog.actors.control import config_keys, placement, scram
+from raylog.actors.control.listeners import Endpoint
 from raylog.storage.errors import (
     BrokerIdNotRegisteredError,
     DuplicateResourceError,
@@ -96,6 +97,8 @@ class BrokerRegistration(msgspec.Struct, frozen=True, kw_only=True):
     host: str
     port: int
     state: BrokerState = "registered"
+    # Every client listener, as clients reach it (host/port above: the first one's).
+    endpoints: tuple[Endpoint, ...] = ()
 
 
 class PartitionState(msgspec.Struct, frozen=True, kw_only=True):
@@ -511,6 +514,7 @@ def register_broker(
     rack: str | None,
     host: str,
     port: int,
+    endpoints: tuple[Endpoint, ...] = (),
 ) -> ClusterMetadata:
     """BrokerRegistration of a new incarnation: the broker is active at once.
 
@@ -531,6 +535,7 @@ def register_broker(
         rack=rack,
         host=host,
         port=port,
+        endpoints=tuple(endpoints),
     )
     return _bump(md, brokers={**md.brokers, broker_id: reg})
 

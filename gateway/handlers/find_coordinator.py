@@ -30,8 +30,15 @@ async def handle(context: RequestContext, request: Request) -> Any:
     if not body.key:
         return _answer(ErrorCode.INVALID_GROUP_ID, "empty group id")
     node = await groups.find_coordinator(body.key)
-    message = None if node.error_code == ErrorCode.NONE else "coordinator not available yet"
-    return _answer(node.error_code, message, node.node_id, node.host, node.port)
+    if node.error_code != ErrorCode.NONE:
+        return _answer(node.error_code, "coordinator not available yet")
+    # The coordinator's address on the listener the client came in on.
+    cluster = await context.backend.cluster()
+    broker = next((b for b in cluster.brokers if b.node_id == node.node_id), None)
+    address = broker.address(context.listener) if broker is not None else (node.host, node.port)
+    if address is None:
+        return _answer(ErrorCode.COORDINATOR_NOT_AVAILABLE, "coordinator has no such listener")
+    return _answer(ErrorCode.NONE, None, node.node_id, *address)
 
 
 def _answer(

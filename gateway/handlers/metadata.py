@@ -71,8 +71,9 @@ async def handle(context: RequestContext, request: Request) -> Any:
     return MetadataResponse(
         throttle_time_ms=0,
         brokers=[
-            _Broker(node_id=b.node_id, host=b.host, port=b.port, rack=b.rack)
+            _Broker(node_id=b.node_id, host=address[0], port=address[1], rack=b.rack)
             for b in cluster.brokers
+            if (address := b.address(context.listener)) is not None
         ],
         cluster_id=cluster.cluster_id,
         controller_id=cluster.controller_id,

@@ -66,7 +66,7 @@ EXPECTED_TABLE = {
     14: (0, 3),  # SyncGroup
     15: (0, 6),  # DescribeGroups
     16: (0, 5),  # ListGroups
-    17: (1, 1),  # SaslHandshake
+    17: (0, 1),  # SaslHandshake
     18: (0, 2),  # ApiVersions
     19: (2, 4),  # CreateTopics
     20: (1, 3),  # DeleteTopics
@@ -125,7 +125,7 @@ def test_api_versions_v0_golden_bytes() -> None:
         "000e00000003"  # SyncGroup 0-3
         "000f00000006"  # DescribeGroups 0-6
         "001000000005"  # ListGroups 0-5
-        "001100010001"  # SaslHandshake 1-1
+        "001100000001"  # SaslHandshake 0-1
         "001200000002"  # ApiVersions 0-2
         "001300020004"  # CreateTopics 2-4
         "001400010003"  # DeleteTopics 1-3

@@ -257,3 +257,46 @@ def test_new_server_by_mechanism() -> None:
     assert "SCRAM-SHA-512" in str(refused.value)
     with pytest.raises(ValueError):
         ScramServer(SCRAM_SHA_256, lookup, "bad,nonce", MASK_KEY)
+
+
+def _client_final(
+    mechanism: str, password: str, client_nonce: str, server_first: str, nonce: str
+) -> str:
+    """A client-final message proving ``password`` for the given server-first, with ``nonce`` as
+    its ``r=`` (RFC 5802's computation, as any client does)."""
+    attrs = dict(item.split("=", 1) for item in server_first.split(","))
+    name = sasl.SCRAM_HASHES[mechanism]
+    salted = hashlib.pbkdf2_hmac(
+        name, password.encode(), base64.b64decode(attrs["s"]), int(attrs["i"])
+    )
+    client_key = hmac.new(salted, b"Client Key", name).digest()
+    stored_key = hashlib.new(name, client_key).digest()
+    without_proof = f"c=biws,r={nonce}"
+    auth_message = f"n=alice,r={client_nonce},{server_first},{without_proof}".encode()
+    signature = hmac.new(stored_key, auth_message, name).digest()
+    proof = bytes(a ^ b for a, b in zip(client_key, signature, strict=True))
+    return f"{without_proof},p={base64.b64encode(proof).decode()}"
+
+
+@pytest.mark.parametrize(
+    ("nonce_of", "accepted"),
+    [
+        (lambda client, combined: combined, True),
+        # librdkafka before 2.1: its own nonce again in front (Kafka's brokers accept it).
+        (lambda client, combined: client + combined, True),
+        (lambda client, combined: combined[:-1], False),  # the server part cut short
+        (lambda client, combined: client, False),  # no server part at all
+    ],
+)
+def test_the_final_nonce_must_end_with_the_server_first_nonce(nonce_of, accepted) -> None:  # type: ignore[no-untyped-def]
+    credential = scram_credential(SCRAM_SHA_256, "pw", os.urandom(16))
+    server = ScramServer(SCRAM_SHA_256, lookup_of(("alice", credential)), "srv0nce", MASK_KEY)
+    server_first = server.step(b"n,,n=alice,r=cl1ent").decode()
+    combined = server_first.split(",")[0][2:]
+    final = _client_final(SCRAM_SHA_256, "pw", "cl1ent", server_first, nonce_of("cl1ent", combined))
+    if accepted:
+        assert server.step(final.encode()).startswith(b"v=") and server.done
+    else:
+        with pytest.raises(SaslAuthenticationFailedError, match="nonce"):
+            server.step(final.encode())
+        assert not server.done

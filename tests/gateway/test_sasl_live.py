@@ -230,3 +230,12 @@ def test_sasl_on_a_listener_without_it_is_illegal_state() -> None:
             assert len(read_frame(sock)) > 4  # still served: the listener needs no SASL
     finally:
         gateway.stop()
+
+
+def test_a_v0_handshake_is_refused_and_closed(sasl_gateway: LiveGateway) -> None:
+    # v0 is advertised (librdkafka looks for it) but its raw-token exchange is not spoken.
+    with socket.create_connection((HOST, sasl_gateway.port), timeout=10) as sock:
+        _send(sock, SaslHandshakeRequest(mechanism=sasl.PLAIN), version=0, correlation_id=1)
+        answer = SaslHandshakeResponse.decode(read_frame(sock)[4:], version=0)
+        assert answer.error_code == ErrorCode.UNSUPPORTED_VERSION
+        assert _closed(sock)

@@ -269,13 +269,15 @@ class UpProcess:
 UP_ATTEMPTS_MAX = 3
 
 
-def started_up(make_data_dir: Callable[[], Path], *extra: str, brokers: int = 3) -> UpProcess:
+def started_up(
+    make_data_dir: Callable[[], Path], *extra: str, brokers: int = 3, port: int | None = None
+) -> UpProcess:
     """An ``UpProcess`` on ``make_data_dir()``, started (the caller stops it). Ray gives its
     raylet a fixed 30 s to register, which a loaded 2-core machine can exceed: then `raylog up`
     says "Ray did not start", and it is tried again on a fresh data dir, up to UP_ATTEMPTS_MAX
     times."""
     for attempt in range(UP_ATTEMPTS_MAX):
-        up = UpProcess(make_data_dir(), *extra, brokers=brokers)
+        up = UpProcess(make_data_dir(), *extra, brokers=brokers, port=port)
         try:
             up.start()
             return up
