@@ -25,6 +25,7 @@ import ray
 from raylog.actors.calls import NAMESPACE, ray_call
 from raylog.actors.control import config_keys
 from raylog.actors.control import metadata as md_
+from raylog.gateway.authorization import Authorization
 from raylog.gateway.backend import AdminBackend, Broker, PartitionState, TopicState
 from raylog.gateway.groups.coordinator import GroupCoordinator
 from raylog.gateway.replica_backend import ReplicaBackend
@@ -123,6 +124,7 @@ class GatewayActor:
         self._metadata_epoch = -1
         self._groups: GroupCoordinator | None = None
         self._broker_configs = dict(broker_configs or {})
+        self._authorization = Authorization.from_broker_configs(self._broker_configs)
 
     async def start(self) -> int:
         """Open the listener and start polling metadata; returns the bound port. Idempotent."""
@@ -132,7 +134,7 @@ class GatewayActor:
         backend = ReplicaBackend(view, controller=self, broker_configs=self._broker_configs)
         self._backend = backend
         groups = self._group_coordinator(backend)
-        server = GatewayServer(backend, groups=groups)
+        server = GatewayServer(backend, groups=groups, authorization=self._authorization)
         try:
             self.port = await server.start(self.host, self.port)
         except OSError as exc:
@@ -265,6 +267,7 @@ class GatewayActor:
         live = [b.node_id for b in brokers]
         assert self._view is not None
         self._view.update(controller_id=min(live) if live else -1, brokers=brokers, topics=topics)
+        self._authorization.update(md.acls)
         self._metadata_epoch = md.metadata_epoch
 
     async def active_controller(self, refresh: bool = False) -> Any:

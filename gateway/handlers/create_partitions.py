@@ -19,9 +19,10 @@ from typing import Any, cast
 
 from kafka.protocol.admin import CreatePartitionsResponse
 
+from raylog.actors.control.acls import AclOperation
 from raylog.gateway.backend import AdminBackend, AdminResult
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.handlers.context import RequestContext
+from raylog.gateway.handlers.context import AUTHORIZATION_FAILED, RequestContext
 from raylog.gateway.protocol import Request
 
 API_KEY = 37
@@ -35,8 +36,11 @@ async def handle(context: RequestContext, request: Request) -> Any:
     counts = Counter(topic.name for topic in body.topics)
     firsts = {topic.name: topic for topic in reversed(body.topics)}
     names = list(dict.fromkeys(topic.name for topic in body.topics))
+    denied = context.denied_topics(AclOperation.ALTER, names)
 
     async def grow(topic: Any) -> AdminResult:
+        if topic.name in denied:
+            return AdminResult(ErrorCode.TOPIC_AUTHORIZATION_FAILED, AUTHORIZATION_FAILED)
         if counts[topic.name] > 1:
             return AdminResult(ErrorCode.INVALID_REQUEST, f"Topic {topic.name!r} appears twice")
         if topic.assignments is not None:

@@ -30,7 +30,7 @@ from kafka.protocol.admin import CreateTopicsResponse
 from raylog.actors.control import config_keys
 from raylog.gateway.backend import AdminBackend, AdminResult, NewTopic
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.handlers.context import RequestContext
+from raylog.gateway.handlers.context import AUTHORIZATION_FAILED, RequestContext
 from raylog.gateway.protocol import Request
 
 API_KEY = 19
@@ -49,6 +49,8 @@ async def handle(context: RequestContext, request: Request) -> Any:
     firsts = {topic.name: topic for topic in reversed(body.topics)}  # one entry per name
 
     async def create(topic: Any) -> AdminResult:
+        if not context.authorized_create_topic(topic.name):
+            return AdminResult(ErrorCode.TOPIC_AUTHORIZATION_FAILED, AUTHORIZATION_FAILED)
         if counts[topic.name] > 1:
             return AdminResult(
                 ErrorCode.INVALID_REQUEST,

@@ -13,6 +13,7 @@ from typing import Any
 
 from kafka.protocol.admin import DeleteGroupsResponse
 
+from raylog.actors.control.acls import AclOperation
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.protocol import Request
@@ -25,7 +26,9 @@ _Result = DeleteGroupsResponse.DeletableGroupResult
 async def handle(context: RequestContext, request: Request) -> Any:
     results = []
     for group_id in dict.fromkeys(request.body.groups_names):
-        if context.groups is None:
+        if not context.authorized_group(AclOperation.DELETE, group_id):
+            error = ErrorCode.GROUP_AUTHORIZATION_FAILED
+        elif context.groups is None:
             error = ErrorCode.COORDINATOR_NOT_AVAILABLE
         else:
             error = await context.groups.delete_group(group_id)

@@ -21,7 +21,9 @@ from typing import Any, cast
 
 from kafka.protocol.admin import DeleteRecordsResponse
 
-from raylog.gateway.backend import DataBackend
+from raylog.actors.control.acls import AclOperation
+from raylog.gateway.backend import DataBackend, DeleteRecordsResult
+from raylog.gateway.errors import ErrorCode
 from raylog.gateway.handlers.context import RequestContext, per_partition
 from raylog.gateway.protocol import Request
 
@@ -37,6 +39,8 @@ async def handle(context: RequestContext, request: Request) -> Any:
     answered = await per_partition(
         body.topics,
         lambda name, p: backend.delete_records(name, p.partition_index, p.offset, body.timeout_ms),
+        context.denied_topics(AclOperation.DELETE, (t.name for t in body.topics)),
+        DeleteRecordsResult(ErrorCode.TOPIC_AUTHORIZATION_FAILED, -1),
     )
     topics = [
         _Topic(

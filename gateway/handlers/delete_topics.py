@@ -17,9 +17,10 @@ from typing import Any, cast
 
 from kafka.protocol.admin import DeleteTopicsResponse
 
+from raylog.actors.control.acls import AclOperation
 from raylog.gateway.backend import AdminBackend, AdminResult
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.handlers.context import RequestContext
+from raylog.gateway.handlers.context import AUTHORIZATION_FAILED, RequestContext
 from raylog.gateway.protocol import Request
 
 API_KEY = 20
@@ -34,8 +35,11 @@ async def handle(context: RequestContext, request: Request) -> Any:
     backend = cast(AdminBackend, context.backend)
     counts = Counter(body.topic_names)
     names = list(dict.fromkeys(body.topic_names))
+    denied = context.denied_topics(AclOperation.DELETE, names)
 
     async def delete(name: str) -> AdminResult:
+        if name in denied:
+            return AdminResult(ErrorCode.TOPIC_AUTHORIZATION_FAILED, AUTHORIZATION_FAILED)
         if counts[name] > 1:
             return AdminResult(ErrorCode.INVALID_REQUEST, f"Topic {name!r} appears twice")
         return await backend.delete_topic(name, body.timeout_ms)

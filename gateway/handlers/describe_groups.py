@@ -16,6 +16,7 @@ from typing import Any
 
 from kafka.protocol.admin import DescribeGroupsResponse
 
+from raylog.actors.control.acls import AclOperation
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.groups.group_admin import GroupDescription
 from raylog.gateway.handlers.context import RequestContext
@@ -25,9 +26,9 @@ API_KEY = 15
 FIRST_VERSION_WITH_NOT_FOUND = 6  # KIP-1043: an unknown group gets GROUP_ID_NOT_FOUND
 
 # The int32 bitfield as kafka-python's codec takes it: the set of bits. AclOperation codes
-# READ (3), DELETE (6), DESCRIBE (8) are a group's operations, all allowed; None encodes the
-# spec's default -2^31 (bit 31 alone), "not provided".
-GROUP_OPERATIONS = frozenset({3, 6, 8})
+# READ (3), DELETE (6), DESCRIBE (8) are a group's operations (those the authorizer allows);
+# None encodes the spec's default -2^31 (bit 31 alone), "not provided".
+GROUP_OPERATIONS = frozenset({AclOperation.READ, AclOperation.DELETE, AclOperation.DESCRIBE})
 OPERATIONS_NOT_PROVIDED = None
 
 _Group = DescribeGroupsResponse.DescribedGroup
@@ -40,7 +41,9 @@ async def handle(context: RequestContext, request: Request) -> Any:
     with_operations = version >= 3 and bool(body.include_authorized_operations)
     described = []
     for group_id in body.groups:
-        if context.groups is None:
+        if not context.authorized_group(AclOperation.DESCRIBE, group_id):
+            error, summary = ErrorCode.GROUP_AUTHORIZATION_FAILED, GroupDescription("", "", "")
+        elif context.groups is None:
             error, summary = ErrorCode.COORDINATOR_NOT_AVAILABLE, GroupDescription("", "", "")
         else:
             error, summary = context.groups.describe_group(group_id)
@@ -67,7 +70,9 @@ async def handle(context: RequestContext, request: Request) -> Any:
                     )
                     for m in summary.members
                 ],
-                authorized_operations=GROUP_OPERATIONS
+                authorized_operations=frozenset(
+                    op for op in GROUP_OPERATIONS if context.authorized_group(op, group_id)
+                )
                 if with_operations
                 else OPERATIONS_NOT_PROVIDED,
             )

@@ -14,9 +14,11 @@ from typing import Any, cast
 
 from kafka.protocol.admin import DescribeUserScramCredentialsResponse
 
+from raylog.actors.control.acls import AclOperation
 from raylog.actors.control.scram import SCRAM_SHA_256, SCRAM_SHA_512
 from raylog.gateway.backend import AdminBackend
-from raylog.gateway.handlers.context import RequestContext
+from raylog.gateway.errors import ErrorCode
+from raylog.gateway.handlers.context import AUTHORIZATION_FAILED, RequestContext
 from raylog.gateway.protocol import Request
 
 API_KEY = 50
@@ -32,6 +34,13 @@ _Info = _Result.CredentialInfo
 async def handle(context: RequestContext, request: Request) -> Any:
     backend = cast(AdminBackend, context.backend)
     users = request.body.users
+    if not context.authorized_cluster(AclOperation.DESCRIBE):
+        return DescribeUserScramCredentialsResponse(
+            throttle_time_ms=0,
+            error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+            error_message=AUTHORIZATION_FAILED,
+            results=[],
+        )
     wanted = None if users is None else [u.name for u in users]
     error, found = await backend.describe_scram_credentials(wanted)
     return DescribeUserScramCredentialsResponse(

@@ -40,6 +40,7 @@ from typing import Any, NamedTuple, cast
 
 from kafka.protocol.consumer import FetchResponse
 
+from raylog.actors.control.acls import AclOperation
 from raylog.gateway.backend import READ_COMMITTED, DataBackend, FetchResult, PartitionFetch
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.handlers.context import RequestContext
@@ -51,6 +52,7 @@ MAX_WAIT_MS_MAX = 30_000  # bound on a long poll, whatever the client asks (the 
 
 _Topic = FetchResponse.FetchableTopicResponse
 _Partition = _Topic.PartitionData
+_DENIED = FetchResult(ErrorCode.TOPIC_AUTHORIZATION_FAILED, -1, -1, -1, b"")
 _BATCH_LENGTH = struct.Struct(">i")  # at byte 8 of a batch; the 12 bytes before it not counted
 _LOG_OVERHEAD = 12
 
@@ -71,11 +73,15 @@ async def handle(context: RequestContext, request: Request) -> Any:
             throttle_time_ms=0, error_code=session_error, session_id=0, responses=[]
         )
     backend = cast(DataBackend, context.backend)
+    # Kafka answers the partitions of topics the client may not READ at once, and fetches (and
+    # waits for) the others only.
+    denied = context.denied_topics(AclOperation.READ, (topic.topic for topic in body.topics))
     wanted = [
         _Wanted(
             topic.topic, p.partition, p.fetch_offset, p.partition_max_bytes, p.current_leader_epoch
         )
         for topic in body.topics
+        if topic.topic not in denied
         for p in topic.partitions
     ]
     isolation = body.isolation_level
@@ -112,7 +118,7 @@ async def handle(context: RequestContext, request: Request) -> Any:
     for topic in body.topics:
         parts = []
         for p in topic.partitions:
-            result, data = next(partitions)
+            result, data = (_DENIED, b"") if topic.topic in denied else next(partitions)
             parts.append(
                 _Partition(
                     partition_index=p.partition,

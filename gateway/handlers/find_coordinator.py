@@ -13,8 +13,9 @@ from typing import Any
 
 from kafka.protocol.metadata import FindCoordinatorResponse
 
+from raylog.actors.control.acls import AclOperation
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.handlers.context import RequestContext
+from raylog.gateway.handlers.context import AUTHORIZATION_FAILED, RequestContext
 from raylog.gateway.protocol import Request
 
 API_KEY = 10
@@ -29,6 +30,8 @@ async def handle(context: RequestContext, request: Request) -> Any:
         return _answer(ErrorCode.COORDINATOR_NOT_AVAILABLE, "no coordinator for this key type")
     if not body.key:
         return _answer(ErrorCode.INVALID_GROUP_ID, "empty group id")
+    if not context.authorized_group(AclOperation.DESCRIBE, body.key):
+        return _answer(ErrorCode.GROUP_AUTHORIZATION_FAILED, AUTHORIZATION_FAILED)
     node = await groups.find_coordinator(body.key)
     message = None if node.error_code == ErrorCode.NONE else "coordinator not available yet"
     return _answer(node.error_code, message, node.node_id, node.host, node.port)

@@ -11,6 +11,7 @@ from typing import Any
 
 from kafka.protocol.consumer import HeartbeatResponse
 
+from raylog.actors.control.acls import AclOperation
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.protocol import Request
@@ -21,7 +22,9 @@ API_KEY = 12
 async def handle(context: RequestContext, request: Request) -> Any:
     body = request.body
     groups = context.groups
-    if groups is None:
+    if not context.authorized_group(AclOperation.READ, body.group_id):
+        error = ErrorCode.GROUP_AUTHORIZATION_FAILED
+    elif groups is None:
         error = ErrorCode.COORDINATOR_NOT_AVAILABLE
     else:
         error = await groups.heartbeat(

@@ -16,6 +16,7 @@ from typing import Any
 
 from kafka.protocol.consumer import JoinGroupResponse
 
+from raylog.actors.control.acls import AclOperation
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.groups.group import JoinResult
 from raylog.gateway.handlers.context import RequestContext
@@ -30,6 +31,8 @@ async def handle(context: RequestContext, request: Request) -> Any:
     body = request.body
     version = request.api_version
     groups = context.groups
+    if not context.authorized_group(AclOperation.READ, body.group_id):
+        return _answer(JoinResult(ErrorCode.GROUP_AUTHORIZATION_FAILED, member_id=body.member_id))
     if groups is None:
         return _answer(JoinResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id=body.member_id))
     session_timeout_ms = body.session_timeout_ms

@@ -14,6 +14,7 @@ from typing import Any
 
 from kafka.protocol.consumer import LeaveGroupResponse
 
+from raylog.actors.control.acls import AclOperation
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.groups.group import MemberIdentity
 from raylog.gateway.handlers.context import RequestContext
@@ -32,7 +33,9 @@ async def handle(context: RequestContext, request: Request) -> Any:
         members = [MemberIdentity(m.member_id, m.group_instance_id) for m in body.members]
     else:
         members = [MemberIdentity(body.member_id)]
-    if context.groups is None:
+    if not context.authorized_group(AclOperation.READ, body.group_id):
+        group_error, member_errors = ErrorCode.GROUP_AUTHORIZATION_FAILED, []
+    elif context.groups is None:
         group_error, member_errors = ErrorCode.COORDINATOR_NOT_AVAILABLE, []
     else:
         group_error, member_errors = await context.groups.leave_group(body.group_id, members)

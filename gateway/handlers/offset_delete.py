@@ -15,6 +15,7 @@ from typing import Any
 
 from kafka.protocol.consumer import OffsetDeleteResponse
 
+from raylog.actors.control.acls import AclOperation
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.protocol import Request
@@ -28,13 +29,19 @@ _Partition = _Topic.OffsetDeleteResponsePartition
 async def handle(context: RequestContext, request: Request) -> Any:
     body = request.body
     asked = [(t.name, p.partition_index) for t in body.topics for p in t.partitions]
+    # Kafka's rule: DELETE on the group, READ on each topic.
+    if not context.authorized_group(AclOperation.DELETE, body.group_id):
+        return _answer(ErrorCode.GROUP_AUTHORIZATION_FAILED, {})
+    denied = context.denied_topics(AclOperation.READ, (topic for topic, _ in asked))
     if context.groups is None:
         return _answer(ErrorCode.COORDINATOR_NOT_AVAILABLE, {})
     known = await context.backend.topics(sorted({topic for topic, _ in asked}))
     errors: dict[tuple[str, int], int] = {}
     for topic, partition in asked:
         state = known.get(topic)
-        if state is None or all(p.partition != partition for p in state.partitions):
+        if topic in denied:
+            errors[(topic, partition)] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        elif state is None or all(p.partition != partition for p in state.partitions):
             errors[(topic, partition)] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     deletable = [tp for tp in asked if tp not in errors]
     error, deleted = await context.groups.delete_offsets(body.group_id, deletable)

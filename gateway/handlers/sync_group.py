@@ -12,6 +12,7 @@ from typing import Any
 
 from kafka.protocol.consumer import SyncGroupResponse
 
+from raylog.actors.control.acls import AclOperation
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.protocol import Request
@@ -22,10 +23,11 @@ API_KEY = 14
 async def handle(context: RequestContext, request: Request) -> Any:
     body = request.body
     groups = context.groups
-    if groups is None:
-        return SyncGroupResponse(
-            throttle_time_ms=0, error_code=ErrorCode.COORDINATOR_NOT_AVAILABLE, assignment=b""
-        )
+    error = ErrorCode.COORDINATOR_NOT_AVAILABLE if groups is None else ErrorCode.NONE
+    if not context.authorized_group(AclOperation.READ, body.group_id):
+        error = ErrorCode.GROUP_AUTHORIZATION_FAILED
+    if error or groups is None:
+        return SyncGroupResponse(throttle_time_ms=0, error_code=error, assignment=b"")
     result = await groups.sync_group(
         group_id=body.group_id,
         member_id=body.member_id,
