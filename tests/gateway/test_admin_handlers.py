@@ -64,7 +64,7 @@ from kafka.protocol.admin import (
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 from support.gateway import InMemoryBackend
 
-from raylog.actors.control import config_keys, election, scram
+from raylog.actors.control import acls, config_keys, election, scram
 from raylog.actors.control import metadata as md_
 from raylog.gateway import codec, sasl
 from raylog.gateway.actor import _set_topic_configs, client_view
@@ -166,6 +166,24 @@ class AdminMemory(InMemoryBackend):
         self, users: Sequence[str] | None
     ) -> tuple[AdminResult, Sequence[ScramUserDescription]]:
         return AdminResult(0), md_.describe_scram_credentials(self.md, users)
+
+    async def create_acls(self, creations: Sequence[acls.AclBinding]) -> Sequence[tuple[int, str]]:
+        self.md, results = md_.create_acls(self.md, creations)
+        return results
+
+    async def describe_acls(
+        self, acl_filter: acls.AclBindingFilter
+    ) -> tuple[AdminResult, Sequence[acls.AclBinding]]:
+        try:
+            return AdminResult(0), acls.describe_acls(self.md.acls, acl_filter)
+        except RaylogError as exc:
+            return AdminResult(exc.error_code, str(exc)), []
+
+    async def delete_acls(
+        self, filters: Sequence[acls.AclBindingFilter]
+    ) -> Sequence[acls.DeletionResult]:
+        self.md, results = md_.delete_acls(self.md, filters)
+        return results
 
     def _apply(self, change: Any, validate_only: bool) -> AdminResult:
         try:
