@@ -25,7 +25,6 @@ Proves:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,11 +71,11 @@ from kafka.protocol.producer import (
     ProduceResponse,
 )
 from support.admin_backend import AdminMemory, roundtrip
+from support.authorization import ALICE, allow, as_alice
 
 from raylog.actors.control import acls
 from raylog.actors.control import metadata as md_
-from raylog.actors.control.acls import AclBinding, AclOperation, PatternType, ResourceType
-from raylog.gateway.authentication import ClientSession
+from raylog.actors.control.acls import AclOperation, PatternType, ResourceType
 from raylog.gateway.authorization import Authorization
 from raylog.gateway.backend import (
     DeleteRecordsResult,
@@ -88,31 +87,11 @@ from raylog.gateway.backend import (
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.producer_ids import ProducerIdResult
 
-ALICE = "User:alice"
 Op = AclOperation
 TOPIC, GROUP, CLUSTER = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.CLUSTER
 LIT, PRE = PatternType.LITERAL, PatternType.PREFIXED
 TOPIC_DENIED = ErrorCode.TOPIC_AUTHORIZATION_FAILED
 CLUSTER_DENIED = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
-
-
-def allow(
-    resource_type: ResourceType, name: str, *ops: AclOperation, pattern: PatternType = LIT
-) -> list[AclBinding]:
-    return [
-        acls.binding(resource_type, name, pattern, ALICE, "*", op, acls.AclPermissionType.ALLOW)
-        for op in ops
-    ]
-
-
-def as_alice(*bindings: Sequence[AclBinding], super_users: Sequence[str] = ()) -> dict[str, Any]:
-    """RequestContext fields: alice's session on a gateway whose authorizer holds
-    ``bindings``."""
-    flat = tuple(sorted({b for group in bindings for b in group}))
-    return {
-        "session": ClientSession("127.0.0.1", sasl_listener=False, principal=ALICE),
-        "authorization": Authorization(True, super_users, False, flat),
-    }
 
 
 @dataclass
