@@ -8,6 +8,9 @@ Kafka. ``validate_only`` checks and changes nothing.
 
 Broker resources are refused with INVALID_REQUEST: raylog's broker configs are static (set when
 the cluster starts). Other resource types, and a resource named twice, are INVALID_REQUEST too.
+
+Authorization (both AlterConfigs APIs): ALTER_CONFIGS on the topic (TOPIC_AUTHORIZATION_FAILED,
+29) or, for a broker, on the cluster (CLUSTER_AUTHORIZATION_FAILED, 31).
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ answer is one result per user named, as Kafka's controller gives it
 outside [4096, 16384] UNACCEPTABLE_CREDENTIAL (93), deleting a credential that does not exist
 RESOURCE_NOT_FOUND (91); the other users' changes are made. When the controller cannot be asked,
 every user gets its code.
+
+Authorization: ALTER on the cluster, else CLUSTER_AUTHORIZATION_FAILED (31) for every user.
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ versions, which the gateway does not speak outside ApiVersions, so 0-1.
   Manual ``assignments`` are refused with INVALID_REQUEST: the controller cannot take them yet.
 - ``validate_only`` checks and changes nothing; ``timeout_ms`` > 0 waits until this broker's
   metadata shows the new partitions (REQUEST_TIMED_OUT otherwise), as CreateTopics does.
+
+Authorization: ALTER on the topic, else TOPIC_AUTHORIZATION_FAILED (29).
 """
 
 from __future__ import annotations

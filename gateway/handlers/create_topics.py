@@ -17,6 +17,8 @@ Kafka's rules kept here (``ZkAdminManager`` / ``ReplicationControlManager``):
   topic was created); 0: it comes once the controller committed the topic.
 
 Topics in one request are created concurrently; the controller serialises its writes.
+
+Authorization: CREATE on the cluster or the topic, else TOPIC_AUTHORIZATION_FAILED (29).
 """
 
 from __future__ import annotations

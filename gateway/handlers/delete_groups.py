@@ -5,6 +5,8 @@ NON_EMPTY_GROUP (68), one that does not exist GROUP_ID_NOT_FOUND (69); another b
 NOT_COORDINATOR (16). Deletion writes tombstones to ``__consumer_offsets`` (see
 ``group_coordinator``) and succeeds once they are acknowledged. A group named twice is deleted
 once and answered once (the response is keyed by group id).
+
+Authorization: DELETE on the group, else GROUP_AUTHORIZATION_FAILED (30).
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ it, POLICY_VIOLATION (44) when the topic's cleanup.policy lacks delete, OFFSET_O
 for an offset above the high watermark or negative other than -1 (the high watermark), and
 REQUEST_TIMED_OUT (7) when the in-sync replicas did not all move their log start within
 ``timeout_ms``. On success ``low_watermark`` is the partition's new low watermark.
+
+Authorization: DELETE on the topic, else TOPIC_AUTHORIZATION_FAILED (29) on its partitions.
 """
 
 from __future__ import annotations

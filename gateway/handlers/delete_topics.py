@@ -6,6 +6,8 @@ waits until this broker's metadata no longer lists the topic (REQUEST_TIMED_OUT 
 does in time, though deletion goes on); with 0 it comes once the controller committed it. The
 brokers stop the topic's replicas and remove their data on the controller's next round. These
 versions carry no error message; the backend's message is logged instead.
+
+Authorization: DELETE on the topic, else TOPIC_AUTHORIZATION_FAILED (29).
 """
 
 from __future__ import annotations

@@ -18,6 +18,9 @@ This module also owns the config-resource rules the AlterConfigs handlers share
 - ``include_synonyms`` (v1+): each entry's synonym list holds the entry itself (name, value,
   source); raylog has no broker-level synonyms of topic keys (Kafka's ``log.retention.ms``...).
 - No config is sensitive.
+
+Authorization: DESCRIBE_CONFIGS on the topic (TOPIC_AUTHORIZATION_FAILED, 29) or, for a broker,
+on the cluster (CLUSTER_AUTHORIZATION_FAILED, 31).
 """
 
 from __future__ import annotations

@@ -6,8 +6,11 @@ each member's metadata and assignment are filled only while the group is Stable 
 ``GroupMetadata.summary``). A group that does not exist is described as Dead with no error
 before v6 and with GROUP_ID_NOT_FOUND (69) from v6 (KIP-1043). Each member's
 ``group_instance_id`` (v4+) is its static instance id, or null for a dynamic member.
-``authorized_operations`` (v3+), when asked for, holds what Kafka grants on a group without an
-authorizer: READ, DELETE and DESCRIBE; otherwise it is Kafka's "not provided" value.
+``authorized_operations`` (v3+), when asked for, holds which of a group's operations (READ,
+DELETE, DESCRIBE) the client may do: all of them without an authorizer; otherwise it is Kafka's
+"not provided" value.
+
+Authorization: DESCRIBE on the group, else GROUP_AUTHORIZATION_FAILED (30).
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ is RESOURCE_NOT_FOUND (91) and a user named twice DUPLICATE_RESOURCE (92), each 
 result (``metadata.describe_scram_credentials``, run by the controller). The top-level error is
 for the request as a whole: the controller could not be asked (its code, with a message).
 Mechanisms cross the wire as Kafka's ScramMechanism types (1: SCRAM-SHA-256, 2: SCRAM-SHA-512).
+
+Authorization: DESCRIBE on the cluster, else CLUSTER_AUTHORIZATION_FAILED (31).
 """
 
 from __future__ import annotations

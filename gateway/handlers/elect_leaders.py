@@ -9,6 +9,9 @@ new leader was elected, ELECTION_NOT_NEEDED (84), PREFERRED_LEADER_NOT_AVAILABLE
 ELIGIBLE_LEADERS_NOT_AVAILABLE (83) or UNKNOWN_TOPIC_OR_PARTITION (3). A null partition list
 means every partition, and then, as Kafka does, partitions whose election was not needed are
 left out of the answer. An unknown election type is INVALID_REQUEST (42) for the request.
+
+Authorization: ALTER on the cluster, else CLUSTER_AUTHORIZATION_FAILED (31) for the request and
+every partition asked for.
 """
 
 from __future__ import annotations

@@ -30,6 +30,9 @@ epoch checks). Records are never decoded: the budget is kept by walking batch le
    replica, and the leader's may answer a partition with ``preferred_read_replica`` and no
    records (rules in ``gateway/routing.py``). Such an answer completes the request at once, as
    Kafka's ReplicaManager does, so the client moves to that replica without a long poll.
+
+Authorization: READ on the topic, else TOPIC_AUTHORIZATION_FAILED (29) on its partitions,
+answered without a read (and without waiting for them).
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ Any broker answers, with the leader of the group's ``__consumer_offsets`` partit
 does; until it exists and the partition has a leader the answer is COORDINATOR_NOT_AVAILABLE
 (15), which every client retries. Only groups are coordinated here: key_type 1 (transactions)
 gets COORDINATOR_NOT_AVAILABLE until raylog has a transaction coordinator.
+
+Authorization: DESCRIBE on the group, else GROUP_AUTHORIZATION_FAILED (30).
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 REBALANCE_IN_PROGRESS (27) tells the member to rejoin; see ``groups.Group.heartbeat``. v3
 carries a static member's ``group_instance_id``: an old member id of a restarted instance gets
 FENCED_INSTANCE_ID (82).
+
+Authorization: READ on the group, else GROUP_AUTHORIZATION_FAILED (30).
 """
 
 from __future__ import annotations

@@ -17,6 +17,10 @@ transactions:
 
 Versions 2+ (flexible; v3 adds KIP-360's epoch bump of an existing id) are not advertised:
 kafka-python infers a broker of 2.5 or newer from them and then requires v3.
+
+Authorization (Kafka 3.x): IDEMPOTENT_WRITE on the cluster or WRITE on some topic, else
+CLUSTER_AUTHORIZATION_FAILED (31); a transactional id needs WRITE on it
+(TRANSACTIONAL_ID_AUTHORIZATION_FAILED, 53) before it is refused as unsupported.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ send a ``group_instance_id`` (static membership, KIP-345): it gets its id at onc
 restarted instance takes its old member's place, fencing the old id (rule 8 of
 ``groups.py``). The leader's member list carries each member's instance id, which assignors use
 to keep a static member's partitions across restarts.
+
+Authorization: READ on the group, else GROUP_AUTHORIZATION_FAILED (30).
 """
 
 from __future__ import annotations

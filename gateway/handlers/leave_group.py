@@ -6,6 +6,8 @@ error that is set only when the group could not be asked at all (as Kafka): FENC
 (82) when the instance is held by another member id, UNKNOWN_MEMBER_ID (25) for an instance
 or member the group does not know. An empty member id with an instance id removes that static
 member whatever its id (an admin's removal). See ``groups.Group.leave``.
+
+Authorization: READ on the group, else GROUP_AUTHORIZATION_FAILED (30).
 """
 
 from __future__ import annotations

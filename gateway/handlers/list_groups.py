@@ -6,6 +6,8 @@ every broker and merge the answers. v4 adds ``group_state`` and the ``states_fil
 v5 ``group_type`` and the ``types_filter`` (KIP-848): every group here is a "classic" one. While
 one of this broker's partitions is still loading, the answer is COORDINATOR_LOAD_IN_PROGRESS (14)
 with the groups loaded so far, as Kafka answers.
+
+Authorization: every group for DESCRIBE on the cluster, else the groups with DESCRIBE.
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ the backend, concurrently, with its own error code (3 unknown, 6 not the leader 
   finds the first batch whose maxTimestamp is late enough, then reads its records.
 
 The answer's timestamp is -1 for -1 and -2, as Kafka's is.
+
+Authorization: DESCRIBE on the topic, else TOPIC_AUTHORIZATION_FAILED (29) on its partitions.
 """
 
 from __future__ import annotations

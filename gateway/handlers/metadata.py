@@ -15,6 +15,10 @@ Kafka's rules kept here:
 - A partition without a live leader is LEADER_NOT_AVAILABLE (5) with leader -1, never another
   code: kafkajs throws a whole Metadata refresh away for any other partition error. A leader that
   is not among the live brokers counts as none, since the client could not reach it anyway.
+
+Authorization (Kafka's): topics without DESCRIBE are left out of an all-topics answer and
+answered TOPIC_AUTHORIZATION_FAILED (29) when named, existing or not; auto-creation needs CREATE
+on the cluster or the topic (29 otherwise).
 """
 
 from __future__ import annotations

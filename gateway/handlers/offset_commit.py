@@ -9,6 +9,9 @@ field). v6 adds each partition's ``committed_leader_epoch``, stored with the off
 member's ``group_instance_id``, and an old member id of a restarted instance gets
 FENCED_INSTANCE_ID (82). A partition's metadata string longer than ``offset.metadata.max.bytes``
 (4096) gets OFFSET_METADATA_TOO_LARGE (12).
+
+Authorization: READ on the group (else GROUP_AUTHORIZATION_FAILED, 30, on every partition) and on
+each topic (else TOPIC_AUTHORIZATION_FAILED, 29, on its partitions; the others are committed).
 """
 
 from __future__ import annotations

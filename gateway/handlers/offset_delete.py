@@ -7,6 +7,9 @@ GROUP_SUBSCRIBED_TO_TOPIC (86); any other group with members gets NON_EMPTY_GROU
 unknown one GROUP_ID_NOT_FOUND (69). A group-level error answers with no topics, as Kafka does.
 Deleted offsets are tombstoned in ``__consumer_offsets``; an Empty group left without offsets is
 deleted with them.
+
+Authorization: DELETE on the group (else GROUP_AUTHORIZATION_FAILED, 30) and READ on each topic
+(else TOPIC_AUTHORIZATION_FAILED, 29, on its partitions).
 """
 
 from __future__ import annotations

@@ -3,6 +3,10 @@
 ``topics`` None (v2+) asks for every offset the group has. A partition without a committed
 offset gets offset -1 and no error, as does every partition of a group never seen. A coordinator
 error (14, 15, 16) is the top-level ``error_code`` from v2, and each partition's before.
+
+Authorization (Kafka's): DESCRIBE on the group (else GROUP_AUTHORIZATION_FAILED, 30) and on each
+topic: TOPIC_AUTHORIZATION_FAILED (29) on the partitions asked for, such topics left out of
+every offset.
 """
 
 from __future__ import annotations

@@ -34,6 +34,8 @@ Rules kept here, each Kafka's:
 7. A client cannot append to ``__consumer_offsets``: INVALID_TOPIC_EXCEPTION (17), Kafka's
    "Cannot append to internal topic". Only the group coordinator writes it (through the
    backend, not through this handler), so a stray producer cannot corrupt group state.
+
+Authorization: WRITE on the topic, else TOPIC_AUTHORIZATION_FAILED (29) on its partitions.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ A member's answer waits (bounded by its rebalance timeout) until the leader's Sy
 arrives and the group's metadata, assignments included, is written to ``__consumer_offsets``
 with acks=all. See ``groups.Group.sync`` for the errors; v3 carries a static member's
 ``group_instance_id``, and an id it no longer holds gets FENCED_INSTANCE_ID (82).
+
+Authorization: READ on the group, else GROUP_AUTHORIZATION_FAILED (30).
 """
 
 from __future__ import annotations
