@@ -167,12 +167,8 @@ class ControllerAdmin:
     async def describe_scram_credentials(
         self, users: Sequence[str] | None
     ) -> tuple[AdminResult, Sequence[ScramUserDescription]]:
-        try:
-            wanted = None if users is None else list(users)
-            found = await self.call("describe_scram_credentials", wanted)
-        except RaylogError as exc:
-            return AdminResult(exc.error_code, one_line(exc)), []
-        return AdminResult(ErrorCode.NONE), found
+        wanted = None if users is None else list(users)
+        return await self._described("describe_scram_credentials", wanted)
 
     async def create_acls(
         self, creations: Sequence[acls_.AclBinding]
@@ -185,8 +181,12 @@ class ControllerAdmin:
     async def describe_acls(
         self, acl_filter: acls_.AclBindingFilter
     ) -> tuple[AdminResult, Sequence[acls_.AclBinding]]:
+        return await self._described("describe_acls", acl_filter)
+
+    async def _described(self, method: str, *args: Any) -> tuple[AdminResult, Any]:
+        """A describing ``method``'s answer, or the failure to ask it and nothing found."""
         try:
-            found = await self.call("describe_acls", acl_filter)
+            found = await self.call(method, *args)
         except RaylogError as exc:
             return AdminResult(exc.error_code, one_line(exc)), []
         return AdminResult(ErrorCode.NONE), found

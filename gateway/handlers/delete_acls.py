@@ -17,6 +17,7 @@ from raylog.actors.control import acls
 from raylog.gateway.backend import AdminBackend
 from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.handlers.create_acls import refusal
+from raylog.gateway.handlers.describe_acls import wire_filter
 from raylog.gateway.protocol import Request
 
 API_KEY = 31
@@ -26,18 +27,7 @@ _Matching = _Result.DeleteAclsMatchingAcl
 
 
 async def handle(context: RequestContext, request: Request) -> Any:
-    filters = [
-        acls.binding_filter(
-            f.resource_type_filter,
-            f.resource_name_filter,
-            f.pattern_type_filter,
-            f.principal_filter,
-            f.host_filter,
-            f.operation,
-            f.permission_type,
-        )
-        for f in request.body.filters
-    ]
+    filters = [wire_filter(f) for f in request.body.filters]
     refused = refusal(context, acls.AclOperation.ALTER)
     if refused is not None:
         results = [acls.DeletionResult(*refused, ())] * len(filters)

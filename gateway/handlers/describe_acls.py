@@ -30,16 +30,7 @@ async def handle(context: RequestContext, request: Request) -> Any:
     refused = refusal(context, acls.AclOperation.DESCRIBE)
     if refused is not None:
         return _answer(*refused)
-    acl_filter = acls.binding_filter(
-        body.resource_type_filter,
-        body.resource_name_filter,
-        body.pattern_type_filter,
-        body.principal_filter,
-        body.host_filter,
-        body.operation,
-        body.permission_type,
-    )
-    error, found = await cast(AdminBackend, context.backend).describe_acls(acl_filter)
+    error, found = await cast(AdminBackend, context.backend).describe_acls(wire_filter(body))
     if error.error_code:
         return _answer(error.error_code, error.message)
     resources: dict[tuple[int, str, int], list[Any]] = {}
@@ -60,6 +51,19 @@ async def handle(context: RequestContext, request: Request) -> Any:
             _Resource(resource_type=t, resource_name=n, pattern_type=p, acls=described)
             for (t, n, p), described in resources.items()
         ],
+    )
+
+
+def wire_filter(f: Any) -> acls.AclBindingFilter:
+    """A DescribeAcls request's filter, or one of a DeleteAcls request's (the same fields)."""
+    return acls.binding_filter(
+        f.resource_type_filter,
+        f.resource_name_filter,
+        f.pattern_type_filter,
+        f.principal_filter,
+        f.host_filter,
+        f.operation,
+        f.permission_type,
     )
 
 
