@@ -1,4 +1,4 @@
-"""CreateAcls (key 30), versions 0-3: create ACLs, each checked on its own.
+"""CreateAcls (key 30), versions 0-1: create ACLs, each checked on its own.
 
 As Kafka answers it: the client needs ALTER on the cluster (else every creation is
 CLUSTER_AUTHORIZATION_FAILED, 31); a gateway without an authorizer answers SECURITY_DISABLED

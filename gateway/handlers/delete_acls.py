@@ -1,4 +1,4 @@
-"""DeleteAcls (key 31), versions 0-3: delete the ACLs each filter matches.
+"""DeleteAcls (key 31), versions 0-1: delete the ACLs each filter matches.
 
 As Kafka answers it: the client needs ALTER on the cluster (else every filter is
 CLUSTER_AUTHORIZATION_FAILED, 31); a gateway without an authorizer answers SECURITY_DISABLED

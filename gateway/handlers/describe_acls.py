@@ -1,4 +1,4 @@
-"""DescribeAcls (key 29), versions 0-3: the ACLs a filter matches, grouped by resource pattern.
+"""DescribeAcls (key 29), versions 0-1: the ACLs a filter matches, grouped by resource pattern.
 
 As Kafka answers it: the client needs DESCRIBE on the cluster (else CLUSTER_AUTHORIZATION_FAILED,
 31); a gateway without an authorizer answers SECURITY_DISABLED (54); a filter with an UNKNOWN

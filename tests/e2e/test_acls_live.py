@@ -6,7 +6,7 @@ On a one-broker cluster of its own, started with ``authorizer.class.name`` set a
 ``User:ANONYMOUS``, which may then manage ACLs while no ACL names the cluster). Proves:
 
 - `raylog acls add` (PREFIXED, two operations) creates ACLs that kafka-python's
-  KafkaAdminClient (CreateAcls/DescribeAcls v3) and confluent-kafka's AdminClient (v1) describe
+  KafkaAdminClient and confluent-kafka's AdminClient (both v1) describe
   alike, and that `raylog acls list --json` lists with theirs;
 - both clients create ACLs through the gateway, a CLUSTER ACL not named kafka-cluster is refused
   (INVALID_REQUEST), and both delete by filter (DeleteAcls), answering the ACLs deleted;

@@ -72,9 +72,9 @@ EXPECTED_TABLE = {
     20: (1, 3),  # DeleteTopics
     21: (0, 2),  # DeleteRecords
     22: (0, 1),  # InitProducerId
-    29: (0, 3),  # DescribeAcls
-    30: (0, 3),  # CreateAcls
-    31: (0, 3),  # DeleteAcls
+    29: (0, 1),  # DescribeAcls
+    30: (0, 1),  # CreateAcls
+    31: (0, 1),  # DeleteAcls
     32: (0, 2),  # DescribeConfigs
     33: (0, 1),  # AlterConfigs
     36: (0, 2),  # SaslAuthenticate
@@ -134,9 +134,9 @@ def test_api_versions_v0_golden_bytes() -> None:
         "001400010003"  # DeleteTopics 1-3
         "001500000002"  # DeleteRecords 0-2
         "001600000001"  # InitProducerId 0-1
-        "001d00000003"  # DescribeAcls 0-3
-        "001e00000003"  # CreateAcls 0-3
-        "001f00000003"  # DeleteAcls 0-3
+        "001d00000001"  # DescribeAcls 0-1
+        "001e00000001"  # CreateAcls 0-1
+        "001f00000001"  # DeleteAcls 0-1
         "002000000002"  # DescribeConfigs 0-2
         "002100000001"  # AlterConfigs 0-1
         "002400000002"  # SaslAuthenticate 0-2
