@@ -19,8 +19,9 @@ Proves:
   a broker); ElectLeaders ALTER on the cluster (31, top-level and per partition);
   InitProducerId IDEMPOTENT_WRITE on the cluster or WRITE on some topic (31), a transactional
   id WRITE on it (53); Describe/AlterUserScramCredentials DESCRIBE / ALTER on the cluster (31);
-- super users pass every check; ``Authorization`` swaps its authorizer when the polled ACLs
-  change and stays None when ``authorizer.class.name`` is empty.
+- super users pass every check; a context without a session is User:ANONYMOUS from its peer's
+  host; without an authorizer everything is allowed; ``Authorization`` swaps its authorizer when
+  the polled ACLs change and stays None when ``authorizer.class.name`` is empty.
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ from raylog.gateway.backend import (
     ProduceResult,
 )
 from raylog.gateway.errors import ErrorCode
+from raylog.gateway.handlers import RequestContext
 from raylog.gateway.producer_ids import ProducerIdResult
 
 Op = AclOperation
@@ -545,3 +547,15 @@ def test_authorization_swaps_its_authorizer_when_the_acls_change() -> None:
     assert second.authorize(ALICE, "h", Op.READ, TOPIC, "a")
     on.update(bindings)
     assert on.authorizer is second  # unchanged ACLs: the same authorizer
+
+
+def test_a_context_without_a_session_is_anonymous_from_the_peer_host() -> None:
+    def anonymous_on(host: str) -> list[acls.AclBinding]:
+        return [acls.binding(TOPIC, "t", LIT, "User:ANONYMOUS", host, Op.READ, 3)]
+
+    for host, allowed in (("127.0.0.1", True), ("10.0.0.9", False)):
+        authorization = Authorization(True, bindings=anonymous_on(host))
+        context = RequestContext(DataMemory(), {}, "127.0.0.1:5000", authorization=authorization)
+        assert (context.principal, context.client_host) == ("User:ANONYMOUS", "127.0.0.1")
+        assert context.authorized(Op.READ, TOPIC, "t") is allowed
+    assert RequestContext(DataMemory(), {}, "p:1").authorized(Op.ALL, CLUSTER, "kafka-cluster")
