@@ -4,12 +4,12 @@ This module owns the requests an operator or a Kafka client sends the active con
 a gateway or the CLI): CreateTopics, DeleteTopics, DescribeConfigs, AlterConfigs,
 CreatePartitions, ElectLeaders, AlterPartitionReassignments and ListPartitionReassignments
 (KIP-455), AllocateProducerIds, AlterUserScramCredentials and DescribeUserScramCredentials
-(KIP-554), and raylog's rebalance; and the two background duties of the
-reconcile loop that come with them: completing reassignments, and the automatic preferred
-leader election (``auto.leader.rebalance.enable``). Each request decides with a pure module on
-the current metadata (``metadata``, ``placement``, ``election``, ``reassignment``) and writes the
-outcome with the controller's compare-and-swap (``_mutate``); the brokers then learn it from the
-reconciler's next pushes.
+(KIP-554), CreateAcls, DescribeAcls and DeleteAcls, and raylog's rebalance; and the two
+background duties of the reconcile loop that come with them: completing reassignments, and the
+automatic preferred leader election (``auto.leader.rebalance.enable``). Each request decides
+with a pure module on the current metadata (``metadata``, ``placement``, ``election``,
+``reassignment``, ``acls``) and writes the outcome with the controller's compare-and-swap
+(``_mutate``); the brokers then learn it from the reconciler's next pushes.
 
 The host class provides the active controller's state and helpers: ``_ensure_started``,
 ``_require_active`` (the current stored version, or NotControllerError), ``_mutate`` (decide,
@@ -28,6 +28,7 @@ from typing import Any, Literal, TypeVar
 import ray
 
 from raylog.actors.calls import NAMESPACE, monotonic_ms, ray_call, replica_actor_name
+from raylog.actors.control import acls as acls_
 from raylog.actors.control import config_keys, election, placement, reassignment
 from raylog.actors.control import metadata as md_
 from raylog.actors.control.metadata import ClusterMetadata, TopicMetadata, TopicPartition
@@ -315,6 +316,27 @@ class AdminRequests:
         key; every user when ``users`` is None or empty (``metadata``'s rules)."""
         self._ensure_started()
         return md_.describe_scram_credentials(self._require_active().metadata, users)
+
+    # --- ACLs ------------------------------------------------------------------------------------
+
+    async def create_acls(self, creations: list[acls_.AclBinding]) -> list[tuple[int, str]]:
+        """CreateAcls: per creation Kafka's error code and message ((0, "") = created, or
+        already there); ``acls.check_new``'s rules."""
+        self._ensure_started()
+        return await self._mutate(lambda md: md_.create_acls(md, creations))
+
+    async def describe_acls(self, acl_filter: acls_.AclBindingFilter) -> list[acls_.AclBinding]:
+        """DescribeAcls: the ACLs the filter matches; InvalidRequestError for a filter with
+        UNKNOWN codes."""
+        self._ensure_started()
+        return acls_.describe_acls(self._require_active().metadata.acls, acl_filter)
+
+    async def delete_acls(
+        self, filters: list[acls_.AclBindingFilter]
+    ) -> list[acls_.DeletionResult]:
+        """DeleteAcls: per filter its error or the ACLs it deleted (``acls.delete_acls``)."""
+        self._ensure_started()
+        return await self._mutate(lambda md: md_.delete_acls(md, filters))
 
     async def allocate_producer_ids(self) -> tuple[int, int]:
         """AllocateProducerIds: the next block of producer ids as ``(first, count)``.

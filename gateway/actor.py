@@ -37,6 +37,7 @@ from raylog.actors.control.listeners import Listener
 from raylog.actors.control.principal_mapping import PrincipalMapper
 from raylog.gateway import sasl
 from raylog.gateway.authentication import Authenticator
+from raylog.gateway.authorization import Authorization
 from raylog.gateway.backend import AdminBackend, Broker, PartitionState, TopicState
 from raylog.gateway.groups.coordinator import GroupCoordinator
 from raylog.gateway.replica_backend import ReplicaBackend
@@ -156,6 +157,7 @@ class GatewayActor:
         self._credentials: dict[str, tuple[md_.ScramCredentialRecord, ...]] = {}
         self._tls: dict[str, pki.ReloadingContext] = {}  # by ssl.client.auth mode
         self._tls_checked_s = 0.0
+        self._authorization = Authorization.from_broker_configs(self._broker_configs)
 
     async def start(self) -> int:
         """Open the listeners and start polling metadata; returns the first listener's bound
@@ -166,7 +168,12 @@ class GatewayActor:
         backend = ReplicaBackend(view, controller=self, broker_configs=self._broker_configs)
         self._backend = backend
         groups = self._group_coordinator(backend)
-        server = GatewayServer(backend, groups=groups, authenticator=await self._authenticator())
+        server = GatewayServer(
+            backend,
+            groups=groups,
+            authenticator=await self._authenticator(),
+            authorization=self._authorization,
+        )
         ports = []
         for listener in self._listeners:
             try:
@@ -416,6 +423,7 @@ class GatewayActor:
         live = [b.node_id for b in brokers]
         assert self._view is not None
         self._view.update(controller_id=min(live) if live else -1, brokers=brokers, topics=topics)
+        self._authorization.update(md.acls)
         self._metadata_epoch = md.metadata_epoch
 
     async def active_controller(self, refresh: bool = False) -> Any:

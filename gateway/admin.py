@@ -1,9 +1,9 @@
 """Admin requests forwarded from a gateway to the active controller.
 
 This module owns carrying out the admin APIs (CreateTopics, DeleteTopics, DescribeConfigs and
-AlterConfigs on topics, CreatePartitions, ElectLeaders, Describe/AlterUserScramCredentials) and
-handing out producer ids
-(InitProducerId), whichever broker the request reached:
+AlterConfigs on topics, CreatePartitions, ElectLeaders, Describe/AlterUserScramCredentials,
+Create/Describe/DeleteAcls) and handing out producer ids (InitProducerId), whichever broker the
+request reached:
 
 1. The request goes to the active controller, found through a :class:`ControllerLocator` (the
    gateway actor, which polls the controllers for its metadata anyway). A controller that is gone
@@ -30,6 +30,7 @@ import ray
 from ray.exceptions import RayTaskError
 
 from raylog.actors.calls import ray_call
+from raylog.actors.control import acls as acls_
 from raylog.actors.control import config_keys
 from raylog.actors.control import metadata as md_
 from raylog.gateway.backend import (
@@ -166,12 +167,37 @@ class ControllerAdmin:
     async def describe_scram_credentials(
         self, users: Sequence[str] | None
     ) -> tuple[AdminResult, Sequence[ScramUserDescription]]:
+        wanted = None if users is None else list(users)
+        return await self._described("describe_scram_credentials", wanted)
+
+    async def create_acls(
+        self, creations: Sequence[acls_.AclBinding]
+    ) -> Sequence[acls_.CreationResult]:
         try:
-            wanted = None if users is None else list(users)
-            found = await self.call("describe_scram_credentials", wanted)
+            return await self.call("create_acls", list(creations))
+        except RaylogError as exc:  # every creation gets the failure
+            return [(exc.error_code, one_line(exc))] * len(creations)
+
+    async def describe_acls(
+        self, acl_filter: acls_.AclBindingFilter
+    ) -> tuple[AdminResult, Sequence[acls_.AclBinding]]:
+        return await self._described("describe_acls", acl_filter)
+
+    async def _described(self, method: str, *args: Any) -> tuple[AdminResult, Any]:
+        """A describing ``method``'s answer, or the failure to ask it and nothing found."""
+        try:
+            found = await self.call(method, *args)
         except RaylogError as exc:
             return AdminResult(exc.error_code, one_line(exc)), []
         return AdminResult(ErrorCode.NONE), found
+
+    async def delete_acls(
+        self, filters: Sequence[acls_.AclBindingFilter]
+    ) -> Sequence[acls_.DeletionResult]:
+        try:
+            return await self.call("delete_acls", list(filters))
+        except RaylogError as exc:  # every filter gets the failure
+            return [acls_.DeletionResult(exc.error_code, one_line(exc), ())] * len(filters)
 
     async def init_producer_id(self) -> ProducerIdResult:
         """A fresh producer id from this gateway's block (a new block from the controller when

@@ -58,6 +58,12 @@ TARGET_VERSIONS: Mapping[int, VersionRange] = MappingProxyType(
         # not infer the broker's version from it.
         21: (0, 2),
         22: (0, 1),  # InitProducerId: kafka-python's guessed version must stay < 2.5
+        # DescribeAcls, CreateAcls, DeleteAcls: v1 adds pattern types (KIP-290); librdkafka
+        # sends up to v1. DescribeAcls v2 would read to kafka-python as a 2.5 broker (v3 as 3.3;
+        # see docs/PROTOCOL.md on its version guess), so kafka-python sends v1 too.
+        29: (0, 1),
+        30: (0, 1),
+        31: (0, 1),
         32: (0, 2),  # DescribeConfigs
         33: (0, 1),  # AlterConfigs
         36: (0, 2),  # SaslAuthenticate: v1 adds session_lifetime_ms (raylog: 0), v2 flexible

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import NamedTuple, Protocol, runtime_checkable
 
+from raylog.actors.control.acls import AclBinding, AclBindingFilter, CreationResult, DeletionResult
 from raylog.actors.control.metadata import ScramUserDescription, UserResult
 
 __all__ = [
@@ -331,4 +332,20 @@ class AdminBackend(Backend, Protocol):
     ) -> tuple[AdminResult, Sequence[ScramUserDescription]]:
         """DescribeUserScramCredentials: the request's error (when the controller cannot be
         asked) and per user its (mechanism, iterations); every user when ``users`` is None."""
+        ...
+
+    async def create_acls(self, creations: Sequence[AclBinding]) -> Sequence[CreationResult]:
+        """CreateAcls: per creation (error code, message); every creation gets the controller's
+        code when it cannot be asked."""
+        ...
+
+    async def describe_acls(
+        self, acl_filter: AclBindingFilter
+    ) -> tuple[AdminResult, Sequence[AclBinding]]:
+        """DescribeAcls: the request's error (a refused filter, no controller) and the ACLs
+        the filter matches."""
+        ...
+
+    async def delete_acls(self, filters: Sequence[AclBindingFilter]) -> Sequence[DeletionResult]:
+        """DeleteAcls: per filter its error or the ACLs it deleted."""
         ...

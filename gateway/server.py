@@ -47,6 +47,7 @@ from raylog.actors.control.principal_mapping import PrincipalMapper, peer_princi
 from raylog.actors.transport.arena import ArenaPool
 from raylog.actors.transport.channel import Buffer, WritableProtocol
 from raylog.gateway.authentication import ANONYMOUS, Authenticator, ClientSession, SessionState
+from raylog.gateway.authorization import Authorization
 from raylog.gateway.backend import Backend
 from raylog.gateway.errors import RemoteProtocolError
 from raylog.gateway.groups.coordinator import GroupCoordinator
@@ -124,9 +125,11 @@ class GatewayServer:
         close_timeout_s: float = 5.0,
         groups: GroupCoordinator | None = None,
         authenticator: Authenticator | None = None,
+        authorization: Authorization | None = None,
     ) -> None:
         self.backend = backend
         self.authenticator = authenticator  # SASL listeners need one
+        self.authorization = authorization  # None: every request allowed
         self.groups = groups  # the group coordinator the group APIs use (None: unavailable)
         # Shared memory that large requests are received into, when the backend hands them to
         # its replicas from there (``raylog.actors.transport.arena``).
@@ -305,6 +308,7 @@ class _ClientConnection:
             listener=listener.name,
             session=self._session,
             authenticator=server.authenticator,
+            authorization=server.authorization,
         )
         self._requests: set[asyncio.Task[None]] = set()
         self._answered = asyncio.Event()  # set whenever a response is released

@@ -2,7 +2,7 @@
 
 This module parses the arguments and dispatches; each command group is a module of this package
 (``up``, ``topics``, ``configs``, ``brokers``, ``leader_election``, ``status``, ``reassign``,
-``pipeline``, ``users``, ``certs``), each adding its commands to the parser with
+``pipeline``, ``users``, ``certs``, ``acls``), each adding its commands to the parser with
 ``add_subcommands``. How a command reaches the running cluster is ``client``'s; the cluster
 itself is ``raylog.actors.cluster``'s. A command whose parser sets ``prepare`` (``users
 create``) has it run here first, in the caller's process, to read a secret and pass on only what
@@ -23,6 +23,7 @@ import threading
 from typing import TextIO
 
 from raylog.actors.cli import (
+    acls,
     brokers,
     certs,
     configs,
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     reassign.add_subcommands(sub)
     users.add_subcommands(sub)
     certs.add_subcommands(sub)
+    acls.add_subcommands(sub)
     return parser
 
 

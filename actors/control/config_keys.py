@@ -44,10 +44,12 @@ from typing import Any, Literal, NamedTuple
 
 import msgspec
 
+from raylog.actors.control import acls as acls_
 from raylog.actors.control import listeners as listeners_
+from raylog.actors.control.acls import STANDARD_AUTHORIZER
 from raylog.actors.control.principal_mapping import PrincipalMapper
 from raylog.actors.replication.ready import REPLICA_FETCH_BYTES_DEFAULT, REPLICA_FETCH_BYTES_MAX
-from raylog.storage.errors import InvalidConfigError
+from raylog.storage.errors import InvalidConfigError, InvalidRequestError
 from raylog.storage.log import MAX_BATCH_BYTES, LogConfig, cleanup_policies
 
 ConfigType = Literal["boolean", "string", "int", "long", "double", "list"]
@@ -569,6 +571,9 @@ class BrokerConfig(msgspec.Struct, frozen=True, kw_only=True):
     ssl_truststore_location: str
     ssl_client_auth: str
     ssl_principal_mapping_rules: str
+    authorizer_class_name: str
+    super_users: str
+    allow_everyone_if_no_acl_found: bool
 
 
 BROKER_CONFIG_DEFS: tuple[ConfigDef, ...] = (
@@ -844,6 +849,26 @@ BROKER_CONFIG_DEFS: tuple[ConfigDef, ...] = (
         doc="Kafka's rules from a client certificate's subject to its principal's name, e.g. "
         "RULE:^CN=(.*?),.*$/$1/,DEFAULT.",
     ),
+    # Authorization (raylog.actors.control.acls).
+    ConfigDef(
+        name="authorizer.class.name",
+        type="string",
+        default="",
+        doc=f"Empty: no authorization. {STANDARD_AUTHORIZER}: Kafka's ACLs (`raylog acls`) "
+        "decide every request.",
+    ),
+    ConfigDef(
+        name="super.users",
+        type="string",
+        default="",
+        doc="Principals allowed everything, separated by semicolons: User:admin;User:ops.",
+    ),
+    ConfigDef(
+        name="allow.everyone.if.no.acl.found",
+        type="boolean",
+        default="false",
+        doc="Allow every principal on a resource no ACL names.",
+    ),
 )
 
 
@@ -861,6 +886,20 @@ def _listeners_parse(reg: ConfigRegistry, given: Mapping[str, str]) -> None:
         PrincipalMapper.from_rules(given["ssl.principal.mapping.rules"])
 
 
+def _authorizer(reg: ConfigRegistry, given: Mapping[str, str]) -> None:
+    name = given.get("authorizer.class.name", "")
+    if name not in ("", STANDARD_AUTHORIZER):
+        raise _fail(
+            "authorizer.class.name",
+            name,
+            f"raylog implements Kafka's {STANDARD_AUTHORIZER} only (or empty: no authorization)",
+        )
+    try:
+        acls_.parse_super_users(given.get("super.users", ""))
+    except InvalidRequestError as exc:
+        raise _fail("super.users", given["super.users"], str(exc)) from None
+
+
 def _session_outlives_heartbeats(reg: ConfigRegistry, given: Mapping[str, str]) -> None:
     # A session must survive one lost heartbeat, else a single delayed message fences a healthy
     # broker and moves its leaders (the lease rule: lease >= 2 x renew).
@@ -875,7 +914,9 @@ def _session_outlives_heartbeats(reg: ConfigRegistry, given: Mapping[str, str]) 
 
 
 BROKER_CONFIGS = ConfigRegistry(
-    BROKER_CONFIG_DEFS, BrokerConfig, checks=(_session_outlives_heartbeats, _listeners_parse)
+    BROKER_CONFIG_DEFS,
+    BrokerConfig,
+    checks=(_session_outlives_heartbeats, _listeners_parse, _authorizer),
 )
 
 

@@ -1,8 +1,9 @@
 """The cluster metadata and the pure transitions that change it.
 
 This module owns the shape of raylog's cluster metadata — broker registrations, topics with their
-config overrides, per partition its replicas, leader, epochs and ISR, and the SASL/SCRAM users'
-credentials (KIP-554, keys only: ``actors/control/scram.py``) — as msgspec Structs that
+config overrides, per partition its replicas, leader, epochs and ISR, the SASL/SCRAM users'
+credentials (KIP-554, keys only: ``actors/control/scram.py``) and the ACLs
+(``actors/control/acls.py``) — as msgspec Structs that
 encode to JSON or msgpack for the controller's compare-and-swap writes to the object store, and
 the mechanical transitions on it. Every transition takes a :class:`ClusterMetadata` and returns a
 new one (never mutating), bumping ``metadata_epoch`` once, or returns the very same object when
@@ -50,6 +51,7 @@ from typing import Literal, NamedTuple
 
 import msgspec
 
+from raylog.actors.control import acls as acls_
 from raylog.actors.control import config_keys, placement, scram
 from raylog.actors.control.listeners import Endpoint
 from raylog.storage.errors import (
@@ -179,6 +181,8 @@ class ClusterMetadata(msgspec.Struct, frozen=True, kw_only=True):
     # SASL/SCRAM users (KIP-554): user name -> its credentials, at most one per mechanism, in
     # mechanism order; a user without credentials is not stored.
     scram_credentials: dict[str, tuple[ScramCredentialRecord, ...]] = {}
+    # Kafka's ACLs, sorted, each once (acls.create_acls / delete_acls).
+    acls: tuple[acls_.AclBinding, ...] = ()
 
 
 class PartitionChange(msgspec.Struct, frozen=True, kw_only=True):
@@ -329,6 +333,13 @@ def check(md: ClusterMetadata) -> None:
             or mechanisms != sorted(set(mechanisms) & set(scram.SCRAM_HASHES))
         ):
             raise AssertionError(f"SCRAM user {user!r}: credentials {mechanisms}")
+    if list(md.acls) != sorted(set(md.acls)):
+        raise AssertionError("ACLs not sorted and distinct")
+    for acl in md.acls:
+        try:
+            acls_.check_new(acl)
+        except RaylogError as exc:
+            raise AssertionError(f"ACL {acl}: {exc}") from None
 
 
 # --- transitions ------------------------------------------------------------------------------
@@ -832,3 +843,22 @@ def describe_scram_credentials(
         else:
             out.append(ScramUserDescription(user, 0, "", found))
     return out
+
+
+# --- ACLs -----------------------------------------------------------------------------------------
+
+
+def create_acls(
+    md: ClusterMetadata, creations: Sequence[acls_.AclBinding]
+) -> tuple[ClusterMetadata, list[acls_.CreationResult]]:
+    """CreateAcls (``acls.create_acls``): one (error code, message) per creation."""
+    table, results = acls_.create_acls(md.acls, creations)
+    return (md if table is md.acls else _bump(md, acls=table)), results
+
+
+def delete_acls(
+    md: ClusterMetadata, filters: Sequence[acls_.AclBindingFilter]
+) -> tuple[ClusterMetadata, list[acls_.DeletionResult]]:
+    """DeleteAcls (``acls.delete_acls``): per filter its error or the ACLs it deleted."""
+    table, results = acls_.delete_acls(md.acls, filters)
+    return (md if table is md.acls else _bump(md, acls=table)), results

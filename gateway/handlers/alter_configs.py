@@ -8,6 +8,9 @@ Kafka. ``validate_only`` checks and changes nothing.
 
 Broker resources are refused with INVALID_REQUEST: raylog's broker configs are static (set when
 the cluster starts). Other resource types, and a resource named twice, are INVALID_REQUEST too.
+
+Authorization (both AlterConfigs APIs): ALTER_CONFIGS on the topic (TOPIC_AUTHORIZATION_FAILED,
+29) or, for a broker, on the cluster (CLUSTER_AUTHORIZATION_FAILED, 31).
 """
 
 from __future__ import annotations
@@ -19,10 +22,15 @@ from typing import Any, cast
 
 from kafka.protocol.admin import AlterConfigsResponse
 
+from raylog.actors.control.acls import AclOperation
 from raylog.gateway.backend import AdminBackend, AdminResult
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.handlers.context import RequestContext
-from raylog.gateway.handlers.describe_configs import RESOURCE_BROKER, RESOURCE_TOPIC
+from raylog.gateway.handlers.context import AUTHORIZATION_FAILED, RequestContext
+from raylog.gateway.handlers.describe_configs import (
+    RESOURCE_BROKER,
+    RESOURCE_TOPIC,
+    config_refusal,
+)
 from raylog.gateway.protocol import Request
 
 API_KEY = 33
@@ -51,6 +59,9 @@ async def alter_each(
     repeated = {key for key, n in counts.items() if n > 1}
 
     async def one(resource: Any) -> AdminResult:
+        denied = config_refusal(context, AclOperation.ALTER_CONFIGS, resource)
+        if denied is not None:
+            return AdminResult(denied, AUTHORIZATION_FAILED)
         refused = _refusal(resource, repeated)
         if refused is not None:
             return refused

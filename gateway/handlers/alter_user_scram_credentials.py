@@ -9,6 +9,8 @@ answer is one result per user named, as Kafka's controller gives it
 outside [4096, 16384] UNACCEPTABLE_CREDENTIAL (93), deleting a credential that does not exist
 RESOURCE_NOT_FOUND (91); the other users' changes are made. When the controller cannot be asked,
 every user gets its code.
+
+Authorization: ALTER on the cluster, else CLUSTER_AUTHORIZATION_FAILED (31) for every user.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ from typing import Any, cast
 
 from kafka.protocol.admin import AlterUserScramCredentialsResponse
 
+from raylog.actors.control.acls import AclOperation
 from raylog.gateway.backend import AdminBackend
-from raylog.gateway.handlers.context import RequestContext
+from raylog.gateway.errors import ErrorCode
+from raylog.gateway.handlers.context import AUTHORIZATION_FAILED, RequestContext
 from raylog.gateway.handlers.describe_user_scram_credentials import MECHANISM_TYPES
 from raylog.gateway.protocol import Request
 
@@ -41,7 +45,12 @@ async def handle(context: RequestContext, request: Request) -> Any:
         (u.name, _mechanism(u.mechanism), u.iterations, bytes(u.salt), bytes(u.salted_password))
         for u in body.upsertions
     ]
-    results = await backend.alter_scram_credentials(upsertions, deletions)
+    if context.authorized_cluster(AclOperation.ALTER):
+        results = await backend.alter_scram_credentials(upsertions, deletions)
+    else:  # Kafka's answer: every user named gets the code
+        named = dict.fromkeys(change[0] for change in (*deletions, *upsertions))
+        code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+        results = [(user, code, AUTHORIZATION_FAILED) for user in named]
     return AlterUserScramCredentialsResponse(
         throttle_time_ms=0,
         results=[

@@ -4,21 +4,37 @@ This module owns the contract between the server and the handlers (``handlers/<a
 handler is ``async def handle(context, request)`` returning the response message, or None when
 the request gets no response (Produce acks=0); :class:`RequestContext` is what it may use besides
 the request; :class:`CloseConnection` is the one exception a handler raises on purpose.
+
+Authorization is asked through the context (:meth:`RequestContext.authorized` and its
+companions), never of the authorizer directly: they answer True for everything when the gateway
+has no authorizer, and take the principal and host from the connection's session.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from raylog.gateway.authentication import Authenticator, ClientSession
+from raylog.actors.control.acls import CLUSTER_NAME, AclOperation, Authorizer, ResourceType
+from raylog.gateway.authentication import ANONYMOUS, Authenticator, ClientSession
+from raylog.gateway.authorization import Authorization
 from raylog.gateway.backend import Backend
 from raylog.gateway.groups.coordinator import GroupCoordinator
 from raylog.gateway.protocol import Request
 
-__all__ = ["CloseConnection", "Handler", "RequestContext", "per_partition"]
+__all__ = [
+    "AUTHORIZATION_FAILED",
+    "CloseConnection",
+    "Handler",
+    "RequestContext",
+    "per_partition",
+]
+
+AUTHORIZATION_FAILED = (
+    "Authorization failed."  # Kafka's message with the *_AUTHORIZATION_FAILED codes
+)
 
 _R = TypeVar("_R")
 
@@ -47,17 +63,85 @@ class RequestContext:
     listener: str = ""
     session: ClientSession | None = None  # None: no authentication (unit tests of handlers)
     authenticator: Authenticator | None = None  # None: the gateway has no SASL listener
+    authorization: Authorization | None = None  # None: authorization off
+
+    @property
+    def principal(self) -> str:
+        """Kafka's principal of the client (``User:ANONYMOUS`` without a session)."""
+        return self.session.principal if self.session is not None else ANONYMOUS
+
+    @property
+    def client_host(self) -> str:
+        """The client's IP address, as ACLs name hosts."""
+        if self.session is not None:
+            return self.session.peer_host
+        return self.peer.rsplit(":", 1)[0]
+
+    @property
+    def authorizer(self) -> Authorizer | None:
+        """The gateway's current authorizer; None when authorization is off."""
+        return self.authorization.authorizer if self.authorization is not None else None
+
+    def authorized(self, operation: AclOperation, resource_type: ResourceType, name: str) -> bool:
+        """Whether the client may do ``operation`` on the resource (True when off)."""
+        authorizer = self.authorizer
+        if authorizer is None:
+            return True
+        return authorizer.authorize(
+            self.principal, self.client_host, operation, resource_type, name
+        )
+
+    def authorized_cluster(self, operation: AclOperation) -> bool:
+        return self.authorized(operation, ResourceType.CLUSTER, CLUSTER_NAME)
+
+    def authorized_by_resource_type(
+        self, operation: AclOperation, resource_type: ResourceType
+    ) -> bool:
+        """Whether the client may do ``operation`` on some resource of the type (True when
+        off)."""
+        authorizer = self.authorizer
+        if authorizer is None:
+            return True
+        return authorizer.authorize_by_resource_type(
+            self.principal, self.client_host, operation, resource_type
+        )
+
+    def authorized_group(self, operation: AclOperation, group_id: str) -> bool:
+        return self.authorized(operation, ResourceType.GROUP, group_id)
+
+    def authorized_create_topic(self, name: str) -> bool:
+        """CREATE on the cluster or on the topic (Kafka's rule for creating a topic)."""
+        return self.authorized_cluster(AclOperation.CREATE) or self.authorized(
+            AclOperation.CREATE, ResourceType.TOPIC, name
+        )
+
+    def denied_topics(self, operation: AclOperation, names: Iterable[str]) -> set[str]:
+        """The topics among ``names`` the client may not do ``operation`` on."""
+        if self.authorizer is None:
+            return set()
+        return {n for n in set(names) if not self.authorized(operation, ResourceType.TOPIC, n)}
 
 
 Handler = Callable[[RequestContext, Request], Awaitable[Any | None]]
 
 
 async def per_partition(
-    topics: Iterable[Any], call: Callable[[str, Any], Awaitable[_R]]
+    topics: Iterable[Any],
+    call: Callable[[str, Any], Awaitable[_R]],
+    denied: Collection[str] = (),
+    refusal: _R | None = None,
 ) -> list[tuple[Any, list[tuple[Any, _R]]]]:
     """Run ``call(topic name, partition)`` for every partition of a request's ``topics`` (each
-    with ``name`` and ``partitions``) concurrently: each partition answered by its own leader.
+    with ``name`` and ``partitions``) concurrently: each partition answered by its own leader;
+    the partitions of ``denied`` topics are answered ``refusal`` without a call.
     Returns ``(topic, [(partition, result), ...])`` in the request's order."""
     topics = list(topics)
-    results = iter(await asyncio.gather(*(call(t.name, p) for t in topics for p in t.partitions)))
+
+    async def one(name: str, partition: Any) -> _R:
+        if name in denied:
+            assert refusal is not None
+            return refusal
+        return await call(name, partition)
+
+    results = iter(await asyncio.gather(*(one(t.name, p) for t in topics for p in t.partitions)))
     return [(t, [(p, next(results)) for p in t.partitions]) for t in topics]

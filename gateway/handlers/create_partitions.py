@@ -9,6 +9,8 @@ versions, which the gateway does not speak outside ApiVersions, so 0-1.
   Manual ``assignments`` are refused with INVALID_REQUEST: the controller cannot take them yet.
 - ``validate_only`` checks and changes nothing; ``timeout_ms`` > 0 waits until this broker's
   metadata shows the new partitions (REQUEST_TIMED_OUT otherwise), as CreateTopics does.
+
+Authorization: ALTER on the topic, else TOPIC_AUTHORIZATION_FAILED (29).
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from typing import Any, cast
 
 from kafka.protocol.admin import CreatePartitionsResponse
 
+from raylog.actors.control.acls import AclOperation
 from raylog.gateway.backend import AdminBackend, AdminResult
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.handlers.context import RequestContext
+from raylog.gateway.handlers.context import AUTHORIZATION_FAILED, RequestContext
 from raylog.gateway.protocol import Request
 
 API_KEY = 37
@@ -35,8 +38,11 @@ async def handle(context: RequestContext, request: Request) -> Any:
     counts = Counter(topic.name for topic in body.topics)
     firsts = {topic.name: topic for topic in reversed(body.topics)}
     names = list(dict.fromkeys(topic.name for topic in body.topics))
+    denied = context.denied_topics(AclOperation.ALTER, names)
 
     async def grow(topic: Any) -> AdminResult:
+        if topic.name in denied:
+            return AdminResult(ErrorCode.TOPIC_AUTHORIZATION_FAILED, AUTHORIZATION_FAILED)
         if counts[topic.name] > 1:
             return AdminResult(ErrorCode.INVALID_REQUEST, f"Topic {topic.name!r} appears twice")
         if topic.assignments is not None:

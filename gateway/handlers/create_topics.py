@@ -17,6 +17,8 @@ Kafka's rules kept here (``ZkAdminManager`` / ``ReplicationControlManager``):
   topic was created); 0: it comes once the controller committed the topic.
 
 Topics in one request are created concurrently; the controller serialises its writes.
+
+Authorization: CREATE on the cluster or the topic, else TOPIC_AUTHORIZATION_FAILED (29).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from kafka.protocol.admin import CreateTopicsResponse
 from raylog.actors.control import config_keys
 from raylog.gateway.backend import AdminBackend, AdminResult, NewTopic
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.handlers.context import RequestContext
+from raylog.gateway.handlers.context import AUTHORIZATION_FAILED, RequestContext
 from raylog.gateway.protocol import Request
 
 API_KEY = 19
@@ -49,6 +51,8 @@ async def handle(context: RequestContext, request: Request) -> Any:
     firsts = {topic.name: topic for topic in reversed(body.topics)}  # one entry per name
 
     async def create(topic: Any) -> AdminResult:
+        if not context.authorized_create_topic(topic.name):
+            return AdminResult(ErrorCode.TOPIC_AUTHORIZATION_FAILED, AUTHORIZATION_FAILED)
         if counts[topic.name] > 1:
             return AdminResult(
                 ErrorCode.INVALID_REQUEST,

@@ -5,6 +5,8 @@ NON_EMPTY_GROUP (68), one that does not exist GROUP_ID_NOT_FOUND (69); another b
 NOT_COORDINATOR (16). Deletion writes tombstones to ``__consumer_offsets`` (see
 ``group_coordinator``) and succeeds once they are acknowledged. A group named twice is deleted
 once and answered once (the response is keyed by group id).
+
+Authorization: DELETE on the group, else GROUP_AUTHORIZATION_FAILED (30).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 from kafka.protocol.admin import DeleteGroupsResponse
 
+from raylog.actors.control.acls import AclOperation
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.protocol import Request
@@ -25,7 +28,9 @@ _Result = DeleteGroupsResponse.DeletableGroupResult
 async def handle(context: RequestContext, request: Request) -> Any:
     results = []
     for group_id in dict.fromkeys(request.body.groups_names):
-        if context.groups is None:
+        if not context.authorized_group(AclOperation.DELETE, group_id):
+            error = ErrorCode.GROUP_AUTHORIZATION_FAILED
+        elif context.groups is None:
             error = ErrorCode.COORDINATOR_NOT_AVAILABLE
         else:
             error = await context.groups.delete_group(group_id)

@@ -13,6 +13,8 @@ it, POLICY_VIOLATION (44) when the topic's cleanup.policy lacks delete, OFFSET_O
 for an offset above the high watermark or negative other than -1 (the high watermark), and
 REQUEST_TIMED_OUT (7) when the in-sync replicas did not all move their log start within
 ``timeout_ms``. On success ``low_watermark`` is the partition's new low watermark.
+
+Authorization: DELETE on the topic, else TOPIC_AUTHORIZATION_FAILED (29) on its partitions.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from typing import Any, cast
 
 from kafka.protocol.admin import DeleteRecordsResponse
 
-from raylog.gateway.backend import DataBackend
+from raylog.actors.control.acls import AclOperation
+from raylog.gateway.backend import DataBackend, DeleteRecordsResult
+from raylog.gateway.errors import ErrorCode
 from raylog.gateway.handlers.context import RequestContext, per_partition
 from raylog.gateway.protocol import Request
 
@@ -37,6 +41,8 @@ async def handle(context: RequestContext, request: Request) -> Any:
     answered = await per_partition(
         body.topics,
         lambda name, p: backend.delete_records(name, p.partition_index, p.offset, body.timeout_ms),
+        context.denied_topics(AclOperation.DELETE, (t.name for t in body.topics)),
+        DeleteRecordsResult(ErrorCode.TOPIC_AUTHORIZATION_FAILED, -1),
     )
     topics = [
         _Topic(

@@ -6,6 +6,8 @@ waits until this broker's metadata no longer lists the topic (REQUEST_TIMED_OUT 
 does in time, though deletion goes on); with 0 it comes once the controller committed it. The
 brokers stop the topic's replicas and remove their data on the controller's next round. These
 versions carry no error message; the backend's message is logged instead.
+
+Authorization: DELETE on the topic, else TOPIC_AUTHORIZATION_FAILED (29).
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ from typing import Any, cast
 
 from kafka.protocol.admin import DeleteTopicsResponse
 
+from raylog.actors.control.acls import AclOperation
 from raylog.gateway.backend import AdminBackend, AdminResult
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.handlers.context import RequestContext
+from raylog.gateway.handlers.context import AUTHORIZATION_FAILED, RequestContext
 from raylog.gateway.protocol import Request
 
 API_KEY = 20
@@ -34,8 +37,11 @@ async def handle(context: RequestContext, request: Request) -> Any:
     backend = cast(AdminBackend, context.backend)
     counts = Counter(body.topic_names)
     names = list(dict.fromkeys(body.topic_names))
+    denied = context.denied_topics(AclOperation.DELETE, names)
 
     async def delete(name: str) -> AdminResult:
+        if name in denied:
+            return AdminResult(ErrorCode.TOPIC_AUTHORIZATION_FAILED, AUTHORIZATION_FAILED)
         if counts[name] > 1:
             return AdminResult(ErrorCode.INVALID_REQUEST, f"Topic {name!r} appears twice")
         return await backend.delete_topic(name, body.timeout_ms)

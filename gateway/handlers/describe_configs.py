@@ -18,6 +18,9 @@ This module also owns the config-resource rules the AlterConfigs handlers share
 - ``include_synonyms`` (v1+): each entry's synonym list holds the entry itself (name, value,
   source); raylog has no broker-level synonyms of topic keys (Kafka's ``log.retention.ms``...).
 - No config is sensitive.
+
+Authorization: DESCRIBE_CONFIGS on the topic (TOPIC_AUTHORIZATION_FAILED, 29) or, for a broker,
+on the cluster (CLUSTER_AUTHORIZATION_FAILED, 31).
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ from typing import Any, cast
 from kafka.protocol.admin import DescribeConfigsResponse
 
 from raylog.actors.control import config_keys
+from raylog.actors.control.acls import AclOperation, ResourceType
 from raylog.gateway.backend import AdminBackend
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.handlers.context import RequestContext
+from raylog.gateway.handlers.context import AUTHORIZATION_FAILED, RequestContext
 from raylog.gateway.protocol import Request
 
 API_KEY = 32
@@ -55,11 +59,36 @@ async def handle(context: RequestContext, request: Request) -> Any:
     body = request.body
     backend = cast(AdminBackend, context.backend)
     synonyms = bool(getattr(body, "include_synonyms", False))
-    results = await asyncio.gather(
-        *(_describe(backend, r.resource_type, r.resource_name, r.configuration_keys, synonyms)
-          for r in body.resources)
-    )  # fmt: skip
+
+    async def one(r: Any) -> Any:
+        refused = config_refusal(context, AclOperation.DESCRIBE_CONFIGS, r)
+        if refused is not None:
+            return _Result(
+                error_code=refused,
+                error_message=AUTHORIZATION_FAILED,
+                resource_type=r.resource_type,
+                resource_name=r.resource_name,
+                configs=[],
+            )
+        return await _describe(
+            backend, r.resource_type, r.resource_name, r.configuration_keys, synonyms
+        )
+
+    results = await asyncio.gather(*(one(r) for r in body.resources))
     return DescribeConfigsResponse(throttle_time_ms=0, results=list(results))
+
+
+def config_refusal(context: RequestContext, operation: AclOperation, resource: Any) -> int | None:
+    """None when the client may do ``operation`` on a config resource (a topic: on the topic;
+    a broker: on the cluster), else Kafka's error code for it (an unknown type is None: the
+    handler refuses it on its own)."""
+    if resource.resource_type == RESOURCE_TOPIC:
+        if context.authorized(operation, ResourceType.TOPIC, resource.resource_name):
+            return None
+        return ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    if resource.resource_type == RESOURCE_BROKER and not context.authorized_cluster(operation):
+        return ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+    return None
 
 
 async def _describe(

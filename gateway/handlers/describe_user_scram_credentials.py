@@ -6,6 +6,8 @@ is RESOURCE_NOT_FOUND (91) and a user named twice DUPLICATE_RESOURCE (92), each 
 result (``metadata.describe_scram_credentials``, run by the controller). The top-level error is
 for the request as a whole: the controller could not be asked (its code, with a message).
 Mechanisms cross the wire as Kafka's ScramMechanism types (1: SCRAM-SHA-256, 2: SCRAM-SHA-512).
+
+Authorization: DESCRIBE on the cluster, else CLUSTER_AUTHORIZATION_FAILED (31).
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from typing import Any, cast
 
 from kafka.protocol.admin import DescribeUserScramCredentialsResponse
 
+from raylog.actors.control.acls import AclOperation
 from raylog.actors.control.scram import SCRAM_SHA_256, SCRAM_SHA_512
 from raylog.gateway.backend import AdminBackend
-from raylog.gateway.handlers.context import RequestContext
+from raylog.gateway.errors import ErrorCode
+from raylog.gateway.handlers.context import AUTHORIZATION_FAILED, RequestContext
 from raylog.gateway.protocol import Request
 
 API_KEY = 50
@@ -32,6 +36,13 @@ _Info = _Result.CredentialInfo
 async def handle(context: RequestContext, request: Request) -> Any:
     backend = cast(AdminBackend, context.backend)
     users = request.body.users
+    if not context.authorized_cluster(AclOperation.DESCRIBE):
+        return DescribeUserScramCredentialsResponse(
+            throttle_time_ms=0,
+            error_code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+            error_message=AUTHORIZATION_FAILED,
+            results=[],
+        )
     wanted = None if users is None else [u.name for u in users]
     error, found = await backend.describe_scram_credentials(wanted)
     return DescribeUserScramCredentialsResponse(

@@ -30,6 +30,9 @@ epoch checks). Records are never decoded: the budget is kept by walking batch le
    replica, and the leader's may answer a partition with ``preferred_read_replica`` and no
    records (rules in ``gateway/routing.py``). Such an answer completes the request at once, as
    Kafka's ReplicaManager does, so the client moves to that replica without a long poll.
+
+Authorization: READ on the topic, else TOPIC_AUTHORIZATION_FAILED (29) on its partitions,
+answered without a read (and without waiting for them).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from typing import Any, NamedTuple, cast
 
 from kafka.protocol.consumer import FetchResponse
 
+from raylog.actors.control.acls import AclOperation
 from raylog.gateway.backend import READ_COMMITTED, DataBackend, FetchResult, PartitionFetch
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.handlers.context import RequestContext
@@ -51,6 +55,7 @@ MAX_WAIT_MS_MAX = 30_000  # bound on a long poll, whatever the client asks (the 
 
 _Topic = FetchResponse.FetchableTopicResponse
 _Partition = _Topic.PartitionData
+_DENIED = FetchResult(ErrorCode.TOPIC_AUTHORIZATION_FAILED, -1, -1, -1, b"")
 _BATCH_LENGTH = struct.Struct(">i")  # at byte 8 of a batch; the 12 bytes before it not counted
 _LOG_OVERHEAD = 12
 
@@ -71,11 +76,15 @@ async def handle(context: RequestContext, request: Request) -> Any:
             throttle_time_ms=0, error_code=session_error, session_id=0, responses=[]
         )
     backend = cast(DataBackend, context.backend)
+    # Kafka answers the partitions of topics the client may not READ at once, and fetches (and
+    # waits for) the others only.
+    denied = context.denied_topics(AclOperation.READ, (topic.topic for topic in body.topics))
     wanted = [
         _Wanted(
             topic.topic, p.partition, p.fetch_offset, p.partition_max_bytes, p.current_leader_epoch
         )
         for topic in body.topics
+        if topic.topic not in denied
         for p in topic.partitions
     ]
     isolation = body.isolation_level
@@ -112,7 +121,7 @@ async def handle(context: RequestContext, request: Request) -> Any:
     for topic in body.topics:
         parts = []
         for p in topic.partitions:
-            result, data = next(partitions)
+            result, data = (_DENIED, b"") if topic.topic in denied else next(partitions)
             parts.append(
                 _Partition(
                     partition_index=p.partition,

@@ -5,6 +5,8 @@ Any broker answers, with the leader of the group's ``__consumer_offsets`` partit
 does; until it exists and the partition has a leader the answer is COORDINATOR_NOT_AVAILABLE
 (15), which every client retries. Only groups are coordinated here: key_type 1 (transactions)
 gets COORDINATOR_NOT_AVAILABLE until raylog has a transaction coordinator.
+
+Authorization: DESCRIBE on the group, else GROUP_AUTHORIZATION_FAILED (30).
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from typing import Any
 
 from kafka.protocol.metadata import FindCoordinatorResponse
 
+from raylog.actors.control.acls import AclOperation
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.handlers.context import RequestContext
+from raylog.gateway.handlers.context import AUTHORIZATION_FAILED, RequestContext
 from raylog.gateway.protocol import Request
 
 API_KEY = 10
@@ -29,6 +32,8 @@ async def handle(context: RequestContext, request: Request) -> Any:
         return _answer(ErrorCode.COORDINATOR_NOT_AVAILABLE, "no coordinator for this key type")
     if not body.key:
         return _answer(ErrorCode.INVALID_GROUP_ID, "empty group id")
+    if not context.authorized_group(AclOperation.DESCRIBE, body.key):
+        return _answer(ErrorCode.GROUP_AUTHORIZATION_FAILED, AUTHORIZATION_FAILED)
     node = await groups.find_coordinator(body.key)
     if node.error_code != ErrorCode.NONE:
         return _answer(node.error_code, "coordinator not available yet")

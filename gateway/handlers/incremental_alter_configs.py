@@ -16,6 +16,8 @@ the result with the controller's AlterConfigs, whose validation (``config_keys``
 gate. Known gap: the read and the write are two controller calls, so two patches of one topic
 racing through different brokers can lose one of them; the controller has no compare-and-set
 on a topic's configs for the gateway to use yet.
+
+Authorization: as AlterConfigs' (``alter_configs.alter_each``).
 """
 
 from __future__ import annotations

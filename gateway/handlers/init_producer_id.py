@@ -17,6 +17,10 @@ transactions:
 
 Versions 2+ (flexible; v3 adds KIP-360's epoch bump of an existing id) are not advertised:
 kafka-python infers a broker of 2.5 or newer from them and then requires v3.
+
+Authorization (Kafka 3.x): IDEMPOTENT_WRITE on the cluster or WRITE on some topic, else
+CLUSTER_AUTHORIZATION_FAILED (31); a transactional id needs WRITE on it
+(TRANSACTIONAL_ID_AUTHORIZATION_FAILED, 53) before it is refused as unsupported.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any
 
 from kafka.protocol.producer import InitProducerIdResponse
 
+from raylog.actors.control.acls import AclOperation, ResourceType
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.producer_ids import IdempotenceBackend
@@ -36,7 +41,17 @@ API_KEY = 22
 async def handle(context: RequestContext, request: Request) -> Any:
     body = request.body
     if body.transactional_id is not None:
+        if not context.authorized(
+            AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, body.transactional_id
+        ):
+            return _response(ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
         return _response(ErrorCode.UNSUPPORTED_VERSION)
+    # Kafka 3.x's rule for an idempotent producer: IDEMPOTENT_WRITE on the cluster, or WRITE
+    # on some topic (KIP-679).
+    if not context.authorized_cluster(AclOperation.IDEMPOTENT_WRITE) and not (
+        context.authorized_by_resource_type(AclOperation.WRITE, ResourceType.TOPIC)
+    ):
+        return _response(ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
     backend = context.backend
     if not isinstance(backend, IdempotenceBackend):
         return _response(ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)

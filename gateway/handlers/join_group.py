@@ -8,6 +8,8 @@ send a ``group_instance_id`` (static membership, KIP-345): it gets its id at onc
 restarted instance takes its old member's place, fencing the old id (rule 8 of
 ``groups.py``). The leader's member list carries each member's instance id, which assignors use
 to keep a static member's partitions across restarts.
+
+Authorization: READ on the group, else GROUP_AUTHORIZATION_FAILED (30).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 from kafka.protocol.consumer import JoinGroupResponse
 
+from raylog.actors.control.acls import AclOperation
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.groups.group import JoinResult
 from raylog.gateway.handlers.context import RequestContext
@@ -30,6 +33,8 @@ async def handle(context: RequestContext, request: Request) -> Any:
     body = request.body
     version = request.api_version
     groups = context.groups
+    if not context.authorized_group(AclOperation.READ, body.group_id):
+        return _answer(JoinResult(ErrorCode.GROUP_AUTHORIZATION_FAILED, member_id=body.member_id))
     if groups is None:
         return _answer(JoinResult(ErrorCode.COORDINATOR_NOT_AVAILABLE, member_id=body.member_id))
     session_timeout_ms = body.session_timeout_ms

@@ -6,6 +6,8 @@ error that is set only when the group could not be asked at all (as Kafka): FENC
 (82) when the instance is held by another member id, UNKNOWN_MEMBER_ID (25) for an instance
 or member the group does not know. An empty member id with an instance id removes that static
 member whatever its id (an admin's removal). See ``groups.Group.leave``.
+
+Authorization: READ on the group, else GROUP_AUTHORIZATION_FAILED (30).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 from kafka.protocol.consumer import LeaveGroupResponse
 
+from raylog.actors.control.acls import AclOperation
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.groups.group import MemberIdentity
 from raylog.gateway.handlers.context import RequestContext
@@ -32,7 +35,9 @@ async def handle(context: RequestContext, request: Request) -> Any:
         members = [MemberIdentity(m.member_id, m.group_instance_id) for m in body.members]
     else:
         members = [MemberIdentity(body.member_id)]
-    if context.groups is None:
+    if not context.authorized_group(AclOperation.READ, body.group_id):
+        group_error, member_errors = ErrorCode.GROUP_AUTHORIZATION_FAILED, []
+    elif context.groups is None:
         group_error, member_errors = ErrorCode.COORDINATOR_NOT_AVAILABLE, []
     else:
         group_error, member_errors = await context.groups.leave_group(body.group_id, members)

@@ -6,6 +6,8 @@ every broker and merge the answers. v4 adds ``group_state`` and the ``states_fil
 v5 ``group_type`` and the ``types_filter`` (KIP-848): every group here is a "classic" one. While
 one of this broker's partitions is still loading, the answer is COORDINATOR_LOAD_IN_PROGRESS (14)
 with the groups loaded so far, as Kafka answers.
+
+Authorization: every group for DESCRIBE on the cluster, else the groups with DESCRIBE.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 from kafka.protocol.admin import ListGroupsResponse
 
+from raylog.actors.control.acls import AclOperation
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.groups.group_admin import GroupListing, filter_listings
 from raylog.gateway.handlers.context import RequestContext
@@ -35,6 +38,12 @@ async def handle(context: RequestContext, request: Request) -> Any:
         states = (body.states_filter or []) if version >= 4 else []
         types = (body.types_filter or []) if version >= 5 else []
         listings = filter_listings(listings, states, types)
+        # Kafka's rule: every group for DESCRIBE on the cluster, else those the client may
+        # DESCRIBE.
+        if not context.authorized_cluster(AclOperation.DESCRIBE):
+            listings = [
+                g for g in listings if context.authorized_group(AclOperation.DESCRIBE, g.group_id)
+            ]
     return ListGroupsResponse(
         throttle_time_ms=0,
         error_code=error,

@@ -12,6 +12,8 @@ the backend, concurrently, with its own error code (3 unknown, 6 not the leader 
   finds the first batch whose maxTimestamp is late enough, then reads its records.
 
 The answer's timestamp is -1 for -1 and -2, as Kafka's is.
+
+Authorization: DESCRIBE on the topic, else TOPIC_AUTHORIZATION_FAILED (29) on its partitions.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from typing import Any, cast
 
 from kafka.protocol.consumer import ListOffsetsResponse
 
-from raylog.gateway.backend import READ_UNCOMMITTED, DataBackend
+from raylog.actors.control.acls import AclOperation
+from raylog.gateway.backend import READ_UNCOMMITTED, DataBackend, ListOffsetsResult
+from raylog.gateway.errors import ErrorCode
 from raylog.gateway.handlers.context import RequestContext, per_partition
 from raylog.gateway.protocol import Request
 
@@ -38,6 +42,8 @@ async def handle(context: RequestContext, request: Request) -> Any:
     answered = await per_partition(
         body.topics,
         lambda name, p: backend.list_offsets(name, p.partition_index, p.timestamp, isolation, -1),
+        context.denied_topics(AclOperation.DESCRIBE, (t.name for t in body.topics)),
+        ListOffsetsResult(ErrorCode.TOPIC_AUTHORIZATION_FAILED, -1, -1),
     )
     topics = [
         _Topic(

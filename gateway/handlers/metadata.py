@@ -15,6 +15,10 @@ Kafka's rules kept here:
 - A partition without a live leader is LEADER_NOT_AVAILABLE (5) with leader -1, never another
   code: kafkajs throws a whole Metadata refresh away for any other partition error. A leader that
   is not among the live brokers counts as none, since the client could not reach it anyway.
+
+Authorization (Kafka's): topics without DESCRIBE are left out of an all-topics answer and
+answered TOPIC_AUTHORIZATION_FAILED (29) when named, existing or not; auto-creation needs CREATE
+on the cluster or the topic (29 otherwise).
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from typing import Any
 from kafka.protocol.metadata import MetadataResponse
 
 from raylog.actors.control import config_keys
-from raylog.gateway.backend import AdminBackend, Backend, NewTopic, TopicState
+from raylog.actors.control.acls import AclOperation
+from raylog.gateway.backend import AdminBackend, NewTopic, TopicState
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.protocol import Request
@@ -50,13 +55,17 @@ async def handle(context: RequestContext, request: Request) -> Any:
     cluster = await context.backend.cluster()
     found = await context.backend.topics(requested) if requested != [] else {}
     live = {broker.node_id for broker in cluster.brokers}
-    names = requested if requested is not None else sorted(found)
-    missing = [name for name in names if name not in found]
+    # Kafka's rule: a topic the client may not DESCRIBE is left out of an all-topics answer,
+    # and answered TOPIC_AUTHORIZATION_FAILED (existing or not) when named.
+    denied = context.denied_topics(AclOperation.DESCRIBE, requested or found)
+    names = requested if requested is not None else sorted(set(found) - denied)
+    missing = [name for name in names if name not in found and name not in denied]
     allowed = getattr(body, "allow_auto_topic_creation", True)  # v4+; always true before
-    created = await _auto_create(context.backend, missing) if missing and allowed else {}
+    created = await _auto_create(context, missing) if missing and allowed else {}
+    created.update(dict.fromkeys(denied, ErrorCode.TOPIC_AUTHORIZATION_FAILED))
     topics = []
     for name in names:
-        state = found.get(name)
+        state = None if name in denied else found.get(name)
         if state is None:
             topics.append(
                 _Topic(
@@ -104,8 +113,10 @@ def _topic(state: TopicState, live: set[int]) -> Any:
     )
 
 
-async def _auto_create(backend: Backend, names: Sequence[str]) -> dict[str, int]:
-    """Create ``names`` if the broker allows it; the Metadata error code of each attempt."""
+async def _auto_create(context: RequestContext, names: Sequence[str]) -> dict[str, int]:
+    """Create ``names`` if the broker allows it; the Metadata error code of each attempt. The
+    client needs CREATE on the cluster or on the topic (TOPIC_AUTHORIZATION_FAILED)."""
+    backend = context.backend
     if not isinstance(backend, AdminBackend):
         return {}
     _, overrides = await backend.broker_configs()
@@ -114,6 +125,8 @@ async def _auto_create(backend: Backend, names: Sequence[str]) -> dict[str, int]
         return {}
 
     async def create(name: str) -> int:
+        if not context.authorized_create_topic(name):
+            return ErrorCode.TOPIC_AUTHORIZATION_FAILED
         result = await backend.create_topic(
             NewTopic(name, defaults.num_partitions, defaults.default_replication_factor),
             validate_only=False,

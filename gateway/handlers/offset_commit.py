@@ -9,6 +9,9 @@ field). v6 adds each partition's ``committed_leader_epoch``, stored with the off
 member's ``group_instance_id``, and an old member id of a restarted instance gets
 FENCED_INSTANCE_ID (82). A partition's metadata string longer than ``offset.metadata.max.bytes``
 (4096) gets OFFSET_METADATA_TOO_LARGE (12).
+
+Authorization: READ on the group (else GROUP_AUTHORIZATION_FAILED, 30, on every partition) and on
+each topic (else TOPIC_AUTHORIZATION_FAILED, 29, on its partitions; the others are committed).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 
 from kafka.protocol.consumer import OffsetCommitResponse
 
+from raylog.actors.control.acls import AclOperation
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.protocol import Request
@@ -31,9 +35,15 @@ _Partition = _Topic.OffsetCommitResponsePartition
 async def handle(context: RequestContext, request: Request) -> Any:
     body = request.body
     groups = context.groups
+    # Kafka's rule: READ on the group, then READ on each topic; partitions of the topics
+    # refused are answered TOPIC_AUTHORIZATION_FAILED and the others committed.
+    group_denied = not context.authorized_group(AclOperation.READ, body.group_id)
+    denied = context.denied_topics(AclOperation.READ, (t.name for t in body.topics))
     too_large: set[tuple[str, int]] = set()
     offsets: dict[tuple[str, int], tuple[int, int, str | None]] = {}
     for topic in body.topics:
+        if topic.name in denied:
+            continue
         for p in topic.partitions:
             tp = (topic.name, p.partition_index)
             metadata = p.committed_metadata
@@ -41,8 +51,12 @@ async def handle(context: RequestContext, request: Request) -> Any:
                 too_large.add(tp)
             else:
                 offsets[tp] = (p.committed_offset, p.committed_leader_epoch, metadata)
-    if groups is None:
+    if group_denied:
+        error = ErrorCode.GROUP_AUTHORIZATION_FAILED
+    elif groups is None:
         error = ErrorCode.COORDINATOR_NOT_AVAILABLE
+    elif not offsets:
+        error = ErrorCode.NONE  # nothing left to commit
     else:
         error = await groups.commit_offsets(
             body.group_id,
@@ -59,7 +73,11 @@ async def handle(context: RequestContext, request: Request) -> Any:
                 partitions=[
                     _Partition(
                         partition_index=p.partition_index,
-                        error_code=ErrorCode.OFFSET_METADATA_TOO_LARGE
+                        error_code=error
+                        if group_denied
+                        else ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                        if topic.name in denied
+                        else ErrorCode.OFFSET_METADATA_TOO_LARGE
                         if (topic.name, p.partition_index) in too_large
                         else error,
                     )

@@ -7,6 +7,9 @@ GROUP_SUBSCRIBED_TO_TOPIC (86); any other group with members gets NON_EMPTY_GROU
 unknown one GROUP_ID_NOT_FOUND (69). A group-level error answers with no topics, as Kafka does.
 Deleted offsets are tombstoned in ``__consumer_offsets``; an Empty group left without offsets is
 deleted with them.
+
+Authorization: DELETE on the group (else GROUP_AUTHORIZATION_FAILED, 30) and READ on each topic
+(else TOPIC_AUTHORIZATION_FAILED, 29, on its partitions).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 from kafka.protocol.consumer import OffsetDeleteResponse
 
+from raylog.actors.control.acls import AclOperation
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.protocol import Request
@@ -28,13 +32,19 @@ _Partition = _Topic.OffsetDeleteResponsePartition
 async def handle(context: RequestContext, request: Request) -> Any:
     body = request.body
     asked = [(t.name, p.partition_index) for t in body.topics for p in t.partitions]
+    # Kafka's rule: DELETE on the group, READ on each topic.
+    if not context.authorized_group(AclOperation.DELETE, body.group_id):
+        return _answer(ErrorCode.GROUP_AUTHORIZATION_FAILED, {})
+    denied = context.denied_topics(AclOperation.READ, (topic for topic, _ in asked))
     if context.groups is None:
         return _answer(ErrorCode.COORDINATOR_NOT_AVAILABLE, {})
     known = await context.backend.topics(sorted({topic for topic, _ in asked}))
     errors: dict[tuple[str, int], int] = {}
     for topic, partition in asked:
         state = known.get(topic)
-        if state is None or all(p.partition != partition for p in state.partitions):
+        if topic in denied:
+            errors[(topic, partition)] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        elif state is None or all(p.partition != partition for p in state.partitions):
             errors[(topic, partition)] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
     deletable = [tp for tp in asked if tp not in errors]
     error, deleted = await context.groups.delete_offsets(body.group_id, deletable)

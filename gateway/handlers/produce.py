@@ -34,6 +34,8 @@ Rules kept here, each Kafka's:
 7. A client cannot append to ``__consumer_offsets``: INVALID_TOPIC_EXCEPTION (17), Kafka's
    "Cannot append to internal topic". Only the group coordinator writes it (through the
    backend, not through this handler), so a stray producer cannot corrupt group state.
+
+Authorization: WRITE on the topic, else TOPIC_AUTHORIZATION_FAILED (29) on its partitions.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from typing import Any, cast
 
 from kafka.protocol.producer import ProduceResponse
 
+from raylog.actors.control.acls import AclOperation
 from raylog.gateway.backend import DataBackend, ProduceResult
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.groups.coordinator import OFFSETS_TOPIC
@@ -52,6 +55,7 @@ from raylog.gateway.protocol import Request
 from raylog.storage import batch as rb
 
 API_KEY = 0
+WRITE = AclOperation.WRITE
 
 _Topic = ProduceResponse.TopicProduceResponse
 _Partition = _Topic.PartitionProduceResponse
@@ -67,16 +71,17 @@ _tails: dict[_OrderKey, asyncio.Future[None]] = {}
 async def handle(context: RequestContext, request: Request) -> Any:
     body = request.body
     backend = cast(DataBackend, context.backend)
+    denied = context.denied_topics(WRITE, (topic.name for topic in body.topic_data))
     calls: list[tuple[str, int, Awaitable[ProduceResult]]] = []
     for topic in body.topic_data:
         for data in topic.partition_data:
-            calls.append(
-                (
-                    topic.name,
-                    data.index,
-                    _produce_one(id(context), backend, body, topic.name, data.index, data.records),
+            if topic.name in denied:
+                call = _refused(ErrorCode.TOPIC_AUTHORIZATION_FAILED)
+            else:
+                call = _produce_one(
+                    id(context), backend, body, topic.name, data.index, data.records
                 )
-            )
+            calls.append((topic.name, data.index, call))
     results = await asyncio.gather(*(call for _, _, call in calls))
     if body.acks == 0:
         failed = [
@@ -104,6 +109,10 @@ async def handle(context: RequestContext, request: Request) -> Any:
         ],
         throttle_time_ms=0,
     )
+
+
+async def _refused(error_code: int) -> ProduceResult:
+    return ProduceResult(error_code, -1, -1, -1)
 
 
 async def _produce_one(

@@ -35,8 +35,6 @@ Proves:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -62,24 +60,17 @@ from kafka.protocol.admin import (
     IncrementalAlterConfigsResponse,
 )
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
-from support.gateway import InMemoryBackend
+from support.admin_backend import AdminMemory, roundtrip, three_brokers
 
 from raylog.actors.control import config_keys, election, scram
 from raylog.actors.control import metadata as md_
-from raylog.gateway import codec, sasl
-from raylog.gateway.actor import _set_topic_configs, client_view
+from raylog.gateway import sasl
+from raylog.gateway.actor import _set_topic_configs
 from raylog.gateway.admin import ControllerAdmin
 from raylog.gateway.backend import (
     AdminBackend,
-    AdminResult,
-    NewTopic,
-    ScramUpsertion,
-    ScramUserDescription,
-    TopicConfigsResult,
-    TopicState,
-    UserResult,
 )
-from raylog.gateway.handlers import HANDLERS, RequestContext, advertised_versions
+from raylog.gateway.handlers import advertised_versions
 from raylog.gateway.handlers.incremental_alter_configs import (
     APPEND,
     DELETE,
@@ -88,7 +79,6 @@ from raylog.gateway.handlers.incremental_alter_configs import (
     ConfigOp,
     apply_ops,
 )
-from raylog.gateway.protocol import Connection, Request
 from raylog.storage.errors import (
     InvalidConfigError,
     InvalidRequestError,
@@ -96,107 +86,6 @@ from raylog.storage.errors import (
 )
 
 TOPIC, BROKER = 2, 4  # DescribeConfigs resource types
-
-
-@dataclass
-class AdminMemory(InMemoryBackend):
-    """An in-memory AdminBackend over a real ClusterMetadata with brokers 1-3 in racks a-c."""
-
-    broker_overrides: dict[str, str] = field(default_factory=dict)
-    md: md_.ClusterMetadata = field(default_factory=lambda: _three_brokers())
-
-    async def topics(self, names: Sequence[str] | None) -> Mapping[str, TopicState]:
-        _, states = client_view(self.md)
-        return states if names is None else {n: states[n] for n in names if n in states}
-
-    async def broker_configs(self) -> tuple[int, Mapping[str, str]]:
-        return 1, self.broker_overrides
-
-    async def create_topic(
-        self, topic: NewTopic, validate_only: bool, timeout_ms: int
-    ) -> AdminResult:
-        def change(md: md_.ClusterMetadata) -> md_.ClusterMetadata:
-            name, partitions, rf = topic.name, topic.num_partitions, topic.replication_factor
-            return md_.new_topic(
-                md, name, f"id-{name}", partitions, rf, topic.configs, topic.assignment
-            )
-
-        return self._apply(change, validate_only)
-
-    async def delete_topic(self, name: str, timeout_ms: int) -> AdminResult:
-        return self._apply(lambda md: md_.delete_topic(md, name), False)
-
-    async def topic_configs(self, name: str) -> TopicConfigsResult:
-        try:
-            return TopicConfigsResult(0, md_.get_topic(self.md, name).configs)
-        except RaylogError as exc:
-            return TopicConfigsResult(exc.error_code, {}, str(exc))
-
-    async def alter_topic_configs(
-        self, name: str, overrides: Mapping[str, str], validate_only: bool
-    ) -> AdminResult:
-        return self._apply(lambda md: md_.alter_configs(md, name, overrides), validate_only)
-
-    async def create_partitions(
-        self, name: str, total_count: int, validate_only: bool, timeout_ms: int
-    ) -> AdminResult:
-        return self._apply(lambda md: md_.new_partitions(md, name, total_count), validate_only)
-
-    async def elect_leaders(
-        self, election_type: str, partitions: Sequence[tuple[str, int]] | None
-    ) -> Mapping[tuple[str, int], AdminResult]:
-        wanted = None if partitions is None else [md_.TopicPartition(t, p) for t, p in partitions]
-        out = election.elect_leaders(self.md, election_type, wanted)
-        self.md = out.metadata
-        results = {(c.topic, c.partition): AdminResult(0) for c in out.changes}
-        for tp, error in out.errors.items():
-            results[(tp.topic, tp.partition)] = AdminResult(error.error_code, str(error))
-        return results
-
-    async def alter_scram_credentials(
-        self, upsertions: Sequence[ScramUpsertion], deletions: Sequence[tuple[str, str]]
-    ) -> Sequence[UserResult]:
-        ups = [md_.ScramUpsertion(*u) for u in upsertions]
-        self.md, results = md_.alter_scram_credentials(
-            self.md, ups, [md_.ScramDeletion(*d) for d in deletions]
-        )
-        return results
-
-    async def describe_scram_credentials(
-        self, users: Sequence[str] | None
-    ) -> tuple[AdminResult, Sequence[ScramUserDescription]]:
-        return AdminResult(0), md_.describe_scram_credentials(self.md, users)
-
-    def _apply(self, change: Any, validate_only: bool) -> AdminResult:
-        try:
-            new = change(self.md)
-        except RaylogError as exc:
-            return AdminResult(exc.error_code, str(exc))
-        if not validate_only:
-            self.md = new
-        return AdminResult(0)
-
-
-def _three_brokers() -> md_.ClusterMetadata:
-    md = md_.ClusterMetadata(cluster_id="test")
-    for broker_id, rack in ((1, "a"), (2, "b"), (3, "c")):
-        md = md_.register_broker(md, broker_id, f"inc-{broker_id}", rack, "127.0.0.1", 9090)
-    return md
-
-
-def roundtrip(backend: InMemoryBackend, request: Any, version: int, response_class: Any) -> Any:
-    request.API_VERSION = version
-    request.with_header(correlation_id=7, client_id="t")
-    connection = Connection(advertised_versions())
-    connection.receive_data(bytes(request.encode(version=version, header=True, framed=True)))
-    event = connection.next_event()
-    assert isinstance(event, Request)
-    context = RequestContext(backend, advertised_versions(), "test")
-    response = asyncio.run(HANDLERS[event.api_key](context, event))
-    data = bytes(connection.send(event, response))
-    # size and correlation id, and the tagged fields of a flexible version's header v1
-    header = 9 if codec.is_flexible(event.api_key, version) else 8
-    return response_class.decode(data[header:], version=version)
 
 
 def test_the_in_memory_backend_is_an_admin_backend() -> None:
@@ -612,7 +501,7 @@ def test_elect_leaders(version: int) -> None:
 
 
 def test_metadata_lists_fenced_brokers_and_failed_logs_as_offline_replicas() -> None:
-    md = md_.create_topic(_three_brokers(), "t", "id-t", [[1, 2, 3], [3, 1, 2]], {})
+    md = md_.create_topic(three_brokers(), "t", "id-t", [[1, 2, 3], [3, 1, 2]], {})
     md = election.set_offline_replicas(md, 1, {md_.TopicPartition("t", 0)}).metadata
     md = election.fence_broker(md, 3).metadata
     backend = AdminMemory(md=md)

@@ -72,6 +72,9 @@ EXPECTED_TABLE = {
     20: (1, 3),  # DeleteTopics
     21: (0, 2),  # DeleteRecords
     22: (0, 1),  # InitProducerId
+    29: (0, 1),  # DescribeAcls
+    30: (0, 1),  # CreateAcls
+    31: (0, 1),  # DeleteAcls
     32: (0, 2),  # DescribeConfigs
     33: (0, 1),  # AlterConfigs
     36: (0, 2),  # SaslAuthenticate
@@ -108,10 +111,10 @@ def test_api_versions_v0_golden_bytes() -> None:
     assert isinstance(request, Request)
     assert request.header == codec.RequestHeader(18, 0, 7, "raw", 1)
     assert answer(connection, request) == bytes.fromhex(
-        "000000b8"  # size: 184 bytes
+        "000000ca"  # size: 202 bytes
         "00000007"  # correlation id
         "0000"  # error_code NONE
-        "0000001d"  # api_keys: 29 entries, by key; each key, min, max
+        "00000020"  # api_keys: 32 entries, by key; each key, min, max
         "000000030007"  # Produce 3-7
         "00010004000b"  # Fetch 4-11
         "000200010003"  # ListOffsets 1-3
@@ -131,6 +134,9 @@ def test_api_versions_v0_golden_bytes() -> None:
         "001400010003"  # DeleteTopics 1-3
         "001500000002"  # DeleteRecords 0-2
         "001600000001"  # InitProducerId 0-1
+        "001d00000001"  # DescribeAcls 0-1
+        "001e00000001"  # CreateAcls 0-1
+        "001f00000001"  # DeleteAcls 0-1
         "002000000002"  # DescribeConfigs 0-2
         "002100000001"  # AlterConfigs 0-1
         "002400000002"  # SaslAuthenticate 0-2

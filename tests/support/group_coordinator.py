@@ -11,7 +11,6 @@ from typing import Any
 
 from kafka.protocol.consumer.metadata import ConsumerProtocolSubscription
 
-from raylog.gateway import codec
 from raylog.gateway.backend import (
     Broker,
     ClusterView,
@@ -24,9 +23,8 @@ from raylog.gateway.backend import (
 )
 from raylog.gateway.groups.coordinator import OFFSETS_TOPIC, GroupCoordinator, partition_for
 from raylog.gateway.groups.group import JoinResult
-from raylog.gateway.handlers import HANDLERS, RequestContext, advertised_versions
-from raylog.gateway.protocol import Connection, Request
 from raylog.storage import batch as rb
+from support.admin_backend import answer
 
 GROUP = "g"
 PARTITION = partition_for(GROUP, 3)
@@ -180,15 +178,6 @@ async def failover(backend: LogBackend, old: GroupCoordinator) -> GroupCoordinat
 async def roundtrip(
     coordinator: GroupCoordinator, request: Any, version: int, response_class: Any
 ) -> Any:
-    request.API_VERSION = version
-    request.with_header(correlation_id=7, client_id="admin")
-    connection = Connection(advertised_versions())
-    connection.receive_data(bytes(request.encode(version=version, header=True, framed=True)))
-    event = connection.next_event()
-    assert isinstance(event, Request)
+    """``request`` answered by the real handler with ``coordinator`` as the context's groups."""
     backend = coordinator._backend
-    context = RequestContext(backend, advertised_versions(), "127.0.0.1:5", coordinator)
-    response = await HANDLERS[event.api_key](context, event)
-    data = bytes(connection.send(event, response))
-    header = 8 if codec.response_header_version(event.api_key, version) == 0 else 9
-    return response_class.decode(data[header:], version=version)
+    return await answer(backend, request, version, response_class, groups=coordinator)

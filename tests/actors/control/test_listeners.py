@@ -110,7 +110,7 @@ def test_unencrypted_listeners_beyond_loopback_need_saying_so(
 ) -> None:
     found = parse(listeners)
     if refused:
-        with pytest.raises(InvalidConfigError, match="allow.insecure.network.listeners"):
+        with pytest.raises(InvalidConfigError, match=r"allow\.insecure\.network\.listeners"):
             ls.check_exposure(found, allow_insecure=False)
     else:
         ls.check_exposure(found, allow_insecure=False)
@@ -122,7 +122,7 @@ def test_broker_configs_check_listeners_and_the_cluster_default() -> None:
         config_keys.broker_config({"listeners": "PLAINTEXT//x:1"})
     with pytest.raises(InvalidConfigError, match="needs listeners"):
         config_keys.broker_config({"advertised.listeners": "PLAINTEXT://x:1"})
-    with pytest.raises(InvalidConfigError, match="ssl.client.auth"):
+    with pytest.raises(InvalidConfigError, match=r"ssl\.client\.auth"):
         config_keys.broker_config({"ssl.client.auth": "always"})
     default = config_keys.broker_config({})
     assert ls.configured(default, "PLAINTEXT://127.0.0.1:9092")[0].port == 9092
