@@ -26,9 +26,12 @@ brokers' own costs set the rates. ``--tls`` gives the replicas and the gateway c
 from a CA made for the run, as ``raylog up`` does (channels between machines would then be
 mutual TLS; same-host links stay Unix sockets unless ``RAYLOG_CHANNEL_LOCAL_SOCKETS=0``).
 ``--compare-ray-calls`` adds RF=3 with replication channels off (Ray calls only).
+``--security sasl_ssl`` gives the gateway a second listener, SASL_SSL (TLS 1.3 with a
+certificate of a CA made for the run, SCRAM-SHA-512), and repeats each case's confluent-kafka
+produce (acks=all) and consume over it, beside the PLAINTEXT figures of the same run.
 
     .venv/bin/python benchmarks/kafka_clients.py [--records 300000] [--value-bytes 1000]
-        [--clients 2] [--tls] [--compare-ray-calls] [--latency-rate 1000]
+        [--clients 2] [--tls] [--compare-ray-calls] [--latency-rate 1000] [--security sasl_ssl]
 
 JSON fields:
 
@@ -39,7 +42,9 @@ JSON fields:
   (values only), ``clients``, ``broker_cpu_s_per_gib`` (user + system CPU seconds, from /proc,
   that the gateway's and the replicas' processes spent per GiB of values) and
   ``machine_busy_pct`` (all cores, from /proc/stat); ``latency`` with ``p50_ms``, ``p99_ms``;
-  RF=3 also ``kafka_python_produce_acks_all`` and ``kafka_python_consume``;
+  RF=3 also ``kafka_python_produce_acks_all`` and ``kafka_python_consume``; with
+  ``--security sasl_ssl``, ``sasl_ssl`` (``produce_acks_all``, ``consume``) and
+  ``sasl_ssl_vs_plaintext`` (their MiB/s over the PLAINTEXT ones; the goal is 0.7 or more);
 - ``tansu``: the same produce (acks=all), consume and latency against Tansu, whose
   ``broker_cpu_s_per_gib`` counts its one process;
 - ``ratios_vs_tansu``: ``produce_rf1``, ``produce_rf3`` (acks=all MiB/s) and ``consume_rf3``;
@@ -80,7 +85,13 @@ class Bench:
     the replicas and the gateway use Ray calls only (the comparison case)."""
 
     def __init__(
-        self, root: Path, topic: str, rf: int, channels: bool = True, ca: Any = None
+        self,
+        root: Path,
+        topic: str,
+        rf: int,
+        channels: bool = True,
+        ca: Any = None,
+        sasl_ssl: Any = None,
     ) -> None:
         import ray
 
@@ -132,8 +143,9 @@ class Bench:
         # script's process it would share one GIL with the clients' Python loops.
         self.gateway = _gateway_host().remote()
         leaf = ca.issue("gateway:0") if ca is not None else None
-        self.port = ray.get(
-            self.gateway.start.remote(topic, rf, channels, leaf), timeout=CALL_TIMEOUT_S
+        # sasl_ssl: (the listener's leaf, the SCRAM user's password)
+        self.port, self.sasl_ssl_port = ray.get(
+            self.gateway.start.remote(topic, rf, channels, leaf, sasl_ssl), timeout=CALL_TIMEOUT_S
         )
         # The broker's processes, for its CPU time: the gateway's and the replicas'.
         self.pids: list[int] = ray.get(
@@ -144,6 +156,10 @@ class Bench:
     @property
     def bootstrap(self) -> str:
         return f"{HOST}:{self.port}"
+
+    @property
+    def sasl_ssl_bootstrap(self) -> str:
+        return f"{HOST}:{self.sasl_ssl_port}"
 
     def high_watermark(self) -> int:
         import ray
@@ -172,25 +188,46 @@ def _gateway_host() -> Any:
 
     @ray.remote(num_cpus=0)
     class GatewayHost:
-        async def start(self, topic: str, rf: int, channels: bool, leaf: Any = None) -> int:
+        async def start(
+            self, topic: str, rf: int, channels: bool, leaf: Any = None, sasl_ssl: Any = None
+        ) -> tuple[int, int]:
+            from raylog.gateway import sasl
+            from raylog.gateway.authentication import Authenticator
             from raylog.gateway.backend import Broker, PartitionState, TopicState
             from raylog.gateway.replica_backend import ReplicaBackend
             from raylog.gateway.routing import MetadataView
-            from raylog.gateway.server import GatewayServer
+            from raylog.gateway.server import GatewayServer, ListenerSocket
+            from raylog.storage import pki
 
             view = MetadataView(0, "raylog-bench", controller_id=0)
             backend = ReplicaBackend(view, use_channels=channels)
             if leaf is not None:
                 backend.set_channel_tls(leaf)
-            self.server = GatewayServer(backend)
-            port: int = await self.server.start(HOST, 0)
+            authenticator = None
+            if sasl_ssl is not None:
+                mechanism = sasl.SCRAM_SHA_512
+                user = sasl.scram_credential(mechanism, sasl_ssl[1], os.urandom(16), 4096)
+                authenticator = Authenticator(
+                    lambda name, m: user if (name, m) == ("bench", mechanism) else None,
+                    os.urandom(32),
+                )
+            self.server = GatewayServer(backend, authenticator=authenticator)
+            port: int = await self.server.start(HOST, 0, ListenerSocket("PLAINTEXT"))
+            endpoints = [("PLAINTEXT", HOST, port)]
+            secure_port = 0
+            if sasl_ssl is not None:
+                tls = ListenerSocket(
+                    "SASL_SSL", sasl=True, ssl_context=pki.listener_context(sasl_ssl[0])
+                )
+                secure_port = await self.server.start(HOST, 0, tls)
+                endpoints.append(("SASL_SSL", HOST, secure_port))
             everyone = list(range(rf))
             state = PartitionState(0, 0, 1, everyone, everyone, [])
             view.update(
-                brokers=[Broker(0, HOST, port, None)],
+                brokers=[Broker(0, HOST, port, None, tuple(endpoints))],
                 topics={topic: TopicState(topic, [state])},
             )
-            return port
+            return port, secure_port
 
         async def stop(self) -> None:
             await self.server.stop()
@@ -247,13 +284,17 @@ def confluent_produce(
     records: int,
     value: bytes,
     acks: str,
+    security: dict[str, str] | None = None,
     ready: Callable[[], Any] | None = None,
 ) -> dict[str, float]:
     """Produce ``records`` copies of ``value`` to partition 0 and flush. The clock starts once
-    the producer is connected (its metadata fetched) and ``ready()`` has returned."""
+    the producer is connected (its metadata fetched) and ``ready()`` has returned. ``security``:
+    the client's security settings (none: PLAINTEXT)."""
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": acks, "linger.ms": 5})
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "acks": acks, "linger.ms": 5, **(security or {})}
+    )
     errors: list[Any] = []
     producer.list_topics(topic, timeout=CALL_TIMEOUT_S)  # connect before the clock starts
     if ready is not None:
@@ -285,6 +326,7 @@ def confluent_consume(
     start_offset: int,
     records: int,
     size: int,
+    security: dict[str, str] | None = None,
     ready: Callable[[], Any] | None = None,
 ) -> dict[str, float]:
     """Read ``records`` records of partition 0 from ``start_offset`` with assign + seek. The
@@ -300,6 +342,7 @@ def confluent_consume(
             "group.id": "bench",
             "enable.auto.commit": False,
             "fetch.queue.backoff.ms": 5,
+            **(security or {}),
         }
     )
     consumer.list_topics(topic, timeout=CALL_TIMEOUT_S)  # connect before the clock starts
@@ -383,16 +426,35 @@ def split(records: int, parts: int) -> list[tuple[int, int]]:
     return runs
 
 
-def produce(bootstrap: str, topic: str, records: int, value: bytes, acks: str, n: int) -> Any:
+def produce(
+    bootstrap: str,
+    topic: str,
+    records: int,
+    value: bytes,
+    acks: str,
+    n: int,
+    security: dict[str, str] | None = None,
+) -> Any:
     """confluent-kafka produce of ``records`` values by ``n`` client processes."""
-    jobs = [(bootstrap, topic, count, value, acks) for _, count in split(records, n)]
+    jobs = [(bootstrap, topic, count, value, acks, security) for _, count in split(records, n)]
     return clients("confluent_produce", jobs, records, len(value))
 
 
-def consume(bootstrap: str, topic: str, start: int, records: int, size: int, n: int) -> Any:
+def consume(
+    bootstrap: str,
+    topic: str,
+    start: int,
+    records: int,
+    size: int,
+    n: int,
+    security: dict[str, str] | None = None,
+) -> Any:
     """confluent-kafka consume of ``records`` records from ``start`` by ``n`` client
     processes, each reading its own consecutive run of offsets."""
-    jobs = [(bootstrap, topic, start + first, count, size) for first, count in split(records, n)]
+    jobs = [
+        (bootstrap, topic, start + first, count, size, security)
+        for first, count in split(records, n)
+    ]
     return clients("confluent_consume", jobs, records, size)
 
 
@@ -564,10 +626,13 @@ def raylog_case(
     value: bytes,
     channels: bool = True,
     ca: Any = None,
+    sasl_ssl: Any = None,
 ) -> dict[str, Any]:
-    """Produce (acks=all, acks=1), consume and end-to-end latency on one fresh partition."""
+    """Produce (acks=all, acks=1), consume and end-to-end latency on one fresh partition;
+    with ``sasl_ssl`` (the listener's leaf, the password, the clients' settings), produce and
+    consume over SASL_SSL too."""
     topic = f"bench-rf{rf}" + ("" if channels else "-ray-calls")
-    bench = Bench(root, topic, rf, channels=channels, ca=ca)
+    bench = Bench(root, topic, rf, channels=channels, ca=ca, sasl_ssl=sasl_ssl and sasl_ssl[:2])
     try:
         boot = bench.bootstrap
         out: dict[str, Any] = {"rf": rf, "channels": channels}
@@ -589,6 +654,10 @@ def raylog_case(
         out["latency"] = end_to_end_latency(
             boot, topic, args.latency_rate, args.latency_seconds, args.value_bytes
         )
+        if sasl_ssl is not None:
+            out["sasl_ssl"], out["sasl_ssl_vs_plaintext"] = _over_sasl_ssl(
+                bench, args, value, sasl_ssl[2], out
+            )
         if rf == 3 and channels:
             start = bench.high_watermark()
             n = max(1, args.records // 4)  # kafka-python is far slower: a smaller run
@@ -597,6 +666,33 @@ def raylog_case(
         return out
     finally:
         bench.stop()
+
+
+def _over_sasl_ssl(
+    bench: Bench,
+    args: argparse.Namespace,
+    value: bytes,
+    security: dict[str, str],
+    plaintext: dict[str, Any],
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """The case's produce (acks=all) and consume again, over the SASL_SSL listener, and their
+    MiB/s over the PLAINTEXT ones of the same case."""
+    boot, topic, pids, n = bench.sasl_ssl_bootstrap, bench.topic, bench.pids, args.clients
+    start = bench.high_watermark()
+    out = {
+        "produce_acks_all": with_broker_cpu(
+            pids, produce, boot, topic, args.records, value, "all", n, security
+        )
+    }
+    bench.wait_for_high_watermark(start + args.records)
+    out["consume"] = with_broker_cpu(
+        pids, consume, boot, topic, start, args.records, args.value_bytes, n, security
+    )
+    ratios = {
+        key: round(out[key]["mib_per_s"] / plaintext[key]["mib_per_s"], 3)
+        for key in ("produce_acks_all", "consume")
+    }
+    return out, ratios
 
 
 def main() -> None:
@@ -621,6 +717,12 @@ def main() -> None:
         "--tls",
         action="store_true",
         help="channels with mutual TLS, certificates from a CA made for the run (as raylog up)",
+    )
+    parser.add_argument(
+        "--security",
+        choices=("plaintext", "sasl_ssl"),
+        default="plaintext",
+        help="sasl_ssl: also produce and consume over a SASL_SSL listener (SCRAM-SHA-512)",
     )
     args = parser.parse_args()
     if not 1 <= args.clients <= 64:
@@ -663,8 +765,27 @@ def main() -> None:
             from raylog.actors.transport.channel import local_sockets_enabled
 
             results["channel_local_sockets"] = local_sockets_enabled()
-            results["raylog_rf1"] = raylog_case(root, 1, args, value, ca=ca)
-            results["raylog_rf3"] = raylog_case(root, 3, args, value, ca=ca)
+            sasl_ssl = None
+            results["security"] = args.security
+            if args.security == "sasl_ssl":
+                from raylog.storage import pki
+
+                listener_ca = pki.CertificateAuthority.generate("raylog-bench-listener")
+                (root / "ca.pem").write_bytes(listener_ca.cert_pem)
+                password = os.urandom(12).hex()
+                sasl_ssl = (
+                    listener_ca.issue("gateway:0"),
+                    password,
+                    {
+                        "security.protocol": "SASL_SSL",
+                        "sasl.mechanisms": "SCRAM-SHA-512",
+                        "sasl.username": "bench",
+                        "sasl.password": password,
+                        "ssl.ca.location": str(root / "ca.pem"),
+                    },
+                )
+            results["raylog_rf1"] = raylog_case(root, 1, args, value, ca=ca, sasl_ssl=sasl_ssl)
+            results["raylog_rf3"] = raylog_case(root, 3, args, value, ca=ca, sasl_ssl=sasl_ssl)
             if args.compare_ray_calls:
                 results["raylog_rf3_ray_calls"] = raylog_case(root, 3, args, value, channels=False)
         finally:
@@ -697,6 +818,12 @@ def main() -> None:
         "produce_rf3_ge_0.5x": results["ratios_vs_tansu"]["produce_rf3"] >= 0.5,
         "consume_ge_1.0x": results["ratios_vs_tansu"]["consume_rf3"] >= 1.0,
     }
+    if args.security == "sasl_ssl":
+        results["goals"]["sasl_ssl_ge_0.7x_plaintext"] = all(
+            ratio >= 0.7
+            for case in ("raylog_rf1", "raylog_rf3")
+            for ratio in results[case]["sasl_ssl_vs_plaintext"].values()
+        )
     json.dump(results, sys.stdout, indent=2)
     print()
 

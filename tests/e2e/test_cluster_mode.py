@@ -217,12 +217,17 @@ def test_raylog_up_address_runs_a_broker_per_raylog_node(cluster: Cluster) -> No
     for rack, ip in (("a", "127.0.0.2"), ("b", "127.0.0.3")):
         cluster.add_node(rack, ip)
         progress(f"node {rack} started")
+    port = free_port_block(2)
     up = ClusterUp(
         cluster.root / "head-data",
         f"127.0.0.1:{cluster.gcs_port}",
-        free_port_block(2),
+        port,
         dict(cluster.env),
-    )
+        # PLAINTEXT on each node's (loopback) address, which `raylog up --address` refuses
+        # unless told: its default is SASL_SSL (tests/e2e/test_client_security.py).
+        "--broker-config", f"listeners=PLAINTEXT://:{port}",
+        "--broker-config", "allow.insecure.network.listeners=true",
+    )  # fmt: skip
     try:
         first = up.start()
         assert first, "ready with at least one broker serving"

@@ -357,8 +357,11 @@ class RayNode:
 class ClusterUp:
     """``raylog up --address`` against a running Ray cluster; CLI commands use ``--address``."""
 
-    def __init__(self, data_dir: Path, address: str, port: int, env: dict[str, str]) -> None:
+    def __init__(
+        self, data_dir: Path, address: str, port: int, env: dict[str, str], *extra: str
+    ) -> None:
         self.data_dir = data_dir
+        self.extra = extra  # more `raylog up` arguments
         self.address = address
         self.port = port  # the default gateway port; the metrics endpoint is the next one
         self.env = env
@@ -373,7 +376,7 @@ class ClusterUp:
             self.proc = subprocess.Popen(
                 [
                     *RAYLOG, "up", "--address", self.address, "--data-dir", str(self.data_dir),
-                    "--port", str(self.port),
+                    "--port", str(self.port), *self.extra,
                 ],
                 stdout=subprocess.PIPE,
                 stderr=err,

@@ -26,7 +26,9 @@ try {
   await producer.send({ topic, acks: -1, messages: sent.map((v) => ({ value: v })) })
   await producer.disconnect()
 
-  const consumer = kafka.consumer({ groupId: `g-${mechanism}`, sessionTimeout: 10_000 })
+  const consumer = kafka.consumer({
+    groupId: `g-${mechanism}`, sessionTimeout: 10_000, maxWaitTimeInMs: 500,
+  })
   await consumer.connect()
   await consumer.subscribe({ topics: [topic], fromBeginning: true })
   const received = []
@@ -39,8 +41,10 @@ try {
       if (received.length >= sent.length) resolveAll()
     },
   })
-  const timeout = new Promise((resolve) => setTimeout(resolve, DEADLINE_MS))
+  let timer
+  const timeout = new Promise((resolve) => { timer = setTimeout(resolve, DEADLINE_MS) })
   await Promise.race([all, timeout])
+  clearTimeout(timer) // else it keeps the process alive until the deadline
   await consumer.disconnect()
   console.log(JSON.stringify({ sent, received }))
 } catch (e) {
