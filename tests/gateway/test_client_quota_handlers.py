@@ -8,7 +8,8 @@ over TCP, kafka-python's admin transport sends both APIs at the advertised versi
 kafka-python producers with different client ids produce through one gateway where one client id
 has a low producer_byte_rate: that one's responses carry throttle_time_ms > 0 (its
 ``throttle-time-max`` metric), the other's are all 0, and the gateway's measurements say so;
-and a throttled connection's next request is not read before its throttle time has passed.
+a throttled connection's next request is not read before its throttle time has passed; a Fetch
+over its consumer_byte_rate is answered with its throttle time and no data.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from kafka.protocol.admin import (
     DescribeClientQuotasRequest,
     DescribeClientQuotasResponse,
 )
+from kafka.protocol.consumer import FetchRequest, FetchResponse
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
 from support.admin_backend import AdminMemory, roundtrip
 from support.authorization import allow, as_alice
@@ -44,7 +46,7 @@ from raylog.gateway.backend import (
     TopicState,
 )
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.quotas import PRODUCER_BYTE_RATE, ClientQuotas
+from raylog.gateway.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, ClientQuotas
 
 _AEntry = AlterClientQuotasRequest.EntryData
 _Component = DescribeClientQuotasRequest.ComponentData
@@ -282,3 +284,59 @@ def test_quota_apis_need_describe_configs_and_alter_configs_on_the_cluster() -> 
         backend, describe_request([]), 1, DescribeClientQuotasResponse, **alter_configs
     )
     assert described(found) == [({"client-id": "app"}, {"producer_byte_rate": 1024.0})]
+
+
+@dataclass
+class FetchingBackend(QuotaBackend):
+    """QuotaBackend whose partition always answers a Fetch with ``data``."""
+
+    data: bytes = b"f" * 5_000
+
+    async def fetch(self, topic: str, partition: int, read: PartitionFetch) -> FetchResult:
+        return FetchResult(0, 1, 1, 0, self.data)
+
+
+def test_a_fetch_over_the_consumer_byte_rate_gets_its_throttle_time_and_no_data() -> None:
+    # As Kafka's handleFetchRequest: the throttled response is empty and its bytes do not count.
+    backend = FetchingBackend()
+    assert backend.quotas is not None
+    backend.quotas.update([((None, "t"), {CONSUMER_BYTE_RATE: 800.0})])  # 8 kB per first 10 s
+    topics = [
+        FetchRequest.FetchTopic(
+            topic=TOPIC,
+            partitions=[
+                FetchRequest.FetchTopic.FetchPartition(
+                    partition=0,
+                    current_leader_epoch=-1,
+                    fetch_offset=0,
+                    log_start_offset=-1,
+                    partition_max_bytes=1 << 20,
+                )
+            ],
+        )
+    ]
+
+    def fetch() -> Any:
+        request = FetchRequest(
+            replica_id=-1,
+            max_wait_ms=0,
+            min_bytes=0,
+            max_bytes=1 << 20,
+            isolation_level=0,
+            session_id=0,
+            session_epoch=-1,
+            topics=topics,
+            forgotten_topics_data=[],
+            rack_id="",
+        )
+        return roundtrip(backend, request, 11, FetchResponse, quotas=backend.quotas)
+
+    first = fetch()  # 5 kB: within 8 kB
+    assert first.throttle_time_ms == 0
+    assert len(first.responses[0].partitions[0].records) == 5_000
+    # 10 kB: 1000 B/s over 10 s (plus the time between the two), (1000 - 800) / 800 x 10 s.
+    second = fetch()
+    assert 2_000 < second.throttle_time_ms <= 2_500
+    assert second.responses == []
+    rows = backend.quotas.metrics(0)[CONSUMER_BYTE_RATE]
+    assert [(r["client_id"], r["total"], r["throttled"]) for r in rows] == [("t", 5_000, 1)]
