@@ -4,12 +4,13 @@ This module owns the requests an operator or a Kafka client sends the active con
 a gateway or the CLI): CreateTopics, DeleteTopics, DescribeConfigs, AlterConfigs,
 CreatePartitions, ElectLeaders, AlterPartitionReassignments and ListPartitionReassignments
 (KIP-455), AllocateProducerIds, AlterUserScramCredentials and DescribeUserScramCredentials
-(KIP-554), CreateAcls, DescribeAcls and DeleteAcls, and raylog's rebalance; and the two
-background duties of the reconcile loop that come with them: completing reassignments, and the
-automatic preferred leader election (``auto.leader.rebalance.enable``). Each request decides
-with a pure module on the current metadata (``metadata``, ``placement``, ``election``,
-``reassignment``, ``acls``) and writes the outcome with the controller's compare-and-swap
-(``_mutate``); the brokers then learn it from the reconciler's next pushes.
+(KIP-554), CreateAcls, DescribeAcls and DeleteAcls, Alter/DescribeClientQuotas (KIP-546), and
+raylog's rebalance; and the two background duties of the reconcile loop that come with them:
+completing reassignments, and the automatic preferred leader election
+(``auto.leader.rebalance.enable``). Each request decides with a pure module on the current
+metadata (``metadata``, ``placement``, ``election``, ``reassignment``, ``acls``,
+``client_quotas``) and writes the outcome with the controller's compare-and-swap (``_mutate``);
+the brokers then learn it from the reconciler's next pushes.
 
 The host class provides the active controller's state and helpers: ``_ensure_started``,
 ``_require_active`` (the current stored version, or NotControllerError), ``_mutate`` (decide,
@@ -29,7 +30,7 @@ import ray
 
 from raylog.actors.calls import NAMESPACE, monotonic_ms, ray_call, replica_actor_name
 from raylog.actors.control import acls as acls_
-from raylog.actors.control import config_keys, election, placement, reassignment
+from raylog.actors.control import client_quotas, config_keys, election, placement, reassignment
 from raylog.actors.control import metadata as md_
 from raylog.actors.control.metadata import ClusterMetadata, TopicMetadata, TopicPartition
 from raylog.actors.control.metadata_store import VersionedMetadata
@@ -337,6 +338,31 @@ class AdminRequests:
         """DeleteAcls: per filter its error or the ACLs it deleted (``acls.delete_acls``)."""
         self._ensure_started()
         return await self._mutate(lambda md: md_.delete_acls(md, filters))
+
+    # --- client quotas (KIP-546) ----------------------------------------------------------------
+
+    async def alter_client_quotas(
+        self,
+        entries: list[tuple[list[tuple[str, str | None]], list[tuple[str, float, bool]]]],
+        validate_only: bool = False,
+    ) -> list[client_quotas.EntityResult]:
+        """AlterClientQuotas: ``entries`` as (entity, ops), an entity as (type, name or None
+        for the default), an op as (key, value, remove); per entry Kafka's error code and
+        message (``client_quotas.alter_client_quotas``)."""
+        self._ensure_started()
+        wanted = [client_quotas.ClientQuotaEntry(e, ops) for e, ops in entries]
+        return await self._mutate(
+            lambda md: client_quotas.alter_client_quotas(md, wanted, validate_only)
+        )
+
+    async def describe_client_quotas(
+        self, components: list[tuple[str, int, str | None]], strict: bool = False
+    ) -> client_quotas.DescribeResult:
+        """DescribeClientQuotas: the entities matching the filter ``components`` (entity
+        type, match type, match), with their values."""
+        self._ensure_started()
+        md = self._require_active().metadata
+        return client_quotas.describe_client_quotas(md, components, strict)
 
     async def allocate_producer_ids(self) -> tuple[int, int]:
         """AllocateProducerIds: the next block of producer ids as ``(first, count)``.

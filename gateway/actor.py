@@ -40,6 +40,7 @@ from raylog.gateway.authentication import Authenticator
 from raylog.gateway.authorization import Authorization
 from raylog.gateway.backend import AdminBackend, Broker, PartitionState, TopicState
 from raylog.gateway.groups.coordinator import GroupCoordinator
+from raylog.gateway.quotas import ClientQuotas
 from raylog.gateway.replica_backend import ReplicaBackend
 from raylog.gateway.request_stats import RequestStats
 from raylog.gateway.routing import MetadataView
@@ -168,11 +169,13 @@ class GatewayActor:
         backend = ReplicaBackend(view, controller=self, broker_configs=self._broker_configs)
         self._backend = backend
         groups = self._group_coordinator(backend)
+        config = config_keys.broker_config(self._broker_configs)
         server = GatewayServer(
             backend,
             groups=groups,
             authenticator=await self._authenticator(),
             authorization=self._authorization,
+            quotas=ClientQuotas(config.quota_window_num, config.quota_window_size_seconds),
         )
         ports = []
         for listener in self._listeners:
@@ -372,7 +375,8 @@ class GatewayActor:
         """Request counts, latency histograms and bytes since start (see ``request_stats``),
         how fetches were read: ``fetch_reads`` (bytes read from the segment files on this
         node, bytes the replicas sent, short-circuit reads that did not hold), and the use of
-        the shared memory large produce requests are received into (``produce_arena``)."""
+        the shared memory large produce requests are received into (``produce_arena``), and per
+        client quota and (user, client id) its rate and throttle times (``client_quotas``)."""
         stats = self._server.request_stats if self._server is not None else RequestStats()
         backend = self._backend
         reads = dataclasses.asdict(backend.read_stats) if backend is not None else {}
@@ -382,6 +386,9 @@ class GatewayActor:
             **stats.snapshot(),
             "fetch_reads": reads,
             "produce_arena": arena,
+            "client_quotas": (
+                self._server.quotas.metrics(int(time.monotonic() * 1000)) if self._server else {}
+            ),
         }
 
     # --- metadata -------------------------------------------------------------------------------
@@ -421,9 +428,10 @@ class GatewayActor:
         self._credentials = md.scram_credentials
         brokers, topics = client_view(md)
         live = [b.node_id for b in brokers]
-        assert self._view is not None
+        assert self._view is not None and self._server is not None
         self._view.update(controller_id=min(live) if live else -1, brokers=brokers, topics=topics)
         self._authorization.update(md.acls)
+        self._server.quotas.update(((q.user, q.client_id), q.values) for q in md.client_quotas)
         self._metadata_epoch = md.metadata_epoch
 
     async def active_controller(self, refresh: bool = False) -> Any:

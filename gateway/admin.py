@@ -2,8 +2,8 @@
 
 This module owns carrying out the admin APIs (CreateTopics, DeleteTopics, DescribeConfigs and
 AlterConfigs on topics, CreatePartitions, ElectLeaders, Describe/AlterUserScramCredentials,
-Create/Describe/DeleteAcls) and handing out producer ids (InitProducerId), whichever broker the
-request reached:
+Create/Describe/DeleteAcls, Describe/AlterClientQuotas) and handing out producer ids
+(InitProducerId), whichever broker the request reached:
 
 1. The request goes to the active controller, found through a :class:`ControllerLocator` (the
    gateway actor, which polls the controllers for its metadata anyway). A controller that is gone
@@ -35,6 +35,9 @@ from raylog.actors.control import config_keys
 from raylog.actors.control import metadata as md_
 from raylog.gateway.backend import (
     AdminResult,
+    ClientQuotaEntry,
+    DescribeResult,
+    EntityResult,
     NewTopic,
     ScramUpsertion,
     ScramUserDescription,
@@ -198,6 +201,23 @@ class ControllerAdmin:
             return await self.call("delete_acls", list(filters))
         except RaylogError as exc:  # every filter gets the failure
             return [acls_.DeletionResult(exc.error_code, one_line(exc), ())] * len(filters)
+
+    async def alter_client_quotas(
+        self, entries: Sequence[ClientQuotaEntry], validate_only: bool
+    ) -> Sequence[EntityResult]:
+        wire = [(list(e.entity), list(e.ops)) for e in entries]
+        try:
+            return await self.call("alter_client_quotas", wire, validate_only)
+        except RaylogError as exc:  # every entry gets the failure
+            return [EntityResult(e.entity, exc.error_code, one_line(exc)) for e in entries]
+
+    async def describe_client_quotas(
+        self, components: Sequence[tuple[str, int, str | None]], strict: bool
+    ) -> DescribeResult:
+        try:
+            return await self.call("describe_client_quotas", list(components), strict)
+        except RaylogError as exc:
+            return DescribeResult(exc.error_code, one_line(exc), [])
 
     async def init_producer_id(self) -> ProducerIdResult:
         """A fresh producer id from this gateway's block (a new block from the controller when

@@ -74,6 +74,10 @@ TARGET_VERSIONS: Mapping[int, VersionRange] = MappingProxyType(
         43: (0, 1),  # ElectLeaders: v1 adds election_type (preferred / unclean)
         44: (0, 0),  # IncrementalAlterConfigs
         47: (0, 0),  # OffsetDelete
+        # Describe/AlterClientQuotas (KIP-546). DescribeClientQuotas from v1 only: kafka-python
+        # reads a table offering its v0 as a Kafka 2.6 broker (see docs/PROTOCOL.md).
+        48: (1, 1),
+        49: (0, 1),
         # Describe/AlterUserScramCredentials (KIP-554): v0 is their only version, flexible.
         50: (0, 0),
         51: (0, 0),

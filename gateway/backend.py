@@ -8,11 +8,10 @@ in-memory ones.
 
 Methods grow with the handlers: :class:`Backend` is what Metadata needs, :class:`DataBackend`
 adds the data path (Produce, Fetch, ListOffsets, and DeleteRecords, which like them goes to
-each partition's leader replica), :class:`AdminBackend` the admin APIs (topics,
-configs and SCRAM users, carried out by the active controller whichever broker the request
-reached). Record
-batches cross this boundary as opaque ``bytes``: neither side decodes records on the produce or
-fetch path.
+each partition's leader replica), :class:`AdminBackend` the admin APIs (topics, configs, SCRAM
+users and client quotas, carried out by the active controller whichever broker the request
+reached). Record batches cross this boundary as opaque ``bytes``: neither side decodes records
+on the produce or fetch path.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from types import MappingProxyType
 from typing import NamedTuple, Protocol, runtime_checkable
 
 from raylog.actors.control.acls import AclBinding, AclBindingFilter, CreationResult, DeletionResult
+from raylog.actors.control.client_quotas import ClientQuotaEntry, DescribeResult, EntityResult
 from raylog.actors.control.metadata import ScramUserDescription, UserResult
 
 __all__ = [
@@ -29,9 +29,12 @@ __all__ = [
     "AdminResult",
     "Backend",
     "Broker",
+    "ClientQuotaEntry",
     "ClusterView",
     "DataBackend",
     "DeleteRecordsResult",
+    "DescribeResult",
+    "EntityResult",
     "FetchResult",
     "ListOffsetsResult",
     "NewTopic",
@@ -348,4 +351,16 @@ class AdminBackend(Backend, Protocol):
 
     async def delete_acls(self, filters: Sequence[AclBindingFilter]) -> Sequence[DeletionResult]:
         """DeleteAcls: per filter its error or the ACLs it deleted."""
+        ...
+
+    async def alter_client_quotas(
+        self, entries: Sequence[ClientQuotaEntry], validate_only: bool
+    ) -> Sequence[EntityResult]:
+        """AlterClientQuotas (KIP-546): per entry, its error code and message."""
+        ...
+
+    async def describe_client_quotas(
+        self, components: Sequence[tuple[str, int, str | None]], strict: bool
+    ) -> DescribeResult:
+        """DescribeClientQuotas: the entities matching the filter, or the request's error."""
         ...

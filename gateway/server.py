@@ -31,6 +31,11 @@ optionally TLS). A connection on a SASL listener is served its requests one at a
 SASL exchange succeeds, and only those ``authentication.ClientSession.admits``; anything else
 closes it. A failed exchange's answer is held for the throttle's delay, sent, and the
 connection closed, with one log line naming the user and the address (never a secret).
+
+Client quotas (``gateway/quotas.py``): each handler's time on the event loop counts against
+request_percentage; a response carrying ``throttle_time_ms`` is sent at once and the connection
+is then muted for that long (KIP-219): no further request is read from it. A client with a
+quota has its requests admitted one at a time, as Kafka serves every connection.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ import ssl
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from raylog.actors.control.principal_mapping import PrincipalMapper, peer_principal
 from raylog.actors.transport.arena import ArenaPool
@@ -65,6 +71,7 @@ from raylog.gateway.protocol import (
     Request,
     Signal,
 )
+from raylog.gateway.quotas import ClientQuotas, busy_time
 from raylog.gateway.request_stats import RequestStats
 from raylog.storage.errors import RaylogError
 
@@ -126,8 +133,10 @@ class GatewayServer:
         groups: GroupCoordinator | None = None,
         authenticator: Authenticator | None = None,
         authorization: Authorization | None = None,
+        quotas: ClientQuotas | None = None,
     ) -> None:
         self.backend = backend
+        self.quotas = quotas or ClientQuotas()  # client quotas (gateway/quotas.py)
         self.authenticator = authenticator  # SASL listeners need one
         self.authorization = authorization  # None: every request allowed
         self.groups = groups  # the group coordinator the group APIs use (None: unavailable)
@@ -309,9 +318,12 @@ class _ClientConnection:
             session=self._session,
             authenticator=server.authenticator,
             authorization=server.authorization,
+            quotas=server.quotas,
         )
         self._requests: set[asyncio.Task[None]] = set()
         self._answered = asyncio.Event()  # set whenever a response is released
+        self._muted_until = 0.0  # monotonic s: KIP-219, no request is read before it
+        self._client_id: str | None = None  # of the last request admitted
 
     def _principal(self, listener: ListenerSocket) -> str:
         """The principal of a connection without SASL: its client certificate's, mapped, on an
@@ -347,6 +359,18 @@ class _ClientConnection:
         connection = self._connection
         sock = self._sock
         while not self._closing:
+            muted_s = self._muted_until - time.monotonic()
+            if muted_s > 0:  # throttled (bounded by the quota window): read nothing yet
+                await asyncio.sleep(muted_s)
+                continue
+            if connection.in_flight and self._server.quotas.limited(
+                self._session.principal, self._client_id
+            ):
+                # A client with a quota is served one request at a time, as Kafka serves every
+                # connection: pipelined requests would outrun its throttle.
+                self._answered.clear()
+                await self._answered.wait()
+                continue
             if sock.write_paused:
                 # The client is not reading its responses: admit no more requests until it
                 # does (their answers would pile up in the transport without bound); TCP then
@@ -370,6 +394,7 @@ class _ClientConnection:
                 self._abort()
                 return
             if isinstance(event, Request):
+                self._client_id = event.header.client_id
                 if not self._session.authenticated:
                     # One at a time until authenticated: each answer decides what is admitted.
                     if not self._session.admits(event.api_key):
@@ -426,9 +451,10 @@ class _ClientConnection:
         handler = self._handlers[request.api_key]
         started_s = time.monotonic()
         try:
-            response = await handler(self._context, request)
+            response, busy_s = await busy_time(handler(self._context, request), time.monotonic)
             if self._closing:
                 return
+            throttle_ms = self._throttle(request, response, busy_s)
             if response is None:
                 data = self._connection.send_nothing(request)
             else:
@@ -461,6 +487,8 @@ class _ClientConnection:
         if self._session.state is SessionState.FAILED:
             await self._refuse(data)
             return
+        if throttle_ms:  # KIP-219: the answer goes out now, then the connection is muted
+            self._muted_until = max(self._muted_until, time.monotonic() + throttle_ms / 1000)
         if data:
             self._sock.write(data)
             try:
@@ -468,6 +496,24 @@ class _ClientConnection:
                     await self._sock.drain()
             except (ConnectionError, OSError, TimeoutError):
                 self._abort()
+
+    def _throttle(self, request: Request, response: Any, busy_s: float) -> int:
+        """Record the handler's time against request_percentage; the response's throttle time
+        (the larger of that and a byte rate's, which Produce and Fetch set)."""
+        quotas = self._server.quotas
+        throttle_ms = quotas.record_request_time(
+            request.api_key,
+            self._session.principal,
+            request.header.client_id,
+            busy_s,
+            int(time.monotonic() * 1000),
+        )
+        answered_ms = getattr(response, "throttle_time_ms", None)
+        if answered_ms is None:
+            return 0
+        if throttle_ms > answered_ms:
+            response.throttle_time_ms = throttle_ms
+        return int(response.throttle_time_ms)
 
     async def _refuse(self, answer: bytes | memoryview | None) -> None:
         """A failed SASL exchange: hold the answer for the throttle's delay, send it, close."""

@@ -2,8 +2,8 @@
 
 This module parses the arguments and dispatches; each command group is a module of this package
 (``up``, ``topics``, ``configs``, ``brokers``, ``leader_election``, ``status``, ``reassign``,
-``pipeline``, ``users``, ``certs``, ``acls``), each adding its commands to the parser with
-``add_subcommands``. How a command reaches the running cluster is ``client``'s; the cluster
+``pipeline``, ``users``, ``quotas``, ``certs``, ``acls``), each adding its commands to the parser
+with ``add_subcommands``. How a command reaches the running cluster is ``client``'s; the cluster
 itself is ``raylog.actors.cluster``'s. A command whose parser sets ``prepare`` (``users
 create``) has it run here first, in the caller's process, to read a secret and pass on only what
 it derives.
@@ -29,6 +29,7 @@ from raylog.actors.cli import (
     configs,
     leader_election,
     pipeline,
+    quotas,
     reassign,
     status,
     topics,
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     pipeline.add_subcommands(sub)
     reassign.add_subcommands(sub)
     users.add_subcommands(sub)
+    quotas.add_subcommands(sub)
     certs.add_subcommands(sub)
     acls.add_subcommands(sub)
     return parser

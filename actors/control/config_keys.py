@@ -574,6 +574,8 @@ class BrokerConfig(msgspec.Struct, frozen=True, kw_only=True):
     authorizer_class_name: str
     super_users: str
     allow_everyone_if_no_acl_found: bool
+    quota_window_num: int
+    quota_window_size_seconds: int
 
 
 BROKER_CONFIG_DEFS: tuple[ConfigDef, ...] = (
@@ -868,6 +870,20 @@ BROKER_CONFIG_DEFS: tuple[ConfigDef, ...] = (
         type="boolean",
         default="false",
         doc="Allow every principal on a resource no ACL names.",
+    ),
+    ConfigDef(
+        name="quota.window.num",
+        type="int",
+        default="11",
+        minimum=1,
+        doc="The number of samples a client's rate is measured over, for its quotas.",
+    ),
+    ConfigDef(
+        name="quota.window.size.seconds",
+        type="int",
+        default="1",
+        minimum=1,
+        doc="The time span of each sample of a client's rate; also the longest throttle time.",
     ),
 )
 

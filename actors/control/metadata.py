@@ -2,8 +2,9 @@
 
 This module owns the shape of raylog's cluster metadata — broker registrations, topics with their
 config overrides, per partition its replicas, leader, epochs and ISR, the SASL/SCRAM users'
-credentials (KIP-554, keys only: ``actors/control/scram.py``) and the ACLs
-(``actors/control/acls.py``) — as msgspec Structs that
+credentials (KIP-554, keys only: ``actors/control/scram.py``), the ACLs
+(``actors/control/acls.py``) and the client quotas (``actors/control/client_quotas.py``) — as
+msgspec Structs that
 encode to JSON or msgpack for the controller's compare-and-swap writes to the object store, and
 the mechanical transitions on it. Every transition takes a :class:`ClusterMetadata` and returns a
 new one (never mutating), bumping ``metadata_epoch`` once, or returns the very same object when
@@ -166,6 +167,18 @@ class ScramCredentialRecord(msgspec.Struct, frozen=True, kw_only=True):
         return f"ScramCredentialRecord({self.mechanism}, iterations={self.iterations}, [hidden])"
 
 
+class ClientQuotaRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One client quota entity's values (KIP-546's ClientQuotaEntity): ``user`` and
+    ``client_id`` are each a name, ``client_quotas.DEFAULT`` (Kafka's ``<default>``) or None
+    (not part of the entity); ``values`` maps Kafka's quota keys (``producer_byte_rate``,
+    ``consumer_byte_rate``, ``request_percentage``) to their values. Transitions:
+    ``actors/control/client_quotas.py``."""
+
+    user: str | None = None
+    client_id: str | None = None
+    values: dict[str, float] = {}
+
+
 class ClusterMetadata(msgspec.Struct, frozen=True, kw_only=True):
     """The root document the controller reads and compare-and-swaps in the object store."""
 
@@ -183,6 +196,8 @@ class ClusterMetadata(msgspec.Struct, frozen=True, kw_only=True):
     scram_credentials: dict[str, tuple[ScramCredentialRecord, ...]] = {}
     # Kafka's ACLs, sorted, each once (acls.create_acls / delete_acls).
     acls: tuple[acls_.AclBinding, ...] = ()
+    # Client quotas (KIP-55, KIP-546): one record per entity with values, sorted by entity.
+    client_quotas: tuple[ClientQuotaRecord, ...] = ()
 
 
 class PartitionChange(msgspec.Struct, frozen=True, kw_only=True):

@@ -15,6 +15,7 @@ from types import MappingProxyType, ModuleType
 
 from raylog.gateway import apis
 from raylog.gateway.handlers import (
+    alter_client_quotas,
     alter_configs,
     alter_user_scram_credentials,
     api_versions,
@@ -26,6 +27,7 @@ from raylog.gateway.handlers import (
     delete_records,
     delete_topics,
     describe_acls,
+    describe_client_quotas,
     describe_configs,
     describe_groups,
     describe_user_scram_credentials,
@@ -84,6 +86,8 @@ _MODULES: tuple[ModuleType, ...] = (
     describe_acls,
     create_acls,
     delete_acls,
+    describe_client_quotas,
+    alter_client_quotas,
     # consumer groups
     find_coordinator,
     join_group,

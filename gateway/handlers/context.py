@@ -13,6 +13,7 @@ has no authorizer, and take the principal and host from the connection's session
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -23,6 +24,7 @@ from raylog.gateway.authorization import Authorization
 from raylog.gateway.backend import Backend
 from raylog.gateway.groups.coordinator import GroupCoordinator
 from raylog.gateway.protocol import Request
+from raylog.gateway.quotas import ClientQuotas
 
 __all__ = [
     "AUTHORIZATION_FAILED",
@@ -51,8 +53,8 @@ class CloseConnection(Exception):
 
 @dataclass(frozen=True, slots=True)
 class RequestContext:
-    """What a handler may use besides the request: the backend, the advertised table, and
-    the connection: its listener and its authentication session."""
+    """What a handler may use besides the request: the backend, the advertised table, the
+    connection (its listener and its authentication session) and the broker's client quotas."""
 
     backend: Backend
     api_versions: Mapping[int, tuple[int, int]]
@@ -64,6 +66,7 @@ class RequestContext:
     session: ClientSession | None = None  # None: no authentication (unit tests of handlers)
     authenticator: Authenticator | None = None  # None: the gateway has no SASL listener
     authorization: Authorization | None = None  # None: authorization off
+    quotas: ClientQuotas | None = None  # None: no client quotas are enforced
 
     @property
     def principal(self) -> str:
@@ -120,6 +123,20 @@ class RequestContext:
         if self.authorizer is None:
             return set()
         return {n for n in set(names) if not self.authorized(operation, ResourceType.TOPIC, n)}
+
+    def record_quota(self, key: str, request: Request, value: float) -> int:
+        """Record ``value`` against the client's quota ``key`` (``gateway/quotas.py``): its
+        (principal, client id) entity's throttle time in ms, 0 without a quota."""
+        if self.quotas is None:
+            return 0
+        now_ms = int(time.monotonic() * 1000)
+        return self.quotas.record(key, self.principal, request.header.client_id, value, now_ms)
+
+    def unrecord_quota(self, key: str, request: Request, value: float) -> None:
+        """Take back a recorded ``value`` (a throttled Fetch whose data is not sent)."""
+        if self.quotas is not None:
+            now_ms = int(time.monotonic() * 1000)
+            self.quotas.unrecord(key, self.principal, request.header.client_id, value, now_ms)
 
 
 Handler = Callable[[RequestContext, Request], Awaitable[Any | None]]

@@ -48,6 +48,7 @@ from raylog.gateway.backend import READ_COMMITTED, DataBackend, FetchResult, Par
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.protocol import Request
+from raylog.gateway.quotas import CONSUMER_BYTE_RATE
 
 API_KEY = 1
 
@@ -135,8 +136,16 @@ async def handle(context: RequestContext, request: Request) -> Any:
                 )
             )
         responses.append(_Topic(topic=topic.topic, partitions=parts))
+    # consumer_byte_rate (KIP-13), as Kafka's KafkaApis.handleFetchRequest: the response's bytes
+    # are recorded; a client over its quota gets its throttle time and no data (the bytes are
+    # taken back), and fetches again once the throttle time has passed.
+    fetched = sum(len(data) for data in records if data)
+    throttle_ms = context.record_quota(CONSUMER_BYTE_RATE, request, fetched)
+    if throttle_ms:
+        context.unrecord_quota(CONSUMER_BYTE_RATE, request, fetched)
+        responses = []
     return FetchResponse(
-        throttle_time_ms=0, error_code=ErrorCode.NONE, session_id=0, responses=responses
+        throttle_time_ms=throttle_ms, error_code=ErrorCode.NONE, session_id=0, responses=responses
     )
 
 

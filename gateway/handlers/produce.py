@@ -52,6 +52,7 @@ from raylog.gateway.errors import ErrorCode
 from raylog.gateway.groups.coordinator import OFFSETS_TOPIC
 from raylog.gateway.handlers.context import CloseConnection, RequestContext
 from raylog.gateway.protocol import Request
+from raylog.gateway.quotas import PRODUCER_BYTE_RATE
 from raylog.storage import batch as rb
 
 API_KEY = 0
@@ -103,11 +104,14 @@ async def handle(context: RequestContext, request: Request) -> Any:
                 log_start_offset=result.log_start_offset,
             )
         )
+    # Kafka records a Produce against producer_byte_rate once appended (KIP-13); the records
+    # are the request's bulk.
+    sent = sum(len(data.records or b"") for t in body.topic_data for data in t.partition_data)
     return ProduceResponse(
         responses=[
             _Topic(name=name, partition_responses=parts) for name, parts in by_topic.items()
         ],
-        throttle_time_ms=0,
+        throttle_time_ms=context.record_quota(PRODUCER_BYTE_RATE, request, sent),
     )
 
 

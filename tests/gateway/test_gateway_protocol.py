@@ -83,6 +83,8 @@ EXPECTED_TABLE = {
     43: (0, 1),  # ElectLeaders
     44: (0, 0),  # IncrementalAlterConfigs
     47: (0, 0),  # OffsetDelete
+    48: (1, 1),  # DescribeClientQuotas: not v0 (kafka-python would read Kafka 2.6)
+    49: (0, 1),  # AlterClientQuotas
     50: (0, 0),  # DescribeUserScramCredentials
     51: (0, 0),  # AlterUserScramCredentials
 }
@@ -111,10 +113,10 @@ def test_api_versions_v0_golden_bytes() -> None:
     assert isinstance(request, Request)
     assert request.header == codec.RequestHeader(18, 0, 7, "raw", 1)
     assert answer(connection, request) == bytes.fromhex(
-        "000000ca"  # size: 202 bytes
+        "000000d6"  # size: 214 bytes
         "00000007"  # correlation id
         "0000"  # error_code NONE
-        "00000020"  # api_keys: 32 entries, by key; each key, min, max
+        "00000022"  # api_keys: 34 entries, by key; each key, min, max
         "000000030007"  # Produce 3-7
         "00010004000b"  # Fetch 4-11
         "000200010003"  # ListOffsets 1-3
@@ -145,6 +147,8 @@ def test_api_versions_v0_golden_bytes() -> None:
         "002b00000001"  # ElectLeaders 0-1
         "002c00000000"  # IncrementalAlterConfigs 0-0
         "002f00000000"  # OffsetDelete 0-0
+        "003000010001"  # DescribeClientQuotas 1-1
+        "003100000001"  # AlterClientQuotas 0-1
         "003200000000"  # DescribeUserScramCredentials 0-0
         "003300000000"  # AlterUserScramCredentials 0-0
     )

@@ -3,7 +3,8 @@ real Connection and handlers: the input of the gateway's admin handler tests.
 
 ``AdminMemory`` keeps a real ``ClusterMetadata`` (three brokers, racks a, b, c) and changes it
 with the same pure functions the controller runs (``metadata``, ``placement``, ``election``,
-``acls``, ``config_keys``): it is the gateway's input, not a stand-in for the handlers under test.
+``acls``, ``client_quotas``, ``config_keys``): it is the gateway's input, not a stand-in for the
+handlers under test.
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from raylog.actors.control import acls, election
+from raylog.actors.control import acls, client_quotas, election
 from raylog.actors.control import metadata as md_
 from raylog.gateway import codec
 from raylog.gateway.actor import client_view
 from raylog.gateway.backend import (
     AdminResult,
+    ClientQuotaEntry,
+    DescribeResult,
+    EntityResult,
     NewTopic,
     ScramUpsertion,
     ScramUserDescription,
@@ -28,6 +32,7 @@ from raylog.gateway.backend import (
 )
 from raylog.gateway.handlers import HANDLERS, RequestContext, advertised_versions
 from raylog.gateway.protocol import Connection, Request
+from raylog.gateway.quotas import ClientQuotas
 from raylog.storage.errors import RaylogError
 from support.gateway import InMemoryBackend
 
@@ -40,6 +45,7 @@ class AdminMemory(InMemoryBackend):
 
     broker_overrides: dict[str, str] = field(default_factory=dict)
     md: md_.ClusterMetadata = field(default_factory=lambda: three_brokers())
+    quotas: ClientQuotas | None = None  # a gateway's, which takes the client quotas altered
 
     async def topics(self, names: Sequence[str] | None) -> Mapping[str, TopicState]:
         _, states = client_view(self.md)
@@ -120,6 +126,19 @@ class AdminMemory(InMemoryBackend):
     ) -> Sequence[acls.DeletionResult]:
         self.md, results = md_.delete_acls(self.md, filters)
         return results
+
+    async def alter_client_quotas(
+        self, entries: Sequence[ClientQuotaEntry], validate_only: bool
+    ) -> Sequence[EntityResult]:
+        self.md, results = client_quotas.alter_client_quotas(self.md, entries, validate_only)
+        if self.quotas is not None:  # as the gateway actor's metadata poll does
+            self.quotas.update(((q.user, q.client_id), q.values) for q in self.md.client_quotas)
+        return results
+
+    async def describe_client_quotas(
+        self, components: Sequence[tuple[str, int, str | None]], strict: bool
+    ) -> DescribeResult:
+        return client_quotas.describe_client_quotas(self.md, components, strict)
 
     def _apply(self, change: Any, validate_only: bool) -> AdminResult:
         try:
