@@ -80,6 +80,10 @@ def bootstrap_lines(
             protocol = listener.security_protocol
             named = listener.name if listener.name == protocol else f"{listener.name} ({protocol})"
             lines.append(f"  listener:      {named} {servers(i)}")
+    if any(listener.sasl for listener in listeners):
+        lines.append("  sasl users:    raylog users create NAME (SCRAM; list: raylog users list)")
+    if any(listener.tls for listener in listeners):
+        lines.append("  tls:           raylog certs ca --out ca.pem (the CA clients trust)")
     return lines
 
 

@@ -20,9 +20,16 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raylog.actors.calls import CONTROLLERS, NAMESPACE, SUPERVISOR_ACTOR_NAME
 from raylog.actors.cluster.bootstrap import ClusterError
-from raylog.actors.cluster.embedded import START_TIMEOUT_S, STOP_STEP_TIMEOUT_S, EmbeddedCluster
+from raylog.actors.cluster.embedded import (
+    START_TIMEOUT_S,
+    STOP_STEP_TIMEOUT_S,
+    EmbeddedCluster,
+    bootstrap_lines,
+)
 from raylog.actors.cluster.node_watcher import NodeWatcherActor
 from raylog.actors.cluster.supervisor import SupervisorActor
+from raylog.actors.control import config_keys
+from raylog.actors.control import listeners as listeners_
 from raylog.storage.errors import one_line
 
 FIRST_NODE_TIMEOUT_S = 600.0  # an autoscaler may take minutes to add a node
@@ -43,6 +50,10 @@ class RayNodesCluster(EmbeddedCluster):
     ) -> None:
         super().__init__(data_dir, store_url, cluster_id, 0, port, s3_endpoint, broker_configs)
         self.port = port
+        self.listeners = listeners_.configured(
+            config_keys.broker_config(self.broker_configs),
+            default=listeners_.RAY_CLUSTER_DEFAULT.format(port=port),
+        )
         self.watcher: Any = None
         self._announced: set[tuple[int, str | None]] = set()  # (broker id, node id)
 
@@ -100,7 +111,15 @@ class RayNodesCluster(EmbeddedCluster):
             f"  controllers:   {CONTROLLERS} (active + standby)",
             f"  brokers:       one per Ray node with the raylog resource "
             f"({len(serving)} so far, racks {racks})",
-            f"  bootstrap:     {','.join(f'{s.host}:{s.port}' for s in serving)}",
+            *bootstrap_lines(
+                self.listeners,
+                lambda i: ",".join(
+                    f"{s.listeners[i].advertised_host}:{s.listeners[i].advertised_port}"
+                    if s.listeners
+                    else f"{s.host}:{s.port}"
+                    for s in serving
+                ),
+            ),
         ]
 
     def news(self) -> list[str]:
