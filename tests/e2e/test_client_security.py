@@ -6,12 +6,11 @@ SASL_SSL, and SSL with ``ssl.client.auth=required``), a SCRAM user made with `ra
 create`, the CA exported with `raylog certs ca` and a client certificate issued with `raylog
 certs issue`. Proves:
 
-- confluent-kafka (SCRAM-SHA-512, SCRAM-SHA-256, PLAIN), kafka-python (SCRAM-SHA-512, PLAIN),
-  aiokafka (SCRAM-SHA-256), kcat (SCRAM-SHA-256, SCRAM-SHA-512: librdkafka 2.0's SCRAM nonce)
-  and kafkajs (scram-sha-512, plain) produce and consume over SASL_SSL, and Metadata sends each
-  client to the brokers' SASL_SSL addresses, never to another listener's;
-- confluent-kafka, kafka-python and kcat produce and consume over SSL with a client
-  certificate of the cluster CA;
+- confluent-kafka, kafka-python, aiokafka, kcat (librdkafka 2.0, whose SCRAM repeats its nonce)
+  and kafkajs produce and consume over SASL_SSL with SCRAM-SHA-512 and with PLAIN (most with
+  SCRAM-SHA-256 too), and Metadata sends each client to the brokers' SASL_SSL addresses, never
+  to another listener's;
+- each of them produces and consumes over SSL with a client certificate of the cluster CA;
 - a wrong password, an unknown user, a client without a certificate or with one from another
   CA, and a plaintext client on a TLS port are each refused, and the cluster keeps serving the
   others; the gateways log the refused user and address, and no log holds the password;
@@ -98,6 +97,8 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secure]:
         # user; nobody else may do anything (no allow.everyone.if.no.acl.found).
         _ok(up.raylog("acls", "add", "--principal", "User:CN=bob", "--operation", "ALL",
                       "--topic", TOPIC))  # fmt: skip
+        _ok(up.raylog("acls", "add", "--principal", "User:CN=bob", "--operation", "READ",
+                      "--group", "g-", "--prefixed"))  # fmt: skip
         yield Secure(
             up,
             sasl_ssl=f"127.0.0.1:{port + 3},127.0.0.1:{port + 4}",
@@ -268,25 +269,37 @@ def test_kafka_python_over_ssl_with_a_client_certificate(secure: Secure) -> None
     assert len(got) == 20
 
 
-def test_aiokafka_over_sasl_ssl(secure: Secure) -> None:
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN", "SSL"])
+def test_aiokafka_over_tls(secure: Secure, mechanism: str) -> None:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
     from aiokafka import TopicPartition as AioTopicPartition
     from aiokafka.helpers import create_ssl_context
 
-    common = {
+    tag = f"aio-{mechanism}"
+    common: dict[str, Any] = {
         "bootstrap_servers": secure.sasl_ssl,
         "security_protocol": "SASL_SSL",
-        "sasl_mechanism": "SCRAM-SHA-256",
+        "sasl_mechanism": mechanism,
         "sasl_plain_username": "alice",
         "sasl_plain_password": PASSWORD,
     }
+    certificate: dict[str, str] = {}
+    if mechanism == "SSL":  # a client certificate on the SSL listener
+        common = {"bootstrap_servers": secure.ssl, "security_protocol": "SSL"}
+        certificate = {
+            "certfile": str(secure.certs / "bob.pem"),
+            "keyfile": str(secure.certs / "bob.key"),
+        }
+
+    def tls() -> Any:
+        return create_ssl_context(cafile=str(secure.ca), **certificate)
 
     async def roundtrip() -> list[str]:
-        producer = AIOKafkaProducer(ssl_context=create_ssl_context(cafile=str(secure.ca)), **common)
+        producer = AIOKafkaProducer(ssl_context=tls(), **common)
         await producer.start()
         try:
             for i in range(20):
-                await producer.send_and_wait(TOPIC, f"aio-{i}".encode())
+                await producer.send_and_wait(TOPIC, f"{tag}-{i}".encode())
         finally:
             await producer.stop()
         consumer = AIOKafkaConsumer(ssl_context=create_ssl_context(cafile=str(secure.ca)), **common)
@@ -302,7 +315,7 @@ def test_aiokafka_over_sasl_ssl(secure: Secure) -> None:
                         m.value.decode()
                         for records in batches.values()
                         for m in records
-                        if m.value.decode().startswith("aio-")
+                        if m.value.decode().startswith(f"{tag}-")
                     ]
         finally:
             await consumer.stop()
@@ -326,9 +339,10 @@ def _kcat(secure: Secure, *args: str, stdin: str | None = None) -> subprocess.Co
     [
         ("SASL_SSL", "sasl.mechanisms=SCRAM-SHA-256"),
         ("SASL_SSL", "sasl.mechanisms=SCRAM-SHA-512"),
+        ("SASL_SSL", "sasl.mechanisms=PLAIN"),
         ("SSL", "ssl.certificate.location={certs}/bob.pem", "ssl.key.location={certs}/bob.key"),
     ],
-    ids=["scram-sha-256", "scram-sha-512", "ssl-certificate"],
+    ids=["scram-sha-256", "scram-sha-512", "plain", "ssl-certificate"],
 )
 def test_kcat_over_tls(secure: Secure, security: tuple[str, ...]) -> None:
     protocol, *settings = security
@@ -347,11 +361,20 @@ def test_kcat_over_tls(secure: Secure, security: tuple[str, ...]) -> None:
     assert [v for v in consumed.stdout.split() if v.startswith(tag)] == values
 
 
-@pytest.mark.parametrize("mechanism", ["scram-sha-512", "plain"])
-def test_kafkajs_over_sasl_ssl(secure: Secure, kafkajs: Path, mechanism: str) -> None:
+@pytest.mark.parametrize("mechanism", ["scram-sha-512", "plain", "ssl"])
+def test_kafkajs_over_tls(secure: Secure, kafkajs: Path, mechanism: str) -> None:
+    if mechanism == "ssl":  # a client certificate on the SSL listener
+        who = [
+            secure.ssl,
+            TOPIC,
+            "ssl",
+            str(secure.certs / "bob.pem"),
+            str(secure.certs / "bob.key"),
+        ]
+    else:
+        who = [secure.sasl_ssl, TOPIC, mechanism, "alice", PASSWORD]
     run = subprocess.run(
-        [str(kafkajs), "secure.mjs", secure.sasl_ssl, TOPIC, mechanism, "alice", PASSWORD,
-         str(secure.ca)],
+        [str(kafkajs), "secure.mjs", *who, str(secure.ca)],
         cwd=KAFKAJS_DIR, capture_output=True, text=True, timeout=TIMEOUT_S * 2,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]

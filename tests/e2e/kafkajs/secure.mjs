@@ -1,20 +1,25 @@
-// kafkajs over SASL_SSL: produce COUNT records, read them back with a consumer group.
-// Prints one JSON document ({sent, received} or {error}); tests/e2e/test_client_security.py
-// checks it. Usage: node secure.mjs BOOTSTRAP TOPIC MECHANISM USER PASSWORD CA_FILE
+// kafkajs over SASL_SSL, or SSL with a client certificate: produce COUNT records, read them back
+// with a consumer group. Prints one JSON document ({sent, received} or {error});
+// tests/e2e/test_client_security.py checks it.
+// Usage: node secure.mjs BOOTSTRAP TOPIC MECHANISM USER PASSWORD CA_FILE
+//        node secure.mjs BOOTSTRAP TOPIC ssl CERT_FILE KEY_FILE CA_FILE
 import { readFileSync } from 'node:fs'
 import kafkajs from 'kafkajs'
 
 const { Kafka, logLevel } = kafkajs
 
-const [bootstrap, topic, mechanism, username, password, caFile] = process.argv.slice(2)
+const [bootstrap, topic, mechanism, first, second, caFile] = process.argv.slice(2)
+const ca = [readFileSync(caFile, 'utf-8')]
+const security = mechanism === 'ssl'
+  ? { ssl: { ca, cert: readFileSync(first, 'utf-8'), key: readFileSync(second, 'utf-8') } }
+  : { ssl: { ca }, sasl: { mechanism, username: first, password: second } }
 const COUNT = 20
 const DEADLINE_MS = 60_000
 const kafka = new Kafka({
   clientId: 'raylog-kafkajs-secure',
   brokers: bootstrap.split(','),
   logLevel: logLevel.NOTHING,
-  ssl: { ca: [readFileSync(caFile, 'utf-8')] },
-  sasl: { mechanism, username, password },
+  ...security,
   retry: { retries: 2 },
 })
 
