@@ -302,7 +302,7 @@ def test_aiokafka_over_tls(secure: Secure, mechanism: str) -> None:
                 await producer.send_and_wait(TOPIC, f"{tag}-{i}".encode())
         finally:
             await producer.stop()
-        consumer = AIOKafkaConsumer(ssl_context=create_ssl_context(cafile=str(secure.ca)), **common)
+        consumer = AIOKafkaConsumer(ssl_context=tls(), **common)
         await consumer.start()
         consumer.assign([AioTopicPartition(TOPIC, p) for p in range(2)])
         await consumer.seek_to_beginning()
