@@ -32,10 +32,11 @@ SASL exchange succeeds, and only those ``authentication.ClientSession.admits``; 
 closes it. A failed exchange's answer is held for the throttle's delay, sent, and the
 connection closed, with one log line naming the user and the address (never a secret).
 
-Client quotas (``gateway/quotas.py``): each handler's time on the event loop counts against
-request_percentage; a response carrying ``throttle_time_ms`` is sent at once and the connection
-is then muted for that long (KIP-219): no further request is read from it. A client with a
-quota has its requests admitted one at a time, as Kafka serves every connection.
+Client quotas (``gateway/quotas.py``): for a client with a quota, each handler's time on the
+event loop counts against request_percentage (clients without one are not measured); a
+response carrying ``throttle_time_ms`` is sent at once and the connection is then muted for
+that long (KIP-219): no further request is read from it. A client with a quota has its requests
+admitted one at a time, as Kafka serves every connection.
 """
 
 from __future__ import annotations
@@ -451,7 +452,11 @@ class _ClientConnection:
         handler = self._handlers[request.api_key]
         started_s = time.monotonic()
         try:
-            response, busy_s = await busy_time(handler(self._context, request), time.monotonic)
+            if self._server.quotas.limited(self._session.principal, request.header.client_id):
+                # Its handler time counts against request_percentage: measured step by step.
+                response, busy_s = await busy_time(handler(self._context, request), time.monotonic)
+            else:  # no quota applies: nothing to measure on the request path
+                response, busy_s = await handler(self._context, request), None
             if self._closing:
                 return
             throttle_ms = self._throttle(request, response, busy_s)
@@ -497,18 +502,20 @@ class _ClientConnection:
             except (ConnectionError, OSError, TimeoutError):
                 self._abort()
 
-    def _throttle(self, request: Request, response: Any, busy_s: float) -> int:
-        """Record the handler's time against request_percentage; the response's throttle time
-        (the larger of that and a byte rate's, which Produce and Fetch set)."""
-        quotas = self._server.quotas
-        throttle_ms = quotas.record_request_time(
+    def _throttle(self, request: Request, response: Any, busy_s: float | None) -> int:
+        """Record the handler's time (None: not measured, no quota applies) against
+        request_percentage; the response's throttle time (the larger of that and a byte
+        rate's, which Produce and Fetch set)."""
+        answered_ms = getattr(response, "throttle_time_ms", None)
+        if busy_s is None:
+            return int(answered_ms or 0)
+        throttle_ms = self._server.quotas.record_request_time(
             request.api_key,
             self._session.principal,
             request.header.client_id,
             busy_s,
             int(time.monotonic() * 1000),
         )
-        answered_ms = getattr(response, "throttle_time_ms", None)
         if answered_ms is None:
             return 0
         if throttle_ms > answered_ms:
