@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from kafka.admin import (
 )
 from kafka.errors import TopicAuthorizationFailedError
 from support.cluster import UpProcess, started_up
+from support.waiting import wait_until
 
 from raylog.actors.control.acls import STANDARD_AUTHORIZER
 
@@ -177,6 +177,15 @@ def send(producer: KafkaProducer, topic: str) -> Any:
     return producer.send(topic, b"v").get(timeout=TIMEOUT_S)
 
 
+def sends(producer: KafkaProducer, topic: str) -> bool:
+    """Whether a record is written to ``topic`` (False: TOPIC_AUTHORIZATION_FAILED)."""
+    try:
+        send(producer, topic)
+    except TopicAuthorizationFailedError:
+        return False
+    return True
+
+
 def test_a_deny_acl_stops_writes_until_it_is_removed(up: UpProcess) -> None:
     admin = AdminClient({"bootstrap.servers": up.bootstrap})
     topics = [NewTopic(t, num_partitions=1, replication_factor=1) for t in ("secret", "open")]
@@ -195,23 +204,19 @@ def test_a_deny_acl_stops_writes_until_it_is_removed(up: UpProcess) -> None:
         send(producer, "secret")
         deny = ("--principal", "User:ANONYMOUS", "--operation", "WRITE", "--deny")
         ok(up.raylog("acls", "add", *deny, "--topic", "secret"))
-        deadline = time.monotonic() + PROPAGATION_DEADLINE_S
-        while True:  # bounded by the deadline: until the gateway's authorizer holds the ACL
-            try:
-                send(producer, "secret")
-            except TopicAuthorizationFailedError:
-                break
-            assert time.monotonic() < deadline, "the DENY ACL never took effect"
-            time.sleep(0.2)
+        wait_until(  # until the gateway's authorizer holds the ACL
+            lambda: not sends(producer, "secret"),
+            timeout_s=PROPAGATION_DEADLINE_S,
+            interval_s=0.2,
+            message="the DENY ACL taking effect",
+        )
         send(producer, "open")
         ok(up.raylog("acls", "remove", *deny, "--topic", "secret"))
-        deadline = time.monotonic() + PROPAGATION_DEADLINE_S
-        while True:  # bounded by the deadline
-            try:
-                send(producer, "secret")
-                break
-            except TopicAuthorizationFailedError:
-                assert time.monotonic() < deadline, "the removed DENY ACL stayed in effect"
-                time.sleep(0.2)
+        wait_until(
+            lambda: sends(producer, "secret"),
+            timeout_s=PROPAGATION_DEADLINE_S,
+            interval_s=0.2,
+            message="the removed DENY ACL leaving effect",
+        )
     finally:
         producer.close(timeout=10)

@@ -5,7 +5,6 @@ per (user, client id)."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -183,16 +182,25 @@ def test_window_configs_must_be_positive() -> None:
 
 
 def test_busy_time_counts_running_not_waiting() -> None:
+    now = [0.0]  # the clock busy_time reads: it moves only when this test moves it
+
     async def handler() -> str:
-        started = time.perf_counter()
-        while time.perf_counter() - started < 0.02:
-            pass
-        await asyncio.sleep(0.2)
+        now[0] += 0.02  # running: 20 ms
+        await waited.wait()
+        now[0] += 0.005  # running again: 5 ms
         return "done"
 
-    result, busy_s = asyncio.run(busy_time(handler(), time.perf_counter))
+    async def main() -> tuple[str, float]:
+        task = asyncio.ensure_future(busy_time(handler(), lambda: now[0]))
+        await asyncio.sleep(0)  # the handler runs until it waits
+        now[0] += 0.2  # 200 ms pass while it waits
+        waited.set()
+        return await task
+
+    waited = asyncio.Event()
+    result, busy_s = asyncio.run(main())
     assert result == "done"
-    assert 0.02 <= busy_s < 0.15
+    assert busy_s == pytest.approx(0.025)
 
 
 def test_limited_says_whether_any_quota_applies() -> None:
