@@ -377,10 +377,7 @@ class EmbeddedCluster:
 
     def bootstrap_servers(self, listener: int = 0) -> str:
         """The brokers' addresses on their ``listener``-th listener (the first: raylog's own)."""
-        return ",".join(
-            f"{own[listener].advertised_host}:{own[listener].advertised_port}"
-            for own in self.broker_listeners.values()
-        )
+        return ",".join(own[listener].address for own in self.broker_listeners.values())
 
     def summary(self) -> list[str]:
         """The lines `raylog up` prints about the brokers once ready."""

@@ -113,12 +113,7 @@ class RayNodesCluster(EmbeddedCluster):
             f"({len(serving)} so far, racks {racks})",
             *bootstrap_lines(
                 self.listeners,
-                lambda i: ",".join(
-                    f"{s.listeners[i].advertised_host}:{s.listeners[i].advertised_port}"
-                    if s.listeners
-                    else f"{s.host}:{s.port}"
-                    for s in serving
-                ),
+                lambda i: ",".join(s.listeners[i].address for s in serving),
             ),
         ]
 

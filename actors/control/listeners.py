@@ -100,8 +100,13 @@ class Listener:
             self.name, self.advertised_host, self.advertised_port, self.security_protocol
         )
 
+    @property
+    def address(self) -> str:
+        """``host:port`` as clients reach it."""
+        return f"{self.advertised_host}:{self.advertised_port}"
+
     def describe(self) -> str:
-        return f"{self.name}://{self.advertised_host}:{self.advertised_port}"
+        return f"{self.name}://{self.address}"
 
 
 def _fail(key: str, value: str, why: str) -> InvalidConfigError:
@@ -150,8 +155,12 @@ def _entries(key: str, text: str) -> list[tuple[str, str, int]]:
     return entries
 
 
+EVERY_INTERFACE = ("0.0.0.0", "::")
+
+
 def _every_interface(host: str) -> bool:
-    return host in ("", "0.0.0.0", "::")
+    """Bound to every interface, or (empty) to be advertised as the node's address."""
+    return host in ("", *EVERY_INTERFACE)
 
 
 def parse_listeners(
@@ -244,8 +253,9 @@ def embedded_brokers(
         for listener in own:
             if not listener.port:
                 continue
-            other = seen.setdefault(listener.port, f"{listener.name} of broker {i + 1}")
-            if other != f"{listener.name} of broker {i + 1}":
+            owner = f"{listener.name} of broker {i + 1}"
+            other = seen.setdefault(listener.port, owner)
+            if other != owner:
                 raise InvalidConfigError(
                     f"port {listener.port} is both {other}'s and {listener.name}'s of broker "
                     f"{i + 1}: the embedded cluster's broker i listens on each listener's port "
@@ -273,7 +283,7 @@ def check_exposure(listeners: Iterable[Listener], allow_insecure: bool) -> None:
         if not listener.tls and not _loopback(listener.host):
             where = (
                 "every interface"
-                if listener.host in ("0.0.0.0", "::")
+                if listener.host in EVERY_INTERFACE
                 else listener.host or "its node's address"
             )
             raise InvalidConfigError(
