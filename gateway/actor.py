@@ -233,14 +233,9 @@ class GatewayActor:
         client_auth = config.ssl_client_auth if not listener.sasl else "none"
         tls = self._tls.get(client_auth)
         if tls is None:
-            if config.ssl_keystore_location:
-                source: pki.ListenerCertificate = await asyncio.to_thread(
-                    pki.load_keystore_pem,
-                    config.ssl_keystore_location,
-                    config.ssl_key_password or None,
-                )
-            else:
-                source = await self._issue_listener_certificate()
+            # One certificate for every TLS listener: the first context's, once loaded.
+            first = next(iter(self._tls.values()), None)
+            source = first.source if first is not None else await self._listener_certificate()
             trusted = None
             if config.ssl_truststore_location:
                 trusted = await asyncio.to_thread(
@@ -254,6 +249,17 @@ class GatewayActor:
         if client_auth != "none":
             mapper = PrincipalMapper.from_rules(config.ssl_principal_mapping_rules)
         return ListenerSocket(listener.name, listener.sasl, tls.context, mapper)
+
+    async def _listener_certificate(self) -> pki.ListenerCertificate:
+        """``ssl.keystore.location``'s certificate, else a leaf of the cluster CA."""
+        config = self._config
+        if config.ssl_keystore_location:
+            return await asyncio.to_thread(
+                pki.load_keystore_pem,
+                config.ssl_keystore_location,
+                config.ssl_key_password or None,
+            )
+        return await self._issue_listener_certificate()
 
     async def _issue_listener_certificate(self) -> pki.LeafCertificate:
         """A leaf of the cluster CA naming every advertised host (as an IP or DNS SAN)."""
@@ -279,12 +285,16 @@ class GatewayActor:
         if not self._tls or time.monotonic() - self._tls_checked_s < TLS_REFRESH_S:
             return
         self._tls_checked_s = time.monotonic()
-        for tls in self._tls.values():
-            try:
-                if await tls.refresh(time.time(), self._issue_listener_certificate):
-                    log.info("gateway %d: listener certificate renewed", self.broker_id)
-            except RaylogError as exc:  # a bad keystore file: the old certificate serves on
-                log.warning("gateway %d: listener certificate not renewed: %s", self.broker_id, exc)
+        first, *others = self._tls.values()
+        try:
+            renewed = await first.refresh(time.time(), self._issue_listener_certificate)
+        except RaylogError as exc:  # a bad keystore file: the old certificate serves on
+            log.warning("gateway %d: listener certificate not renewed: %s", self.broker_id, exc)
+            return
+        if renewed:  # the other listeners present the same new certificate
+            for tls in others:
+                tls.install(first.source)
+            log.info("gateway %d: listener certificate renewed", self.broker_id)
 
     async def _ask_controller(self, method: str, *args: Any) -> Any:
         """Ask the active controller, waiting (bounded) for one to be elected."""
