@@ -6,18 +6,15 @@ and SyncGroup requests that wait for a rebalance, and the timer that expires ses
 decision about one group is :class:`~raylog.gateway.groups.group.Group`'s (pure, unit-tested); this
 class feeds it requests and time and carries out what it returns.
 
-Ownership, as Kafka's brokers do it:
+Ownership, as Kafka's brokers do it (the shared machinery is ``gateway/internal_topic.py``'s):
 
-1. A group lives in partition ``abs(java_hash(group_id)) % partitions`` of ``__consumer_offsets``
-   (:func:`partition_for`); the broker leading that partition is its coordinator. Every gateway
-   answers FindCoordinator with that leader; the topic is created through the controller on the
-   first FindCoordinator (RF = min(``offsets.topic.replication.factor``, live brokers)) with
-   Kafka's configs (:data:`OFFSETS_TOPIC_CONFIGS`: compacted). An existing topic without
-   compaction is given ``cleanup.policy=compact`` through AlterConfigs once the coordinator
-   sees it, its other overrides kept.
-2. Every ``TICK_MS`` the coordinator compares the partitions this broker leads (the gateway's
-   metadata view) with those it has loaded. On gaining one (or a new leader epoch of one) it
-   loads it. A group request that arrives while its partition loads waits for the load, and so
+1. A group lives in partition ``abs(java_hash(group_id)) % partitions`` of ``__consumer_offsets``;
+   the broker leading that partition is its coordinator. The topic is created through the
+   controller on the first FindCoordinator (RF = min(``offsets.topic.replication.factor``, live
+   brokers)) with Kafka's configs (:data:`OFFSETS_TOPIC_CONFIGS`: compacted); an existing
+   topic without compaction is given ``cleanup.policy=compact``, its other overrides kept.
+2. Every ``TICK_MS`` the coordinator refreshes which partitions this broker leads, loading those
+   it gains. A group request that arrives while its partition loads waits for the load, and so
    does one that arrives before this broker's metadata shows who leads the partition (a client
    learns the coordinator from any gateway, whose metadata may be fresher than this one's);
    past ``LOAD_WAIT_MS`` it gets COORDINATOR_LOAD_IN_PROGRESS (14) or NOT_COORDINATOR (16).
@@ -28,13 +25,11 @@ Ownership, as Kafka's brokers do it:
    NOT_COORDINATOR at once; ListGroups and DescribeGroups answer 14 at once while loading
    (admin clients retry them). On losing a partition its groups are dropped and their waiting
    requests get NOT_COORDINATOR.
-3. Loading: (a) append a barrier record with acks=all; once acknowledged, the high watermark is
-   past everything the previous leader acknowledged (a new leader's HW may lag its log until
-   the followers report in); (b) read the partition from its log start to the barrier through
-   the backend's fetch and replay it: the last record of a key wins and a null value (a
-   tombstone) deletes. The barrier is a tombstone of group "", which no group can have (Kafka's
-   own loader would read it as a no-op too). A group's metadata record names each static
-   member's ``group_instance_id``, so the new coordinator fences the same old member ids.
+3. Loading replays the partition behind a barrier record: the last record of a key wins and a
+   null value (a tombstone) deletes. The barrier is a tombstone of group "", which no group
+   can have (Kafka's own loader would read it as a no-op too). A group's metadata record names
+   each static member's ``group_instance_id``, so the new coordinator fences the same old
+   member ids.
 4. Writes (offset commits, a group's metadata after each completed rebalance or static
    member's takeover of a Stable group) are appended with acks=all through the backend's
    produce path, one at a time per partition, and applied to the group only once acknowledged.
@@ -63,11 +58,11 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from raylog.gateway.backend import DataBackend, PartitionFetch, TopicState
+from raylog.gateway.backend import DataBackend
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.groups import group_admin
 from raylog.gateway.groups import records as gr
@@ -81,17 +76,20 @@ from raylog.gateway.groups.group import (
     SyncResult,
 )
 from raylog.gateway.groups.group_admin import GroupDescription, GroupListing, OffsetDeletePlan
+from raylog.gateway.internal_topic import (
+    STORE_ERRORS,
+    ConfigureTopic,
+    CoordinatorNode,
+    CreateTopic,
+    InternalTopic,
+)
 from raylog.storage import batch as rb
-from raylog.storage.errors import RaylogError
 from raylog.storage.records import iter_decoded
 
 __all__ = [
     "OFFSETS_TOPIC",
-    "CoordinatorNode",
     "GroupCoordinator",
     "OffsetFetchResult",
-    "java_string_hash",
-    "partition_for",
 ]
 
 log = logging.getLogger(__name__)
@@ -100,14 +98,10 @@ OFFSETS_TOPIC = "__consumer_offsets"
 TICK_MS = 100  # leadership checks and session expiry run this often
 OFFSETS_RETENTION_MS_DEFAULT = 7 * 24 * 3600 * 1000  # offsets.retention.minutes = 10080
 OFFSETS_RETENTION_CHECK_INTERVAL_MS_DEFAULT = 600_000  # offsets.retention.check.interval.ms
-APPEND_TIMEOUT_MS = 5_000  # acks=all wait for a coordinator write (offsets.commit.timeout.ms)
-LOAD_FETCH_BYTES = 1 << 20
-LOAD_RETRY_MS = 500
 # The most a group request waits for its partition to be loaded here, or for this broker's
 # metadata to show who leads the partition, before answering (module docstring, step 2).
 LOAD_WAIT_MS = 10_000
 WAIT_MARGIN_MS = 5_000  # beyond a rebalance timeout, the most a JoinGroup/SyncGroup waits
-CREATE_RETRY_MS = 2_000  # the least time between two attempts to create or configure the topic
 BARRIER_GROUP = ""  # the group of the load barrier's tombstone: no group has an empty id
 
 # Kafka's __consumer_offsets configs (offsets.topic.segment.bytes: 100 MiB, compacted).
@@ -116,46 +110,12 @@ OFFSETS_TOPIC_CONFIGS: Mapping[str, str] = {
     "segment.bytes": "104857600",
 }
 
-CreateTopic = Callable[[str, int, int, dict[str, str]], Awaitable[None]]
-# Set these configs among a topic's overrides (the others kept); raises when it cannot.
-ConfigureTopic = Callable[[str, Mapping[str, str]], Awaitable[None]]
-
 # Produce errors -> what a group client is told (Kafka's GroupMetadataManager mapping).
 _STORE_ERRORS: Mapping[int, int] = {
-    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION: ErrorCode.COORDINATOR_NOT_AVAILABLE,
-    ErrorCode.NOT_ENOUGH_REPLICAS: ErrorCode.COORDINATOR_NOT_AVAILABLE,
-    ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND: ErrorCode.COORDINATOR_NOT_AVAILABLE,
-    ErrorCode.REQUEST_TIMED_OUT: ErrorCode.COORDINATOR_NOT_AVAILABLE,
-    ErrorCode.KAFKA_STORAGE_ERROR: ErrorCode.COORDINATOR_NOT_AVAILABLE,
-    ErrorCode.NOT_LEADER_OR_FOLLOWER: ErrorCode.NOT_COORDINATOR,
-    ErrorCode.FENCED_LEADER_EPOCH: ErrorCode.NOT_COORDINATOR,
+    **STORE_ERRORS,
     ErrorCode.MESSAGE_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
     ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
 }
-
-
-def java_string_hash(s: str) -> int:
-    """Java's ``String.hashCode``: 31-polynomial over UTF-16 code units, as a signed int32."""
-    h = 0
-    data = s.encode("utf-16-be")
-    for i in range(0, len(data), 2):
-        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
-    return h - (1 << 32) if h >= 1 << 31 else h
-
-
-def partition_for(group_id: str, partitions: int) -> int:
-    """The ``__consumer_offsets`` partition of a group (Kafka's ``Utils.abs(hash) % n``)."""
-    h = java_string_hash(group_id)
-    return (0 if h == -(1 << 31) else abs(h)) % partitions
-
-
-class CoordinatorNode(NamedTuple):
-    """FindCoordinator's answer."""
-
-    error_code: int
-    node_id: int = -1
-    host: str = ""
-    port: int = -1
 
 
 class OffsetFetchResult(NamedTuple):
@@ -205,12 +165,22 @@ class GroupCoordinator:
     ) -> None:
         self._backend = backend
         self.broker_id = broker_id
-        self._num_partitions = offsets_topic_num_partitions
-        self._replication_factor = offsets_topic_replication_factor
-        self._create_topic = create_topic
-        self._configure_topic = configure_topic
-        # The existing topic's cleanup.policy is compact (or there is no way to set it).
-        self._topic_compacted = configure_topic is None
+        self._topic: InternalTopic[_Partition, _Replay] = InternalTopic(
+            backend,
+            broker_id,
+            OFFSETS_TOPIC,
+            OFFSETS_TOPIC_CONFIGS,
+            num_partitions=offsets_topic_num_partitions,
+            replication_factor=offsets_topic_replication_factor,
+            barrier=self._barrier,
+            new_partition=_Partition,
+            new_replay=_Replay,
+            loaded=self._loaded,
+            unloaded=self._unloaded,
+            create_topic=create_topic,
+            configure_topic=configure_topic,
+            monotonic_ms=monotonic_ms,
+        )
         self._initial_rebalance_delay_ms = initial_rebalance_delay_ms
         self._retention_ms = offsets_retention_ms
         self._retention_check_ms = offsets_retention_check_interval_ms
@@ -218,18 +188,15 @@ class GroupCoordinator:
         self._expiring: asyncio.Task[None] | None = None
         self._now = monotonic_ms
         self._wall = wall_ms
-        self._owned: dict[int, _Partition] = {}
         self._group_locks: dict[str, asyncio.Lock] = {}
         # (group, member, "join" | "sync") -> the request waiting for that answer.
         self._waiters: dict[tuple[str, str, str], asyncio.Future[Any]] = {}
-        self._setting_up: asyncio.Task[None] | None = None
-        self._last_set_up_ms = -CREATE_RETRY_MS
         self._ticker: asyncio.Task[None] | None = None
-        self._topics_snapshot: Mapping[str, TopicState] = {}
         self._load_wait_ms = load_wait_ms
-        # Set (and replaced) whenever what this broker leads or has loaded may have changed:
-        # requests waiting in _serving_group look again.
-        self._changed = asyncio.Event()
+
+    @property
+    def _owned(self) -> dict[int, _Partition]:
+        return self._topic.owned
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -238,15 +205,13 @@ class GroupCoordinator:
             self._ticker = asyncio.get_running_loop().create_task(self._tick_loop())
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._ticker, self._setting_up, self._expiring) if t is not None]
-        tasks += [p.loader for p in self._owned.values() if p.loader is not None]
+        tasks = [t for t in (self._ticker, self._expiring) if t is not None]
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        for partition in list(self._owned):
-            self._unload(partition)
+        await self._topic.stop()
         self._ticker = None
 
     def loaded_partitions(self) -> list[int]:
@@ -255,61 +220,13 @@ class GroupCoordinator:
     # --- FindCoordinator ------------------------------------------------------------------------
 
     async def find_coordinator(self, group_id: str) -> CoordinatorNode:
-        topics = await self._backend.topics([OFFSETS_TOPIC])
-        state = topics.get(OFFSETS_TOPIC)
-        if state is None or not state.partitions:
-            self._maybe_set_up_topic()
-            return CoordinatorNode(ErrorCode.COORDINATOR_NOT_AVAILABLE)
-        leader = state.partitions[partition_for(group_id, len(state.partitions))].leader
-        cluster = await self._backend.cluster()
-        broker = next((b for b in cluster.brokers if b.node_id == leader), None)
-        if leader < 0 or broker is None:
-            return CoordinatorNode(ErrorCode.COORDINATOR_NOT_AVAILABLE)
-        return CoordinatorNode(ErrorCode.NONE, broker.node_id, broker.host, broker.port)
-
-    def _maybe_set_up_topic(self) -> None:
-        """Start :meth:`_set_up_topic` unless it runs or ran less than CREATE_RETRY_MS ago."""
-        now = self._now()
-        if self._create_topic is None and self._configure_topic is None:
-            return
-        if (self._setting_up and not self._setting_up.done()) or (
-            now - self._last_set_up_ms < CREATE_RETRY_MS
-        ):
-            return
-        self._last_set_up_ms = now
-        self._setting_up = asyncio.get_running_loop().create_task(self._set_up_topic())
+        return await self._topic.find_coordinator(group_id)
 
     async def set_up_topic(self) -> None:
         """Create ``__consumer_offsets`` now, as the first FindCoordinator would (`raylog up`
         does this before it says ready, so that a cluster's first group is served at once);
         nothing when it exists. Raises what the creation raised."""
-        if OFFSETS_TOPIC in await self._backend.topics([OFFSETS_TOPIC]):
-            return
-        if self._create_topic is None:
-            raise RaylogError(f"this coordinator cannot create {OFFSETS_TOPIC}")
-        await self._create_offsets_topic()
-
-    async def _create_offsets_topic(self) -> None:
-        assert self._create_topic is not None
-        cluster = await self._backend.cluster()
-        rf = max(1, min(self._replication_factor, len(cluster.brokers)))
-        configs = dict(OFFSETS_TOPIC_CONFIGS)
-        await self._create_topic(OFFSETS_TOPIC, self._num_partitions, rf, configs)
-        log.info("created %s: %d partitions, RF %d", OFFSETS_TOPIC, self._num_partitions, rf)
-
-    async def _set_up_topic(self) -> None:
-        """Create the topic with OFFSETS_TOPIC_CONFIGS; or, when it exists, make sure its
-        cleanup.policy is compact (module docstring, step 1)."""
-        try:
-            if OFFSETS_TOPIC not in await self._backend.topics([OFFSETS_TOPIC]):
-                if self._create_topic is not None:
-                    await self._create_offsets_topic()
-            elif self._configure_topic is not None:
-                policy = {"cleanup.policy": OFFSETS_TOPIC_CONFIGS["cleanup.policy"]}
-                await self._configure_topic(OFFSETS_TOPIC, policy)
-                self._topic_compacted = True
-        except Exception as exc:  # created by another gateway meanwhile, or no controller yet
-            log.info("setting up %s: %s", OFFSETS_TOPIC, exc)
+        await self._topic.set_up_topic()
 
     # --- JoinGroup / SyncGroup / Heartbeat / LeaveGroup ----------------------------------------
 
@@ -606,7 +523,7 @@ class GroupCoordinator:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._load_wait_ms / 1000
         while True:  # bounded by the deadline
-            changed = self._changed
+            changed = self._topic.changed
             group, error = self._group(group_id, create=create)
             remaining = deadline - loop.time()
             if not self._may_serve_soon(group_id, error) or remaining <= 0:
@@ -619,24 +536,10 @@ class GroupCoordinator:
         partition is loading here, or no other broker is known to lead it."""
         if error == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS:
             return True
-        if error != ErrorCode.NOT_COORDINATOR:
-            return False
-        state = self._topics_snapshot.get(OFFSETS_TOPIC)
-        if state is None or not state.partitions:
-            return True  # the topic is not in this broker's metadata yet
-        leader = state.partitions[partition_for(group_id, len(state.partitions))].leader
-        return leader in (-1, self.broker_id)
-
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
+        return error == ErrorCode.NOT_COORDINATOR and self._topic.may_lead_soon(group_id)
 
     def _partition_of(self, group_id: str) -> int | None:
-        # From the snapshot the tick loop read last, as ownership is decided from it too.
-        state = self._topics_snapshot.get(OFFSETS_TOPIC)
-        if state is None or not state.partitions:
-            return None
-        return partition_for(group_id, len(state.partitions))
+        return self._topic.partition_of(group_id)
 
     def _lock(self, group_id: str) -> asyncio.Lock:
         lock = self._group_locks.get(group_id)
@@ -720,12 +623,9 @@ class GroupCoordinator:
     ) -> int:
         wall = self._wall()
         batch = rb.build_batch([rb.Record(key, value, wall) for key, value in records])
-        async with owned.write_lock:
-            result = await self._backend.produce(
-                OFFSETS_TOPIC, partition, batch, -1, APPEND_TIMEOUT_MS
-            )
-        if result.error_code:
-            return _STORE_ERRORS.get(result.error_code, ErrorCode.UNKNOWN_SERVER_ERROR)
+        error = await self._topic.append(partition, owned, batch)
+        if error:
+            return _STORE_ERRORS.get(error, ErrorCode.UNKNOWN_SERVER_ERROR)
         return ErrorCode.NONE
 
     # --- leadership, loading, unloading ---------------------------------------------------------
@@ -739,23 +639,7 @@ class GroupCoordinator:
             await asyncio.sleep(TICK_MS / 1000)
 
     async def _tick(self) -> None:
-        self._topics_snapshot = await self._backend.topics([OFFSETS_TOPIC])
-        led: dict[int, int] = {}
-        state = self._topics_snapshot.get(OFFSETS_TOPIC)
-        if state is not None:
-            led = {
-                p.partition: p.leader_epoch for p in state.partitions if p.leader == self.broker_id
-            }
-        for partition in list(self._owned):
-            if self._owned[partition].leader_epoch != led.get(partition):
-                self._unload(partition)
-        if state is not None and not self._topic_compacted:
-            self._maybe_set_up_topic()
-        for partition, epoch in led.items():
-            if partition not in self._owned:
-                owned = self._owned[partition] = _Partition(epoch)
-                owned.loader = asyncio.get_running_loop().create_task(self._load(partition, owned))
-        self._notify()
+        await self._topic.refresh()
         now = self._now()
         for owned in list(self._owned.values()):
             if not owned.loaded:
@@ -831,90 +715,25 @@ class GroupCoordinator:
                     " and the group with them" if plan.delete_group else "",
                 )
 
-    def _unload(self, partition: int) -> None:
-        owned = self._owned.pop(partition)
-        if owned.loader is not None:
-            owned.loader.cancel()
+    def _barrier(self) -> bytes:
+        barrier = gr.encode_key(gr.GroupMetadataKey(BARRIER_GROUP))
+        return rb.build_batch([rb.Record(barrier, None, self._wall())])
+
+    def _unloaded(self, partition: int, owned: _Partition) -> None:
         for group in owned.groups.values():
             group.unload(ErrorCode.NOT_COORDINATOR)
             self._deliver(group.group_id, group.take_replies())
-        log.info("broker %d: unloaded %s-%d", self.broker_id, OFFSETS_TOPIC, partition)
 
-    async def _load(self, partition: int, owned: _Partition) -> None:
-        """Steps 3a and 3b of the module docstring; retried until done or unloaded."""
-        while True:
-            try:
-                groups = await self._read_partition(partition, owned)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                # _LoadFailed is expected (no ISR yet, a moving leader); anything else is a
-                # bug worth its traceback, but the partition must still load on a retry.
-                if not isinstance(exc, _LoadFailed):
-                    log.exception(
-                        "broker %d: loading %s-%d", self.broker_id, OFFSETS_TOPIC, partition
-                    )
-                log.info(
-                    "broker %d: loading %s-%d: %s", self.broker_id, OFFSETS_TOPIC, partition, exc
-                )
-                await asyncio.sleep(LOAD_RETRY_MS / 1000)
-                continue
-            owned.groups, owned.empty_since = groups
-            owned.loaded = True
-            self._notify()
-            log.info(
-                "broker %d: loaded %s-%d (%d groups)",
-                self.broker_id,
-                OFFSETS_TOPIC,
-                partition,
-                len(owned.groups),
-            )
-            return
-
-    async def _read_partition(
-        self, partition: int, owned: _Partition
-    ) -> tuple[dict[str, Group], dict[str, int]]:
-        """The partition's groups, and since when each Empty one with metadata has been so."""
-        barrier = [(gr.encode_key(gr.GroupMetadataKey(BARRIER_GROUP)), None)]
-        wall = self._wall()
-        batch = rb.build_batch([rb.Record(k, v, wall) for k, v in barrier])
-        async with owned.write_lock:
-            produced = await self._backend.produce(
-                OFFSETS_TOPIC, partition, batch, -1, APPEND_TIMEOUT_MS
-            )
-        if produced.error_code:
-            raise _LoadFailed(f"barrier not written: error {produced.error_code}")
-        end = produced.base_offset + 1
-        start = await self._backend.list_offsets(OFFSETS_TOPIC, partition, -2, 0, -1)
-        if start.error_code:
-            raise _LoadFailed(f"log start offset: error {start.error_code}")
-        replay = _Replay()
-        offset = start.offset
-        while offset < end:
-            fetched = await self._backend.fetch(
-                OFFSETS_TOPIC, partition, PartitionFetch(offset, LOAD_FETCH_BYTES)
-            )
-            if fetched.error_code:
-                raise _LoadFailed(f"fetch at {offset}: error {fetched.error_code}")
-            if not fetched.records:
-                raise _LoadFailed(f"no records at {offset} below the barrier at {end - 1}")
-            next_offset = replay.apply(fetched.records, offset)
-            if next_offset <= offset:
-                raise _LoadFailed(f"fetch at {offset} returned nothing past it")
-            offset = next_offset
-        groups = replay.groups(self._now())
-        empty_since = {
+    def _loaded(self, owned: _Partition, replay: _Replay) -> None:
+        """A partition's groups, and since when each Empty one with metadata has been so."""
+        owned.groups = replay.groups(self._now())
+        owned.empty_since = {
             group_id: value.current_state_timestamp_ms
             for group_id, value in replay.metadata.items()
             if value is not None
-            and group_id in groups
-            and groups[group_id].state is GroupState.EMPTY
+            and group_id in owned.groups
+            and owned.groups[group_id].state is GroupState.EMPTY
         }
-        return groups, empty_since
-
-
-class _LoadFailed(Exception):
-    pass
 
 
 class _Replay:

@@ -37,7 +37,7 @@ from support.cluster import UpProcess, cli_env
 from support.embedded import produce_values
 from support.waiting import wait_until
 
-from raylog.gateway.groups.coordinator import partition_for
+from raylog.gateway.internal_topic import partition_for
 
 pytestmark = pytest.mark.slow
 

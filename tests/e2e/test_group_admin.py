@@ -33,7 +33,7 @@ from confluent_kafka.admin import AdminClient
 from support.cluster import UpProcess
 from support.waiting import wait_until
 
-from raylog.gateway.groups.coordinator import partition_for
+from raylog.gateway.internal_topic import partition_for
 
 pytestmark = pytest.mark.slow
 

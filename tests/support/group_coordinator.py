@@ -21,8 +21,9 @@ from raylog.gateway.backend import (
     ProduceResult,
     TopicState,
 )
-from raylog.gateway.groups.coordinator import OFFSETS_TOPIC, GroupCoordinator, partition_for
+from raylog.gateway.groups.coordinator import OFFSETS_TOPIC, GroupCoordinator
 from raylog.gateway.groups.group import JoinResult
+from raylog.gateway.internal_topic import partition_for
 from raylog.storage import batch as rb
 from support.admin_backend import answer
 

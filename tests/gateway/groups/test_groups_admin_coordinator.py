@@ -44,9 +44,10 @@ from support.group_coordinator import (
 )
 
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.groups.coordinator import GroupCoordinator, partition_for
+from raylog.gateway.groups.coordinator import GroupCoordinator
 from raylog.gateway.groups.group import GroupState, MemberIdentity
 from raylog.gateway.groups.group_admin import GroupListing
+from raylog.gateway.internal_topic import partition_for
 
 
 async def stable_member(coordinator: GroupCoordinator, group_id: str = GROUP) -> tuple[str, int]:

@@ -31,12 +31,9 @@ from support.group_coordinator import GROUP, PARTITION, Clock, LogBackend, join,
 
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.groups import records as gr
-from raylog.gateway.groups.coordinator import (
-    CREATE_RETRY_MS,
-    OFFSETS_TOPIC,
-    GroupCoordinator,
-)
+from raylog.gateway.groups.coordinator import OFFSETS_TOPIC, GroupCoordinator
 from raylog.gateway.groups.group import GroupState, MemberIdentity
+from raylog.gateway.internal_topic import CREATE_RETRY_MS
 from raylog.storage.errors import RaylogError
 
 
@@ -68,8 +65,8 @@ def test_find_coordinator_creates_the_topic_once() -> None:
         node = await coordinator.find_coordinator(GROUP)
         assert node.error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE
         await coordinator.find_coordinator(GROUP)  # within the retry interval: no second try
-        assert coordinator._setting_up is not None
-        await coordinator._setting_up
+        assert coordinator._topic._setting_up is not None
+        await coordinator._topic._setting_up
         configs = {"cleanup.policy": "compact", "segment.bytes": "104857600"}
         assert created == [(OFFSETS_TOPIC, 3, 2, configs)]  # RF 3 capped at 2
         backend.exists = True
@@ -96,8 +93,8 @@ def test_an_existing_topic_is_given_cleanup_policy_compact_once() -> None:
 
         async def tick() -> None:
             await coordinator._tick()
-            if coordinator._setting_up is not None:
-                await coordinator._setting_up
+            if coordinator._topic._setting_up is not None:
+                await coordinator._topic._setting_up
 
         await tick()  # fails: tried again only CREATE_RETRY_MS later
         await tick()

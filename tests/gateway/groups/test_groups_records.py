@@ -21,8 +21,9 @@ from support.kafka_batches import kafka_batch
 from support.pipelines import CODECS, kafka_codecs
 
 from raylog.gateway.groups import records as gr
-from raylog.gateway.groups.coordinator import _Replay, java_string_hash, partition_for
+from raylog.gateway.groups.coordinator import _Replay
 from raylog.gateway.groups.group import GroupState
+from raylog.gateway.internal_topic import java_string_hash, partition_for
 from raylog.storage import batch as rb
 from raylog.storage.errors import CorruptRecordError
 from raylog.storage.log import Log, LogConfig
