@@ -30,7 +30,14 @@ import ray
 
 from raylog.actors.calls import NAMESPACE, monotonic_ms, ray_call, replica_actor_name
 from raylog.actors.control import acls as acls_
-from raylog.actors.control import client_quotas, config_keys, election, placement, reassignment
+from raylog.actors.control import (
+    client_quotas,
+    config_keys,
+    config_registry,
+    election,
+    placement,
+    reassignment,
+)
 from raylog.actors.control import metadata as md_
 from raylog.actors.control.metadata import ClusterMetadata, TopicMetadata, TopicPartition
 from raylog.actors.control.metadata_store import VersionedMetadata
@@ -97,7 +104,7 @@ class AdminRequests:
         self._ensure_started()
         return md_.get_topic(self._require_active().metadata, name)
 
-    async def describe_configs(self, name: str) -> list[config_keys.ConfigEntry]:
+    async def describe_configs(self, name: str) -> list[config_registry.ConfigEntry]:
         self._ensure_started()
         return config_keys.describe(md_.get_topic(self._require_active().metadata, name).configs)
 

@@ -36,254 +36,27 @@ Rules followed from Kafka:
 
 from __future__ import annotations
 
-import math
-import re
-from collections.abc import Callable, Iterable, Mapping
-from decimal import Decimal
-from typing import Any, Literal, NamedTuple
+from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 import msgspec
 
-from raylog.actors.control import acls as acls_
-from raylog.actors.control import listeners as listeners_
-from raylog.actors.control.acls import STANDARD_AUTHORIZER
-from raylog.actors.control.principal_mapping import PrincipalMapper
+from raylog.actors.control.config_registry import (
+    INT32_MAX,
+    INT64_MAX,
+    ConfigDef,
+    ConfigEntry,
+    ConfigRegistry,
+    invalid,
+)
+from raylog.actors.control.security_config_keys import (
+    SECURITY_CONFIG_DEFS,
+    check_authorizer,
+    check_listeners,
+)
 from raylog.actors.replication.ready import REPLICA_FETCH_BYTES_DEFAULT, REPLICA_FETCH_BYTES_MAX
-from raylog.storage.errors import InvalidConfigError, InvalidRequestError
+from raylog.storage.errors import InvalidConfigError
 from raylog.storage.log import MAX_BATCH_BYTES, LogConfig, cleanup_policies
-
-ConfigType = Literal["boolean", "string", "int", "long", "double", "list"]
-
-# DescribeConfigs ``config_type`` codes (Kafka's ConfigEntry.ConfigType).
-CONFIG_TYPE_CODES: dict[ConfigType, int] = {
-    "boolean": 1,
-    "string": 2,
-    "int": 3,
-    "long": 5,
-    "double": 6,
-    "list": 7,
-}
-
-# DescribeConfigs ``config_source`` codes (Kafka's DescribeConfigsResponse.ConfigSource).
-SOURCE_TOPIC_CONFIG = 1  # DYNAMIC_TOPIC_CONFIG: an override stored with the topic
-SOURCE_STATIC_BROKER_CONFIG = 4  # set in the broker's configuration at start-up
-SOURCE_DEFAULT_CONFIG = 5  # the registry's default
-
-INT32_MAX = 2**31 - 1
-INT64_MAX = 2**63 - 1
-_INTEGER = re.compile(r"[+-]?[0-9]+")
-# Java's Double.parseDouble, decimal forms: digits with an optional point, exponent and type
-# suffix. Its NaN, Infinity and hexadecimal forms are refused.
-_DOUBLE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?[fFdD]?")
-
-
-class ConfigDef(msgspec.Struct, frozen=True, kw_only=True):
-    """One key: its Kafka name, type, default (as its normalised string) and rule."""
-
-    name: str
-    type: ConfigType
-    default: str
-    doc: str
-    minimum: int | None = None  # ints, longs and doubles: inclusive lower bound
-    maximum: int | None = None  # ints, longs and doubles: inclusive upper bound
-    choices: tuple[str, ...] = ()  # strings and list items: the allowed values (case-sensitive)
-    note: str = ""  # why raylog's default or rule differs from Kafka's
-    sensitive: bool = False  # a secret: DescribeConfigs shows no value (Kafka's is_sensitive)
-
-
-class ConfigEntry(msgspec.Struct, frozen=True, kw_only=True):
-    """One row of a DescribeConfigs answer."""
-
-    name: str
-    value: str | None  # None for a sensitive key, as Kafka answers
-    is_default: bool
-    source: int  # SOURCE_* code
-    config_type: int  # CONFIG_TYPE_CODES value
-    read_only: bool = False
-    is_sensitive: bool = False
-    documentation: str = ""
-
-
-def _fail(key: str, value: object, why: str) -> InvalidConfigError:
-    return InvalidConfigError(f"Invalid value {value!r} for configuration {key}: {why}")
-
-
-def _parse(d: ConfigDef, raw: str) -> Any:
-    """Parse and check one value; return the typed value (raises InvalidConfigError)."""
-    if not isinstance(raw, str):
-        raise _fail(d.name, raw, f"expected a string holding a {d.type}")
-    text = raw.strip()
-    if d.type == "boolean":
-        low = text.lower()
-        if low not in ("true", "false"):
-            raise _fail(d.name, raw, "expected true or false")
-        return low == "true"
-    if d.type in ("int", "long", "double"):
-        value = _number(d, raw, text)
-        if d.minimum is not None and value < d.minimum:
-            raise _fail(d.name, raw, f"value must be at least {d.minimum}")
-        if d.maximum is not None and value > d.maximum:
-            raise _fail(d.name, raw, f"value must be at most {d.maximum}")
-        return value
-    items = [t.strip() for t in text.split(",")] if d.type == "list" else [text]
-    if d.type == "list":
-        items = sorted({t for t in items if t})
-        if not items:
-            raise _fail(d.name, raw, f"expected at least one of {', '.join(d.choices)}")
-    for item in items:
-        if d.choices and item not in d.choices:
-            raise _fail(d.name, raw, f"must be one of {', '.join(d.choices)}")
-    return ",".join(items) if d.type == "list" else text
-
-
-def _number(d: ConfigDef, raw: str, text: str) -> int | float:
-    """An int, long or double as Java parses it, within its type's range."""
-    if d.type == "double":
-        if not _DOUBLE.fullmatch(text):
-            raise _fail(d.name, raw, "expected a decimal number (double)")
-        value = float(text.rstrip("fFdD"))
-        if math.isinf(value):
-            raise _fail(d.name, raw, "out of the double range")
-        return value
-    if not _INTEGER.fullmatch(text):
-        raise _fail(d.name, raw, f"expected a decimal integer ({d.type})")
-    bound = INT32_MAX if d.type == "int" else INT64_MAX
-    if not -bound - 1 <= int(text) <= bound:
-        raise _fail(d.name, raw, f"out of the {d.type} range")
-    return int(text)
-
-
-def _normalise(d: ConfigDef, value: Any) -> str:
-    if d.type == "boolean":
-        return "true" if value else "false"
-    if d.type == "double":
-        return _java_double(value)
-    return str(value)
-
-
-def _java_double(value: float) -> str:
-    """``value`` as Java's ``Double.toString`` writes it: the shortest digits that read back
-    as ``value`` (Python's ``repr`` finds the same), plain from 1e-3 up to 1e7 with at least
-    one digit after the point (``1.0``, ``0.5``), else ``1.0E-4`` style."""
-    if value == 0:
-        return "0.0"
-    _, digit_tuple, exponent = Decimal(repr(abs(value))).as_tuple()
-    digits = "".join(map(str, digit_tuple))
-    point = len(digits) + int(exponent)  # the decimal point sits after this many digits
-    digits = digits.rstrip("0")
-    sign = "-" if value < 0 else ""
-    if point > 7 or point < -2:
-        return f"{sign}{digits[0]}.{digits[1:] or '0'}E{point - 1}"
-    if point <= 0:
-        return f"{sign}0.{'0' * -point}{digits}"
-    return f"{sign}{digits[:point].ljust(point, '0')}.{digits[point:] or '0'}"
-
-
-CrossCheck = Callable[["ConfigRegistry", Mapping[str, str]], None]
-
-
-class ConfigRegistry:
-    """A set of :class:`ConfigDef` and the typed struct its resolved values fill.
-
-    Invariant (checked at construction): the struct's fields are exactly the keys with ``.``
-    replaced by ``_``, and every default passes its own rule.
-    """
-
-    def __init__(
-        self,
-        defs: Iterable[ConfigDef],
-        struct: type[msgspec.Struct],
-        checks: Iterable[CrossCheck] = (),
-    ) -> None:
-        self.defs: dict[str, ConfigDef] = {d.name: d for d in defs}
-        self.struct = struct
-        # Rules across keys; validate() runs them so that it stays the only gate.
-        self.checks = tuple(checks)
-        fields = set(struct.__struct_fields__)
-        keys = {_field(k) for k in self.defs}
-        if fields != keys:
-            raise RuntimeError(f"{struct.__name__} fields {fields ^ keys} do not match the keys")
-        for d in self.defs.values():
-            if _normalise(d, _parse(d, d.default)) != d.default:
-                raise RuntimeError(f"default of {d.name} is not normalised: {d.default!r}")
-
-    def validate(self, overrides: Mapping[str, str]) -> dict[str, str]:
-        """Check every key and value; return the overrides normalised, sorted by key."""
-        out: dict[str, str] = {}
-        for key in sorted(overrides):
-            d = self.defs.get(key)
-            if d is None:
-                raise InvalidConfigError(
-                    f"Unknown configuration {key} (value {overrides[key]!r}); "
-                    f"known keys: {', '.join(sorted(self.defs))}"
-                )
-            out[key] = _normalise(d, _parse(d, overrides[key]))
-        for check in self.checks:
-            check(self, out)
-        return out
-
-    def effective(self, overrides: Mapping[str, str]) -> Any:
-        """The typed struct with every key resolved: overrides over defaults."""
-        given = self.validate(overrides)
-        values = {_field(k): _parse(d, given.get(k, d.default)) for k, d in self.defs.items()}
-        return self.struct(**values)
-
-    def describe(
-        self,
-        overrides: Mapping[str, str],
-        keys: Iterable[str] | None = None,
-        *,
-        override_source: int = SOURCE_TOPIC_CONFIG,
-    ) -> list[ConfigEntry]:
-        """DescribeConfigs rows for ``keys`` (all keys when None), sorted by key.
-
-        A key DescribeConfigs asks about that the registry does not hold raises
-        InvalidConfigError, like any unknown key.
-        """
-        given = self.validate(overrides)
-        wanted = sorted(self.defs) if keys is None else list(keys)
-        rows = []
-        for key in wanted:
-            d = self.defs.get(key)
-            if d is None:
-                raise InvalidConfigError(f"Unknown configuration {key}")
-            is_default = key not in given
-            rows.append(
-                ConfigEntry(
-                    name=key,
-                    value=None if d.sensitive else d.default if is_default else given[key],
-                    is_default=is_default,
-                    source=SOURCE_DEFAULT_CONFIG if is_default else override_source,
-                    config_type=CONFIG_TYPE_CODES[d.type],
-                    is_sensitive=d.sensitive,
-                    documentation=d.doc,
-                )
-            )
-        return rows
-
-    def apply_incremental(
-        self,
-        current: Mapping[str, str],
-        set_configs: Mapping[str, str] | None = None,
-        delete_configs: Iterable[str] = (),
-    ) -> dict[str, str]:
-        """IncrementalAlterConfigs SET/DELETE on ``current``; returns the validated result.
-
-        Deleting a key that is not overridden is a no-op, as in Kafka; deleting an unknown key
-        raises.
-        """
-        out = dict(current)
-        for key in delete_configs:
-            if key not in self.defs:
-                raise InvalidConfigError(f"Unknown configuration {key}")
-            out.pop(key, None)
-        out.update(set_configs or {})
-        return self.validate(out)
-
-
-def _field(key: str) -> str:
-    return key.replace(".", "_")
-
 
 # --- topic configs ----------------------------------------------------------------------------
 
@@ -547,6 +320,13 @@ class BrokerConfig(msgspec.Struct, frozen=True, kw_only=True):
     offsets_retention_minutes: int
     offsets_retention_check_interval_ms: int
     group_initial_rebalance_delay_ms: int
+    transaction_state_log_num_partitions: int
+    transaction_state_log_replication_factor: int
+    transaction_state_log_min_isr: int
+    transaction_max_timeout_ms: int
+    transactional_id_expiration_ms: int
+    transaction_abort_timed_out_transaction_cleanup_interval_ms: int
+    transaction_remove_expired_transaction_cleanup_interval_ms: int
     auto_leader_rebalance_enable: bool
     leader_imbalance_per_broker_percentage: int
     leader_imbalance_check_interval_seconds: int
@@ -646,6 +426,60 @@ BROKER_CONFIG_DEFS: tuple[ConfigDef, ...] = (
         doc="How long the first rebalance of an empty consumer group waits for more members, "
         "extended by as much while new ones arrive (within the rebalance timeout); 0 completes "
         "it as soon as every member has joined.",
+    ),
+    ConfigDef(
+        name="transaction.state.log.num.partitions",
+        type="int",
+        default="3",
+        minimum=1,
+        doc="Partitions of __transaction_state; fixed once the topic exists.",
+        note="Kafka's default is 50; raylog's is small for the reason offsets.topic.num.partitions "
+        "gives.",
+    ),
+    ConfigDef(
+        name="transaction.state.log.replication.factor",
+        type="int",
+        default="3",
+        minimum=1,
+        maximum=32767,
+        doc="Replication factor of __transaction_state (capped by the brokers present when it is "
+        "created).",
+    ),
+    ConfigDef(
+        name="transaction.state.log.min.isr",
+        type="int",
+        default="2",
+        minimum=1,
+        doc="min.insync.replicas of __transaction_state (capped by its replication factor).",
+    ),
+    ConfigDef(
+        name="transaction.max.timeout.ms",
+        type="int",
+        default="900000",
+        minimum=1,
+        doc="The longest transaction.timeout.ms a producer may ask for; InitProducerId with a "
+        "longer one gets INVALID_TRANSACTION_TIMEOUT.",
+    ),
+    ConfigDef(
+        name="transactional.id.expiration.ms",
+        type="int",
+        default="604800000",
+        minimum=1,
+        doc="A transactional id whose producer sent nothing for this long is forgotten.",
+    ),
+    ConfigDef(
+        name="transaction.abort.timed.out.transaction.cleanup.interval.ms",
+        type="int",
+        default="10000",
+        minimum=1,
+        doc="How often transaction coordinators abort transactions past their timeout.",
+    ),
+    ConfigDef(
+        name="transaction.remove.expired.transaction.cleanup.interval.ms",
+        type="int",
+        default="3600000",
+        minimum=1,
+        doc="How often transaction coordinators forget expired transactional ids.",
     ),
     ConfigDef(
         name="auto.leader.rebalance.enable",
@@ -749,171 +583,8 @@ BROKER_CONFIG_DEFS: tuple[ConfigDef, ...] = (
         "restarts. Each raylog replica has a log directory and a process of its own, so its "
         "broker retries it alone, and a disk that was full comes back without a restart.",
     ),
-    # Client listeners and their security (raylog.actors.control.listeners).
-    ConfigDef(
-        name="listeners",
-        type="string",
-        default="",
-        doc="The gateways' client listeners, NAME://HOST:PORT,... with the first broker's "
-        "ports (the embedded cluster's broker i listens on each port + i). Empty: "
-        "PLAINTEXT://127.0.0.1:<raylog up --port>.",
-    ),
-    ConfigDef(
-        name="advertised.listeners",
-        type="string",
-        default="",
-        doc="How clients reach each listener, NAME://HOST:PORT,...; a listener missing here is "
-        "advertised as it listens (bound to every interface: as its node's address).",
-    ),
-    ConfigDef(
-        name="listener.security.protocol.map",
-        type="string",
-        default=listeners_.DEFAULT_PROTOCOL_MAP,
-        doc="The security protocol of each listener name, NAME:PROTOCOL,... (PLAINTEXT, SSL, "
-        "SASL_PLAINTEXT, SASL_SSL).",
-    ),
-    ConfigDef(
-        name="allow.insecure.network.listeners",
-        type="boolean",
-        default="false",
-        doc="Allow a PLAINTEXT or SASL_PLAINTEXT listener on an address other than loopback.",
-        note="Kafka has no such setting and allows it. raylog refuses to send records and PLAIN "
-        "passwords unencrypted across a network unless told so.",
-    ),
-    ConfigDef(
-        name="sasl.enabled.mechanisms",
-        type="list",
-        default="PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
-        choices=("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"),
-        doc="The SASL mechanisms SASL listeners offer; credentials are SCRAM's for all three "
-        "(`raylog users`).",
-        note="Kafka's default is GSSAPI (Kerberos), which raylog does not implement.",
-    ),
-    ConfigDef(
-        name="connection.failed.authentication.delay.ms",
-        type="int",
-        default="100",
-        minimum=0,
-        doc="How long a failed authentication's answer is held before the connection closes; "
-        "doubled for each further failure from the same address within a minute (up to 5 s).",
-        note="Kafka delays every failure by the same time.",
-    ),
-    ConfigDef(
-        name="ssl.keystore.type",
-        type="string",
-        default="PEM",
-        choices=("PEM",),
-        doc="The format of ssl.keystore.location.",
-        note="Kafka's default is JKS; raylog reads PEM only.",
-    ),
-    ConfigDef(
-        name="ssl.keystore.location",
-        type="string",
-        default="",
-        doc="SSL and SASL_SSL listeners' certificate: one PEM file with the private key and the "
-        "certificate chain, read again when it changes. Empty: a certificate of the cluster CA "
-        "(90 days, renewed at two thirds of its life; `raylog certs ca` exports the CA).",
-    ),
-    ConfigDef(
-        name="ssl.key.password",
-        type="string",
-        default="",
-        sensitive=True,
-        doc="The password of ssl.keystore.location's private key, if it is encrypted.",
-    ),
-    ConfigDef(
-        name="ssl.truststore.type",
-        type="string",
-        default="PEM",
-        choices=("PEM",),
-        doc="The format of ssl.truststore.location.",
-        note="Kafka's default is JKS; raylog reads PEM only.",
-    ),
-    ConfigDef(
-        name="ssl.truststore.location",
-        type="string",
-        default="",
-        doc="The CA certificates (PEM) client certificates are checked against. Empty: the "
-        "cluster CA (`raylog certs issue` issues client certificates from it).",
-    ),
-    ConfigDef(
-        name="ssl.client.auth",
-        type="string",
-        default="none",
-        choices=("none", "requested", "required"),
-        doc="Whether SSL listeners ask clients for a certificate; its subject, mapped by "
-        "ssl.principal.mapping.rules, is then the client's principal.",
-    ),
-    ConfigDef(
-        name="ssl.principal.mapping.rules",
-        type="string",
-        default="DEFAULT",
-        doc="Kafka's rules from a client certificate's subject to its principal's name, e.g. "
-        "RULE:^CN=(.*?),.*$/$1/,DEFAULT.",
-    ),
-    # Authorization (raylog.actors.control.acls).
-    ConfigDef(
-        name="authorizer.class.name",
-        type="string",
-        default="",
-        doc=f"Empty: no authorization. {STANDARD_AUTHORIZER}: Kafka's ACLs (`raylog acls`) "
-        "decide every request.",
-    ),
-    ConfigDef(
-        name="super.users",
-        type="string",
-        default="",
-        doc="Principals allowed everything, separated by semicolons: User:admin;User:ops.",
-    ),
-    ConfigDef(
-        name="allow.everyone.if.no.acl.found",
-        type="boolean",
-        default="false",
-        doc="Allow every principal on a resource no ACL names.",
-    ),
-    ConfigDef(
-        name="quota.window.num",
-        type="int",
-        default="11",
-        minimum=1,
-        doc="The number of samples a client's rate is measured over, for its quotas.",
-    ),
-    ConfigDef(
-        name="quota.window.size.seconds",
-        type="int",
-        default="1",
-        minimum=1,
-        doc="The time span of each sample of a client's rate; also the longest throttle time.",
-    ),
+    *SECURITY_CONFIG_DEFS,
 )
-
-
-def _listeners_parse(reg: ConfigRegistry, given: Mapping[str, str]) -> None:
-    # The formats only; their ports and addresses are checked where the brokers start.
-    if given.get("listeners"):
-        listeners_.parse_listeners(
-            given["listeners"],
-            given.get("advertised.listeners", ""),
-            given.get("listener.security.protocol.map", listeners_.DEFAULT_PROTOCOL_MAP),
-        )
-    elif given.get("advertised.listeners"):
-        raise _fail("advertised.listeners", given["advertised.listeners"], "needs listeners")
-    if "ssl.principal.mapping.rules" in given:
-        PrincipalMapper.from_rules(given["ssl.principal.mapping.rules"])
-
-
-def _authorizer(reg: ConfigRegistry, given: Mapping[str, str]) -> None:
-    name = given.get("authorizer.class.name", "")
-    if name not in ("", STANDARD_AUTHORIZER):
-        raise _fail(
-            "authorizer.class.name",
-            name,
-            f"raylog implements Kafka's {STANDARD_AUTHORIZER} only (or empty: no authorization)",
-        )
-    try:
-        acls_.parse_super_users(given.get("super.users", ""))
-    except InvalidRequestError as exc:
-        raise _fail("super.users", given["super.users"], str(exc)) from None
 
 
 def _session_outlives_heartbeats(reg: ConfigRegistry, given: Mapping[str, str]) -> None:
@@ -922,7 +593,7 @@ def _session_outlives_heartbeats(reg: ConfigRegistry, given: Mapping[str, str]) 
     session = _resolved_int(reg, given, "broker.session.timeout.ms")
     heartbeat = _resolved_int(reg, given, "broker.heartbeat.interval.ms")
     if session < 2 * heartbeat:
-        raise _fail(
+        raise invalid(
             "broker.session.timeout.ms",
             str(session),
             f"must be at least 2 x broker.heartbeat.interval.ms ({heartbeat})",
@@ -932,7 +603,7 @@ def _session_outlives_heartbeats(reg: ConfigRegistry, given: Mapping[str, str]) 
 BROKER_CONFIGS = ConfigRegistry(
     BROKER_CONFIG_DEFS,
     BrokerConfig,
-    checks=(_session_outlives_heartbeats, _listeners_parse, _authorizer),
+    checks=(_session_outlives_heartbeats, check_listeners, check_authorizer),
 )
 
 

@@ -31,7 +31,7 @@ from typing import Any, cast
 
 from kafka.protocol.admin import DescribeConfigsResponse
 
-from raylog.actors.control import config_keys
+from raylog.actors.control import config_keys, config_registry
 from raylog.actors.control.acls import AclOperation, ResourceType
 from raylog.gateway.backend import AdminBackend
 from raylog.gateway.errors import ErrorCode
@@ -125,7 +125,7 @@ async def _describe(
         rows = config_keys.BROKER_CONFIGS.describe(
             overrides,
             _known(config_keys.BROKER_CONFIGS, keys),
-            override_source=config_keys.SOURCE_STATIC_BROKER_CONFIG,
+            override_source=config_registry.SOURCE_STATIC_BROKER_CONFIG,
         )
         return answer(ErrorCode.NONE, "", (_entry(row, True, synonyms) for row in rows))
     return answer(
@@ -135,13 +135,15 @@ async def _describe(
     )
 
 
-def _known(registry: config_keys.ConfigRegistry, keys: Sequence[str] | None) -> list[str] | None:
+def _known(
+    registry: config_registry.ConfigRegistry, keys: Sequence[str] | None
+) -> list[str] | None:
     if not keys:  # null or empty: every key (Kafka's ConfigHelper)
         return None
     return [k for k in dict.fromkeys(keys) if k in registry.defs]
 
 
-def _entry(row: config_keys.ConfigEntry, read_only: bool, synonyms: bool) -> Any:
+def _entry(row: config_registry.ConfigEntry, read_only: bool, synonyms: bool) -> Any:
     return _Entry(
         name=row.name,
         value=row.value,

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 from kafka.protocol.admin import IncrementalAlterConfigsResponse
 
-from raylog.actors.control import config_keys
+from raylog.actors.control import config_keys, config_registry
 from raylog.gateway.backend import AdminBackend, AdminResult
 from raylog.gateway.handlers.alter_configs import alter_each
 from raylog.gateway.handlers.context import RequestContext
@@ -48,7 +48,7 @@ class ConfigOp(NamedTuple):
 
 
 def apply_ops(
-    registry: config_keys.ConfigRegistry, current: Mapping[str, str], ops: Sequence[ConfigOp]
+    registry: config_registry.ConfigRegistry, current: Mapping[str, str], ops: Sequence[ConfigOp]
 ) -> dict[str, str]:
     """The overrides after ``ops`` (not yet validated); raises InvalidConfigError (40) or
     InvalidRequestError (42) naming the key."""

@@ -62,7 +62,7 @@ from kafka.protocol.admin import (
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 from support.admin_backend import AdminMemory, roundtrip, three_brokers
 
-from raylog.actors.control import config_keys, election, scram
+from raylog.actors.control import config_keys, config_registry, election, scram
 from raylog.actors.control import metadata as md_
 from raylog.gateway import sasl
 from raylog.gateway.actor import _set_topic_configs
@@ -382,10 +382,10 @@ class _ListStruct(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def test_apply_ops_on_lists() -> None:
-    registry = config_keys.ConfigRegistry(
+    registry = config_registry.ConfigRegistry(
         [
-            config_keys.ConfigDef(name="a.list", type="list", default="x,y", doc=""),
-            config_keys.ConfigDef(name="n", type="int", default="1", doc=""),
+            config_registry.ConfigDef(name="a.list", type="list", default="x,y", doc=""),
+            config_registry.ConfigDef(name="n", type="int", default="1", doc=""),
         ],
         _ListStruct,
     )

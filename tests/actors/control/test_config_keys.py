@@ -13,12 +13,8 @@ from __future__ import annotations
 import pytest
 
 from raylog.actors.control import config_keys
-from raylog.actors.control.config_keys import (
-    BROKER_CONFIGS,
-    SOURCE_DEFAULT_CONFIG,
-    SOURCE_TOPIC_CONFIG,
-    broker_config,
-)
+from raylog.actors.control.config_keys import BROKER_CONFIGS, broker_config
+from raylog.actors.control.config_registry import SOURCE_DEFAULT_CONFIG, SOURCE_TOPIC_CONFIG
 from raylog.actors.replication.ready import ReplicaConfig
 from raylog.storage.errors import InvalidConfigError
 from raylog.storage.log import MAX_BATCH_BYTES, LogConfig
