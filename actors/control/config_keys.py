@@ -12,20 +12,10 @@ AlterConfigs and the cluster metadata into:
 
 :data:`BROKER_CONFIGS` does the same for the broker-level keys (:class:`BrokerConfig`).
 
-Unknown keys and bad values raise :class:`~raylog.storage.errors.InvalidConfigError` (Kafka code
-40) whose message names the key and the value, as Kafka does.
-
 Where raylog's default differs from Kafka's, the definition's ``note`` says why.
 Rules followed from Kafka:
 
-- values are trimmed; booleans are ``true``/``false`` in any case; ints and longs are decimal
-  (Java's ``parseInt``: an optional sign, digits only) within the 32/64-bit range; doubles are
-  decimal as Java's ``parseDouble`` reads them (``0.5``, ``1``, ``1e-1``, ``.5d``; not NaN or
-  infinite) and stored as Java's ``Double.toString`` writes them, as Kafka shows them
-  (``1`` -> ``1.0``);
-- a list is stored with its items sorted and each once: ``cleanup.policy``, the only list, is
-  a set of policies, so ``delete,compact`` and ``compact, delete`` are one value
-  (``compact,delete``). Kafka stores a list as given;
+- values are parsed, checked and stored as ``config_registry.py`` says;
 - ``min.insync.replicas`` may exceed the replication factor: Kafka creates such a topic and then
   fails acks=all produce requests with NOT_ENOUGH_REPLICAS, so raylog does the same;
 - ``min.compaction.lag.ms`` must not exceed ``max.compaction.lag.ms`` (Kafka's
