@@ -1,6 +1,6 @@
-"""The records the transaction coordinator keeps in ``__transaction_state``, in Kafka's formats.
+"""The records of ``__transaction_state`` in Kafka's formats, pure encoding and decoding.
 
-This module is pure: it owns encoding and decoding the keys and values of the internal topic,
+This module owns encoding and decoding the keys and values of the internal topic,
 so that a new coordinator rebuilds every transactional id's state by reading the partition
 back, and a Kafka tool reads raylog's topic as it reads Kafka's. The formats are Kafka's
 (``transaction-coordinator/src/main/resources/common/message/TransactionLog{Key,Value}.json``),
