@@ -108,12 +108,13 @@ class TransactionLogValue(NamedTuple):
 
 
 def _uvarint(n: int) -> bytes:
+    """Kafka's unsigned varint: LEB128, seven bits a byte, the low ones first."""
     out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
 
 
 def _string_bytes(s: str) -> bytes:
