@@ -30,7 +30,7 @@ from typing import Any
 
 import ray
 
-from raylog.actors.calls import NAMESPACE, ray_call
+from raylog.actors.calls import NAMESPACE, gateway_actor_name, ray_call
 from raylog.actors.control import config_keys
 from raylog.actors.control import metadata as md_
 from raylog.actors.control.listeners import Listener
@@ -45,6 +45,7 @@ from raylog.gateway.replica_backend import ReplicaBackend
 from raylog.gateway.request_stats import RequestStats
 from raylog.gateway.routing import MetadataView
 from raylog.gateway.server import GatewayServer, ListenerSocket
+from raylog.gateway.transactions.coordinator import TransactionCoordinator
 from raylog.storage import pki
 from raylog.storage.errors import RaylogError
 
@@ -149,6 +150,7 @@ class GatewayActor:
         self._controller: Any = None  # handle of the controller last found active
         self._metadata_epoch = -1
         self._groups: GroupCoordinator | None = None
+        self._transactions: TransactionCoordinator | None = None
         self._broker_configs = dict(broker_configs or {})
         self._config = config_keys.broker_config(self._broker_configs)
         # No listeners given: one PLAINTEXT listener on host:port.
@@ -169,10 +171,12 @@ class GatewayActor:
         backend = ReplicaBackend(view, controller=self, broker_configs=self._broker_configs)
         self._backend = backend
         groups = self._group_coordinator(backend)
+        transactions = self._transaction_coordinator(backend)
         config = config_keys.broker_config(self._broker_configs)
         server = GatewayServer(
             backend,
             groups=groups,
+            transactions=transactions,
             authenticator=await self._authenticator(),
             authorization=self._authorization,
             quotas=ClientQuotas(config.quota_window_num, config.quota_window_size_seconds),
@@ -194,8 +198,9 @@ class GatewayActor:
         self.port = ports[0]
         self._view, self._server = view, server
         self._poller = asyncio.get_running_loop().create_task(self._poll_loop())
-        self._groups = groups
+        self._groups, self._transactions = groups, transactions
         groups.start()
+        transactions.start()
         return self.port
 
     # --- listener security ------------------------------------------------------------------
@@ -332,6 +337,50 @@ class GatewayActor:
             offsets_retention_check_interval_ms=config.offsets_retention_check_interval_ms,
         )
 
+    def _transaction_coordinator(self, backend: ReplicaBackend) -> TransactionCoordinator:
+        """This broker's transaction coordinator; it creates ``__transaction_state`` as the
+        group coordinator creates ``__consumer_offsets``, and tells the group coordinator
+        leading a ``__consumer_offsets`` partition of each transaction's outcome there."""
+        config = config_keys.broker_config(self._broker_configs)
+        return TransactionCoordinator(
+            backend,
+            self.broker_id,
+            new_producer_id=lambda: _new_producer_id(backend),
+            complete_offsets=self._complete_offsets,
+            num_partitions=config.transaction_state_log_num_partitions,
+            replication_factor=config.transaction_state_log_replication_factor,
+            min_insync_replicas=config.transaction_state_log_min_isr,
+            max_timeout_ms=config.transaction_max_timeout_ms,
+            expiration_ms=config.transactional_id_expiration_ms,
+            abort_interval_ms=config.transaction_abort_timed_out_transaction_cleanup_interval_ms,
+            expire_interval_ms=config.transaction_remove_expired_transaction_cleanup_interval_ms,
+            create_topic=self._create_internal_topic,
+            configure_topic=lambda name, configs: _set_topic_configs(backend, name, configs),
+        )
+
+    async def _complete_offsets(
+        self, broker_id: int, partition: int, producer_id: int, commit: bool
+    ) -> None:
+        """A transaction's marker is in ``__consumer_offsets`` partition ``partition``: the
+        group coordinator of broker ``broker_id`` (this one or another) applies it."""
+        if broker_id == self.broker_id:
+            await self.complete_transaction(partition, producer_id, commit)
+            return
+        handle = await asyncio.wait_for(
+            asyncio.to_thread(ray.get_actor, gateway_actor_name(broker_id), namespace=NAMESPACE),
+            LOOKUP_TIMEOUT_S,
+        )
+        await ray_call(
+            handle.complete_transaction.remote(partition, producer_id, commit), CALL_TIMEOUT_MS
+        )
+
+    async def complete_transaction(self, partition: int, producer_id: int, commit: bool) -> None:
+        """The COMMIT or ABORT marker of ``producer_id`` is written to ``__consumer_offsets``
+        partition ``partition``: its pending transactional offsets become committed offsets
+        (commit) or vanish (abort) in the groups this broker coordinates there."""
+        if self._groups is not None:
+            self._groups.complete_transaction(partition, producer_id, commit)
+
     async def _create_internal_topic(
         self, name: str, partitions: int, replication_factor: int, configs: dict[str, str]
     ) -> None:
@@ -345,6 +394,9 @@ class GatewayActor:
 
     async def stop(self) -> None:
         """Stop polling and close the listener (in-flight requests drain, bounded)."""
+        if self._transactions is not None:
+            await self._transactions.stop()
+            self._transactions = None
         if self._groups is not None:
             await self._groups.stop()
             self._groups = None
@@ -466,3 +518,11 @@ class GatewayActor:
 
 
 __all__ = ["GatewayActor", "GatewayStartError", "client_view"]
+
+
+async def _new_producer_id(backend: ReplicaBackend) -> int:
+    """A fresh producer id from the gateway's block, for a new transactional id."""
+    result = await backend.init_producer_id()
+    if result.error_code:
+        raise RaylogError(f"no producer id: error {result.error_code} {result.message}")
+    return result.producer_id

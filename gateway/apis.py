@@ -3,8 +3,7 @@
 ``TARGET_VERSIONS`` is docs/PROTOCOL.md section 1: the versions every supported client was run
 against. ApiVersions' own flexible versions are answered specially (see
 ``handlers/api_versions.py``); the group admin APIs (15, 16, 42) are advertised up to flexible
-versions, which the codec decodes and encodes like any other. The transaction APIs (24, 25, 26,
-28) are not in it yet.
+versions, which the codec decodes and encodes like any other.
 
 What is *advertised* is the target range of each API that has a handler registered, and nothing
 else: a client never sees an API the gateway cannot answer. So the advertised table grows as
@@ -58,6 +57,13 @@ TARGET_VERSIONS: Mapping[int, VersionRange] = MappingProxyType(
         # not infer the broker's version from it.
         21: (0, 2),
         22: (0, 1),  # InitProducerId: kafka-python's guessed version must stay < 2.5
+        # AddPartitionsToTxn: v3 is flexible; v4+ is KIP-890's batched broker-to-broker form,
+        # which kafka-python would read as a Kafka 3.6 broker. AddOffsetsToTxn and EndTxn: v2
+        # answers PRODUCER_FENCED where v0-1 answer INVALID_PRODUCER_EPOCH (KIP-588), v3 is
+        # flexible.
+        24: (0, 3),
+        25: (0, 3),
+        26: (0, 3),
         # DescribeAcls, CreateAcls, DeleteAcls: v1 adds pattern types (KIP-290); librdkafka
         # sends up to v1. DescribeAcls v2 would read to kafka-python as a 2.5 broker (v3 as 3.3;
         # see docs/PROTOCOL.md on its version guess), so kafka-python sends v1 too.
@@ -81,6 +87,10 @@ TARGET_VERSIONS: Mapping[int, VersionRange] = MappingProxyType(
         # Describe/AlterUserScramCredentials (KIP-554): v0 is their only version, flexible.
         50: (0, 0),
         51: (0, 0),
+        # DescribeTransactions, ListTransactions (KIP-664); ListTransactions v1 adds the
+        # duration filter (KIP-994), v2 a transactional id pattern (not offered).
+        65: (0, 0),
+        66: (0, 1),
     }
 )
 

@@ -124,6 +124,7 @@ class ErrorCode(IntEnum):
     RESOURCE_NOT_FOUND = 91
     DUPLICATE_RESOURCE = 92
     UNACCEPTABLE_CREDENTIAL = 93
+    TRANSACTIONAL_ID_NOT_FOUND = 105
 
 
 # Codes whose Java exception extends RetriableException. CORRUPT_MESSAGE is retriable in Java but

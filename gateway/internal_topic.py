@@ -8,7 +8,8 @@ This module owns, for one such topic:
    ``abs(java_hash(key)) % partitions`` (:func:`partition_for`, Kafka's rule); the broker
    leading that partition is its coordinator (:meth:`InternalTopic.find_coordinator`).
 2. Setting the topic up: created through the controller on first need (RF = min(the
-   configured replication factor, live brokers)) with the coordinator's configs (compacted); an
+   configured replication factor, live brokers); ``min.insync.replicas``, when the coordinator
+   sets one, capped by that RF) with the coordinator's configs (compacted); an
    existing topic without compaction is given the coordinator's ``cleanup.policy`` once seen.
    Attempts are at least ``CREATE_RETRY_MS`` apart.
 3. Ownership: every refresh (the coordinator's tick) compares the partitions this broker leads
@@ -147,6 +148,7 @@ class InternalTopic(Generic[P, R]):
         unloaded: Callable[[int, P], None],
         create_topic: CreateTopic | None = None,
         configure_topic: ConfigureTopic | None = None,
+        min_insync_replicas: int | None = None,
         monotonic_ms: Callable[[], int] = lambda: time.monotonic_ns() // 1_000_000,
     ) -> None:
         self._backend = backend
@@ -155,6 +157,7 @@ class InternalTopic(Generic[P, R]):
         self._configs = dict(configs)
         self._num_partitions = num_partitions
         self._replication_factor = replication_factor
+        self._min_isr = min_insync_replicas  # capped by the replication factor at creation
         self._barrier = barrier  # one whole batch, appended as each load's barrier
         self._new_partition = new_partition
         self._new_replay = new_replay
@@ -249,7 +252,10 @@ class InternalTopic(Generic[P, R]):
         assert self._create_topic is not None
         cluster = await self._backend.cluster()
         rf = max(1, min(self._replication_factor, len(cluster.brokers)))
-        await self._create_topic(self.topic, self._num_partitions, rf, dict(self._configs))
+        configs = dict(self._configs)
+        if self._min_isr is not None:
+            configs["min.insync.replicas"] = str(min(self._min_isr, rf))
+        await self._create_topic(self.topic, self._num_partitions, rf, configs)
         log.info("created %s: %d partitions, RF %d", self.topic, self._num_partitions, rf)
 
     async def _set_up_topic(self) -> None:

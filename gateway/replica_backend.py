@@ -161,3 +161,25 @@ class ReplicaBackend(ControllerAdmin):
             return DeleteRecordsResult(error, -1)
         name = self._local_replica(topic, partition)
         return await self.replicas.delete_records(name, offset, timeout_ms)
+
+    async def write_txn_marker(
+        self,
+        topic: str,
+        partition: int,
+        producer_id: int,
+        producer_epoch: int,
+        coordinator_epoch: int,
+        commit: bool,
+        timeout_ms: int,
+    ) -> ProduceResult:
+        """Write a transaction marker through the partition's leader, whichever broker it is on
+        (the transaction coordinator's channel to every partition of a transaction)."""
+        state = routing.find_partition(self.metadata.topics(), topic, partition)
+        if state is None:
+            return ProduceResult(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1, -1, -1)
+        if state.leader < 0:
+            return ProduceResult(ErrorCode.LEADER_NOT_AVAILABLE, -1, -1, -1)
+        name = replica_actor_name(topic, partition, state.leader)
+        return await self.replicas.write_txn_marker(
+            name, producer_id, producer_epoch, coordinator_epoch, commit, timeout_ms
+        )

@@ -216,6 +216,34 @@ class ReplicaClient:
             return DeleteRecordsResult(ErrorCode.REQUEST_TIMED_OUT, -1, "replica call timed out")
         return DeleteRecordsResult(outcome.error_code, outcome.low_watermark, outcome.message)
 
+    async def write_txn_marker(
+        self,
+        name: str,
+        producer_id: int,
+        producer_epoch: int,
+        coordinator_epoch: int,
+        commit: bool,
+        timeout_ms: int,
+    ) -> ProduceResult:
+        """A transaction's COMMIT or ABORT marker for one producer, appended by the partition's
+        leader replica ``name`` with acks=all (the transaction coordinator's WriteTxnMarkers)."""
+        timeout_ms = max(0, timeout_ms)
+        try:
+            outcome = await self.calls.call(
+                name,
+                "write_txn_marker",
+                (producer_id, producer_epoch, coordinator_epoch, commit, timeout_ms),
+                timeout_s=timeout_ms / 1000 + self._call_margin_s,
+                retry=False,
+            )
+        except NoOutcome as exc:
+            return ProduceResult(exc.error_code, -1, -1, -1, str(exc))
+        except TimeoutError:
+            return ProduceResult(ErrorCode.REQUEST_TIMED_OUT, -1, -1, -1, "replica call timed out")
+        return ProduceResult(
+            outcome.error_code, outcome.base_offset, -1, outcome.log_start_offset, outcome.message
+        )
+
     async def state(self, name: str) -> ReplicaState | None:
         """The replica's own view of itself (role, ISR, high watermark, log start offset);
         None when it cannot be had within the margin."""

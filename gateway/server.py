@@ -74,6 +74,7 @@ from raylog.gateway.protocol import (
 )
 from raylog.gateway.quotas import ClientQuotas, busy_time
 from raylog.gateway.request_stats import RequestStats
+from raylog.gateway.transactions.coordinator import TransactionCoordinator
 from raylog.storage.errors import RaylogError
 
 __all__ = ["GatewayServer", "Limits", "ListenerSocket", "event_loop_factory"]
@@ -132,6 +133,7 @@ class GatewayServer:
         connections_max_idle_ms: int = 600_000,
         close_timeout_s: float = 5.0,
         groups: GroupCoordinator | None = None,
+        transactions: TransactionCoordinator | None = None,
         authenticator: Authenticator | None = None,
         authorization: Authorization | None = None,
         quotas: ClientQuotas | None = None,
@@ -141,6 +143,7 @@ class GatewayServer:
         self.authenticator = authenticator  # SASL listeners need one
         self.authorization = authorization  # None: every request allowed
         self.groups = groups  # the group coordinator the group APIs use (None: unavailable)
+        self.transactions = transactions  # the transaction coordinator (None: unavailable)
         # Shared memory that large requests are received into, when the backend hands them to
         # its replicas from there (``raylog.actors.transport.arena``).
         self.arenas: ArenaPool | None = getattr(backend, "arenas", None)
@@ -315,6 +318,7 @@ class _ClientConnection:
             server.api_versions,
             self._peer,
             server.groups,
+            transactions=server.transactions,
             listener=listener.name,
             session=self._session,
             authenticator=server.authenticator,

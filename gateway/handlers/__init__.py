@@ -15,6 +15,8 @@ from types import MappingProxyType, ModuleType
 
 from raylog.gateway import apis
 from raylog.gateway.handlers import (
+    add_offsets_to_txn,
+    add_partitions_to_txn,
     alter_client_quotas,
     alter_configs,
     alter_user_scram_credentials,
@@ -30,8 +32,10 @@ from raylog.gateway.handlers import (
     describe_client_quotas,
     describe_configs,
     describe_groups,
+    describe_transactions,
     describe_user_scram_credentials,
     elect_leaders,
+    end_txn,
     fetch,
     find_coordinator,
     heartbeat,
@@ -41,6 +45,7 @@ from raylog.gateway.handlers import (
     leave_group,
     list_groups,
     list_offsets,
+    list_transactions,
     metadata,
     offset_commit,
     offset_delete,
@@ -73,6 +78,12 @@ _MODULES: tuple[ModuleType, ...] = (
     list_offsets,
     delete_records,
     init_producer_id,
+    # transactions, through their coordinator
+    add_partitions_to_txn,
+    add_offsets_to_txn,
+    end_txn,
+    describe_transactions,
+    list_transactions,
     # admin, through the controller
     create_topics,
     delete_topics,

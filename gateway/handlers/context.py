@@ -25,6 +25,7 @@ from raylog.gateway.backend import Backend
 from raylog.gateway.groups.coordinator import GroupCoordinator
 from raylog.gateway.protocol import Request
 from raylog.gateway.quotas import ClientQuotas
+from raylog.gateway.transactions.coordinator import TransactionCoordinator
 
 __all__ = [
     "AUTHORIZATION_FAILED",
@@ -60,6 +61,8 @@ class RequestContext:
     api_versions: Mapping[int, tuple[int, int]]
     peer: str  # "host:port" of the client, for log lines
     groups: GroupCoordinator | None = None  # None: group APIs answer COORDINATOR_NOT_AVAILABLE
+    # None: transactional APIs answer COORDINATOR_NOT_AVAILABLE.
+    transactions: TransactionCoordinator | None = None
     # The listener the client came in on: Metadata and FindCoordinator answer with its
     # addresses ("" answers with each broker's first listener).
     listener: str = ""

@@ -1,12 +1,14 @@
-"""FindCoordinator (key 10), versions 0-2: which broker coordinates a consumer group.
+"""FindCoordinator (key 10), versions 0-2: which broker coordinates a consumer group (key
+type 0) or a transactional id (key type 1).
 
-Any broker answers, with the leader of the group's ``__consumer_offsets`` partition (see
-``group_coordinator``). The first request creates the topic through the controller, as Kafka
-does; until it exists and the partition has a leader the answer is COORDINATOR_NOT_AVAILABLE
-(15), which every client retries. Only groups are coordinated here: key_type 1 (transactions)
-gets COORDINATOR_NOT_AVAILABLE until raylog has a transaction coordinator.
+Any broker answers, with the leader of the key's partition of ``__consumer_offsets`` or
+``__transaction_state`` (``gateway/internal_topic.py``). The first request creates the topic
+through the controller, as Kafka does; until it exists and the partition has a leader the
+answer is COORDINATOR_NOT_AVAILABLE (15), which every client retries. Other key types get
+INVALID_REQUEST (42).
 
-Authorization: DESCRIBE on the group, else GROUP_AUTHORIZATION_FAILED (30).
+Authorization: DESCRIBE on the group, else GROUP_AUTHORIZATION_FAILED (30); DESCRIBE on the
+transactional id, else TRANSACTIONAL_ID_AUTHORIZATION_FAILED (53).
 """
 
 from __future__ import annotations
@@ -15,26 +17,39 @@ from typing import Any
 
 from kafka.protocol.metadata import FindCoordinatorResponse
 
-from raylog.actors.control.acls import AclOperation
+from raylog.actors.control.acls import AclOperation, ResourceType
 from raylog.gateway.errors import ErrorCode
+from raylog.gateway.groups.coordinator import GroupCoordinator
 from raylog.gateway.handlers.context import AUTHORIZATION_FAILED, RequestContext
 from raylog.gateway.protocol import Request
+from raylog.gateway.transactions.coordinator import TransactionCoordinator
 
 API_KEY = 10
 KEY_TYPE_GROUP = 0
+KEY_TYPE_TRANSACTION = 1
 
 
 async def handle(context: RequestContext, request: Request) -> Any:
     body = request.body
     key_type = body.key_type if request.api_version >= 1 else KEY_TYPE_GROUP
-    groups = context.groups
-    if key_type != KEY_TYPE_GROUP or groups is None:
+    coordinator: GroupCoordinator | TransactionCoordinator | None
+    if key_type == KEY_TYPE_GROUP:
+        if not body.key:
+            return _answer(ErrorCode.INVALID_GROUP_ID, "empty group id")
+        if not context.authorized_group(AclOperation.DESCRIBE, body.key):
+            return _answer(ErrorCode.GROUP_AUTHORIZATION_FAILED, AUTHORIZATION_FAILED)
+        coordinator = context.groups
+    elif key_type == KEY_TYPE_TRANSACTION:
+        if not body.key:
+            return _answer(ErrorCode.INVALID_REQUEST, "empty transactional id")
+        if not context.authorized(AclOperation.DESCRIBE, ResourceType.TRANSACTIONAL_ID, body.key):
+            return _answer(ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, AUTHORIZATION_FAILED)
+        coordinator = context.transactions
+    else:
+        return _answer(ErrorCode.INVALID_REQUEST, f"unknown key type {key_type}")
+    if coordinator is None:
         return _answer(ErrorCode.COORDINATOR_NOT_AVAILABLE, "no coordinator for this key type")
-    if not body.key:
-        return _answer(ErrorCode.INVALID_GROUP_ID, "empty group id")
-    if not context.authorized_group(AclOperation.DESCRIBE, body.key):
-        return _answer(ErrorCode.GROUP_AUTHORIZATION_FAILED, AUTHORIZATION_FAILED)
-    node = await groups.find_coordinator(body.key)
+    node = await coordinator.find_coordinator(body.key)
     if node.error_code != ErrorCode.NONE:
         return _answer(node.error_code, "coordinator not available yet")
     # The coordinator's address on the listener the client came in on.

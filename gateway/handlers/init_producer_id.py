@@ -6,11 +6,11 @@ transactions:
 
 1. ``transactional_id`` null: a fresh producer id at epoch 0. Any broker answers (there is no
    coordinator for an idempotent producer), which is how every client sends it.
-2. ``transactional_id`` set: raylog has no transaction coordinator yet, so the request is
-   refused with UNSUPPORTED_VERSION (35), "this broker does not support the request", the answer
-   Kafka-compatible brokers give when transactions are turned off; clients stop with that error
-   instead of retrying forever. (Not TRANSACTIONAL_ID_AUTHORIZATION_FAILED: nothing was
-   refused for want of rights.)
+2. ``transactional_id`` set: the id's transaction coordinator answers
+   (``gateway/transactions``): a new producer id at epoch 0, or the id's producer id with its
+   epoch bumped, fencing the previous producer (an Ongoing transaction of it is aborted first:
+   CONCURRENT_TRANSACTIONS, which the client retries). ``transaction_timeout_ms`` above
+   ``transaction.max.timeout.ms`` gets INVALID_TRANSACTION_TIMEOUT (50).
 3. When no id can be had now (no active controller reachable, a CAS lost to a failover): the
    retriable COORDINATOR_LOAD_IN_PROGRESS (14), Kafka's answer while a broker waits for its next
    producer-id block; clients retry InitProducerId.
@@ -20,7 +20,7 @@ kafka-python infers a broker of 2.5 or newer from them and then requires v3.
 
 Authorization (Kafka 3.x): IDEMPOTENT_WRITE on the cluster or WRITE on some topic, else
 CLUSTER_AUTHORIZATION_FAILED (31); a transactional id needs WRITE on it
-(TRANSACTIONAL_ID_AUTHORIZATION_FAILED, 53) before it is refused as unsupported.
+(TRANSACTIONAL_ID_AUTHORIZATION_FAILED, 53).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from raylog.gateway.errors import ErrorCode
 from raylog.gateway.handlers.context import RequestContext
 from raylog.gateway.producer_ids import IdempotenceBackend
 from raylog.gateway.protocol import Request
+from raylog.gateway.transactions.state import fencing_error
 
 API_KEY = 22
 
@@ -45,7 +46,14 @@ async def handle(context: RequestContext, request: Request) -> Any:
             AclOperation.WRITE, ResourceType.TRANSACTIONAL_ID, body.transactional_id
         ):
             return _response(ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
-        return _response(ErrorCode.UNSUPPORTED_VERSION)
+        coordinator = context.transactions
+        if coordinator is None:
+            return _response(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        result = await coordinator.init_producer_id(
+            body.transactional_id, body.transaction_timeout_ms
+        )
+        error = fencing_error(API_KEY, request.api_version, result.error_code)
+        return _response(error, result.producer_id, result.producer_epoch)
     # Kafka 3.x's rule for an idempotent producer: IDEMPOTENT_WRITE on the cluster, or WRITE
     # on some topic (KIP-679).
     if not context.authorized_cluster(AclOperation.IDEMPOTENT_WRITE) and not (

@@ -19,8 +19,10 @@ Rules kept here, each Kafka's:
    calls started in arrival order), or else answered (a Ray call may be overtaken). On the
    channel, then, a connection keeps several acks=all batches in flight, as Kafka's purgatory
    does, and one batch's replication round trip does not hold back the next.
-4. Transactions are not supported yet: a request with a ``transactional_id`` or a transactional
-   batch gets INVALID_TXN_STATE (48), since no transaction was begun through a coordinator here.
+4. Transactional batches need the request's ``transactional_id``, else
+   TRANSACTIONAL_ID_AUTHORIZATION_FAILED (53), Kafka's answer. The leader replica tracks the
+   producer's open transaction from them; which partitions belong to the transaction is the
+   coordinator's (AddPartitionsToTxn), and its markers end it.
 5. Idempotent producers (producerId >= 0, from InitProducerId) are checked by the leader
    replica (``raylog.actors.replication.producer_state``): a retry of one of the producer's last
    five batches succeeds with the ORIGINAL batch's base offset (never DUPLICATE_SEQUENCE_NUMBER,
@@ -31,11 +33,14 @@ Rules kept here, each Kafka's:
    producer.
 6. Missing records (null) are INVALID_RECORD (87); anything else wrong with a batch is the
    replica's verdict (CORRUPT_MESSAGE, MESSAGE_TOO_LARGE, INVALID_RECORD, ...).
-7. A client cannot append to ``__consumer_offsets``: INVALID_TOPIC_EXCEPTION (17), Kafka's
-   "Cannot append to internal topic". Only the group coordinator writes it (through the
-   backend, not through this handler), so a stray producer cannot corrupt group state.
+7. A client cannot append to ``__consumer_offsets`` or ``__transaction_state``:
+   INVALID_TOPIC_EXCEPTION (17), Kafka's "Cannot append to internal topic". Only their
+   coordinators write them (through the backend, not through this handler), so a stray
+   producer cannot corrupt group or transaction state.
 
-Authorization: WRITE on the topic, else TOPIC_AUTHORIZATION_FAILED (29) on its partitions.
+Authorization: WRITE on the topic, else TOPIC_AUTHORIZATION_FAILED (29) on its partitions; with a
+``transactional_id``, WRITE on it, else TRANSACTIONAL_ID_AUTHORIZATION_FAILED (53) on every
+partition.
 """
 
 from __future__ import annotations
@@ -46,13 +51,14 @@ from typing import Any, cast
 
 from kafka.protocol.producer import ProduceResponse
 
-from raylog.actors.control.acls import AclOperation
+from raylog.actors.control.acls import AclOperation, ResourceType
 from raylog.gateway.backend import DataBackend, ProduceResult
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.groups.coordinator import OFFSETS_TOPIC
 from raylog.gateway.handlers.context import CloseConnection, RequestContext
 from raylog.gateway.protocol import Request
 from raylog.gateway.quotas import PRODUCER_BYTE_RATE
+from raylog.gateway.transactions.coordinator import TRANSACTION_STATE_TOPIC
 from raylog.storage import batch as rb
 
 API_KEY = 0
@@ -73,10 +79,15 @@ async def handle(context: RequestContext, request: Request) -> Any:
     body = request.body
     backend = cast(DataBackend, context.backend)
     denied = context.denied_topics(WRITE, (topic.name for topic in body.topic_data))
+    txn_denied = body.transactional_id is not None and not context.authorized(
+        WRITE, ResourceType.TRANSACTIONAL_ID, body.transactional_id
+    )
     calls: list[tuple[str, int, Awaitable[ProduceResult]]] = []
     for topic in body.topic_data:
         for data in topic.partition_data:
-            if topic.name in denied:
+            if txn_denied:
+                call = _refused(ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
+            elif topic.name in denied:
                 call = _refused(ErrorCode.TOPIC_AUTHORIZATION_FAILED)
             else:
                 call = _produce_one(
@@ -139,17 +150,15 @@ def _refusal(body: Any, topic: str, records: Any) -> int:
     """The error for a request or batch refused before it reaches a replica, else 0."""
     if body.acks not in (0, 1, -1):
         return ErrorCode.INVALID_REQUIRED_ACKS
-    if topic == OFFSETS_TOPIC:
+    if topic in (OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC):
         return ErrorCode.INVALID_TOPIC_EXCEPTION
-    if body.transactional_id is not None:
-        return ErrorCode.INVALID_TXN_STATE
     if records is None:
         return ErrorCode.INVALID_RECORD
     if len(records) >= rb.HEADER_SIZE:
         # Header fields only; a short or malformed batch is left to the replica's checks.
         header = rb.parse_header(records, 0)
-        if header.is_transactional:
-            return ErrorCode.INVALID_TXN_STATE
+        if header.is_transactional and body.transactional_id is None:
+            return ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
     return ErrorCode.NONE
 
 

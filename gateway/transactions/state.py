@@ -73,7 +73,6 @@ __all__ = [
     "NO_PRODUCER_EPOCH",
     "NO_PRODUCER_ID",
     "TRANSACTIONAL_ID_EXPIRATION_MS",
-    "TRANSACTIONAL_ID_NOT_FOUND",
     "TRANSACTION_MAX_TIMEOUT_MS",
     "Plan",
     "TopicPartition",
@@ -107,8 +106,6 @@ NO_PRODUCER_EPOCH = -1  # RecordBatch.NO_PRODUCER_EPOCH
 MAX_PRODUCER_EPOCH = 0x7FFF  # Short.MaxValue
 TRANSACTION_MAX_TIMEOUT_MS = 900_000  # transaction.max.timeout.ms, Kafka's default
 TRANSACTIONAL_ID_EXPIRATION_MS = 604_800_000  # transactional.id.expiration.ms, Kafka's default
-# Kafka's TRANSACTIONAL_ID_NOT_FOUND, DescribeTransactions' answer for an unknown id.
-TRANSACTIONAL_ID_NOT_FOUND = 105
 
 TopicPartition = tuple[str, int]
 
@@ -641,7 +638,7 @@ def describe_transaction(
     if check_transactional_id(transactional_id) != ErrorCode.NONE:
         return TransactionDescription(ErrorCode.INVALID_REQUEST, transactional_id)
     if meta is None or meta.state == _DEAD:
-        return TransactionDescription(TRANSACTIONAL_ID_NOT_FOUND, transactional_id)
+        return TransactionDescription(ErrorCode.TRANSACTIONAL_ID_NOT_FOUND, transactional_id)
     by_topic: dict[str, list[int]] = {}
     for topic, partition in sorted(meta.partitions):
         by_topic.setdefault(topic, []).append(partition)

@@ -72,6 +72,9 @@ EXPECTED_TABLE = {
     20: (1, 3),  # DeleteTopics
     21: (0, 2),  # DeleteRecords
     22: (0, 1),  # InitProducerId
+    24: (0, 3),  # AddPartitionsToTxn
+    25: (0, 3),  # AddOffsetsToTxn
+    26: (0, 3),  # EndTxn
     29: (0, 1),  # DescribeAcls
     30: (0, 1),  # CreateAcls
     31: (0, 1),  # DeleteAcls
@@ -87,12 +90,13 @@ EXPECTED_TABLE = {
     49: (0, 1),  # AlterClientQuotas
     50: (0, 0),  # DescribeUserScramCredentials
     51: (0, 0),  # AlterUserScramCredentials
+    65: (0, 0),  # DescribeTransactions
+    66: (0, 1),  # ListTransactions
 }
 
 
 def test_advertised_table_is_the_registered_handlers() -> None:
     assert dict(ADVERTISED) == EXPECTED_TABLE
-    assert not {24, 25, 26, 28} & set(ADVERTISED), "transaction APIs are not built"
 
 
 def test_header_versions_follow_flexible_versions() -> None:
@@ -113,10 +117,10 @@ def test_api_versions_v0_golden_bytes() -> None:
     assert isinstance(request, Request)
     assert request.header == codec.RequestHeader(18, 0, 7, "raw", 1)
     assert answer(connection, request) == bytes.fromhex(
-        "000000d6"  # size: 214 bytes
+        "000000f4"  # size: 244 bytes
         "00000007"  # correlation id
         "0000"  # error_code NONE
-        "00000022"  # api_keys: 34 entries, by key; each key, min, max
+        "00000027"  # api_keys: 39 entries, by key; each key, min, max
         "000000030007"  # Produce 3-7
         "00010004000b"  # Fetch 4-11
         "000200010003"  # ListOffsets 1-3
@@ -136,6 +140,9 @@ def test_api_versions_v0_golden_bytes() -> None:
         "001400010003"  # DeleteTopics 1-3
         "001500000002"  # DeleteRecords 0-2
         "001600000001"  # InitProducerId 0-1
+        "001800000003"  # AddPartitionsToTxn 0-3
+        "001900000003"  # AddOffsetsToTxn 0-3
+        "001a00000003"  # EndTxn 0-3
         "001d00000001"  # DescribeAcls 0-1
         "001e00000001"  # CreateAcls 0-1
         "001f00000001"  # DeleteAcls 0-1
@@ -151,6 +158,8 @@ def test_api_versions_v0_golden_bytes() -> None:
         "003100000001"  # AlterClientQuotas 0-1
         "003200000000"  # DescribeUserScramCredentials 0-0
         "003300000000"  # AlterUserScramCredentials 0-0
+        "004100000000"  # DescribeTransactions 0-0
+        "004200000001"  # ListTransactions 0-1
     )
 
 

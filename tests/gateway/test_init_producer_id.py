@@ -85,9 +85,10 @@ def test_idempotent_producer_gets_a_fresh_id_at_epoch_zero(version: int) -> None
     assert backend.allocator.calls == 2  # a second block only once the first was used up
 
 
-def test_transactional_id_is_refused_as_unsupported() -> None:
+def test_transactional_id_goes_to_the_transaction_coordinator() -> None:
+    # Without one (a gateway that has none), the retriable COORDINATOR_NOT_AVAILABLE.
     answer = _ask(IdBackend(), 1, transactional_id="tx-1")
-    assert (answer.error_code, answer.producer_id) == (35, -1)
+    assert (answer.error_code, answer.producer_id) == (15, -1)
 
 
 def test_no_id_available_is_retriable_coordinator_load_in_progress() -> None:

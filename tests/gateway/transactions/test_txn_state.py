@@ -519,7 +519,9 @@ def test_describe_transactions(c: Coordinator) -> None:
     assert described == ts.TransactionDescription(
         0, TID, "Ongoing", 60_000, T0, 100, 0, (("a", (0, 2)), ("b", (1,)))
     )
-    assert ts.describe_transaction(None, "x").error_code == ts.TRANSACTIONAL_ID_NOT_FOUND == 105
+    assert (
+        ts.describe_transaction(None, "x").error_code == ErrorCode.TRANSACTIONAL_ID_NOT_FOUND == 105
+    )
     assert ts.describe_transaction(None, "").error_code == ErrorCode.INVALID_REQUEST
 
 
