@@ -3,8 +3,9 @@
 ``TARGET_VERSIONS`` is docs/PROTOCOL.md section 1: the versions every supported client was run
 against. ApiVersions' own flexible versions are answered specially (see
 ``handlers/api_versions.py``); the group admin APIs (15, 16, 42) are advertised up to flexible
-versions, which the codec decodes and encodes like any other. The transaction APIs (24, 25, 26,
-28) are not in it yet.
+versions, which the codec decodes and encodes like any other. Of the transaction APIs,
+TxnOffsetCommit (28) is in it; AddPartitionsToTxn, AddOffsetsToTxn and EndTxn (24, 25, 26) are
+not.
 
 What is *advertised* is the target range of each API that has a handler registered, and nothing
 else: a client never sees an API the gateway cannot answer. So the advertised table grows as
@@ -58,6 +59,10 @@ TARGET_VERSIONS: Mapping[int, VersionRange] = MappingProxyType(
         # not infer the broker's version from it.
         21: (0, 2),
         22: (0, 1),  # InitProducerId: kafka-python's guessed version must stay < 2.5
+        # TxnOffsetCommit: v1 as v0, v2 adds committed_leader_epoch (KIP-320), v3 the member's
+        # generation, member id and group_instance_id (KIP-447) and is flexible. kafka-python
+        # does not infer the broker's version from it.
+        28: (0, 3),
         # DescribeAcls, CreateAcls, DeleteAcls: v1 adds pattern types (KIP-290); librdkafka
         # sends up to v1. DescribeAcls v2 would read to kafka-python as a 2.5 broker (v3 as 3.3;
         # see docs/PROTOCOL.md on its version guess), so kafka-python sends v1 too.

@@ -120,6 +120,12 @@ _STORE_ERRORS: Mapping[int, int] = {
     ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
 }
 
+# What the replica answers a transactional batch of a fenced or stale producer: the producer
+# is told as it is (Kafka's storeOffsets passes them through), so that it aborts or closes.
+_FENCING_ERRORS = frozenset(
+    {ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.INVALID_TXN_STATE, ErrorCode.PRODUCER_FENCED}
+)
+
 
 class OffsetFetchResult(NamedTuple):
     error_code: int  # the group-level error
@@ -718,6 +724,8 @@ class GroupCoordinator:
                 transactional=True,
             )
         error, base_offset = await self._topic.append_at(partition, owned, batch)
+        if error and producer is not None and error in _FENCING_ERRORS:
+            return error, -1
         if error:
             return _STORE_ERRORS.get(error, ErrorCode.UNKNOWN_SERVER_ERROR), -1
         return ErrorCode.NONE, base_offset

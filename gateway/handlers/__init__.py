@@ -49,6 +49,7 @@ from raylog.gateway.handlers import (
     sasl_authenticate,
     sasl_handshake,
     sync_group,
+    txn_offset_commit,
 )
 from raylog.gateway.handlers.context import CloseConnection, Handler, RequestContext, per_partition
 
@@ -73,6 +74,7 @@ _MODULES: tuple[ModuleType, ...] = (
     list_offsets,
     delete_records,
     init_producer_id,
+    txn_offset_commit,
     # admin, through the controller
     create_topics,
     delete_topics,
