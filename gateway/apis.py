@@ -64,6 +64,10 @@ TARGET_VERSIONS: Mapping[int, VersionRange] = MappingProxyType(
         24: (0, 3),
         25: (0, 3),
         26: (0, 3),
+        # TxnOffsetCommit: v1 as v0, v2 adds committed_leader_epoch (KIP-320), v3 the member's
+        # generation, member id and group_instance_id (KIP-447) and is flexible. kafka-python
+        # does not infer the broker's version from it.
+        28: (0, 3),
         # DescribeAcls, CreateAcls, DeleteAcls: v1 adds pattern types (KIP-290); librdkafka
         # sends up to v1. DescribeAcls v2 would read to kafka-python as a 2.5 broker (v3 as 3.3;
         # see docs/PROTOCOL.md on its version guess), so kafka-python sends v1 too.

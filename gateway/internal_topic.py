@@ -365,8 +365,13 @@ class InternalTopic(Generic[P, R]):
     async def append(self, partition: int, owned: P, batch: bytes) -> int:
         """Append one whole batch with acks=all (step 5): 0, or the produce error code as the
         replica answered it (the caller maps it for its clients, e.g. with STORE_ERRORS)."""
+        error, _ = await self.append_at(partition, owned, batch)
+        return error
+
+    async def append_at(self, partition: int, owned: P, batch: bytes) -> tuple[int, int]:
+        """:meth:`append`, also returning the base offset the batch got (-1 on an error)."""
         async with owned.write_lock:
             result = await self._backend.produce(
                 self.topic, partition, batch, -1, APPEND_TIMEOUT_MS
             )
-        return result.error_code
+        return result.error_code, result.base_offset

@@ -25,11 +25,11 @@ Ownership, as Kafka's brokers do it (the shared machinery is ``gateway/internal_
    NOT_COORDINATOR at once; ListGroups and DescribeGroups answer 14 at once while loading
    (admin clients retry them). On losing a partition its groups are dropped and their waiting
    requests get NOT_COORDINATOR.
-3. Loading replays the partition behind a barrier record: the last record of a key wins and a
-   null value (a tombstone) deletes. The barrier is a tombstone of group "", which no group
-   can have (Kafka's own loader would read it as a no-op too). A group's metadata record names
-   each static member's ``group_instance_id``, so the new coordinator fences the same old
-   member ids.
+3. Loading replays the partition behind a barrier record (``replay.py``): the last record of a
+   key wins and a null value (a tombstone) deletes. The barrier is a tombstone of group "",
+   which no group can have (Kafka's own loader would read it as a no-op too). A group's
+   metadata record names each static member's ``group_instance_id``, so the new coordinator
+   fences the same old member ids.
 4. Writes (offset commits, a group's metadata after each completed rebalance or static
    member's takeover of a Stable group) are appended with acks=all through the backend's
    produce path, one at a time per partition, and applied to the group only once acknowledged.
@@ -45,6 +45,12 @@ Ownership, as Kafka's brokers do it (the shared machinery is ``gateway/internal_
    tombstones the committed offsets past ``offsets.retention.minutes`` by Kafka's rules
    (:func:`group_admin.plan_offset_expiry`: a group Empty that long loses them all, and then itself)
    with acks=all, and applies that once acknowledged, as OffsetDelete does.
+
+7. Transactional offset commits (TxnOffsetCommit, KIP-98/447): the offsets are appended with
+   acks=all as one transactional batch of the producer, then kept pending in the group
+   (``txn_offsets.py``) until the transaction coordinator reports its marker written to the
+   group's partition (:meth:`GroupCoordinator.complete_transaction`). Loading reads the same
+   from the log (``replay.py``): a transaction still open when the load ends stays pending.
 
 The log cleaner compacts the topic: a key's older records and, after ``delete.retention.ms``, its
 tombstones are removed, so loading reads little more than the live groups and offsets. A
@@ -71,11 +77,11 @@ from raylog.gateway.groups.group import (
     Group,
     GroupState,
     JoinResult,
-    Member,
     MemberIdentity,
     SyncResult,
 )
 from raylog.gateway.groups.group_admin import GroupDescription, GroupListing, OffsetDeletePlan
+from raylog.gateway.groups.replay import BARRIER_GROUP, OFFSETS_TOPIC, GroupReplay
 from raylog.gateway.internal_topic import (
     STORE_ERRORS,
     ConfigureTopic,
@@ -84,7 +90,6 @@ from raylog.gateway.internal_topic import (
     InternalTopic,
 )
 from raylog.storage import batch as rb
-from raylog.storage.records import iter_decoded
 
 __all__ = [
     "OFFSETS_TOPIC",
@@ -94,7 +99,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-OFFSETS_TOPIC = "__consumer_offsets"
 TICK_MS = 100  # leadership checks and session expiry run this often
 OFFSETS_RETENTION_MS_DEFAULT = 7 * 24 * 3600 * 1000  # offsets.retention.minutes = 10080
 OFFSETS_RETENTION_CHECK_INTERVAL_MS_DEFAULT = 600_000  # offsets.retention.check.interval.ms
@@ -102,7 +106,6 @@ OFFSETS_RETENTION_CHECK_INTERVAL_MS_DEFAULT = 600_000  # offsets.retention.check
 # metadata to show who leads the partition, before answering (module docstring, step 2).
 LOAD_WAIT_MS = 10_000
 WAIT_MARGIN_MS = 5_000  # beyond a rebalance timeout, the most a JoinGroup/SyncGroup waits
-BARRIER_GROUP = ""  # the group of the load barrier's tombstone: no group has an empty id
 
 # Kafka's __consumer_offsets configs (offsets.topic.segment.bytes: 100 MiB, compacted).
 OFFSETS_TOPIC_CONFIGS: Mapping[str, str] = {
@@ -116,6 +119,12 @@ _STORE_ERRORS: Mapping[int, int] = {
     ErrorCode.MESSAGE_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
     ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
 }
+
+# What the replica answers a transactional batch of a fenced or stale producer: the producer
+# is told as it is (Kafka's storeOffsets passes them through), so that it aborts or closes.
+_FENCING_ERRORS = frozenset(
+    {ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.INVALID_TXN_STATE, ErrorCode.PRODUCER_FENCED}
+)
 
 
 class OffsetFetchResult(NamedTuple):
@@ -165,7 +174,7 @@ class GroupCoordinator:
     ) -> None:
         self._backend = backend
         self.broker_id = broker_id
-        self._topic: InternalTopic[_Partition, _Replay] = InternalTopic(
+        self._topic: InternalTopic[_Partition, GroupReplay] = InternalTopic(
             backend,
             broker_id,
             OFFSETS_TOPIC,
@@ -174,7 +183,7 @@ class GroupCoordinator:
             replication_factor=offsets_topic_replication_factor,
             barrier=self._barrier,
             new_partition=_Partition,
-            new_replay=_Replay,
+            new_replay=GroupReplay,
             loaded=self._loaded,
             unloaded=self._unloaded,
             create_topic=create_topic,
@@ -365,24 +374,94 @@ class GroupCoordinator:
                 return error
             if not offsets:
                 return ErrorCode.NONE
-            wall = self._wall()
-            committed = {
-                tp: CommittedOffset(offset, epoch, metadata or "", wall)
-                for tp, (offset, epoch, metadata) in offsets.items()
-            }
-            records = [
-                (
-                    gr.encode_key(gr.OffsetCommitKey(group_id, topic, partition)),
-                    gr.encode_value(
-                        gr.OffsetCommitValue(c.offset, c.leader_epoch, c.metadata, wall)
-                    ),
-                )
-                for (topic, partition), c in committed.items()
-            ]
-            error = await self._append(group_id, records)
+            error, committed = await self._write_offsets(group_id, offsets)
             if error == ErrorCode.NONE:
                 group.commit(member_id, committed, self._now())
             return error
+
+    async def commit_transactional_offsets(
+        self,
+        *,
+        group_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        member_id: str,
+        generation_id: int,
+        group_instance_id: str | None,
+        offsets: Mapping[tuple[str, int], tuple[int, int, str | None]],
+    ) -> tuple[int, Mapping[tuple[str, int], int]]:
+        """TxnOffsetCommit (module docstring, step 7): write ``(topic, partition) -> (offset,
+        leader_epoch, metadata)`` as one transactional batch of ``producer_id``, pending in the
+        group until :meth:`complete_transaction`. Returns (group error, partition errors): a
+        group error applies to every partition (nothing written); otherwise each partition's
+        own (0 once written).
+
+        Kafka's GroupCoordinator.handleTxnCommitOffsets: an unknown group is created Empty, and
+        the member checks are :meth:`Group.validate_txn_commit`'s.
+        """
+        group, error = await self._serving_group(group_id, create=True)
+        if group is None:
+            return error, {}
+        async with self._lock(group_id):
+            error = group.validate_txn_commit(member_id, generation_id, group_instance_id)
+            if error:
+                return error, {}
+            if not offsets:
+                return ErrorCode.NONE, {}
+            error, committed = await self._write_offsets(
+                group_id, offsets, producer=(producer_id, producer_epoch)
+            )
+            if error:
+                return error, {}
+            group.pending_txn.add(producer_id, committed)
+        return ErrorCode.NONE, dict.fromkeys(committed, ErrorCode.NONE)
+
+    def complete_transaction(self, offsets_partition: int, producer_id: int, commit: bool) -> None:
+        """The COMMIT (``commit``) or ABORT marker of ``producer_id`` is written to
+        ``__consumer_offsets`` partition ``offsets_partition``: each of its groups materializes
+        or drops that producer's pending offsets. Nothing when the partition is not loaded
+        here: the replay of the next load reads the marker."""
+        owned = self._owned.get(offsets_partition)
+        if owned is None or not owned.loaded:
+            return
+        for group in owned.groups.values():
+            if group.state is not GroupState.DEAD:
+                group.pending_txn.complete(producer_id, commit, group.offsets)
+
+    def has_pending(self, group_id: str, topic: str, partition: int) -> bool:
+        """Whether an open transaction holds an offset of the group's ``(topic, partition)``
+        (OffsetFetch v7+ with require_stable answers it UNSTABLE_OFFSET_COMMIT, 88)."""
+        group, _ = self._group(group_id, create=False)
+        return group is not None and group.pending_txn.has((topic, partition))
+
+    async def _write_offsets(
+        self,
+        group_id: str,
+        offsets: Mapping[tuple[str, int], tuple[int, int, str | None]],
+        *,
+        producer: tuple[int, int] | None = None,
+    ) -> tuple[int, dict[tuple[str, int], CommittedOffset]]:
+        """Append one OffsetCommit record per partition (a transactional batch of ``producer``
+        (id, epoch) when given): the error, and the offsets as written, each with its record's
+        log offset."""
+        wall = self._wall()
+        items = [
+            ((topic, partition), CommittedOffset(offset, epoch, metadata or "", wall))
+            for (topic, partition), (offset, epoch, metadata) in offsets.items()
+        ]
+        records = [
+            (
+                gr.encode_key(gr.OffsetCommitKey(group_id, topic, partition)),
+                gr.encode_value(gr.OffsetCommitValue(c.offset, c.leader_epoch, c.metadata, wall)),
+            )
+            for (topic, partition), c in items
+        ]
+        error, base_offset = await self._append_at(group_id, records, producer)
+        if error:
+            return error, {}
+        return ErrorCode.NONE, {
+            tp: c._replace(log_offset=base_offset + i) for i, (tp, c) in enumerate(items)
+        }
 
     async def fetch_offsets(
         self, group_id: str, partitions: Sequence[tuple[str, int]] | None
@@ -433,8 +512,10 @@ class GroupCoordinator:
             error = group_admin.check_delete(group)
             if error:
                 return error
+            # Tombstones for the offsets of open transactions too, which they drop.
+            held = set(group.offsets) | group.pending_txn.partitions()
             keys = [gr.GroupMetadataKey(group_id)]
-            keys += [gr.OffsetCommitKey(group_id, t, p) for t, p in sorted(group.offsets)]
+            keys += [gr.OffsetCommitKey(group_id, t, p) for t, p in sorted(held)]
             error = await self._append(group_id, [(gr.encode_key(k), None) for k in keys])
             if error:
                 return error
@@ -612,21 +693,42 @@ class GroupCoordinator:
     # --- writing to __consumer_offsets ----------------------------------------------------------
 
     async def _append(self, group_id: str, records: Sequence[tuple[bytes, bytes | None]]) -> int:
+        error, _ = await self._append_at(group_id, records)
+        return error
+
+    async def _append_at(
+        self,
+        group_id: str,
+        records: Sequence[tuple[bytes, bytes | None]],
+        producer: tuple[int, int] | None = None,
+    ) -> tuple[int, int]:
+        """Append ``records`` as one batch to the group's partition with acks=all: (error,
+        base offset). With ``producer`` (id, epoch) the batch is that producer's transactional
+        one, without a sequence (the replica takes NO_SEQUENCE transactional batches on
+        internal topics, as Kafka's coordinators write them)."""
         partition = self._partition_of(group_id)
         owned = self._owned.get(partition) if partition is not None else None
         if partition is None or owned is None:
-            return ErrorCode.NOT_COORDINATOR
-        return await self._append_to(partition, owned, records)
-
-    async def _append_to(
-        self, partition: int, owned: _Partition, records: Sequence[tuple[bytes, bytes | None]]
-    ) -> int:
+            return ErrorCode.NOT_COORDINATOR, -1
         wall = self._wall()
-        batch = rb.build_batch([rb.Record(key, value, wall) for key, value in records])
-        error = await self._topic.append(partition, owned, batch)
+        batch_records = [rb.Record(key, value, wall) for key, value in records]
+        if producer is None:
+            batch = rb.build_batch(batch_records)
+        else:
+            producer_id, producer_epoch = producer
+            batch = rb.build_batch(
+                batch_records,
+                producer_id=producer_id,
+                producer_epoch=producer_epoch,
+                base_sequence=-1,
+                transactional=True,
+            )
+        error, base_offset = await self._topic.append_at(partition, owned, batch)
+        if error and producer is not None and error in _FENCING_ERRORS:
+            return error, -1
         if error:
-            return _STORE_ERRORS.get(error, ErrorCode.UNKNOWN_SERVER_ERROR)
-        return ErrorCode.NONE
+            return _STORE_ERRORS.get(error, ErrorCode.UNKNOWN_SERVER_ERROR), -1
+        return ErrorCode.NONE, base_offset
 
     # --- leadership, loading, unloading ---------------------------------------------------------
 
@@ -724,7 +826,7 @@ class GroupCoordinator:
             group.unload(ErrorCode.NOT_COORDINATOR)
             self._deliver(group.group_id, group.take_replies())
 
-    def _loaded(self, owned: _Partition, replay: _Replay) -> None:
+    def _loaded(self, owned: _Partition, replay: GroupReplay) -> None:
         """A partition's groups, and since when each Empty one with metadata has been so."""
         owned.groups = replay.groups(self._now())
         owned.empty_since = {
@@ -734,85 +836,3 @@ class GroupCoordinator:
             and group_id in owned.groups
             and owned.groups[group_id].state is GroupState.EMPTY
         }
-
-
-class _Replay:
-    """Replays ``__consumer_offsets`` records: the last value of each key wins."""
-
-    def __init__(self) -> None:
-        self.metadata: dict[str, gr.GroupMetadataValue | None] = {}
-        self.offsets: dict[str, dict[tuple[str, int], CommittedOffset]] = {}
-
-    def apply(self, records: bytes, from_offset: int) -> int:
-        """Apply the records at or after ``from_offset`` of a fetch's whole batches; returns
-        the next offset to read. Records that do not decode raise CorruptRecordError.
-
-        The log checked each batch's CRC when it read it. Control batches (transaction
-        markers) hold no group data: skipped, as consumers skip them.
-        """
-        next_offset = from_offset
-        view = memoryview(records)
-        for pos, header in rb.iter_batches(view, verify=False):
-            next_offset = max(next_offset, header.next_offset)
-            if header.is_control:
-                continue
-            section = rb.records_section(view[pos:], header)
-            for record in iter_decoded(section, header.records_count):
-                if header.base_offset + record.offset_delta >= from_offset:
-                    self._apply_one(record.key, record.value)
-        return next_offset
-
-    def _apply_one(self, key_bytes: bytes | None, value_bytes: bytes | None) -> None:
-        if key_bytes is None:
-            return
-        try:
-            key = gr.decode_key(key_bytes)
-            value = gr.decode_value(key, value_bytes) if value_bytes is not None else None
-        except gr.RecordFormatError as exc:
-            log.warning("skipping a record of %s: %s", OFFSETS_TOPIC, exc)
-            return
-        if isinstance(key, gr.OffsetCommitKey):
-            offsets = self.offsets.setdefault(key.group, {})
-            tp = (key.topic, key.partition)
-            if value is None:
-                offsets.pop(tp, None)
-            else:
-                assert isinstance(value, gr.OffsetCommitValue)
-                offsets[tp] = CommittedOffset(
-                    value.offset, value.leader_epoch, value.metadata, value.commit_timestamp_ms
-                )
-        elif key.group != BARRIER_GROUP:
-            assert value is None or isinstance(value, gr.GroupMetadataValue)
-            self.metadata[key.group] = value
-
-    def groups(self, now_ms: int) -> dict[str, Group]:
-        groups: dict[str, Group] = {}
-        for group_id in set(self.metadata) | set(self.offsets):
-            group = Group(group_id)
-            value = self.metadata.get(group_id)
-            if value is not None:
-                group.restore(
-                    protocol_type=value.protocol_type or None,
-                    generation_id=value.generation,
-                    protocol_name=value.protocol,
-                    leader_id=value.leader,
-                    members=[
-                        Member(
-                            m.member_id,
-                            m.client_id,
-                            m.client_host,
-                            m.session_timeout_ms,
-                            m.rebalance_timeout_ms,
-                            ((value.protocol, m.subscription),) if value.protocol else (),
-                            m.assignment,
-                            group_instance_id=m.group_instance_id,
-                        )
-                        for m in value.members
-                    ],
-                    now_ms=now_ms,
-                )
-            group.offsets.update(self.offsets.get(group_id, {}))
-            if group.state is GroupState.EMPTY and group.is_empty() and value is None:
-                continue
-            groups[group_id] = group
-        return groups

@@ -33,7 +33,9 @@ Rules kept here, each Kafka's (``GroupCoordinator.scala`` / ``GroupMetadata.scal
 4. A member not heard from within its session timeout is removed (while it awaits a JoinGroup
    answer it is kept; while it awaits SyncGroup, it has its rebalance timeout).
 5. Offset commits need the current generation and a known member, except "simple" commits
-   (generation < 0) to a group without members.
+   (generation < 0) to a group without members. A transactional commit (TxnOffsetCommit) is
+   checked likewise when it names a generation or member (v3), else not at all; its offsets
+   stay pending until the transaction ends (``txn_offsets.py``).
 6. ``group.initial.rebalance.delay.ms`` (Kafka's InitialDelayedJoin): the first rebalance of an
    Empty group does not complete before that delay, extended by the same delay (within the
    rebalance timeout) while new members keep arriving in generation 0. A group of consumers
@@ -72,6 +74,7 @@ from enum import Enum
 from typing import NamedTuple
 
 from raylog.gateway.errors import ErrorCode
+from raylog.gateway.groups.txn_offsets import PendingOffsets
 
 __all__ = [
     "CLASSIC_GROUP_TYPE",
@@ -155,6 +158,9 @@ class CommittedOffset(NamedTuple):
     leader_epoch: int
     metadata: str
     commit_timestamp_ms: int
+    # Where its record is in __consumer_offsets (-1: not known): of a plain and a transactional
+    # commit of one partition, the later in the log wins (``txn_offsets.py``, rule 2).
+    log_offset: int = -1
 
 
 def subscription_topics(metadata: bytes) -> frozenset[str] | None:
@@ -235,6 +241,8 @@ class Group:
     join_delay_remaining_ms: int = 0
     new_member_added: bool = False
     offsets: dict[tuple[str, int], CommittedOffset] = field(default_factory=dict)
+    # Offsets of transactions still open, per producer (``txn_offsets.py``).
+    pending_txn: PendingOffsets = field(default_factory=PendingOffsets)
     needs_persist: bool = False
     _replies: list[Reply] = field(default_factory=list)
     # A Stable group's static takeover whose record is being written: undone if that fails.
@@ -802,6 +810,28 @@ class Group:
             return ErrorCode.REBALANCE_IN_PROGRESS
         return self._check_member(member_id, generation_id)
 
+    def validate_txn_commit(
+        self, member_id: str, generation_id: int, group_instance_id: str | None = None
+    ) -> int:
+        """0 when a TxnOffsetCommit of ``member_id`` at ``generation_id`` may be written
+        (Kafka's validateOffsetCommit of a transactional commit): without a generation, member
+        id and instance id (TxnOffsetCommit v0-2) nothing is checked, whatever the group's
+        state; otherwise the member must be current and the generation the group's, during a
+        rebalance too (no REBALANCE_IN_PROGRESS: KIP-447's producer commits for the generation
+        it read)."""
+        if not self.group_id:
+            return ErrorCode.INVALID_GROUP_ID
+        if self.state is GroupState.DEAD:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if generation_id < 0 and not member_id and group_instance_id is None:
+            return ErrorCode.NONE
+        error = self._check_current_member(member_id, group_instance_id)
+        if error:
+            return error
+        return (
+            ErrorCode.ILLEGAL_GENERATION if generation_id != self.generation_id else ErrorCode.NONE
+        )
+
     def commit(
         self, member_id: str, offsets: Mapping[tuple[str, int], CommittedOffset], now_ms: int
     ) -> None:
@@ -871,7 +901,12 @@ class Group:
         self.state = GroupState.DEAD
 
     def is_empty(self) -> bool:
-        return not self.members and not self.pending_members and not self.offsets
+        return (
+            not self.members
+            and not self.pending_members
+            and not self.offsets
+            and not self.pending_txn
+        )
 
     def exists(self) -> bool:
         """Whether the admin APIs see this group: not Dead, and not a group that never formed
@@ -888,12 +923,16 @@ class Group:
         group (Kafka's transition to Dead)."""
         self.unload(ErrorCode.COORDINATOR_NOT_AVAILABLE)
         self.offsets.clear()
+        self.pending_txn.clear()
         self.pending_members.clear()
 
     def remove_offsets(self, partitions: Iterable[tuple[str, int]]) -> None:
-        """Apply an OffsetDelete (or an expiry) whose tombstones are written."""
+        """Apply an OffsetDelete (or an expiry) whose tombstones are written: a tombstone
+        drops the partition's pending transactional offsets too (``txn_offsets.py``, rule 3)."""
+        partitions = list(partitions)
         for tp in partitions:
             self.offsets.pop(tp, None)
+        self.pending_txn.drop(partitions)
 
     # --- replies --------------------------------------------------------------------------------
 

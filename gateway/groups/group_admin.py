@@ -15,7 +15,9 @@ Rules, each Kafka's (``GroupMetadata.summary`` / ``handleDeleteGroups`` /
 2. Only an Empty group may be deleted (else NON_EMPTY_GROUP, 68).
 3. Committed offsets may be deleted from an Empty group, or from a "consumer" group for topics
    no member is subscribed to (else GROUP_SUBSCRIBED_TO_TOPIC, 86); an Empty group whose last
-   offsets are deleted is deleted with them.
+   offsets are deleted is deleted with them. Pending transactional offsets of a partition are
+   deleted with it (a tombstone drops them: ``txn_offsets.py``), and an Empty group is deleted
+   whatever transactions hold offsets in it (Kafka's rule, by state alone).
 4. Offsets expire after ``offsets.retention.minutes`` as :func:`plan_offset_expiry` says.
 """
 
@@ -153,12 +155,14 @@ def plan_offset_delete(group: Group, partitions: Iterable[tuple[str, int]]) -> O
         else ErrorCode.NONE
         for tp in partitions
     }
-    remove = tuple(tp for tp, e in errors.items() if e == ErrorCode.NONE and tp in group.offsets)
+    # A partition with a pending transactional offset is tombstoned too (txn_offsets, rule 3).
+    held = set(group.offsets) | group.pending_txn.partitions()
+    remove = tuple(tp for tp, e in errors.items() if e == ErrorCode.NONE and tp in held)
     delete_group = (
         group.state is GroupState.EMPTY
         and bool(partitions)
         and not group.pending_members
-        and set(group.offsets) <= set(remove)
+        and held <= set(remove)
     )
     return OffsetDeletePlan(ErrorCode.NONE, errors, remove, delete_group)
 
@@ -196,23 +200,35 @@ def plan_offset_expiry(
     ``delete_group`` when the group is Empty and would hold no offset afterwards, also an
     Empty group that holds none now (Kafka's ``cleanupGroupMetadata`` turns it Dead at the
     next check, however briefly it has been Empty): Kafka then writes its tombstone too.
+    A partition with a pending transactional offset keeps its committed one, and a group with
+    any pending offset is kept.
     """
 
     def old(committed: CommittedOffset) -> bool:
         return committed.commit_timestamp_ms + retention_ms <= now_ms
 
+    pending = group.pending_txn.partitions()  # left alone (txn_offsets, rule 4)
+
     expired: list[tuple[str, int]] = []
     if group.state is GroupState.EMPTY:
         if group.protocol_type is not None and empty_since_ms is not None:
-            expired = list(group.offsets) if empty_since_ms + retention_ms <= now_ms else []
+            if empty_since_ms + retention_ms <= now_ms:
+                expired = [tp for tp in group.offsets if tp not in pending]
         else:
-            expired = [tp for tp, c in group.offsets.items() if old(c)]
+            expired = [tp for tp, c in group.offsets.items() if old(c) and tp not in pending]
     elif group.state is GroupState.STABLE and group.protocol_type == CONSUMER_PROTOCOL_TYPE:
         subscribed = subscribed_topics(group)
         if subscribed is not None:
-            expired = [tp for tp, c in group.offsets.items() if tp[0] not in subscribed and old(c)]
+            expired = [
+                tp
+                for tp, c in group.offsets.items()
+                if tp[0] not in subscribed and old(c) and tp not in pending
+            ]
     remove = tuple(sorted(expired))
     delete_group = (
-        group.state is GroupState.EMPTY and not group.members and len(remove) == len(group.offsets)
+        group.state is GroupState.EMPTY
+        and not group.members
+        and not pending
+        and len(remove) == len(group.offsets)
     )
     return OffsetDeletePlan(ErrorCode.NONE, remove=remove, delete_group=delete_group)

@@ -54,6 +54,7 @@ from raylog.gateway.handlers import (
     sasl_authenticate,
     sasl_handshake,
     sync_group,
+    txn_offset_commit,
 )
 from raylog.gateway.handlers.context import CloseConnection, Handler, RequestContext, per_partition
 
@@ -82,6 +83,7 @@ _MODULES: tuple[ModuleType, ...] = (
     add_partitions_to_txn,
     add_offsets_to_txn,
     end_txn,
+    txn_offset_commit,
     describe_transactions,
     list_transactions,
     # admin, through the controller

@@ -16,6 +16,7 @@ each topic (else TOPIC_AUTHORIZATION_FAILED, 29, on its partitions; the others a
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
 from typing import Any
 
 from kafka.protocol.consumer import OffsetCommitResponse
@@ -32,17 +33,16 @@ _Topic = OffsetCommitResponse.OffsetCommitResponseTopic
 _Partition = _Topic.OffsetCommitResponsePartition
 
 
-async def handle(context: RequestContext, request: Request) -> Any:
-    body = request.body
-    groups = context.groups
-    # Kafka's rule: READ on the group, then READ on each topic; partitions of the topics
-    # refused are answered TOPIC_AUTHORIZATION_FAILED and the others committed.
-    group_denied = not context.authorized_group(AclOperation.READ, body.group_id)
-    denied = context.denied_topics(AclOperation.READ, (t.name for t in body.topics))
+def requested_offsets(
+    topics: Iterable[Any], skip: Collection[str] = ()
+) -> tuple[dict[tuple[str, int], tuple[int, int, str | None]], set[tuple[str, int]]]:
+    """A commit request's (OffsetCommit, TxnOffsetCommit) ``(topic, partition) -> (offset,
+    leader_epoch, metadata)`` for the topics not in ``skip``, and the partitions left out
+    because their metadata is longer than ``offset.metadata.max.bytes``."""
     too_large: set[tuple[str, int]] = set()
     offsets: dict[tuple[str, int], tuple[int, int, str | None]] = {}
-    for topic in body.topics:
-        if topic.name in denied:
+    for topic in topics:
+        if topic.name in skip:
             continue
         for p in topic.partitions:
             tp = (topic.name, p.partition_index)
@@ -51,6 +51,17 @@ async def handle(context: RequestContext, request: Request) -> Any:
                 too_large.add(tp)
             else:
                 offsets[tp] = (p.committed_offset, p.committed_leader_epoch, metadata)
+    return offsets, too_large
+
+
+async def handle(context: RequestContext, request: Request) -> Any:
+    body = request.body
+    groups = context.groups
+    # Kafka's rule: READ on the group, then READ on each topic; partitions of the topics
+    # refused are answered TOPIC_AUTHORIZATION_FAILED and the others committed.
+    group_denied = not context.authorized_group(AclOperation.READ, body.group_id)
+    denied = context.denied_topics(AclOperation.READ, (t.name for t in body.topics))
+    offsets, too_large = requested_offsets(body.topics, denied)
     if group_denied:
         error = ErrorCode.GROUP_AUTHORIZATION_FAILED
     elif groups is None:

@@ -72,7 +72,7 @@ def test_raw_api_versions(live_gateway: LiveGateway, no_closed_connections: None
     assert {k.api_key: (k.min_version, k.max_version) for k in response.api_keys} == dict(
         advertised_versions()
     )
-    assert len(response.api_keys) == 39
+    assert len(response.api_keys) == 40
 
 
 @pytest.mark.parametrize("api_version", [None, (2, 3)])

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kafka.protocol.broker_version_data import infer_broker_version_from_api_versions
 from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest, MetadataResponse
 from support.gateway import InMemoryBackend, api_versions_v0_frame, sample_topics
 
@@ -75,6 +76,7 @@ EXPECTED_TABLE = {
     24: (0, 3),  # AddPartitionsToTxn
     25: (0, 3),  # AddOffsetsToTxn
     26: (0, 3),  # EndTxn
+    28: (0, 3),  # TxnOffsetCommit
     29: (0, 1),  # DescribeAcls
     30: (0, 1),  # CreateAcls
     31: (0, 1),  # DeleteAcls
@@ -97,6 +99,9 @@ EXPECTED_TABLE = {
 
 def test_advertised_table_is_the_registered_handlers() -> None:
     assert dict(ADVERTISED) == EXPECTED_TABLE
+    # docs/PROTOCOL.md: kafka-python reads the table as Kafka 2.3 (at 2.5 it would insist on
+    # InitProducerId v3); the transaction APIs do not move that guess.
+    assert infer_broker_version_from_api_versions(dict(ADVERTISED)) == (2, 3)
 
 
 def test_header_versions_follow_flexible_versions() -> None:
@@ -117,10 +122,10 @@ def test_api_versions_v0_golden_bytes() -> None:
     assert isinstance(request, Request)
     assert request.header == codec.RequestHeader(18, 0, 7, "raw", 1)
     assert answer(connection, request) == bytes.fromhex(
-        "000000f4"  # size: 244 bytes
+        "000000fa"  # size: 250 bytes
         "00000007"  # correlation id
         "0000"  # error_code NONE
-        "00000027"  # api_keys: 39 entries, by key; each key, min, max
+        "00000028"  # api_keys: 40 entries, by key; each key, min, max
         "000000030007"  # Produce 3-7
         "00010004000b"  # Fetch 4-11
         "000200010003"  # ListOffsets 1-3
@@ -143,6 +148,7 @@ def test_api_versions_v0_golden_bytes() -> None:
         "001800000003"  # AddPartitionsToTxn 0-3
         "001900000003"  # AddOffsetsToTxn 0-3
         "001a00000003"  # EndTxn 0-3
+        "001c00000003"  # TxnOffsetCommit 0-3
         "001d00000001"  # DescribeAcls 0-1
         "001e00000001"  # CreateAcls 0-1
         "001f00000001"  # DeleteAcls 0-1

@@ -6,6 +6,7 @@ real handlers and wire codec (:func:`roundtrip`)."""
 from __future__ import annotations
 
 import asyncio
+import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -182,3 +183,28 @@ async def roundtrip(
     """``request`` answered by the real handler with ``coordinator`` as the context's groups."""
     backend = coordinator._backend
     return await answer(backend, request, version, response_class, groups=coordinator)
+
+
+def marker(producer_id: int, *, commit: bool, base: int = 0, epoch: int = 0) -> bytes:
+    """A transaction's COMMIT or ABORT marker as a partition leader writes it: a control batch
+    of the producer whose record's key is version 0 + type (1 COMMIT, 0 ABORT) and whose value
+    is version 0 + the coordinator epoch."""
+    key = struct.pack(">hh", 0, 1 if commit else 0)
+    return rb.build_batch(
+        [rb.Record(key, struct.pack(">hi", 0, 0), 0)],
+        base_offset=base,
+        producer_id=producer_id,
+        producer_epoch=epoch,
+        transactional=True,
+        control=True,
+    )
+
+
+async def write_marker(
+    backend: LogBackend, partition: int, producer_id: int, *, commit: bool
+) -> None:
+    """Append ``producer_id``'s marker to ``__consumer_offsets`` partition ``partition``."""
+    produced = await backend.produce(
+        OFFSETS_TOPIC, partition, marker(producer_id, commit=commit), -1, 0
+    )
+    assert produced.error_code == 0

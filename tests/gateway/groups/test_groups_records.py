@@ -21,8 +21,8 @@ from support.kafka_batches import kafka_batch
 from support.pipelines import CODECS, kafka_codecs
 
 from raylog.gateway.groups import records as gr
-from raylog.gateway.groups.coordinator import _Replay
 from raylog.gateway.groups.group import GroupState
+from raylog.gateway.groups.replay import GroupReplay
 from raylog.gateway.internal_topic import java_string_hash, partition_for
 from raylog.storage import batch as rb
 from raylog.storage.errors import CorruptRecordError
@@ -149,7 +149,7 @@ def test_replay_last_value_wins_and_tombstones_delete() -> None:
         (gr.GroupMetadataKey(""), None),  # the load barrier
         base=4,
     )
-    replay = _Replay()
+    replay = GroupReplay()
     assert replay.apply(data, 0) == 8
     groups = replay.groups(now_ms=123)
     assert set(groups) == {"g"}
@@ -160,7 +160,7 @@ def test_replay_last_value_wins_and_tombstones_delete() -> None:
     assert g.members["m1"].assignment == b"asg"
     assert g.members["m1"].last_heartbeat_ms == 123
     # Records before the fetch offset (a batch may start before it) are not applied twice.
-    again = _Replay()
+    again = GroupReplay()
     assert again.apply(data, 5) == 8
     assert set(again.groups(0)) == set()
 
@@ -187,7 +187,7 @@ def test_replay_of_a_compacted_offsets_log_rebuilds_the_same_groups(tmp_path: Pa
         assert result is not None and result.records_removed > 0
         compacted = log.read(0, 1 << 30)
         assert len(compacted) < len(whole)
-    full, cleaned = _Replay(), _Replay()
+    full, cleaned = GroupReplay(), GroupReplay()
     assert full.apply(whole, 0) == cleaned.apply(compacted, 0)
     expected = {g: dict(v.offsets) for g, v in full.groups(0).items()}
     assert {g: dict(v.offsets) for g, v in cleaned.groups(0).items()} == expected
@@ -230,7 +230,7 @@ def test_replay_reads_every_codec_and_skips_control_batches(
             + kafka_batch(offsets((1, None), (2, 21)), CODECS[codec], 4)
         )
     assert rb.parse_header(data).compression == CODECS[codec]
-    replay = _Replay()
+    replay = GroupReplay()
     assert replay.apply(data, 0) == 6
     assert {tp: c.offset for tp, c in replay.groups(0)["g"].offsets.items()} == {
         ("t", 0): 0,
@@ -243,4 +243,4 @@ def test_replay_raises_for_records_that_do_not_decode() -> None:
     batch = bytearray(_batch((gr.OffsetCommitKey("g", "t", 0), gr.OffsetCommitValue(1, -1, "", 0))))
     batch[-1] = 0x01  # the record's header count, -1 (the CRC is the log's to check)
     with pytest.raises(CorruptRecordError):
-        _Replay().apply(bytes(batch), 0)
+        GroupReplay().apply(bytes(batch), 0)
