@@ -103,6 +103,9 @@ class FetchOutcome(msgspec.Struct, frozen=True):
     # From fetch_extents: where the batches lie instead of their bytes.
     extents: Extents | None = None
     node_id: str = ""  # the Ray node of the replica that answered fetch_extents
+    # read_committed: (producer id, first offset) of every aborted transaction the answer
+    # overlaps (Kafka's FetchResponse AbortedTransactions); empty for read_uncommitted.
+    aborted_transactions: tuple[tuple[int, int], ...] = ()
 
     @property
     def size(self) -> int:
@@ -137,6 +140,8 @@ class ReplicaState(msgspec.Struct, frozen=True):
     log_end_offset: int
     durable_end_offset: int
     offline: str | None
+    last_stable_offset: int = -1  # Kafka's LSO: read_committed consumers read below it
+    open_transactions: int = 0  # producers whose transaction on this partition is open
     log_size_bytes: int = 0  # every segment's bytes (Kafka's Log Size)
     cleaner_passes: int = 0  # log compaction passes this replica ran since it started
     cleaner_records_removed: int = 0

@@ -8,8 +8,9 @@ effects, the early send, the group commit, the flush policy, the throttle) and a
 :class:`raylog.actors.replica_port.RayReplicaPort` (the log, fsync in a thread, peers, the
 requests waiting here). This actor owns the rest:
 
-- the Ray methods: controller commands, produce, DeleteRecords, fetch (long-polled for
-  consumers), ListOffsets, replica-to-replica delivery;
+- the Ray methods: controller commands, produce, transaction markers (``write_txn_marker``,
+  for the transaction coordinator), DeleteRecords, fetch (long-polled for consumers, either
+  isolation level), ListOffsets, replica-to-replica delivery;
 - the clock: ``tick`` every ``TICK_MS`` (the state machine's timers, flush.ms, the lazy
   high-watermark checkpoint, retention and compaction checks);
 - the replication channel server, which takes peers' messages and the local gateway's
@@ -84,6 +85,8 @@ from raylog.storage.records import iter_records
 
 log = logging.getLogger(__name__)
 
+READ_UNCOMMITTED = 0  # Kafka's IsolationLevel
+READ_COMMITTED = 1
 TICK_MS = 50  # timer resolution of the state machine (ISR lag, timeouts, parked fetches, flush.ms)
 # Methods the gateway may call over a replica's channel, with their argument types.
 # (Types, not msgspec Decoders: Ray pickles this module's globals with the actor class.)
@@ -91,9 +94,10 @@ _CHANNEL_CALL_ARGS: dict[str, Any] = {
     "produce": tuple[bytes, int, int],
     "open_arena": tuple[int, int, str],
     "produce_shared": tuple[int, int, str, int, int, int, int],
-    "fetch": tuple[int, int, int, int, int],
-    "fetch_extents": tuple[int, int, int, int, int],
-    "list_offsets": tuple[int, int],
+    # Integers; the trailing ones optional (isolation_level came later than the rest).
+    "fetch": tuple[int, ...],
+    "fetch_extents": tuple[int, ...],
+    "list_offsets": tuple[int, ...],
 }
 RETENTION_CHECK_INTERVAL_MS_DEFAULT = 300_000  # log.retention.check.interval.ms (Kafka's)
 CLEANER_BACKOFF_MS_DEFAULT = 15_000  # log.cleaner.backoff.ms (Kafka's)
@@ -134,6 +138,9 @@ class ReplicaActor:
         tls: LeafCertificate | None = None,
     ) -> None:
         self.topic = topic
+        # Kafka's internal topics: only raylog's coordinators write them (the gateway refuses
+        # clients), whose transactional batches carry no sequence (AppendOrigin.COORDINATOR).
+        self._internal_topic = topic.startswith("__")
         # Leader lease (set by a BrokerActor): with ``session_lease`` the replica accepts produce
         # only while now_ms() < _lease_until_ms, a time on this machine's monotonic clock that
         # the broker extends after each heartbeat the controller accepted. Starts lapsed.
@@ -152,10 +159,9 @@ class ReplicaActor:
             log_end_offset=self._log.log_end_offset,
             epoch_cache=[(e.epoch, e.start_offset) for e in self._log.epoch_entries],
             high_watermark=self._log.high_watermark,
-            # Idempotent-producer state: rebuilt from the WAL's batch headers (no bodies read).
-            producer_batches=(
-                batch_meta(h) for h in self._log.batch_headers() if h.producer_id >= 0
-            ),
+            # Idempotent-producer and transaction state: rebuilt from the WAL's batch headers
+            # (no bodies read but those of transaction markers, a record each).
+            producer_batches=(batch_meta(h, m) for h, m in self._log.producer_batch_headers()),
         )
         self._offline: str | None = None
         self._next_request_id = 1
@@ -357,6 +363,8 @@ class ReplicaActor:
             partition_epoch=sm.partition_epoch,
             isr=tuple(sm.isr),
             high_watermark=sm.high_watermark,
+            last_stable_offset=sm.last_stable_offset,
+            open_transactions=sm.txns.open_transactions,
             log_start_offset=sm.log_start_offset,
             log_end_offset=sm.log_end_offset,
             durable_end_offset=sm.durable_end_offset,
@@ -438,7 +446,9 @@ class ReplicaActor:
         if refused is not None:
             return ProduceOutcome(refused[0], -1, start, refused[1])
         try:
-            header = rb.validate_client_batch(batch, self._max_message_bytes)
+            header = rb.validate_client_batch(
+                batch, self._max_message_bytes, coordinator_writes=self._internal_topic
+            )
             # Kafka's LogValidator: compaction keeps the latest record of each key, so a record
             # without one has no place in a compacted log. Decodes (and decompresses) the batch.
             keyless = first_record_without_key(batch) if self._log.config.compact else None
@@ -452,35 +462,86 @@ class ReplicaActor:
                 "Compacted topic cannot accept message without key in topic partition "
                 f"{self.topic}-{self.partition} (record {keyless} of the batch).",
             )
-        request_id = self._new_request_id()
-        waiter: asyncio.Future[ProduceOutcome] = asyncio.get_running_loop().create_future()
-        self._port.produce_waiters[request_id] = waiter
-        timeout_ms = max(0, min(timeout_ms, REQUEST_TIMEOUT_MS_MAX))
-        self._step(
+        return await self._produce(
             ProduceRequest(
-                request_id,
+                self._new_request_id(),
                 acks,
-                timeout_ms,
+                max(0, min(timeout_ms, REQUEST_TIMEOUT_MS_MAX)),
                 header.records_count,
                 header.size,
                 batch,
                 header.producer_id,
                 header.producer_epoch,
                 header.base_sequence,
-            )
+                header.is_transactional,
+            ),
+            start,
         )
-        if acks == 0:
+
+    async def _produce(self, request: ProduceRequest, start: int) -> ProduceOutcome:
+        """Step ``request`` and wait for its outcome (acks=0: only what is known at once)."""
+        waiter: asyncio.Future[ProduceOutcome] = asyncio.get_running_loop().create_future()
+        self._port.produce_waiters[request.request_id] = waiter
+        self._step(request)
+        if request.acks == 0:
             # Kafka answers nothing for acks=0; the caller still learns the assigned offset.
-            self._port.produce_waiters.pop(request_id, None)
+            self._port.produce_waiters.pop(request.request_id, None)
             if waiter.done():
                 return waiter.result()
             return ProduceOutcome(0, -1, start)
         try:
             # The state machine times out acks=all itself; this bound only guards the shell.
-            return await asyncio.wait_for(waiter, timeout=timeout_ms / 1000 + 5)
+            return await asyncio.wait_for(waiter, timeout=request.timeout_ms / 1000 + 5)
         except TimeoutError:
-            self._port.produce_waiters.pop(request_id, None)
+            self._port.produce_waiters.pop(request.request_id, None)
             return ProduceOutcome(RequestTimedOutError.error_code, -1, start, "no completion")
+
+    async def write_txn_marker(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        coordinator_epoch: int,
+        commit: bool,
+        timeout_ms: int,
+    ) -> ProduceOutcome:
+        """Kafka's WriteTxnMarkers for this partition, on its leader: append the COMMIT or
+        ABORT marker of ``producer_id``'s transaction (a control batch of one record, stamped
+        with this leader's epoch) and return once the high watermark passes it (acks=all:
+        min.insync.replicas applies). Errors as produce has them, and
+        INVALID_PRODUCER_EPOCH (47) for an older producer epoch,
+        TRANSACTION_COORDINATOR_FENCED (52) for an older coordinator epoch."""
+        self._ensure_started()
+        start = self._sm.log_start_offset
+        refused = self._refuse_leader_write()
+        if refused is not None:
+            return ProduceOutcome(refused[0], -1, start, refused[1])
+        if self._sm.role is not Role.LEADER:
+            return ProduceOutcome(NotLeaderOrFollowerError.error_code, -1, start, "not the leader")
+        record = rb.end_txn_marker_record(commit, coordinator_epoch, time.time_ns() // 1_000_000)
+        data = rb.build_batch(
+            [record],
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            transactional=True,
+            control=True,
+        )
+        return await self._produce(
+            ProduceRequest(
+                self._new_request_id(),
+                -1,
+                max(0, min(timeout_ms, REQUEST_TIMEOUT_MS_MAX)),
+                1,
+                len(data),
+                data,
+                producer_id,
+                producer_epoch,
+                -1,
+                True,
+                rb.CONTROL_COMMIT if commit else rb.CONTROL_ABORT,
+                coordinator_epoch,
+            ),
+            start,
+        )
 
     def _refuse_leader_write(self) -> tuple[int, str] | None:
         """Why this replica may not change its log for a client now, as (error code, message):
@@ -551,14 +612,23 @@ class ReplicaActor:
         max_wait_ms: int = 0,
         min_bytes: int = 1,
         current_leader_epoch: int = UNDEFINED_EPOCH,
+        isolation_level: int = READ_UNCOMMITTED,
     ) -> FetchOutcome:
-        """Consumer fetch: whole batches from ``fetch_offset``, never at or above the HW.
+        """Consumer fetch: whole batches from ``fetch_offset``, never at or above the HW
+        (``isolation_level`` 1, read_committed: the last stable offset, and the answer names
+        the aborted transactions it overlaps).
 
         Long-polls up to ``max_wait_ms`` until at least ``min_bytes`` are available. Followers
         serve consumers too, up to their own high watermark (KIP-392).
         """
         return await self._fetch(
-            fetch_offset, max_bytes, max_wait_ms, min_bytes, current_leader_epoch, False
+            fetch_offset,
+            max_bytes,
+            max_wait_ms,
+            min_bytes,
+            current_leader_epoch,
+            False,
+            isolation_level,
         )
 
     async def _fetch(
@@ -569,6 +639,7 @@ class ReplicaActor:
         min_bytes: int,
         current_leader_epoch: int,
         extents: bool,
+        isolation_level: int = READ_UNCOMMITTED,
     ) -> FetchOutcome:
         """:meth:`fetch`; with ``extents`` the answer locates the batches instead of holding
         them (:meth:`fetch_extents`)."""
@@ -576,7 +647,9 @@ class ReplicaActor:
         deadline = now_ms() + max(0, min(max_wait_ms, CONSUMER_WAIT_MS_MAX))
         while True:
             hw_seen = self._sm.high_watermark
-            outcome = await self._fetch_once(fetch_offset, max_bytes, current_leader_epoch, extents)
+            outcome = await self._fetch_once(
+                fetch_offset, max_bytes, current_leader_epoch, extents, isolation_level
+            )
             remaining_ms = deadline - now_ms()
             if outcome.error_code or outcome.size >= max(1, min_bytes):
                 return outcome
@@ -584,13 +657,19 @@ class ReplicaActor:
                 return outcome
             if self._sm.high_watermark == hw_seen:
                 # Wait for the next HW move (the executor wakes long polls), or the deadline.
+                # The LSO moves only with the HW: a marker is stable once the HW passes it.
                 waiter: asyncio.Future[None] = self._loop.create_future()
                 self._port.hw_waiters.append(waiter)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(waiter, timeout=remaining_ms / 1000)
 
     async def _fetch_once(
-        self, fetch_offset: int, max_bytes: int, current_leader_epoch: int, extents: bool
+        self,
+        fetch_offset: int,
+        max_bytes: int,
+        current_leader_epoch: int,
+        extents: bool,
+        isolation_level: int,
     ) -> FetchOutcome:
         sm = self._sm
         if self._offline is not None:
@@ -602,6 +681,9 @@ class ReplicaActor:
         self._port.fetch_waiters[request_id] = waiter
         if extents:
             self._port.extent_requests.add(request_id)
+        read_committed = isolation_level == READ_COMMITTED
+        if read_committed:
+            self._port.read_committed_requests.add(request_id)
         self._step(
             FetchRequest(
                 CONSUMER_REPLICA_ID,
@@ -610,6 +692,7 @@ class ReplicaActor:
                 fetch_offset,
                 UNDEFINED_EPOCH,
                 max(1, max_bytes),
+                isolation_level=READ_COMMITTED if read_committed else READ_UNCOMMITTED,
             )
         )
         try:
@@ -617,19 +700,25 @@ class ReplicaActor:
         except TimeoutError:
             self._port.fetch_waiters.pop(request_id, None)
             self._port.extent_requests.discard(request_id)
+            self._port.read_committed_requests.discard(request_id)
             return FetchOutcome(RequestTimedOutError.error_code, -1, -1, -1, b"")
         return FetchOutcome(
             response.error_code,
             response.high_watermark,
-            response.high_watermark,  # no transactions yet: the LSO is the HW
+            response.last_stable_offset,
             response.log_start_offset,
             records,
             sm.leader_epoch,
             extents=located,
+            aborted_transactions=response.aborted_transactions,
         )
 
     async def read_committed(
-        self, fetch_offset: int, max_bytes: int, max_wait_ms: int = 0
+        self,
+        fetch_offset: int,
+        max_bytes: int,
+        max_wait_ms: int = 0,
+        isolation_level: int = READ_UNCOMMITTED,
     ) -> FetchOutcome:
         """Bulk read for pipelines, called through Ray: :meth:`fetch`'s answer with its
         records out of band.
@@ -639,7 +728,9 @@ class ReplicaActor:
         an unpickled copy: for the 8 MiB reads of Spark and Ray Data, one copy and a fresh
         8 MiB allocation fewer per call.
         """
-        outcome = await self.fetch(fetch_offset, max_bytes, max_wait_ms)
+        outcome = await self.fetch(
+            fetch_offset, max_bytes, max_wait_ms, isolation_level=isolation_level
+        )
         if not outcome.records:
             return outcome
         return msgspec.structs.replace(outcome, records=pickle.PickleBuffer(outcome.records))
@@ -651,6 +742,7 @@ class ReplicaActor:
         max_wait_ms: int = 0,
         min_bytes: int = 1,
         current_leader_epoch: int = UNDEFINED_EPOCH,
+        isolation_level: int = READ_UNCOMMITTED,
     ) -> FetchOutcome:
         """:meth:`fetch` for a reader on this replica's Ray node (``node_id``): the answer
         locates the batches in the segment files (``extents``, from their headers alone) and
@@ -660,7 +752,13 @@ class ReplicaActor:
         The local gateway calls it over the channel; pipeline readers by Ray.
         """
         outcome = await self._fetch(
-            fetch_offset, max_bytes, max_wait_ms, min_bytes, current_leader_epoch, True
+            fetch_offset,
+            max_bytes,
+            max_wait_ms,
+            min_bytes,
+            current_leader_epoch,
+            True,
+            isolation_level,
         )
         return msgspec.structs.replace(outcome, node_id=self._node_id())
 
@@ -670,15 +768,18 @@ class ReplicaActor:
         return self._node
 
     async def list_offsets(
-        self, timestamp: int, current_leader_epoch: int = UNDEFINED_EPOCH
+        self,
+        timestamp: int,
+        current_leader_epoch: int = UNDEFINED_EPOCH,
+        isolation_level: int = READ_UNCOMMITTED,
     ) -> tuple[int, int, int, int]:
         """Kafka's ListOffsets on the leader: ``(error_code, timestamp, offset, leader_epoch)``.
 
         -2 (earliest) is the log start offset, -1 (latest) the last fetchable offset (the HW;
-        for read_committed the LSO, which equals the HW while raylog has no transactions), and
-        any other value the first batch whose maxTimestamp >= ``timestamp`` with that
-        maxTimestamp (batch precision: records are not decoded). As in Kafka, a batch at or
-        above the HW is not offered, and (-1, -1) means no batch is that late.
+        for read_committed, ``isolation_level`` 1, the LSO), and any other value the first
+        batch whose maxTimestamp >= ``timestamp`` with that maxTimestamp (batch precision:
+        records are not decoded). As in Kafka, a batch at or above the last fetchable offset
+        is not offered, and (-1, -1) means no batch is that late.
         """
         self._ensure_started()
         sm = self._sm
@@ -692,16 +793,20 @@ class ReplicaActor:
             return (UnknownLeaderEpochError.error_code, -1, -1, sm.leader_epoch)
         if timestamp == -2:
             return (0, -1, sm.log_start_offset, sm.leader_epoch)
+        # Kafka's lastFetchableOffset.
+        fetchable = (
+            sm.last_stable_offset if isolation_level == READ_COMMITTED else sm.high_watermark
+        )
         if timestamp == -1:
-            return (0, -1, sm.high_watermark, sm.leader_epoch)
+            return (0, -1, fetchable, sm.leader_epoch)
         try:
             found = self._log.offset_for_timestamp(timestamp)
         except RaylogError as exc:
             return (exc.error_code, -1, -1, -1)
-        if found is None or found.offset >= sm.high_watermark:
+        if found is None or found.offset >= fetchable:
             return (0, -1, -1, sm.leader_epoch)
         try:
-            record = self._first_record_at(found.offset, timestamp, sm.high_watermark)
+            record = self._first_record_at(found.offset, timestamp, fetchable)
         except RaylogError as exc:
             return (exc.error_code, -1, -1, -1)
         # A batch whose maxTimestamp no record reaches (a client set it so): the batch's own.

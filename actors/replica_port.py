@@ -62,8 +62,9 @@ PEER_CALLS_IN_FLIGHT_MAX = 64  # one-way messages outstanding per peer before dr
 CHANNEL_START_S = 10.0  # bound on learning a peer's replication channel address
 
 
-def batch_meta(header: rb.BatchHeader) -> BatchMeta:
-    """What the state machine knows of a stored batch, from its header."""
+def batch_meta(header: rb.BatchHeader, marker: rb.EndTxnMarker | None = None) -> BatchMeta:
+    """What the state machine knows of a stored batch, from its header and, for a transaction
+    marker, what the marker says."""
     return BatchMeta(
         header.base_offset,
         header.last_offset_delta + 1,  # offsets spanned: a compacted batch holds fewer records
@@ -72,7 +73,27 @@ def batch_meta(header: rb.BatchHeader) -> BatchMeta:
         header.producer_id,
         header.producer_epoch,
         header.base_sequence,
+        header.is_transactional,
+        marker.control_type if marker is not None else -1,
+        marker.coordinator_epoch if marker is not None else -1,
     )
+
+
+def stored_batch_meta(data: bytes | bytearray | memoryview) -> BatchMeta:
+    """:func:`batch_meta` of one whole stored batch (a marker's record is read: it is tiny)."""
+    header = rb.parse_header(data, 0)
+    marker = rb.parse_end_txn_marker(data, header) if header.is_control else None
+    return batch_meta(header, marker)
+
+
+def data_end_offset(records: bytes | memoryview, extents: Extents | None) -> int:
+    """Where the batches of a consumer fetch's answer end (-1: none)."""
+    if extents is not None:
+        return extents.next_offset
+    end = -1
+    for _, header in rb.iter_batches(records, verify=False):
+        end = header.next_offset
+    return end
 
 
 def picklable(message: Any) -> Any:
@@ -121,6 +142,7 @@ class RayReplicaPort:
             int, asyncio.Future[tuple[FetchResponse, bytes, Extents | None]]
         ] = {}
         self.extent_requests: set[int] = set()  # consumer fetches answered with extents
+        self.read_committed_requests: set[int] = set()  # get the aborted transactions too
         self.hw_waiters: list[asyncio.Future[None]] = []  # consumer long polls
         # Peers.
         self._use_channel = use_channel
@@ -169,7 +191,7 @@ class RayReplicaPort:
         """Whole batches as the log stores them, each a view of the bytes read (the log
         verified their CRCs): the channel copies them once, into the message's frame."""
         return tuple(
-            RecordBatch(batch_meta(rb.parse_header(data, 0)), data)  # type: ignore[arg-type]
+            RecordBatch(stored_batch_meta(data), data)  # type: ignore[arg-type]
             for data in self._log.read_batches(offset, max_bytes, max_offset=upper_offset)
         )
 
@@ -285,9 +307,32 @@ class RayReplicaPort:
                 located = self._log.read_extents(out.fetch_offset, out.max_bytes, out.upper_offset)
         elif wanted:
             records = self._log.read(out.fetch_offset, out.max_bytes, out.upper_offset)
+        if response.request_id in self.read_committed_requests:
+            self.read_committed_requests.discard(response.request_id)
+            if response.error_code == 0:
+                response = self._with_aborted(response, out.fetch_offset, records, located)
         waiter = self.fetch_waiters.pop(response.request_id, None)
         if waiter is not None and not waiter.done():
             waiter.set_result((response, records, located))
+
+    def _with_aborted(
+        self,
+        response: FetchResponse,
+        fetch_offset: int,
+        records: bytes,
+        located: Extents | None,
+    ) -> FetchResponse:
+        """Kafka's collectAbortedTransactions for a read_committed answer: the aborted
+        transactions overlapping [fetch offset, the end of the batches returned, or the LSO
+        when none is)."""
+        end = data_end_offset(records, located)
+        upper = end if end >= 0 else response.last_stable_offset
+        aborted = self._replica.txns.aborted_between(fetch_offset, upper)
+        if not aborted:
+            return response
+        return msgspec.structs.replace(
+            response, aborted_transactions=tuple((t.producer_id, t.first_offset) for t in aborted)
+        )
 
     def complete_produce(self, result: ProduceResult) -> None:
         waiter = self.produce_waiters.pop(result.request_id, None)
@@ -331,6 +376,7 @@ class RayReplicaPort:
                 fetch_waiter.set_exception(KafkaStorageError(reason))
         self.fetch_waiters.clear()
         self.extent_requests.clear()
+        self.read_committed_requests.clear()
 
 
-__all__ = ["RayReplicaPort", "batch_meta", "picklable"]
+__all__ = ["RayReplicaPort", "batch_meta", "picklable", "stored_batch_meta"]

@@ -33,7 +33,14 @@ The records section is one compressed blob when the codec is not 0
 
 Everything here works from the 61-byte header, except :func:`build_batch` and
 :func:`records_section` with what uses it: :func:`first_record_without_key`, the produce check
-of compacted topics, the only place the produce and replication paths decode records.
+of compacted topics, and :func:`parse_end_txn_marker`, which reads the one record of a
+transaction marker (a control batch of a few dozen bytes): the only places the produce and
+replication paths decode records.
+
+Transaction markers (Kafka's EndTransactionMarker): a control batch (attributes bits 4 and 5)
+of one record whose key is (version int16 0, type int16: 0 ABORT, 1 COMMIT) and whose value
+is (version int16 0, coordinatorEpoch int32). Other control types (Kafka's LEADER_CHANGE and
+the KRaft snapshot records) are not transaction markers.
 """
 
 from __future__ import annotations
@@ -51,7 +58,7 @@ from raylog.storage.errors import (
     RecordTooLargeError,
     UnsupportedCompressionTypeError,
 )
-from raylog.storage.records import encode_record, iter_records
+from raylog.storage.records import encode_record, iter_decoded, iter_records
 
 Buffer = bytes | bytearray | memoryview
 
@@ -178,13 +185,19 @@ def verify_crc(buf: Buffer, pos: int, header: BatchHeader) -> None:
         )
 
 
-def validate_client_batch(buf: Buffer, max_message_bytes: int) -> BatchHeader:
+def validate_client_batch(
+    buf: Buffer, max_message_bytes: int, *, coordinator_writes: bool = False
+) -> BatchHeader:
     """Check one batch a client produced; returns its header.
 
     The buffer must hold exactly one batch (produce v3+ carries one batch per partition).
     Checks, in order: framing (length, magic), size <= ``max_message_bytes``, CRC-32C, codec,
     recordsCount == lastOffsetDelta + 1 > 0, not a control batch, baseSequence >= 0 when
     producerId >= 0. Each failure raises its own RaylogError subclass.
+
+    ``coordinator_writes``: the writer is a raylog coordinator on an internal topic (Kafka's
+    AppendOrigin.COORDINATOR), whose transactional batches carry a producerId and baseSequence
+    -1 (no sequence checks apply to them).
     """
     header = parse_header(buf, 0)
     check_framing(buf, 0, header)
@@ -207,6 +220,8 @@ def validate_client_batch(buf: Buffer, max_message_bytes: int) -> BatchHeader:
     if header.is_control:
         raise InvalidRecordError("control batches may only be written by the broker")
     if header.producer_id >= 0 and header.base_sequence < 0:
+        if coordinator_writes and header.is_transactional and header.base_sequence == -1:
+            return header
         raise InvalidRecordError(
             f"producerId {header.producer_id} with negative baseSequence {header.base_sequence}"
         )
@@ -234,6 +249,53 @@ def first_record_without_key(batch: Buffer) -> int | None:
     for record in iter_records(records_section(batch, header), header.records_count):
         if record.key is None:
             return record.offset_delta
+    return None
+
+
+CONTROL_ABORT = 0  # Kafka's ControlRecordType.ABORT
+CONTROL_COMMIT = 1  # Kafka's ControlRecordType.COMMIT
+_CONTROL_KEY = struct.Struct(">hh")  # version, type
+_END_TXN_VALUE = struct.Struct(">hi")  # version, coordinatorEpoch
+
+
+class EndTxnMarker(NamedTuple):
+    """What a transaction marker says: COMMIT or ABORT, and the coordinator's epoch."""
+
+    control_type: int  # CONTROL_ABORT or CONTROL_COMMIT
+    coordinator_epoch: int
+
+    @property
+    def commit(self) -> bool:
+        return self.control_type == CONTROL_COMMIT
+
+
+def end_txn_marker_record(commit: bool, coordinator_epoch: int, timestamp_ms: int) -> Record:
+    """The one record of a transaction marker (see the module docstring)."""
+    return Record(
+        _CONTROL_KEY.pack(0, CONTROL_COMMIT if commit else CONTROL_ABORT),
+        _END_TXN_VALUE.pack(0, coordinator_epoch),
+        timestamp_ms,
+    )
+
+
+def parse_end_txn_marker(batch: Buffer, header: BatchHeader) -> EndTxnMarker | None:
+    """The transaction marker in the whole control batch ``batch`` (starting at its header),
+    None for a data batch or another control type. Raises CorruptRecordError for a control
+    record that does not decode (a key or value shorter than Kafka's)."""
+    if not header.is_control:
+        return None
+    for record in iter_decoded(records_section(batch, header), 1):
+        key, value = record.key, record.value
+        if key is None or len(key) < _CONTROL_KEY.size:
+            raise CorruptRecordError(f"control batch at offset {header.base_offset}: bad key")
+        _, control_type = _CONTROL_KEY.unpack_from(key)
+        if control_type not in (CONTROL_ABORT, CONTROL_COMMIT):
+            return None
+        if value is None or len(value) < _END_TXN_VALUE.size:
+            raise CorruptRecordError(
+                f"transaction marker at offset {header.base_offset}: bad value"
+            )
+        return EndTxnMarker(control_type, _END_TXN_VALUE.unpack_from(value)[1])
     return None
 
 

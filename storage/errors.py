@@ -342,6 +342,20 @@ class InvalidProducerEpochError(RaylogError):
     error_code = 47
 
 
+class InvalidTxnStateError(RaylogError):
+    """A producer's batch does not fit the state of its transaction on the partition (e.g. a
+    non-transactional batch from a producer whose transaction is open)."""
+
+    error_code = 48
+
+
+class TransactionCoordinatorFencedError(RaylogError):
+    """A transaction marker from a coordinator epoch older than one the partition has seen
+    for that producer: a newer transaction coordinator took over."""
+
+    error_code = 52
+
+
 class ReassignmentInProgressError(RaylogError):
     """A request that cannot run while partitions are being reassigned (e.g. a rebalance plan)."""
 

@@ -19,6 +19,12 @@ Decisions:
   producer id, epoch and sequence before appending it; a retry of one of the producer's last
   five batches is answered with the ORIGINAL offsets once this request's acks hold for the
   original batch (acks=all: the HW covers it), and nothing is appended.
+- Transactions (``txn_state``, Kafka's rules): after the idempotent checks (a retried batch is
+  a duplicate first, as in Kafka), the leader refuses a non-transactional batch of a producer
+  with an open transaction (INVALID_TXN_STATE), a zombie's epoch (INVALID_PRODUCER_EPOCH),
+  and a marker of an older epoch (47) or an older coordinator epoch
+  (TRANSACTION_COORDINATOR_FENCED). A marker has no sequence; neither has a transactional
+  batch that a coordinator writes to an internal topic (the shell lets only those through).
 - Fetches are checked against the leader's log first (KIP-320): a fetcher whose last fetched
   epoch ends below its fetch offset here, or is unknown here, gets the diverging epoch and no
   data; then a fetch offset outside [log start, log end] is OFFSET_OUT_OF_RANGE.
@@ -65,7 +71,7 @@ from raylog.actors.replication.messages import (
     ReplicateAck,
     ReplicateRequest,
 )
-from raylog.actors.replication.producer_state import DUPLICATE, ERROR
+from raylog.actors.replication.producer_state import APPEND, DUPLICATE, ERROR, Verdict
 from raylog.actors.replication.ready import (
     DeleteRecordsResult,
     ProduceResult,
@@ -75,8 +81,10 @@ from raylog.actors.replication.ready import (
     check_invariant,
 )
 from raylog.actors.replication.replica_state import NONE, ReplicaState
+from raylog.actors.replication.txn_state import NOT_CONTROL, is_coordinator_write
 from raylog.storage.errors import (
     FencedLeaderEpochError,
+    InvalidProducerEpochError,
     InvalidRecordError,
     NotEnoughReplicasError,
     NotLeaderOrFollowerError,
@@ -84,6 +92,8 @@ from raylog.storage.errors import (
     RequestTimedOutError,
     UnknownLeaderEpochError,
 )
+
+READ_COMMITTED = 1  # Kafka's IsolationLevel.READ_COMMITTED
 
 
 @dataclass
@@ -141,9 +151,8 @@ class LeaderSide(ReplicaState):
             return
         # 1. Idempotent producers: a duplicate of a recent batch completes with that batch's
         # offsets under this request's acks; a sequence or epoch error refuses the batch.
-        verdict = self.log.producers.check(
-            msg.producer_id, msg.producer_epoch, msg.base_sequence, msg.record_count
-        )
+        # Then the transaction checks.
+        verdict = self._producer_verdict(msg)
         if verdict.kind == ERROR:
             self._result(msg.request_id, verdict.error_code, verdict.message)
             return
@@ -159,6 +168,9 @@ class LeaderSide(ReplicaState):
             msg.producer_id,
             msg.producer_epoch,
             msg.base_sequence,
+            msg.is_transactional,
+            msg.control_type,
+            msg.coordinator_epoch,
         )
         self._append(batch, msg.data, replicated=False)
         self.pending[msg.request_id] = PendingProduce(
@@ -177,6 +189,38 @@ class LeaderSide(ReplicaState):
                     self._push(rid, state, batch.base_offset, 1 << 30)
         # 4. Parked fetches (pull mode, and observers in push mode) now have data.
         self._answer_parked(now_ms, only_expired=False)
+
+    def _producer_verdict(self, msg: ProduceRequest) -> Verdict:
+        """The idempotent and transaction checks of a batch (see the module docstring)."""
+        producers = self.log.producers
+        entry = producers.entry(msg.producer_id)
+        sequenced = msg.control_type == NOT_CONTROL and not is_coordinator_write(
+            msg.producer_id, msg.base_sequence, msg.is_transactional
+        )
+        if sequenced:
+            verdict = producers.check(
+                msg.producer_id, msg.producer_epoch, msg.base_sequence, msg.record_count
+            )
+            if verdict.kind != APPEND:
+                return verdict
+        elif entry is not None and msg.producer_epoch < entry.producer_epoch:
+            return Verdict(
+                ERROR,
+                InvalidProducerEpochError.error_code,
+                message=f"producer {msg.producer_id}: epoch {msg.producer_epoch} is older "
+                f"than {entry.producer_epoch}",
+            )
+        error_code, message = self.log.txns.check(
+            msg.producer_id,
+            msg.producer_epoch,
+            msg.is_transactional,
+            msg.control_type,
+            msg.coordinator_epoch,
+            entry.producer_epoch if entry is not None else -1,
+        )
+        if error_code != NONE:
+            return Verdict(ERROR, error_code, message=message)
+        return Verdict(APPEND)
 
     def _complete_duplicate(
         self, msg: ProduceRequest, base_offset: int, next_offset: int, now_ms: int
@@ -277,6 +321,7 @@ class LeaderSide(ReplicaState):
             high_watermark=self.log.high_watermark,
             log_start_offset=self.log.log_start_offset,
             log_end_offset=self.log.log_end_offset,
+            last_stable_offset=self.log.last_stable_offset,
             **kw,
         )
 
@@ -290,6 +335,8 @@ class LeaderSide(ReplicaState):
     def _reply_fetch_data(self, request: FetchRequest) -> None:
         is_consumer = request.replica_id == CONSUMER_REPLICA_ID
         upper = self.log.high_watermark if is_consumer else self.log.log_end_offset
+        if is_consumer and request.isolation_level == READ_COMMITTED:
+            upper = self.log.last_stable_offset  # Kafka's lastStableOffset: whole batches below
         cap = self.config.consumer_fetch_max_bytes if is_consumer else self.config.fetch_max_bytes
         max_bytes = min(request.max_bytes, cap)
         self._ready.messages.append(

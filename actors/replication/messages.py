@@ -47,6 +47,12 @@ class BatchMeta(msgspec.Struct, frozen=True):
     producer_id: int = -1
     producer_epoch: int = -1
     base_sequence: int = -1
+    # Transactions (raylog.actors.replication.txn_state): attributes bit 4; for a transaction
+    # marker (a control batch) its type (0 ABORT, 1 COMMIT; -1: not a marker) and the
+    # coordinator epoch it carries.
+    is_transactional: bool = False
+    control_type: int = -1
+    coordinator_epoch: int = -1
 
     @property
     def next_offset(self) -> int:
@@ -93,6 +99,11 @@ class ProduceRequest(msgspec.Struct, frozen=True):
     producer_id: int = -1  # from the batch header; -1: not idempotent
     producer_epoch: int = -1
     base_sequence: int = -1
+    # As in BatchMeta: the transactional bit, and for a transaction marker (written by the
+    # replica itself, never by a client) its type and coordinator epoch.
+    is_transactional: bool = False
+    control_type: int = -1
+    coordinator_epoch: int = -1
 
 
 class DeleteRecordsRequest(msgspec.Struct, frozen=True):
@@ -127,6 +138,9 @@ class FetchRequest(msgspec.Struct, frozen=True):
     # A replica's own log start offset (Kafka's FetchPartition.logStartOffset): the leader's
     # low watermark for DeleteRecords. UNDEFINED_OFFSET from a consumer.
     log_start_offset: int = UNDEFINED_OFFSET
+    # A consumer's isolation level: 0 read_uncommitted (up to the HW), 1 read_committed (up
+    # to the last stable offset).
+    isolation_level: int = 0
 
 
 class FetchResponse(msgspec.Struct, frozen=True):
@@ -146,6 +160,11 @@ class FetchResponse(msgspec.Struct, frozen=True):
     log_end_offset: int
     diverging_epoch: EpochEndOffset | None = None
     batches: tuple[RecordBatch, ...] = ()
+    # Kafka's lastStableOffset (followers ignore it) and, for a read_committed consumer, the
+    # (producer id, first offset) of the aborted transactions the answer overlaps (the shell
+    # fills them in once it knows where the batches it read end).
+    last_stable_offset: int = UNDEFINED_OFFSET
+    aborted_transactions: tuple[tuple[int, int], ...] = ()
 
 
 class ReplicateRequest(msgspec.Struct, frozen=True):

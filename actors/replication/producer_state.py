@@ -38,16 +38,16 @@ Retention: when the log start moves, producers whose last batch lies below it ar
 remaining log would rebuild.
 
 Not implemented (Kafka has them): ``producer.id.expiration.ms`` (batch timestamps are not
-tracked), producer-state snapshots (recovery replays the whole log's batch headers),
-transactions. Memory is bounded
+tracked), producer-state snapshots (recovery replays the whole log's batch headers).
+Transactions are ``txn_state``'s. Memory is bounded
 instead by ``max_producers``: past it the producer that appended least recently is forgotten
-(rule 2 again).
+(rule 2 again), never one that ``pinned`` names (a producer with an open transaction).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -125,6 +125,8 @@ class ProducerStateTable:
         self.max_producers = max_producers
         # Insertion order is append recency: the first entry appended least recently.
         self._entries: dict[int, ProducerEntry] = {}
+        # Producers the memory bound must keep (those with an open transaction).
+        self.pinned: Callable[[int], bool] = lambda producer_id: False
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -197,8 +199,19 @@ class ProducerStateTable:
             )
         )
         self._entries[producer_id] = entry
-        while len(self._entries) > self.max_producers:
-            del self._entries[next(iter(self._entries))]
+        if len(self._entries) > self.max_producers:
+            self._evict(len(self._entries) - self.max_producers)
+
+    def _evict(self, excess: int) -> None:
+        """Forget the ``excess`` least recently appended producers that are not pinned."""
+        idle: list[int] = []
+        for producer_id in self._entries:
+            if not self.pinned(producer_id):
+                idle.append(producer_id)
+                if len(idle) == excess:
+                    break
+        for producer_id in idle:
+            del self._entries[producer_id]
 
     def truncate(self, offset: int) -> None:
         """Forget every batch at or above ``offset`` (see the module docstring)."""

@@ -17,6 +17,10 @@ Decisions:
 - Only committed data leaves the head of the log (the log start never passes the HW, which
   never moves back), so moving the log start changes nothing else; the epoch cache keeps the
   epoch in force at the new start, as Kafka's truncateFromStart.
+- Producers' idempotent state (``producer_state``) and transaction state (``txn_state``)
+  follow every append, truncation and log start move, so that they always equal what a
+  replica rebuilt from the remaining log would hold; the last stable offset comes from the
+  latter.
 - A truncation below the high watermark happens only after an unclean election, when
   ``unclean_leader_election_enable`` is set, or where acknowledged records may never have
   reached a disk (``acks_before_fsync``: flush.messages > 1) and a power loss took them:
@@ -41,7 +45,7 @@ from raylog.actors.replication.messages import (
     BatchMeta,
     EpochEndOffset,
 )
-from raylog.actors.replication.producer_state import ProducerStateTable
+from raylog.actors.replication.producer_state import NO_SEQUENCE, ProducerStateTable
 from raylog.actors.replication.ready import (
     AdvanceLogStart,
     AppendBatch,
@@ -49,6 +53,7 @@ from raylog.actors.replication.ready import (
     TruncateTo,
     check_invariant,
 )
+from raylog.actors.replication.txn_state import NOT_CONTROL, TxnTable
 
 
 class ReplicaLog:
@@ -71,14 +76,21 @@ class ReplicaLog:
         # The checkpoint, clamped into the log.
         self.high_watermark = max(log_start_offset, min(high_watermark, log_end_offset))
         self.generation = 0
-        # Idempotent producers: checked on the leader, updated on every replica's append.
+        # Idempotent producers and transactions: checked on the leader, updated on every
+        # replica's append.
         self.producers = ProducerStateTable()
+        self.txns = TxnTable()
+        self.producers.pinned = self.txns.has_open
+        batches = [b for b in producer_batches if b.producer_id >= 0]
+        self.txns.rebuild(batches, self.high_watermark)
         self.producers.rebuild(
             (b.producer_id, b.producer_epoch, b.base_sequence, b.base_offset, b.record_count)
-            for b in producer_batches
-            if b.producer_id >= 0
+            for b in batches
+            if has_sequence(b)
         )
-        self.producers.remove_before(log_start_offset)  # batches below it may still be on disk
+        # Batches below the log start may still be on disk.
+        self.producers.remove_before(log_start_offset)
+        self.txns.remove_before(log_start_offset)
 
     # --- epochs --------------------------------------------------------------------------------
 
@@ -152,13 +164,15 @@ class ReplicaLog:
             self.epoch_cache[-1][0] == batch.leader_epoch, "batch epochs never go backwards"
         )
         self.log_end_offset = batch.next_offset
-        self.producers.update(
-            batch.producer_id,
-            batch.producer_epoch,
-            batch.base_sequence,
-            batch.base_offset,
-            batch.record_count,
-        )
+        self.txns.update(batch, self.high_watermark)
+        if has_sequence(batch):
+            self.producers.update(
+                batch.producer_id,
+                batch.producer_epoch,
+                batch.base_sequence,
+                batch.base_offset,
+                batch.record_count,
+            )
         ready.log_ops.append(AppendBatch(batch, data, self.generation, replicated))
 
     def mark_durable(self, generation: int, end_offset: int) -> bool:
@@ -179,7 +193,14 @@ class ReplicaLog:
         check_invariant(new_hw <= self.log_end_offset, "high_watermark <= log_end_offset")
         if new_hw != self.high_watermark:
             self.high_watermark = new_hw
+            self.txns.on_high_watermark(new_hw)
             ready.checkpoint_high_watermark = new_hw
+
+    @property
+    def last_stable_offset(self) -> int:
+        """Kafka's LSO: the first offset of the oldest transaction not decided yet, or the
+        high watermark (see ``txn_state``)."""
+        return self.txns.last_stable_offset(self.log_start_offset, self.high_watermark)
 
     def advance_log_start(self, offset: int, ready: Ready) -> None:
         """Move our log start up to ``offset`` (<= the HW) and have the shell do it on disk."""
@@ -193,6 +214,7 @@ class ReplicaLog:
         Kafka's truncateFromStart."""
         self.log_start_offset = start
         self.producers.remove_before(start)
+        self.txns.remove_before(start)
         kept = [(e, s) for e, s in self.epoch_cache if s > start]
         covering = [e for e, s in self.epoch_cache if s <= start]
         if covering:
@@ -224,6 +246,7 @@ class ReplicaLog:
         self.durable_end_offset = min(self.durable_end_offset, offset)
         self.epoch_cache = [(e, s) for e, s in self.epoch_cache if s < offset]
         self.producers.truncate(offset)
+        self.txns.truncate(offset, self.high_watermark)
         ready.log_ops.append(TruncateTo(offset, self.generation))
 
     def truncate_fully(self, new_start_offset: int, unclean: bool, ready: Ready) -> None:
@@ -240,6 +263,7 @@ class ReplicaLog:
         self.high_watermark = new_start_offset
         self.epoch_cache = []
         self.producers.clear()
+        self.txns.clear()
         ready.log_ops.append(TruncateTo(new_start_offset, self.generation, full=True))
         ready.checkpoint_high_watermark = new_start_offset
 
@@ -257,3 +281,13 @@ class ReplicaLog:
                 previous_start <= start <= self.log_end_offset, "epoch starts are ordered"
             )
             previous_epoch, previous_start = epoch, start
+
+
+def has_sequence(batch: BatchMeta) -> bool:
+    """Whether ``batch`` joins its producer's idempotent state: a data batch with a sequence
+    (not a transaction marker, nor a coordinator's write without one)."""
+    return (
+        batch.producer_id >= 0
+        and batch.control_type == NOT_CONTROL
+        and batch.base_sequence != NO_SEQUENCE
+    )

@@ -41,6 +41,7 @@ from raylog.actors.replication.ready import (
     check_invariant,
 )
 from raylog.actors.replication.replica_log import ReplicaLog
+from raylog.actors.replication.txn_state import TxnTable
 
 if TYPE_CHECKING:
     from raylog.actors.replication.leader import ParkedFetch, PendingProduce
@@ -70,8 +71,9 @@ class ReplicaState:
         ``log_end_offset`` is the end of the recovered log, which the shell has fsync'd during
         recovery (so it is also the durable end); ``epoch_cache`` lists (epoch, start_offset) of
         the batches in it; ``high_watermark`` is the checkpoint, clamped into the log here;
-        ``producer_batches`` are the headers of the log's idempotent batches in log order (at
-        least the last five of each producer), from which the producer state is rebuilt.
+        ``producer_batches`` are the headers of the log's idempotent and transactional batches
+        in log order (with each transaction marker's type and coordinator epoch), from which
+        the producer and transaction state is rebuilt.
         """
         self.config = config or ReplicaConfig()
         self.config.validate()
@@ -134,6 +136,15 @@ class ReplicaState:
     @property
     def high_watermark(self) -> int:
         return self.log.high_watermark
+
+    @property
+    def last_stable_offset(self) -> int:
+        """Kafka's LSO: read_committed consumers read below it (``txn_state``)."""
+        return self.log.last_stable_offset
+
+    @property
+    def txns(self) -> TxnTable:
+        return self.log.txns
 
     @property
     def generation(self) -> int:

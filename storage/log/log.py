@@ -317,12 +317,26 @@ class Log:
     def batch_headers(self) -> Iterator[rb.BatchHeader]:
         """Every stored batch's 61-byte header in log order, without reading record bodies.
 
-        For rebuilding state kept from batch headers (a replica's idempotent-producer state) when
-        a replica starts. Reads ``reads.HEADER_SCAN_CHUNK_BYTES`` at a time and jumps over the
-        bodies of batches larger than that. The lock is held per chunk, not across yields: run
-        it on a log nobody appends to or truncates meanwhile (start-up). CRCs are not checked
-        (recovery did); a malformed header raises KafkaStorageError.
+        Reads ``reads.HEADER_SCAN_CHUNK_BYTES`` at a time and jumps over the bodies of batches
+        larger than that. The lock is held per chunk, not across yields: run it on a log
+        nobody appends to or truncates meanwhile (start-up). CRCs are not checked (recovery
+        did); a malformed header raises KafkaStorageError.
         """
+        for header, _ in self._walk_headers(markers=False):
+            yield header
+
+    def producer_batch_headers(self) -> Iterator[tuple[rb.BatchHeader, rb.EndTxnMarker | None]]:
+        """The headers of the batches of idempotent and transactional producers (producerId
+        >= 0), each with its transaction marker when it is one: what a replica rebuilds its
+        producer and transaction state from when it starts. As :meth:`batch_headers`; a
+        marker's body (its one record, right after the header) is read too."""
+        for header, marker in self._walk_headers(markers=True):
+            if header.producer_id >= 0:
+                yield header, marker
+
+    def _walk_headers(
+        self, *, markers: bool
+    ) -> Iterator[tuple[rb.BatchHeader, rb.EndTxnMarker | None]]:
         with self._lock:
             self._check_usable()
             segments = list(self._state.segments)
@@ -336,7 +350,7 @@ class Log:
                         break
                     self._state.segments.touch(seg)  # bounded open descriptors, as reads do
                     chunk = seg.read(pos, min(reads.HEADER_SCAN_CHUNK_BYTES, size - pos))
-                headers, used = reads.chunk_headers(seg, pos, chunk)
+                    headers, used = reads.chunk_headers(seg, pos, chunk, markers=markers)
                 pos += used
                 yield from headers
 

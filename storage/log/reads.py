@@ -14,7 +14,7 @@ import os
 from typing import NamedTuple
 
 from raylog.storage import batch as rb
-from raylog.storage.errors import KafkaStorageError
+from raylog.storage.errors import KafkaStorageError, RaylogError
 from raylog.storage.log.segment import Segment
 from raylog.storage.log.segment_list import SegmentList
 
@@ -196,15 +196,33 @@ def first_position_at_or_after(seg: Segment, offset: int) -> int:
     return seg.size
 
 
-def chunk_headers(seg: Segment, pos: int, chunk: bytes) -> tuple[list[rb.BatchHeader], int]:
+def chunk_headers(
+    seg: Segment, pos: int, chunk: bytes, *, markers: bool = False
+) -> tuple[list[tuple[rb.BatchHeader, rb.EndTxnMarker | None]], int]:
     """The headers of the batches starting in ``chunk`` (read at ``pos`` of ``seg``), and how
-    many bytes those batches take: a header walk goes on from there."""
-    headers: list[rb.BatchHeader] = []
+    many bytes those batches take: a header walk goes on from there.
+
+    With ``markers`` each control batch's transaction marker comes with its header (None for
+    every other batch): a control batch is read whole, from the chunk when it lies inside it,
+    else the chunk ends before it, unless it is the chunk's first batch, read on its own."""
+    headers: list[tuple[rb.BatchHeader, rb.EndTxnMarker | None]] = []
     at = 0
     while len(chunk) - at >= rb.HEADER_SIZE:
         header = rb.parse_header(chunk, at)
         check_stored(seg, pos + at, header, -1)
-        headers.append(header)
+        marker = None
+        if markers and header.is_control:
+            if at + header.size <= len(chunk):
+                whole: bytes | memoryview = memoryview(chunk)[at : at + header.size]
+            elif headers:
+                break  # the next chunk starts with it
+            else:
+                whole = seg.read(pos, header.size)
+            try:
+                marker = rb.parse_end_txn_marker(whole, header)
+            except RaylogError as exc:
+                raise KafkaStorageError(f"{seg.log_path} at byte {pos + at}: {exc}") from exc
+        headers.append((header, marker))
         at += header.size
     if not headers:
         raise KafkaStorageError(f"{seg.log_path}: short batch header at byte {pos}")

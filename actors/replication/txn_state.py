@@ -1,0 +1,309 @@
+"""Transaction state of one partition replica: pure, deterministic, no I/O.
+
+This module owns the partition side of Kafka's transactions (KIP-98), as Kafka's
+ProducerStateManager, ProducerAppendInfo, TxnMetadata and the transaction index keep it: per
+transactional producer its open transaction (Kafka's currentTxnFirstOffset), its recent
+completed transactions and the coordinator epoch of its last marker; for the partition the
+aborted transactions (Kafka's .txnindex entries) and the first unstable offset, from which the
+last stable offset (LSO) follows. Every replica updates it from batch metadata alone
+(``messages.BatchMeta``: the transactional bit, the marker type and coordinator epoch), so
+followers and a restarted replica rebuild the same state from the log.
+
+Rules (Kafka's):
+- A transactional data batch of a producer with no open transaction opens one at its base
+  offset. A transaction marker (a control batch) of that producer closes it; the transaction
+  spans [first offset, marker offset]. An ABORT adds (producer id, first offset, marker offset)
+  to the aborted list. A marker of a producer with no open transaction spans only itself
+  (Kafka's ``currentTxnFirstOffset.orElse(offset)``): harmless, and a retried marker is safe.
+- First unstable offset: the first offset of the oldest transaction that is open, or closed by
+  a marker the high watermark has not passed yet (Kafka's unreplicatedTxns: its outcome may
+  still be truncated away). LSO = that offset, never below the log start nor above the high
+  watermark; the high watermark when there is none.
+- Leader checks (:meth:`TxnTable.check`): a marker's producer epoch below the producer's
+  current one -> INVALID_PRODUCER_EPOCH (47); a marker's coordinator epoch below the last one
+  seen for the producer -> TRANSACTION_COORDINATOR_FENCED (52); a non-transactional batch of a
+  producer with an open transaction -> INVALID_TXN_STATE (48); a data batch of an epoch below
+  the one a marker bumped the producer to -> INVALID_PRODUCER_EPOCH (47). Sequence checks of
+  transactional batches are the idempotent ones (``producer_state``).
+- Truncation at ``offset``: transactions opened at or above it disappear; a transaction whose
+  marker is cut but whose first offset stays is open again; aborted entries whose marker is
+  cut leave the list. Each producer keeps its last ``TXNS_RETAINED`` completed transactions
+  for this; past that, as ``producer_state`` forgets batches, a cut may forget instead of
+  reopening (only when more than that many transactions of one producer ended above the cut).
+- Log start moves (retention, DeleteRecords): aborted entries wholly below the new start
+  leave; open transactions stay (their LSO is clamped to the log start, as Kafka's
+  maybeIncrementFirstUnstableOffset does) until their marker comes.
+- Memory: transactional producers past ``max_producers`` are forgotten least recently
+  appended first, never one with an open transaction (the coordinator's
+  transaction.timeout.ms ends every transaction with a marker). The aborted list holds the
+  log's aborted transactions (Kafka keeps them in .txnindex files; here they are rebuilt from
+  the log when a replica starts).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from raylog.actors.replication.messages import BatchMeta
+from raylog.actors.replication.producer_state import MAX_PRODUCERS_DEFAULT, NO_SEQUENCE
+from raylog.storage.errors import (
+    InvalidProducerEpochError,
+    InvalidTxnStateError,
+    TransactionCoordinatorFencedError,
+)
+
+NOT_CONTROL = -1  # BatchMeta.control_type of a data batch
+CONTROL_ABORT = 0  # Kafka's ControlRecordType.ABORT
+CONTROL_COMMIT = 1
+NO_COORDINATOR_EPOCH = -1
+TXNS_RETAINED = 5  # completed transactions remembered per producer (for truncation)
+
+
+class CompletedTxn(NamedTuple):
+    """A transaction a marker closed: [first_offset, last_offset] (the marker's offset)."""
+
+    producer_id: int
+    first_offset: int
+    last_offset: int
+    aborted: bool
+    producer_epoch: int
+    coordinator_epoch: int
+
+
+class AbortedTxn(NamedTuple):
+    """An aborted transaction's span, as Kafka's transaction index entry holds it."""
+
+    producer_id: int
+    first_offset: int
+    last_offset: int
+
+
+@dataclass
+class TxnEntry:
+    """One transactional producer's state."""
+
+    open_first_offset: int = -1  # Kafka's currentTxnFirstOffset; -1: no open transaction
+    open_epoch: int = -1  # the producer epoch of the open transaction's batches
+    completed: deque[CompletedTxn] = field(default_factory=lambda: deque(maxlen=TXNS_RETAINED))
+    # What the newest marker said, kept when a truncation empties ``completed``.
+    marker_epoch: int = -1
+    coordinator_epoch: int = NO_COORDINATOR_EPOCH
+
+    @property
+    def is_open(self) -> bool:
+        return self.open_first_offset >= 0
+
+    @property
+    def producer_epoch(self) -> int:
+        """The newest epoch this producer's transactional batches and markers carried."""
+        return max(self.open_epoch, self.marker_epoch)
+
+
+class TxnTable:
+    """The transaction state of one partition replica (see the module docstring)."""
+
+    def __init__(self, max_producers: int = MAX_PRODUCERS_DEFAULT) -> None:
+        if max_producers < 1:
+            raise ValueError(f"max_producers must be >= 1, got {max_producers}")
+        self.max_producers = max_producers
+        # Insertion order is append recency: the first entry appended least recently.
+        self._entries: dict[int, TxnEntry] = {}
+        # Aborted transactions in marker (last offset) order.
+        self._aborted: list[AbortedTxn] = []
+        # Closed transactions whose marker the high watermark has not passed, marker order.
+        self._unreplicated: list[CompletedTxn] = []
+
+    # --- reading ------------------------------------------------------------------------------
+
+    def entry(self, producer_id: int) -> TxnEntry | None:
+        return self._entries.get(producer_id)
+
+    def has_open(self, producer_id: int) -> bool:
+        entry = self._entries.get(producer_id)
+        return entry is not None and entry.is_open
+
+    @property
+    def open_transactions(self) -> int:
+        return sum(1 for e in self._entries.values() if e.is_open)
+
+    def open_spans(self) -> dict[int, int]:
+        """Producer id -> first offset of its open transaction."""
+        return {pid: e.open_first_offset for pid, e in self._entries.items() if e.is_open}
+
+    @property
+    def aborted(self) -> list[AbortedTxn]:
+        return list(self._aborted)
+
+    def first_unstable_offset(self) -> int | None:
+        """The first offset of the oldest open or unreplicated transaction (None: none)."""
+        firsts = [e.open_first_offset for e in self._entries.values() if e.is_open]
+        firsts += [t.first_offset for t in self._unreplicated]
+        return min(firsts) if firsts else None
+
+    def last_stable_offset(self, log_start_offset: int, high_watermark: int) -> int:
+        """Kafka's LSO: the first unstable offset within [log start, high watermark]."""
+        first = self.first_unstable_offset()
+        if first is None:
+            return high_watermark
+        return min(max(first, log_start_offset), high_watermark)
+
+    def aborted_between(self, start_offset: int, upper_offset: int) -> list[AbortedTxn]:
+        """Aborted transactions overlapping [start_offset, upper_offset) (Kafka's
+        collectAbortedTransactions): first offset below the upper bound, marker at or above
+        the start."""
+        index = bisect.bisect_left(self._aborted, start_offset, key=lambda t: t.last_offset)
+        return [t for t in self._aborted[index:] if t.first_offset < upper_offset]
+
+    # --- the leader's checks ----------------------------------------------------------------------
+
+    def check(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        is_transactional: bool,
+        control_type: int,
+        coordinator_epoch: int,
+        idempotent_epoch: int,
+    ) -> tuple[int, str]:
+        """The leader's transaction checks of one batch (the module docstring's rules):
+        ``(0, "")`` or ``(error code, message)``. ``idempotent_epoch`` is the producer's epoch
+        in the idempotent state (-1: unknown)."""
+        if producer_id < 0:
+            return 0, ""
+        entry = self._entries.get(producer_id)
+        if control_type != NOT_CONTROL:
+            current = max(idempotent_epoch, entry.producer_epoch if entry else -1)
+            if producer_epoch < current:
+                return (
+                    InvalidProducerEpochError.error_code,
+                    f"marker of producer {producer_id}: epoch {producer_epoch} is older "
+                    f"than {current}",
+                )
+            if entry is not None and coordinator_epoch < entry.coordinator_epoch:
+                return (
+                    TransactionCoordinatorFencedError.error_code,
+                    f"marker of producer {producer_id}: coordinator epoch {coordinator_epoch} "
+                    f"is older than {entry.coordinator_epoch}",
+                )
+            return 0, ""
+        if entry is None:
+            return 0, ""
+        if not is_transactional and entry.is_open:
+            return (
+                InvalidTxnStateError.error_code,
+                f"non-transactional batch of producer {producer_id}, whose transaction "
+                f"from offset {entry.open_first_offset} is open",
+            )
+        if producer_epoch < entry.producer_epoch:
+            return (
+                InvalidProducerEpochError.error_code,
+                f"producer {producer_id}: epoch {producer_epoch} is older than "
+                f"{entry.producer_epoch}",
+            )
+        return 0, ""
+
+    # --- updates (every replica, every append, in log order) -------------------------------------
+
+    def update(self, batch: BatchMeta, high_watermark: int) -> None:
+        """Record an appended batch."""
+        if batch.producer_id < 0 or not batch.is_transactional:
+            return
+        pid = batch.producer_id
+        entry = self._entries.pop(pid, None) or TxnEntry()  # re-inserted last: most recent
+        self._entries[pid] = entry
+        if batch.control_type == NOT_CONTROL:
+            if not entry.is_open:
+                entry.open_first_offset = batch.base_offset
+            entry.open_epoch = max(entry.open_epoch, batch.producer_epoch)
+        else:
+            first = entry.open_first_offset if entry.is_open else batch.base_offset
+            done = CompletedTxn(
+                pid,
+                first,
+                batch.base_offset,
+                batch.control_type == CONTROL_ABORT,
+                batch.producer_epoch,
+                batch.coordinator_epoch,
+            )
+            entry.open_first_offset = -1
+            entry.open_epoch = -1
+            entry.completed.append(done)
+            entry.marker_epoch = batch.producer_epoch
+            entry.coordinator_epoch = batch.coordinator_epoch
+            if done.aborted:
+                self._aborted.append(AbortedTxn(pid, done.first_offset, done.last_offset))
+            if done.last_offset >= high_watermark:
+                self._unreplicated.append(done)
+        self._evict()
+
+    def _evict(self) -> None:
+        excess = len(self._entries) - self.max_producers
+        if excess <= 0:
+            return
+        idle: list[int] = []
+        for pid, entry in self._entries.items():
+            if not entry.is_open:
+                idle.append(pid)
+                if len(idle) == excess:
+                    break
+        for pid in idle:
+            del self._entries[pid]
+
+    def on_high_watermark(self, high_watermark: int) -> None:
+        """The high watermark moved: transactions whose marker it passed are stable."""
+        if self._unreplicated and self._unreplicated[0].last_offset < high_watermark:
+            self._unreplicated = [t for t in self._unreplicated if t.last_offset >= high_watermark]
+
+    def truncate(self, offset: int, high_watermark: int) -> None:
+        """Forget every batch at or above ``offset`` (see the module docstring)."""
+        self._aborted = [t for t in self._aborted if t.last_offset < offset]
+        for pid in list(self._entries):
+            entry = self._entries[pid]
+            if entry.is_open and entry.open_first_offset >= offset:
+                entry.open_first_offset = entry.open_epoch = -1
+            reopened = None
+            while entry.completed and entry.completed[-1].last_offset >= offset:
+                reopened = entry.completed.pop()
+            if reopened is not None and reopened.first_offset < offset:
+                entry.open_first_offset = reopened.first_offset
+                entry.open_epoch = reopened.producer_epoch
+            if reopened is not None and entry.completed:
+                entry.marker_epoch = entry.completed[-1].producer_epoch
+                entry.coordinator_epoch = entry.completed[-1].coordinator_epoch
+            if not entry.is_open and not entry.completed:
+                del self._entries[pid]  # nothing of it is left below the cut that we know
+        self._unreplicated = [
+            t
+            for e in self._entries.values()
+            for t in e.completed
+            if t.last_offset >= high_watermark
+        ]
+        self._unreplicated.sort(key=lambda t: t.last_offset)
+
+    def remove_before(self, log_start_offset: int) -> None:
+        """The log start moved: aborted transactions wholly below it leave the list."""
+        index = bisect.bisect_left(self._aborted, log_start_offset, key=lambda t: t.last_offset)
+        if index:
+            del self._aborted[:index]
+        self._unreplicated = [t for t in self._unreplicated if t.last_offset >= log_start_offset]
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._aborted.clear()
+        self._unreplicated.clear()
+
+    def rebuild(self, batches: Iterable[BatchMeta], high_watermark: int) -> None:
+        """Replace the state with the one a log of these batches leaves, in log order."""
+        self.clear()
+        for batch in batches:
+            self.update(batch, high_watermark)
+
+
+def is_coordinator_write(batch_producer_id: int, base_sequence: int, transactional: bool) -> bool:
+    """A transactional batch with a producer id and no sequence: a raylog coordinator's write
+    to an internal topic (Kafka's AppendOrigin.COORDINATOR), which skips sequence checks."""
+    return batch_producer_id >= 0 and transactional and base_sequence == NO_SEQUENCE
