@@ -246,7 +246,7 @@ class ReplicaLog:
         self.durable_end_offset = min(self.durable_end_offset, offset)
         self.epoch_cache = [(e, s) for e, s in self.epoch_cache if s < offset]
         self.producers.truncate(offset)
-        self.txns.truncate(offset, self.high_watermark)
+        self.txns.truncate(offset)
         ready.log_ops.append(TruncateTo(offset, self.generation))
 
     def truncate_fully(self, new_start_offset: int, unclean: bool, ready: Ready) -> None:

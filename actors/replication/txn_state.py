@@ -258,31 +258,34 @@ class TxnTable:
         if self._unreplicated and self._unreplicated[0].last_offset < high_watermark:
             self._unreplicated = [t for t in self._unreplicated if t.last_offset >= high_watermark]
 
-    def truncate(self, offset: int, high_watermark: int) -> None:
+    def truncate(self, offset: int) -> None:
         """Forget every batch at or above ``offset`` (see the module docstring)."""
         self._aborted = [t for t in self._aborted if t.last_offset < offset]
+        # Every transaction whose marker the HW has not passed is here, so a cut at or above
+        # the HW (every clean one) finds each producer's cut transaction among them.
+        cut = [t for t in self._unreplicated if t.last_offset >= offset]
+        self._unreplicated = [t for t in self._unreplicated if t.last_offset < offset]
         for pid in list(self._entries):
             entry = self._entries[pid]
             if entry.is_open and entry.open_first_offset >= offset:
                 entry.open_first_offset = entry.open_epoch = -1
-            reopened = None
+            lost = [t for t in cut if t.producer_id == pid]
             while entry.completed and entry.completed[-1].last_offset >= offset:
-                reopened = entry.completed.pop()
-            if reopened is not None and reopened.first_offset < offset:
-                entry.open_first_offset = reopened.first_offset
-                entry.open_epoch = reopened.producer_epoch
-            if reopened is not None and entry.completed:
-                entry.marker_epoch = entry.completed[-1].producer_epoch
-                entry.coordinator_epoch = entry.completed[-1].coordinator_epoch
+                lost.append(entry.completed.pop())
+            if lost:
+                # The producer's oldest transaction whose marker is cut: open again if it
+                # began below the cut (every later one began after that marker).
+                oldest = min(lost, key=lambda t: t.last_offset)
+                if oldest.first_offset < offset:
+                    entry.open_first_offset = oldest.first_offset
+                    entry.open_epoch = oldest.producer_epoch
+                if not entry.completed:
+                    entry.completed.extend(t for t in self._unreplicated if t.producer_id == pid)
+                newest = entry.completed[-1] if entry.completed else None
+                entry.marker_epoch = newest.producer_epoch if newest else -1
+                entry.coordinator_epoch = newest.coordinator_epoch if newest else -1
             if not entry.is_open and not entry.completed:
                 del self._entries[pid]  # nothing of it is left below the cut that we know
-        self._unreplicated = [
-            t
-            for e in self._entries.values()
-            for t in e.completed
-            if t.last_offset >= high_watermark
-        ]
-        self._unreplicated.sort(key=lambda t: t.last_offset)
 
     def remove_before(self, log_start_offset: int) -> None:
         """The log start moved: aborted transactions wholly below it leave the list."""
