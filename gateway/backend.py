@@ -161,6 +161,9 @@ class FetchResult(NamedTuple):
     records: bytes
     preferred_read_replica: int = -1  # KIP-392; -1 = read from the leader
     message: str = ""
+    # read_committed: (producer id, first offset) of the aborted transactions ``records``
+    # overlap (Kafka's AbortedTransactions).
+    aborted_transactions: tuple[tuple[int, int], ...] = ()
 
 
 class ListOffsetsResult(NamedTuple):

@@ -133,7 +133,7 @@ class ReplicaBackend(ControllerAdmin):
         return FetchResult(
             ErrorCode.NONE,
             replica.high_watermark,
-            replica.high_watermark,  # no transactions: the LSO is the HW
+            replica.last_stable_offset,
             replica.log_start_offset,
             b"",
             chosen,
@@ -151,7 +151,9 @@ class ReplicaBackend(ControllerAdmin):
         if error:
             return ListOffsetsResult(error, -1, -1)
         name = self._local_replica(topic, partition)
-        return await self.replicas.list_offsets(name, timestamp, current_leader_epoch)
+        return await self.replicas.list_offsets(
+            name, timestamp, current_leader_epoch, isolation_level
+        )
 
     async def delete_records(
         self, topic: str, partition: int, offset: int, timeout_ms: int

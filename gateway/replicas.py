@@ -98,7 +98,8 @@ class ReplicaClient:
         """Records from ``read.fetch_offset`` on, short-circuit where the replica is local."""
         max_wait_ms = max(0, read.max_wait_ms)
         epoch = read.current_leader_epoch
-        args = (read.fetch_offset, read.max_bytes, max_wait_ms, read.min_bytes, epoch)
+        level = read.isolation_level
+        args = (read.fetch_offset, read.max_bytes, max_wait_ms, read.min_bytes, epoch, level)
         method = "fetch"
         if self._short_circuit and name not in self.remote_replicas:
             method = "fetch_extents"
@@ -117,7 +118,7 @@ class ReplicaClient:
                     outcome = await self.calls.call(
                         name,
                         "fetch",
-                        (read.fetch_offset, read.max_bytes, 0, 1, epoch),
+                        (read.fetch_offset, read.max_bytes, 0, 1, epoch, level),
                         timeout_s=self._call_margin_s,
                         retry=True,
                     )
@@ -129,8 +130,8 @@ class ReplicaClient:
             return FetchResult(exc.error_code, -1, -1, -1, b"", -1, str(exc))
         except TimeoutError:
             return FetchResult(ErrorCode.REQUEST_TIMED_OUT, -1, -1, -1, b"", -1, "timed out")
-        # The replica serves records below the HW only, which is also the LSO while raylog has
-        # no transactions: one read answers both isolation levels.
+        # The replica serves records below the HW (read_uncommitted) or the LSO
+        # (read_committed, with the aborted transactions the records overlap).
         return FetchResult(
             outcome.error_code,
             outcome.high_watermark,
@@ -139,6 +140,7 @@ class ReplicaClient:
             records,
             -1,
             outcome.message,
+            outcome.aborted_transactions,
         )
 
     async def read_located(self, name: str, outcome: FetchOutcome) -> bytes | bytearray | None:
@@ -184,13 +186,13 @@ class ReplicaClient:
         return self._node_id
 
     async def list_offsets(
-        self, name: str, timestamp: int, current_leader_epoch: int
+        self, name: str, timestamp: int, current_leader_epoch: int, isolation_level: int = 0
     ) -> ListOffsetsResult:
         try:
             code, found_timestamp, offset, leader_epoch = await self.calls.call(
                 name,
                 "list_offsets",
-                (timestamp, current_leader_epoch),
+                (timestamp, current_leader_epoch, isolation_level),
                 timeout_s=self._call_margin_s,
                 retry=True,
             )
