@@ -22,9 +22,11 @@ epoch checks). Records are never decoded: the budget is kept by walking batch le
    exactly the partitions asked for. An incremental fetch (epoch > 0) gets
    FETCH_SESSION_ID_NOT_FOUND (70), or INVALID_FETCH_SESSION_EPOCH (71) with session id 0, as
    Kafka answers when it has no such session; full fetches (epoch 0 or -1) are always served.
-4. No transactions yet: ``last_stable_offset`` is the high watermark, and
-   ``aborted_transactions`` is empty for read_committed and null for read_uncommitted (Kafka's
-   choice).
+4. Transactions: every answer carries the partition's ``last_stable_offset`` (the first offset
+   of its oldest open transaction, else the high watermark). read_committed reads stop there
+   and carry ``aborted_transactions``, (producer id, first offset) of each aborted transaction
+   the records returned may hold, so the client drops those records; read_uncommitted answers
+   null there (Kafka's choice). The replica decides both (``actors/replication/txn_state.py``).
 5. Follower fetching (KIP-392). From v11 the request's ``rack_id`` goes to the backend as the
    client metadata (None before v11): a follower's gateway then serves the read from its own
    replica, and the leader's may answer a partition with ``preferred_read_replica`` and no
@@ -56,6 +58,7 @@ MAX_WAIT_MS_MAX = 30_000  # bound on a long poll, whatever the client asks (the 
 
 _Topic = FetchResponse.FetchableTopicResponse
 _Partition = _Topic.PartitionData
+_Aborted = _Partition.AbortedTransaction
 _DENIED = FetchResult(ErrorCode.TOPIC_AUTHORIZATION_FAILED, -1, -1, -1, b"")
 _BATCH_LENGTH = struct.Struct(">i")  # at byte 8 of a batch; the 12 bytes before it not counted
 _LOG_OVERHEAD = 12
@@ -130,7 +133,7 @@ async def handle(context: RequestContext, request: Request) -> Any:
                     high_watermark=result.high_watermark,
                     last_stable_offset=result.last_stable_offset,
                     log_start_offset=result.log_start_offset,
-                    aborted_transactions=[] if isolation == READ_COMMITTED else None,
+                    aborted_transactions=_aborted(result) if isolation == READ_COMMITTED else None,
                     preferred_read_replica=result.preferred_read_replica,
                     records=data,
                 )
@@ -243,3 +246,7 @@ def _whole_batches_within(data: bytes, limit: int, *, at_least_one: bool) -> int
             break
         pos = end
     return pos
+
+
+def _aborted(result: FetchResult) -> list[Any]:
+    return [_Aborted(producer_id=p, first_offset=o) for p, o in result.aborted_transactions]
