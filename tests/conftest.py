@@ -219,7 +219,8 @@ def shared_up(shared_cluster: Any) -> Iterator[Any]:
     shared_cluster.heal()
     before = shared_cluster.topics()
     yield shared_cluster
-    created = sorted(shared_cluster.topics() - before - {"__consumer_offsets"})
+    internal = {"__consumer_offsets", "__transaction_state"}
+    created = sorted(shared_cluster.topics() - before - internal)
     if created:
         done = shared_cluster.raylog("topics", "delete", *created)
         assert done.returncode == 0, done.stderr[-2000:]
