@@ -81,12 +81,16 @@ async def _awaited(ref: Any) -> Any:
 
 
 class ProduceOutcome(msgspec.Struct, frozen=True):
-    """What a produce call returns: Kafka's error code, base offset and log start offset."""
+    """What a produce call returns: Kafka's error code, base offset and log start offset.
+
+    ``needs_verification``: nothing was appended; the batch would open a transaction of its
+    producer here, and the caller asked to verify that first (KIP-890, ``verify_txn``)."""
 
     error_code: int
     base_offset: int
     log_start_offset: int
     message: str = ""
+    needs_verification: bool = False
 
 
 class FetchOutcome(msgspec.Struct, frozen=True):

@@ -72,6 +72,7 @@ from raylog.storage.cleaner_process import run_in_child
 from raylog.storage.errors import (
     FencedLeaderEpochError,
     InvalidRecordError,
+    InvalidTxnStateError,
     KafkaStorageError,
     NotLeaderOrFollowerError,
     PolicyViolationError,
@@ -91,9 +92,9 @@ TICK_MS = 50  # timer resolution of the state machine (ISR lag, timeouts, parked
 # Methods the gateway may call over a replica's channel, with their argument types.
 # (Types, not msgspec Decoders: Ray pickles this module's globals with the actor class.)
 _CHANNEL_CALL_ARGS: dict[str, Any] = {
-    "produce": tuple[bytes, int, int],
+    "produce": tuple[bytes, int, int, bool],
     "open_arena": tuple[int, int, str],
-    "produce_shared": tuple[int, int, str, int, int, int, int],
+    "produce_shared": tuple[int, int, str, int, int, int, int, bool],
     # Integers; the trailing ones optional (isolation_level came later than the rest).
     "fetch": tuple[int, ...],
     "fetch_extents": tuple[int, ...],
@@ -438,8 +439,16 @@ class ReplicaActor:
 
     # --- the data path ------------------------------------------------------------------------
 
-    async def produce(self, batch: bytes, acks: int, timeout_ms: int) -> ProduceOutcome:
-        """Append one client batch; return when the acks condition holds (or fails)."""
+    async def produce(
+        self, batch: bytes, acks: int, timeout_ms: int, verify_txn: bool = False
+    ) -> ProduceOutcome:
+        """Append one client batch; return when the acks condition holds (or fails).
+
+        ``verify_txn`` (KIP-890's defence against hanging transactions): a transactional batch
+        that would open its producer's transaction on this partition is not appended but
+        answered ``needs_verification``, so that the gateway first checks with the
+        transaction coordinator that the producer added this partition to its transaction.
+        Later batches of the same transaction go straight on."""
         self._ensure_started()
         start = self._sm.log_start_offset
         refused = self._refuse_leader_write()
@@ -461,6 +470,18 @@ class ReplicaActor:
                 start,
                 "Compacted topic cannot accept message without key in topic partition "
                 f"{self.topic}-{self.partition} (record {keyless} of the batch).",
+            )
+        if (
+            verify_txn
+            and header.is_transactional
+            and not self._sm.txns.has_open(header.producer_id)
+        ):
+            return ProduceOutcome(
+                InvalidTxnStateError.error_code,
+                -1,
+                start,
+                "the first batch of a transaction here: verify it",
+                needs_verification=True,
             )
         return await self._produce(
             ProduceRequest(
@@ -564,14 +585,22 @@ class ReplicaActor:
         return True
 
     async def produce_shared(
-        self, pid: int, fd: int, nonce: str, offset: int, length: int, acks: int, timeout_ms: int
+        self,
+        pid: int,
+        fd: int,
+        nonce: str,
+        offset: int,
+        length: int,
+        acks: int,
+        timeout_ms: int,
+        verify_txn: bool = False,
     ) -> ProduceOutcome:
         """:meth:`produce` of the batch at ``offset`` in the gateway arena ``(pid, fd,
         nonce)``: validated and written to the log from there (the gateway changes nothing in
         it until this call's reply). Raises ArenaError when the arena or range is not there."""
         batch = self._arenas.view((pid, fd, nonce), offset, length)
         self.shared_produces += 1
-        return await self.produce(batch, acks, timeout_ms)  # type: ignore[arg-type]
+        return await self.produce(batch, acks, timeout_ms, verify_txn)  # type: ignore[arg-type]
 
     async def delete_records(self, offset: int, timeout_ms: int) -> DeleteRecordsOutcome:
         """Kafka's DeleteRecords for this partition, on its leader: move the log start offset

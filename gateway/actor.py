@@ -39,6 +39,7 @@ from raylog.gateway import sasl
 from raylog.gateway.authentication import Authenticator
 from raylog.gateway.authorization import Authorization
 from raylog.gateway.backend import AdminBackend, Broker, PartitionState, TopicState
+from raylog.gateway.errors import ErrorCode
 from raylog.gateway.groups.coordinator import GroupCoordinator
 from raylog.gateway.quotas import ClientQuotas
 from raylog.gateway.replica_backend import ReplicaBackend
@@ -347,6 +348,7 @@ class GatewayActor:
             self.broker_id,
             new_producer_id=lambda: _new_producer_id(backend),
             complete_offsets=self._complete_offsets,
+            verify_remote=self._verify_remote,
             num_partitions=config.transaction_state_log_num_partitions,
             replication_factor=config.transaction_state_log_replication_factor,
             min_insync_replicas=config.transaction_state_log_min_isr,
@@ -372,6 +374,39 @@ class GatewayActor:
         )
         await ray_call(
             handle.complete_transaction.remote(partition, producer_id, commit), CALL_TIMEOUT_MS
+        )
+
+    async def _verify_remote(
+        self,
+        broker_id: int,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        topic: str,
+        partition: int,
+    ) -> int:
+        """:meth:`verify_transaction` on the gateway of broker ``broker_id``."""
+        handle = await asyncio.wait_for(
+            asyncio.to_thread(ray.get_actor, gateway_actor_name(broker_id), namespace=NAMESPACE),
+            LOOKUP_TIMEOUT_S,
+        )
+        args = (transactional_id, producer_id, producer_epoch, topic, partition)
+        return int(await ray_call(handle.verify_transaction.remote(*args), CALL_TIMEOUT_MS))
+
+    async def verify_transaction(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        topic: str,
+        partition: int,
+    ) -> int:
+        """Whether the producer's ongoing transaction holds the partition (KIP-890), asked by a
+        partition leader's gateway of the transactional id's coordinator: 0 or Kafka's error."""
+        if self._transactions is None:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        return await self._transactions.verify(
+            transactional_id, producer_id, producer_epoch, topic, partition
         )
 
     async def complete_transaction(self, partition: int, producer_id: int, commit: bool) -> None:

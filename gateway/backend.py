@@ -127,6 +127,8 @@ class ProduceResult(NamedTuple):
     log_append_time: int
     log_start_offset: int
     message: str = ""
+    # Nothing appended: the batch would open a transaction there, to be verified first.
+    needs_verification: bool = False
 
 
 class PartitionFetch(NamedTuple):
@@ -203,10 +205,13 @@ class DataBackend(Backend, Protocol):
         acks: int,
         timeout_ms: int,
         on_sent: Callable[[], None] | None = None,
+        verify_txn: bool = False,
     ) -> ProduceResult:
         """Append one client batch (validated and stamped by the leader replica).
 
         ``records`` may be a view into the client's request, valid until this returns.
+        ``verify_txn``: a transactional batch that would open its producer's transaction on the
+        partition is not appended but answered ``needs_verification`` (KIP-890).
 
         ``on_sent``, if given, is called once the batch is on a path that keeps order: a later
         produce to the same partition, started after it, is appended after this one. Then

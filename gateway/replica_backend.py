@@ -88,12 +88,13 @@ class ReplicaBackend(ControllerAdmin):
         acks: int,
         timeout_ms: int,
         on_sent: Callable[[], None] | None = None,
+        verify_txn: bool = False,
     ) -> ProduceResult:
         error = routing.leader_error(self.metadata, topic, partition)
         if error:
             return ProduceResult(error, -1, -1, -1)
         name = self._local_replica(topic, partition)
-        return await self.replicas.produce(name, records, acks, timeout_ms, on_sent)
+        return await self.replicas.produce(name, records, acks, timeout_ms, on_sent, verify_txn)
 
     async def fetch(self, topic: str, partition: int, read: PartitionFetch) -> FetchResult:
         error = routing.leader_error(self.metadata, topic, partition)

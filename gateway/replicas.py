@@ -72,14 +72,16 @@ class ReplicaClient:
         acks: int,
         timeout_ms: int,
         on_sent: Callable[[], None] | None,
+        verify_txn: bool = False,
     ) -> ProduceResult:
-        """Append one client batch; ``acks`` was checked by the Produce handler."""
+        """Append one client batch; ``acks`` was checked by the Produce handler.
+        ``verify_txn``: see the replica's ``produce`` (the result's ``needs_verification``)."""
         timeout_ms = max(0, timeout_ms)
         try:
             outcome = await self.calls.call(
                 name,
                 "produce",
-                (records, acks, timeout_ms),
+                (records, acks, timeout_ms, verify_txn),
                 timeout_s=timeout_ms / 1000 + self._call_margin_s,
                 retry=False,
                 on_sent=on_sent,
@@ -91,7 +93,12 @@ class ReplicaClient:
         # LogAppendTime is stamped inside the replica, which does not report the time: -1
         # tells the client to keep its own CreateTime (Kafka's answer for CreateTime topics).
         return ProduceResult(
-            outcome.error_code, outcome.base_offset, -1, outcome.log_start_offset, outcome.message
+            outcome.error_code,
+            outcome.base_offset,
+            -1,
+            outcome.log_start_offset,
+            outcome.message,
+            outcome.needs_verification,
         )
 
     async def fetch(self, name: str, read: PartitionFetch) -> FetchResult:

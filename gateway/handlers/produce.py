@@ -18,11 +18,18 @@ Rules kept here, each Kafka's:
    the same connection is on an ordered path: sent on the replica's channel (one TCP stream,
    calls started in arrival order), or else answered (a Ray call may be overtaken). On the
    channel, then, a connection keeps several acks=all batches in flight, as Kafka's purgatory
-   does, and one batch's replication round trip does not hold back the next.
+   does, and one batch's replication round trip does not hold back the next. Transactional
+   batches are the exception: each is answered before the next of its connection and
+   partition goes (rule 4 may send one back for verification, and the one sent again must not
+   be overtaken).
 4. Transactional batches need the request's ``transactional_id``, else
    TRANSACTIONAL_ID_AUTHORIZATION_FAILED (53), Kafka's answer. The leader replica tracks the
-   producer's open transaction from them; which partitions belong to the transaction is the
-   coordinator's (AddPartitionsToTxn), and its markers end it.
+   producer's open transaction from them, and the coordinator's markers end it. A batch that
+   would open the producer's transaction on a partition is first verified with the transaction
+   coordinator (KIP-890's defence): unless the producer's ongoing transaction holds the
+   partition (AddPartitionsToTxn), it gets INVALID_TXN_STATE (48) and nothing is appended, so no
+   transaction is left open that no marker would ever end. Later batches of the transaction go
+   straight on.
 5. Idempotent producers (producerId >= 0, from InitProducerId) are checked by the leader
    replica (``raylog.actors.replication.producer_state``): a retry of one of the producer's last
    five batches succeeds with the ORIGINAL batch's base offset (never DUPLICATE_SEQUENCE_NUMBER,
@@ -77,7 +84,6 @@ _tails: dict[_OrderKey, asyncio.Future[None]] = {}
 
 async def handle(context: RequestContext, request: Request) -> Any:
     body = request.body
-    backend = cast(DataBackend, context.backend)
     denied = context.denied_topics(WRITE, (topic.name for topic in body.topic_data))
     txn_denied = body.transactional_id is not None and not context.authorized(
         WRITE, ResourceType.TRANSACTIONAL_ID, body.transactional_id
@@ -90,9 +96,7 @@ async def handle(context: RequestContext, request: Request) -> Any:
             elif topic.name in denied:
                 call = _refused(ErrorCode.TOPIC_AUTHORIZATION_FAILED)
             else:
-                call = _produce_one(
-                    id(context), backend, body, topic.name, data.index, data.records
-                )
+                call = _produce_one(context, body, topic.name, data.index, data.records)
             calls.append((topic.name, data.index, call))
     results = await asyncio.gather(*(call for _, _, call in calls))
     if body.acks == 0:
@@ -131,19 +135,54 @@ async def _refused(error_code: int) -> ProduceResult:
 
 
 async def _produce_one(
-    connection: int, backend: DataBackend, body: Any, topic: str, partition: int, records: Any
+    context: RequestContext, body: Any, topic: str, partition: int, records: Any
 ) -> ProduceResult:
     error = _refusal(body, topic, records)
     if error:
         return ProduceResult(error, -1, -1, -1)
-    # A view into the request frame, which it keeps alive: the replica's channel copies it
-    # into its own frame when the call is made, and only a Ray call takes a copy of it.
-    return await _in_order(
-        (connection, topic, partition),
-        lambda sent: backend.produce(
-            topic, partition, records, body.acks, body.timeout_ms, on_sent=sent
-        ),
+    backend = cast(DataBackend, context.backend)
+    header = rb.parse_header(records, 0) if len(records) >= rb.HEADER_SIZE else None
+
+    async def append(sent: Callable[[], None]) -> ProduceResult:
+        # A view into the request frame, which it keeps alive: the replica's channel copies it
+        # into its own frame when the call is made, and only a Ray call takes a copy of it.
+        if header is None or not header.is_transactional:
+            return await backend.produce(
+                topic, partition, records, body.acks, body.timeout_ms, on_sent=sent
+            )
+        # A transactional batch the replica may send back for verification holds the next
+        # batch of this connection and partition until it is appended (no ``on_sent``), so
+        # that a batch sent again after verification is never overtaken (rule 3's order).
+        result = await backend.produce(
+            topic, partition, records, body.acks, body.timeout_ms, verify_txn=True
+        )
+        if not result.needs_verification:
+            return result
+        error = await _verified(context, body.transactional_id, header, topic, partition)
+        if error:
+            return ProduceResult(error, -1, -1, result.log_start_offset)
+        return await backend.produce(topic, partition, records, body.acks, body.timeout_ms)
+
+    return await _in_order((id(context), topic, partition), append)
+
+
+async def _verified(
+    context: RequestContext, transactional_id: str, header: Any, topic: str, partition: int
+) -> int:
+    """Rule 4's check with the transaction coordinator (KIP-890): 0 when the producer's
+    ongoing transaction holds the partition; INVALID_TXN_STATE (48) when it does not (the
+    batch would open a transaction nobody ends); NOT_ENOUGH_REPLICAS (19, retriable) when the
+    coordinator cannot answer now, as Kafka answers producers that know no coordinator
+    errors."""
+    coordinator = context.transactions
+    if coordinator is None:
+        return ErrorCode.NOT_ENOUGH_REPLICAS
+    error = await coordinator.verify(
+        transactional_id, header.producer_id, header.producer_epoch, topic, partition
     )
+    if error in (ErrorCode.NONE, ErrorCode.INVALID_TXN_STATE):
+        return error
+    return ErrorCode.NOT_ENOUGH_REPLICAS
 
 
 def _refusal(body: Any, topic: str, records: Any) -> int:

@@ -109,6 +109,8 @@ class MarkerBackend(DataBackend, Protocol):
 
 # (broker id leading the __consumer_offsets partition, partition, producer id, commit)
 CompleteOffsets = Callable[[int, int, int, bool], Awaitable[None]]
+# (coordinating broker id, transactional id, producer id, epoch, topic, partition) -> error
+VerifyRemote = Callable[[int, str, int, int, str, int], Awaitable[int]]
 NewProducerId = Callable[[], Awaitable[int]]
 
 
@@ -170,6 +172,7 @@ class TransactionCoordinator:
         *,
         new_producer_id: NewProducerId,
         complete_offsets: CompleteOffsets | None = None,
+        verify_remote: VerifyRemote | None = None,
         num_partitions: int = 3,
         replication_factor: int = 3,
         min_insync_replicas: int = 2,
@@ -205,6 +208,7 @@ class TransactionCoordinator:
         )
         self._new_producer_id = new_producer_id
         self._complete_offsets = complete_offsets
+        self._verify_remote = verify_remote
         self._max_timeout_ms = max_timeout_ms
         self._expiration_ms = expiration_ms
         self._abort_interval_ms = abort_interval_ms
@@ -324,6 +328,43 @@ class TransactionCoordinator:
         with contextlib.suppress(TimeoutError, asyncio.CancelledError):
             await asyncio.wait_for(asyncio.shield(completing), self._end_txn_wait_ms / 1000)
         return ErrorCode.NONE
+
+    async def verify(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        topic: str,
+        partition: int,
+    ) -> int:
+        """KIP-890's check for a partition leader about to open a transaction: NONE when the
+        producer's Ongoing transaction holds the partition, INVALID_TXN_STATE when it does
+        not; asked of the coordinating broker when that is another one (``verify_remote``);
+        a coordinator error when no coordinator can answer now."""
+        owned, error = await self._serving(transactional_id)
+        if owned is None:
+            if error != ErrorCode.NOT_COORDINATOR or self._verify_remote is None:
+                return error
+            coordinator = await self._topic.find_coordinator(transactional_id)
+            if coordinator.error_code or coordinator.node_id == self.broker_id:
+                return coordinator.error_code or ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+            return await self._verify_remote(
+                coordinator.node_id,
+                transactional_id,
+                producer_id,
+                producer_epoch,
+                topic,
+                partition,
+            )
+        meta = owned.txns.get(transactional_id)
+        holds = (
+            meta is not None
+            and meta.producer_id == producer_id
+            and meta.producer_epoch == producer_epoch
+            and meta.state is ts.TransactionState.ONGOING
+            and (topic, partition) in meta.partitions
+        )
+        return ErrorCode.NONE if holds else ErrorCode.INVALID_TXN_STATE
 
     def describe(self, transactional_id: str) -> ts.TransactionDescription:
         owned = self._owner(transactional_id)

@@ -671,9 +671,13 @@ def test_raw_produce_errors(cluster: Cluster) -> None:
     assert _produce_errors(produce_raw(port0, 9, _batch([b"x"]))) == [3]
     assert _produce_errors(produce_raw(port0, 1, _batch([b"x"]))) == [6]  # broker 1 leads p1
     txn = _batch([b"x"], producer_id=7, producer_epoch=0, base_sequence=0, transactional=True)
-    # A transactional batch needs the request's transactional id (Kafka's answer: 53); with one
-    # it opens a transaction (tests/e2e/test_transactions.py).
+    # A transactional batch needs the request's transactional id (Kafka's answer: 53). With one,
+    # the first batch of a transaction on a partition is verified with the transaction
+    # coordinator first (KIP-890); this gateway has none: the retriable 19, nothing appended.
+    before = cluster.high_watermark(0)
     assert _produce_errors(produce_raw(port0, 0, txn)) == [53]
+    assert _produce_errors(produce_raw(port0, 0, txn, transactional_id="tx")) == [19]
+    assert cluster.high_watermark(0) == before
     # An idempotent batch is accepted, and its retry answered with the original offset.
     idempotent = _batch([b"x"], producer_id=7, producer_epoch=0, base_sequence=0)
     first, retry = produce_raw(port0, 0, idempotent), produce_raw(port0, 0, idempotent)

@@ -259,3 +259,32 @@ def test_requests_wait_for_the_load_and_a_failed_append_changes_nothing() -> Non
         await c.stop()
 
     asyncio.run(run())
+
+
+def test_verify_answers_whether_the_ongoing_transaction_holds_the_partition() -> None:
+    async def run() -> None:
+        backend = TxnBackend()
+        asked: list[tuple[int, str]] = []
+
+        async def verify_remote(broker: int, tid: str, *args: Any) -> int:
+            asked.append((broker, tid))
+            return ErrorCode.NONE
+
+        c = coordinator(backend, verify_remote=verify_remote)
+        await loaded(c)
+        await c.init_producer_id(TXN, 60_000)
+        assert await c.verify(TXN, 7000, 0, DATA, 0) == ErrorCode.INVALID_TXN_STATE  # Empty
+        await c.add_partitions(TXN, 7000, 0, [(DATA, 0)])
+        assert await c.verify(TXN, 7000, 0, DATA, 0) == ErrorCode.NONE
+        assert await c.verify(TXN, 7000, 0, DATA, 1) == ErrorCode.INVALID_TXN_STATE  # not added
+        assert await c.verify(TXN, 7000, 1, DATA, 0) == ErrorCode.INVALID_TXN_STATE  # epoch
+        assert await c.end_txn(TXN, 7000, 0, True) == ErrorCode.NONE
+        assert await c.verify(TXN, 7000, 0, DATA, 0) == ErrorCode.INVALID_TXN_STATE  # ended
+        # An id another broker coordinates is asked of that broker.
+        backend.leader = 2
+        await c._topic.refresh()
+        assert await c.verify(TXN, 7000, 0, DATA, 0) == ErrorCode.NONE
+        assert asked == [(2, TXN)]
+        await c.stop()
+
+    asyncio.run(run())
