@@ -40,13 +40,16 @@ from raylog.gateway.authentication import Authenticator
 from raylog.gateway.authorization import Authorization
 from raylog.gateway.backend import AdminBackend, Broker, PartitionState, TopicState
 from raylog.gateway.errors import ErrorCode
-from raylog.gateway.groups.coordinator import GroupCoordinator
+from raylog.gateway.groups.coordinator import OFFSETS_TOPIC, GroupCoordinator
 from raylog.gateway.quotas import ClientQuotas
 from raylog.gateway.replica_backend import ReplicaBackend
 from raylog.gateway.request_stats import RequestStats
 from raylog.gateway.routing import MetadataView
 from raylog.gateway.server import GatewayServer, ListenerSocket
-from raylog.gateway.transactions.coordinator import TransactionCoordinator
+from raylog.gateway.transactions.coordinator import (
+    TRANSACTION_STATE_TOPIC,
+    TransactionCoordinator,
+)
 from raylog.storage import pki
 from raylog.storage.errors import RaylogError
 
@@ -60,8 +63,8 @@ SECURITY_SETUP_TIMEOUT_S = 60.0  # a controller answers what TLS / SASL listener
 TLS_REFRESH_S = 60.0  # how often the listeners' certificate is checked for renewal
 
 
-# Topics Metadata marks is_internal (the group coordinator's; see gateway/groups/coordinator.py).
-INTERNAL_TOPICS = frozenset({"__consumer_offsets"})
+# Topics Metadata marks is_internal: the group and transaction coordinators'.
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC})
 
 
 class GatewayStartError(Exception):
