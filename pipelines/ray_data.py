@@ -35,11 +35,13 @@ class RaylogDatasource(Datasource):
         include_headers: bool = False,
         fail_on_data_loss: bool = True,
         bytes_per_record: int = 128,
+        isolation_level: int = reading.READ_UNCOMMITTED,
     ) -> None:
         super().__init__()
         self._ranges = ranges
         self._include_headers = include_headers
         self._fail_on_data_loss = fail_on_data_loss
+        self._isolation_level = isolation_level
         self._bytes_per_record = bytes_per_record + _ROW_OVERHEAD_BYTES
 
     def estimate_inmemory_data_size(self) -> int | None:
@@ -54,11 +56,12 @@ class RaylogDatasource(Datasource):
         # One task per planned range: ranges are the unit of parallelism (split them with
         # ``min_partitions``), so ``parallelism`` is not used to re-split here.
         include_headers, fail_on_data_loss = self._include_headers, self._fail_on_data_loss
+        isolation_level = self._isolation_level
         # Where each range's first records lie, so that a task on that replica's node reads
         # them with no call (reading.locate); only where this process is in Ray.
         located: list[reading.Located | None] = [None] * len(self._ranges)
         if ray.is_initialized():
-            located = reading.locate(self._ranges)
+            located = reading.locate(self._ranges, isolation_level)
         tasks = []
         for r, at in zip(self._ranges, located, strict=True):
 
@@ -71,17 +74,20 @@ class RaylogDatasource(Datasource):
                     include_headers=include_headers,
                     fail_on_data_loss=fail_on_data_loss,
                     located=at,
+                    isolation_level=isolation_level,
                 ):
                     if batch.num_rows:
                         rows += batch.num_rows
                         yield pa.Table.from_batches([batch])
                 if not rows:
-                    # A range compaction emptied: one empty block with the schema, so that
-                    # every block of the dataset has the same columns.
+                    # A range compaction emptied, or only markers and aborted records fill:
+                    # one empty block with the schema, so that every block of the dataset
+                    # has the same columns.
                     yield records.schema(include_headers).empty_table()
 
             metadata = BlockMetadata(
-                num_rows=r.size,  # an upper bound: compacted or control offsets have no row
+                # An upper bound: compacted, control and aborted offsets have no row.
+                num_rows=r.size,
                 size_bytes=r.size * self._bytes_per_record,
                 input_files=None,
                 exec_stats=None,
@@ -109,6 +115,7 @@ def read_topic(
     fail_on_data_loss: bool = True,
     start_timestamp: int | None = None,
     end_timestamp: int | None = None,
+    isolation_level: str = "read_uncommitted",
 ) -> ray.data.Dataset:
     """The committed records of ``topic`` from ``start`` to ``end`` as a Dataset.
 
@@ -116,11 +123,16 @@ def read_topic(
     ``{partition: offset}`` (-2 earliest, -1 latest). ``start_timestamp`` / ``end_timestamp``
     (ms since the epoch) take precedence: each partition from / up to its first record at
     least that late (Kafka's offsetsForTimes), its high watermark when none is that late.
+    ``isolation_level`` (Kafka's ``isolation.level``): "read_uncommitted" reads every record
+    below the high watermark; "read_committed" reads below the last stable offset ("latest"
+    is that offset) and leaves out the records of aborted transactions. Transaction markers
+    are never rows.
     ``catalog`` says where partitions live; by default the active controller's metadata
     (:func:`~raylog.pipelines.reading.controller_catalog`). ``cluster`` (data dir or Ray
     address) is joined when this process is not in Ray yet.
     """
     topics = [topic] if isinstance(topic, str) else list(topic)
+    level = reading.parse_isolation_level(isolation_level, "isolation_level")
     if cluster is not None:
         reading.connect(reading.ClusterTarget.resolve(cluster))
     elif not ray.is_initialized():
@@ -128,17 +140,22 @@ def read_topic(
     if catalog is None:
         catalog = reading.controller_catalog()
     chosen = reading.select_partitions(catalog, subscribe=topics)
-    bounds = reading.fetch_bounds(chosen)
+    bounds = reading.fetch_bounds(chosen, level)
+    starting = _spec(start, topics, "start")
+    ending = _spec(end, topics, "end")
     ranges = reading.plan(
         chosen,
         bounds,
-        _by_time(chosen, bounds, "start_timestamp", start_timestamp, _spec(start, topics, "start")),
-        _by_time(chosen, bounds, "end_timestamp", end_timestamp, _spec(end, topics, "end")),
+        _by_time(chosen, bounds, "start_timestamp", start_timestamp, starting, level),
+        _by_time(chosen, bounds, "end_timestamp", end_timestamp, ending, level),
         min_partitions=min_partitions,
         fail_on_data_loss=fail_on_data_loss,
     )
     source = RaylogDatasource(
-        ranges, include_headers=include_headers, fail_on_data_loss=fail_on_data_loss
+        ranges,
+        include_headers=include_headers,
+        fail_on_data_loss=fail_on_data_loss,
+        isolation_level=level,
     )
     # One block per range at most per task; tasks are as many as ranges.
     return ray.data.read_datasource(source, override_num_blocks=max(1, len(ranges)))
@@ -150,11 +167,14 @@ def _by_time(
     name: str,
     timestamp: int | None,
     otherwise: Any,
+    isolation_level: int,
 ) -> Any:
     by = None
     if timestamp is not None:
         by = reading.ByTimestamp(name, every=reading.parse_timestamp(timestamp, name))
-    return reading.offsets_by_time(chosen, bounds, by, otherwise, if_missing="latest")
+    return reading.offsets_by_time(
+        chosen, bounds, by, otherwise, if_missing="latest", isolation_level=isolation_level
+    )
 
 
 def _spec(value: str | int | Mapping[int, int], topics: list[str], name: str) -> Any:

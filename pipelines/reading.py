@@ -8,14 +8,21 @@ Owns three things:
    The connection is cached at module level and reused by every partition the worker reads.
    :func:`controller_catalog` asks the active controller for the cluster's metadata.
 2. Planning (:func:`plan`): topics and partitions from a :class:`~raylog.pipelines.catalog.
-   Catalog`, start/end offsets resolved against the partitions' log start offset and high
-   watermark (asked of the leader), ``failOnDataLoss`` applied, ranges split for
-   ``minPartitions``. Planning is pure given the bounds, so it is tested without Ray.
+   Catalog`, start/end offsets resolved against the partitions' log start offset and last
+   fetchable offset (asked of the leader: the high watermark, or for read_committed the last
+   stable offset), ``failOnDataLoss`` applied, ranges split for ``minPartitions``. Planning is
+   pure given the bounds, so it is tested without Ray.
 3. Reading one range (:func:`read_range`): ``ReplicaActor.read_committed`` in a loop with the
    next fetch in flight while the previous response is decoded, from the preferred replica
    (:func:`~raylog.pipelines.catalog.read_order`), yielding Arrow record batches. A replica on
    this process's Ray node is read short-circuit: it says where the batches lie in its segment
    files and they are read here (:class:`_Fetcher`).
+
+Kafka's ``isolation.level`` applies to all three: read_uncommitted (the default, as for
+Kafka's consumer) reads up to the high watermark; read_committed (:data:`READ_COMMITTED`)
+plans and reads up to the last stable offset (the replica clips its answers there) and drops
+the records of aborted transactions (:class:`~raylog.pipelines.records.AbortedTransactions`).
+Control batches (transaction markers) are never rows.
 """
 
 from __future__ import annotations
@@ -61,6 +68,9 @@ log = logging.getLogger(__name__)
 EARLIEST = -2
 LATEST = -1
 OFFSET_OUT_OF_RANGE = 1  # Kafka error code
+READ_UNCOMMITTED = 0  # Kafka's IsolationLevel, as the replica's calls take it
+READ_COMMITTED = 1
+ISOLATION_LEVELS = {"read_uncommitted": READ_UNCOMMITTED, "read_committed": READ_COMMITTED}
 FETCH_MAX_BYTES = 8 << 20  # per fetch call: few round trips, bounded memory per task
 # The planner locates up to this much of each range's start (:func:`locate`), so that a task on
 # the replica's node reads it with no call at all (within the replica's consumer fetch cap).
@@ -271,10 +281,27 @@ class OffsetRange:
 
 @dataclass(frozen=True)
 class Bounds:
-    """A partition's readable range: ``[log_start_offset, high_watermark)``."""
+    """A partition's readable range: ``[log_start_offset, high_watermark)``.
+
+    ``high_watermark`` is Kafka's last fetchable offset: the high watermark, or with
+    ``read_committed`` the last stable offset (LSO), which readers never go past."""
 
     log_start_offset: int
     high_watermark: int
+    read_committed: bool = False
+
+    @property
+    def end_name(self) -> str:
+        """What ``high_watermark`` is, for messages."""
+        return "last stable offset" if self.read_committed else "high watermark"
+
+
+def parse_isolation_level(text: str, option: str) -> int:
+    """Kafka's ``isolation.level`` values: read_uncommitted or read_committed."""
+    level = ISOLATION_LEVELS.get(str(text).strip().lower())
+    if level is None:
+        raise ValueError(f"{option}: expected read_uncommitted or read_committed, got {text!r}")
+    return level
 
 
 OffsetSpec = int | Mapping[str, Mapping[int, int]]  # EARLIEST / LATEST, or per partition
@@ -490,8 +517,8 @@ def plan(
             start = b.log_start_offset
         if end > b.high_watermark:
             raise ValueError(
-                f"{info.topic}-{info.partition}: ending offset {end} is beyond the high "
-                f"watermark {b.high_watermark}"
+                f"{info.topic}-{info.partition}: ending offset {end} is beyond the "
+                f"{b.end_name} {b.high_watermark}"
             )
         if start > end:
             raise ValueError(
@@ -518,9 +545,13 @@ def split(ranges: list[OffsetRange], min_partitions: int) -> list[OffsetRange]:
     return sorted(out, key=lambda r: (r.topic, r.partition, r.start))
 
 
-def fetch_bounds(partitions: Sequence[PartitionInfo]) -> dict[tuple[str, int], Bounds]:
-    """Each partition's log start offset and high watermark, from its leader (else the first
-    replica in read order that answers). All calls are in flight at once."""
+def fetch_bounds(
+    partitions: Sequence[PartitionInfo], isolation_level: int = READ_UNCOMMITTED
+) -> dict[tuple[str, int], Bounds]:
+    """Each partition's log start offset and last fetchable offset (the high watermark; for
+    read_committed the last stable offset), from its leader (else the first replica in read
+    order that answers). All calls are in flight at once."""
+    read_committed = isolation_level == READ_COMMITTED
     import ray
 
     out: dict[tuple[str, int], Bounds] = {}
@@ -548,7 +579,8 @@ def fetch_bounds(partitions: Sequence[PartitionInfo]) -> dict[tuple[str, int], B
                 errors.append(f"{key[0]}-{key[1]} replica {rid}: {exc!r}")
                 continue
             if state.offline is None:
-                out[key] = Bounds(state.log_start_offset, state.high_watermark)
+                end = state.last_stable_offset if read_committed else state.high_watermark
+                out[key] = Bounds(state.log_start_offset, end, read_committed)
             else:
                 errors.append(f"{key[0]}-{key[1]} replica {rid}: offline {state.offline}")
         pending = {k: o for k, o in pending.items() if k not in out and o}
@@ -568,14 +600,19 @@ class Located:
     runs: tuple[tuple[str, int, int], ...]
     first_offset: int
     next_offset: int
+    # read_committed: the answer's aborted transactions (producer id, first offset).
+    aborted_transactions: tuple[tuple[int, int], ...] = ()
 
 
-def locate(ranges: Sequence[OffsetRange]) -> list[Located | None]:
-    """For each range, where its first records lie (up to LOCATE_MAX_BYTES), asked of its
-    first replica in read order, all calls at once; None where that replica erred, did not
-    answer or has nothing there, and everywhere when short-circuit reads are off. A task on
-    that replica's node reads them without a call (:func:`read_range`); the others ignore it.
-    Only a head start: every read is checked."""
+def locate(
+    ranges: Sequence[OffsetRange], isolation_level: int = READ_UNCOMMITTED
+) -> list[Located | None]:
+    """For each range, where its first records lie (up to LOCATE_MAX_BYTES, for
+    read_committed below the last stable offset), asked of its first replica in read order,
+    all calls at once; None where that replica erred, did not answer or has nothing there,
+    and everywhere when short-circuit reads are off. A task on that replica's node reads them
+    without a call (:func:`read_range`); the others ignore it. Only a head start: every read
+    is checked."""
     import ray
 
     if not short_circuit.enabled():
@@ -584,7 +621,11 @@ def locate(ranges: Sequence[OffsetRange]) -> list[Located | None]:
     for r in ranges:
         try:
             handle = replica_handle(r.topic, r.partition, r.replica_ids[0])
-            refs.append(handle.fetch_extents.remote(r.start, LOCATE_MAX_BYTES, 0))
+            refs.append(
+                handle.fetch_extents.remote(
+                    r.start, LOCATE_MAX_BYTES, 0, isolation_level=isolation_level
+                )
+            )
         except (ValueError, IndexError):
             refs.append(None)
     out: list[Located | None] = []
@@ -599,7 +640,11 @@ def locate(ranges: Sequence[OffsetRange]) -> list[Located | None]:
                 if answer.error_code == 0 and answer.extents is not None and answer.extents.runs:
                     extents = answer.extents
                     located = Located(
-                        answer.node_id, extents.runs, extents.first_offset, extents.next_offset
+                        answer.node_id,
+                        extents.runs,
+                        extents.first_offset,
+                        extents.next_offset,
+                        tuple(answer.aborted_transactions),
                     )
         out.append(located)
     return out
@@ -610,10 +655,13 @@ TIMESTAMP_REFINE_BYTES = 1  # a fetch returns at least its first whole batch
 
 
 def offsets_for_times(
-    partitions: Sequence[PartitionInfo], wanted: Mapping[TopicPartition, int]
+    partitions: Sequence[PartitionInfo],
+    wanted: Mapping[TopicPartition, int],
+    isolation_level: int = READ_UNCOMMITTED,
 ) -> dict[TopicPartition, int | None]:
     """Per partition in ``wanted``: the first committed offset whose record timestamp is at or
-    after the timestamp (Kafka's offsetsForTimes), or None when no record is that late.
+    after the timestamp (Kafka's offsetsForTimes), or None when no record is that late (below
+    the last stable offset, for read_committed).
 
     The leader's ListOffsets finds the first batch whose max timestamp is that late; its
     records are then decoded here, so the offset is a record's, not the batch's start.
@@ -629,7 +677,7 @@ def offsets_for_times(
             raise RuntimeError(f"{tp[0]}-{tp[1]} has no leader to look up timestamp {ts}")
         handle = replica_handle(tp[0], tp[1], leader)
         handles[tp] = (leader, handle)
-        refs[tp] = handle.list_offsets.remote(ts)
+        refs[tp] = handle.list_offsets.remote(ts, isolation_level=isolation_level)
     out: dict[TopicPartition, int | None] = {}
     for tp, ref in refs.items():
         try:
@@ -650,12 +698,13 @@ def offsets_by_time(
     fallback: OffsetSpec,
     *,
     if_missing: str,
+    isolation_level: int = READ_UNCOMMITTED,
 ) -> OffsetSpec:
     """``fallback``, or, when ``by`` is given, the offsets its timestamps find in ``chosen``
     (:func:`offsets_for_times`, then :func:`resolve_by_timestamp`)."""
     if by is None:
         return fallback
-    found = offsets_for_times(chosen, by.wanted(chosen))
+    found = offsets_for_times(chosen, by.wanted(chosen), isolation_level)
     return resolve_by_timestamp(chosen, by, found, fallback, bounds, if_missing=if_missing)
 
 
@@ -700,8 +749,12 @@ def read_range(
     max_bytes: int = FETCH_MAX_BYTES,
     stats: ReadStats | None = None,
     located: Located | None = None,
+    isolation_level: int = READ_UNCOMMITTED,
 ) -> Iterator[pa.RecordBatch]:
     """Yield the committed records of ``r`` as Arrow batches (one per fetch), in order.
+
+    ``isolation_level`` :data:`READ_COMMITTED`: every answer stops at the replica's last
+    stable offset, and the records of the aborted transactions it names are left out.
 
     ``located`` (from :func:`locate`, on this process's Ray node) is read first, with no call
     to any replica; the rest of the range, or all of it when that read does not hold, is
@@ -727,7 +780,7 @@ def read_range(
         except ValueError as exc:
             errors.append(f"replica {rid}: {exc}")
             continue
-        fetcher = _Fetcher(handle, max_bytes, stats)
+        fetcher = _Fetcher(handle, max_bytes, stats, isolation_level)
         caught_up_by = time.monotonic() + CATCH_UP_WAIT_S
         ref = fetcher.call(offset)
         for _ in range(FETCH_CALLS_MAX):
@@ -801,6 +854,7 @@ def _read_located(
     if located.first_offset > r.start or located.next_offset <= r.start:
         return  # not the range's start (a plan made for other offsets)
     offset, expected, first = r.start, located.first_offset, True
+    aborted = records.AbortedTransactions(located.aborted_transactions)
     try:
         for data, last in short_circuit.read_slices(located.runs, max_bytes):
             base = rb.parse_header(data, 0).base_offset
@@ -808,7 +862,9 @@ def _read_located(
                 raise RaylogError(f"a batch at offset {base} where {expected} was due")
             expected, first = rb.parse_header(data, last).next_offset, False
             cols = records.new_columns(include_headers)
-            next_offset = records.decode_into(memoryview(data), cols, offset, r.end)
+            next_offset = records.decode_into(
+                memoryview(data), cols, offset, r.end, aborted=aborted
+            )
             stats.planned_bytes += len(data)
             if next_offset > offset:
                 offset = next_offset
@@ -833,32 +889,44 @@ class _Fetcher:
     ``read_committed``, whose bytes cross Ray.
     """
 
-    def __init__(self, handle: Any, max_bytes: int, stats: ReadStats | None) -> None:
+    def __init__(
+        self,
+        handle: Any,
+        max_bytes: int,
+        stats: ReadStats | None,
+        isolation_level: int = READ_UNCOMMITTED,
+    ) -> None:
         self.handle = handle
         self.max_bytes = max_bytes
         self.stats = stats if stats is not None else ReadStats()
         self.short_circuit = short_circuit.enabled()
+        self.isolation_level = isolation_level
 
     def call(self, offset: int, max_wait_ms: int = 0) -> Any:
         method = self.handle.fetch_extents if self.short_circuit else self.handle.read_committed
-        return method.remote(offset, self.max_bytes, max_wait_ms)
+        return method.remote(
+            offset, self.max_bytes, max_wait_ms, isolation_level=self.isolation_level
+        )
 
     def decode(
         self, outcome: Any, offset: int, end: int, include_headers: bool
     ) -> tuple[int, Any] | None:
         """The answer's records in ``[offset, end)`` as decoded columns, with the offset the
-        next fetch starts at; None when a short-circuit read did not hold (call again)."""
+        next fetch starts at; None when a short-circuit read did not hold (call again). For
+        read_committed, the records of the aborted transactions the answer names are left
+        out."""
         cols = records.new_columns(include_headers)
+        aborted = records.AbortedTransactions(outcome.aborted_transactions)
         if outcome.extents is None:
             self.stats.ray_bytes += len(outcome.records)
-            return records.decode_into(outcome.records, cols, offset, end), cols
+            return records.decode_into(outcome.records, cols, offset, end, aborted=aborted), cols
         self.short_circuit = False  # until a read holds
         if outcome.node_id != _node_id():
             return None
         extents = outcome.extents
         try:
             data = short_circuit.read_runs(extents.runs)
-            next_offset = records.decode_into(data, cols, offset, end)
+            next_offset = records.decode_into(data, cols, offset, end, aborted=aborted)
         except (OSError, RaylogError) as exc:
             log.info("short-circuit read at %d did not hold (%s); reading through Ray", offset, exc)
             self.stats.fallbacks += 1

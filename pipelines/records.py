@@ -20,7 +20,10 @@ Output columns are those of Spark's Kafka source, so a raylog topic reads like a
 
 Compression: every codec Kafka clients use, decompressed by :mod:`raylog.storage.compression`.
 
-Control batches (transaction markers) are skipped, as consumers skip them.
+Control batches (transaction markers) never become rows, in either isolation level, as
+consumers skip them. For read_committed, the records of aborted transactions are dropped as
+Kafka's consumer drops them (:class:`AbortedTransactions`), given the aborted transactions the
+replica's answer names.
 
 Two decoders, one result. ``decode_into_reference`` (a Python loop over records, below) is the
 specification. ``decode_into`` runs the vectorised decoder of :mod:`raylog.pipelines.fast_records`
@@ -178,32 +181,48 @@ def decode_batches(
     end_offset: int = (1 << 63) - 1,
     include_headers: bool = False,
     verify_crc: bool = True,
+    aborted_transactions: Iterable[tuple[int, int]] | None = None,
 ) -> pa.RecordBatch:
     """Decode concatenated v2 batches into one Arrow RecordBatch of :func:`schema` columns.
 
     Rows are the records with ``start_offset <= offset < end_offset`` (a fetch may return a
-    batch that starts before the fetch offset). Control batches are skipped. Truncated,
+    batch that starts before the fetch offset). Control batches are skipped; with
+    ``aborted_transactions`` (a read_committed answer's (producer id, first offset) pairs),
+    so are the batches of those transactions (:class:`AbortedTransactions`). Truncated,
     mis-framed, CRC-failing or otherwise corrupt input raises CorruptRecordError (or
     InvalidRecordError for a wrong magic, UnsupportedCompressionTypeError for codec > 4).
     """
     cols = _Columns(include_headers)
-    decode_into(buf, cols, start_offset, end_offset, verify_crc)
+    aborted = None
+    if aborted_transactions is not None:
+        aborted = AbortedTransactions(aborted_transactions)
+    decode_into(buf, cols, start_offset, end_offset, verify_crc, aborted)
     return to_arrow(cols, topic, partition, include_headers)
 
 
 def decode_into(
-    buf: Buffer, cols: _Columns, start_offset: int, end_offset: int, verify_crc: bool = True
+    buf: Buffer,
+    cols: _Columns,
+    start_offset: int,
+    end_offset: int,
+    verify_crc: bool = True,
+    aborted: AbortedTransactions | None = None,
 ) -> int:
     """Append the wanted records of ``buf`` to ``cols``; returns the next offset after ``buf``.
 
+    ``aborted``: for read_committed, the answer's aborted transactions, whose batches are
+    skipped (it is advanced past ``buf``: the next slice of the same answer continues it).
     The fast decoder (:mod:`raylog.pipelines.fast_records`) first; for input it declines or
     finds wrong, the reference decoder, so errors (which batch, which byte) are the reference's.
     """
+    skip = aborted.skipped(buf) if aborted is not None and aborted.active else frozenset()
     try:
-        return decode_into_fast(buf, cols, start_offset, end_offset, verify_crc, FAST_MIN_RECORDS)
+        return decode_into_fast(
+            buf, cols, start_offset, end_offset, verify_crc, FAST_MIN_RECORDS, skip
+        )
     except (fast_records.Unfit, RaylogError):
         pass  # nothing was added to cols
-    return decode_into_reference(buf, cols, start_offset, end_offset, verify_crc)
+    return decode_into_reference(buf, cols, start_offset, end_offset, verify_crc, skip)
 
 
 def decode_into_fast(
@@ -213,11 +232,13 @@ def decode_into_fast(
     end_offset: int,
     verify_crc: bool = True,
     min_records: int = 0,
+    skip: frozenset[int] = frozenset(),
 ) -> int:
     """:func:`decode_into` by the vectorised decoder only; raises fast_records.Unfit for input
     it does not decode exactly as the reference does, or for fewer than ``min_records`` records
-    in wanted batches. Adds to ``cols`` only on success."""
-    walk = _Walk(buf, start_offset, end_offset, verify_crc)
+    in wanted batches. Adds to ``cols`` only on success. ``skip``: base offsets of batches
+    to leave out (an aborted transaction's)."""
+    walk = _Walk(buf, start_offset, end_offset, verify_crc, skip)
     wanted = list(walk)
     if sum(header.records_count for header, _ in wanted) < min_records:
         raise fast_records.Unfit(f"fewer than {min_records} records")
@@ -233,11 +254,16 @@ def decode_into_fast(
 
 
 def decode_into_reference(
-    buf: Buffer, cols: _Columns, start_offset: int, end_offset: int, verify_crc: bool = True
+    buf: Buffer,
+    cols: _Columns,
+    start_offset: int,
+    end_offset: int,
+    verify_crc: bool = True,
+    skip: frozenset[int] = frozenset(),
 ) -> int:
     """:func:`decode_into` by the reference decoder (a Python loop over records): the
     specification the fast decoder is tested against, and its fallback."""
-    walk = _Walk(buf, start_offset, end_offset, verify_crc)
+    walk = _Walk(buf, start_offset, end_offset, verify_crc, skip)
     for header, body in walk:
         codec = header.compression
         data = bytes(body) if codec == CODEC_NONE else decompress(codec, body)
@@ -253,13 +279,22 @@ def decode_into_reference(
 class _Walk:
     """The batches of a fetch response that a decode wants, for both decoders: iterating
     yields ``(header, records section)`` of each non-control batch overlapping
-    [start_offset, end_offset), in order; ``next_offset`` is then the offset after the last
-    batch seen (control batches included), where the next read starts."""
+    [start_offset, end_offset) whose base offset is not in ``skip``, in order; ``next_offset``
+    is then the offset after the last batch seen (control and skipped batches included), where
+    the next read starts."""
 
-    def __init__(self, buf: Buffer, start_offset: int, end_offset: int, verify_crc: bool) -> None:
+    def __init__(
+        self,
+        buf: Buffer,
+        start_offset: int,
+        end_offset: int,
+        verify_crc: bool,
+        skip: frozenset[int] = frozenset(),
+    ) -> None:
         self.view = memoryview(buf)
         self.start_offset, self.end_offset = start_offset, end_offset
         self.verify_crc = verify_crc
+        self.skip = skip
         self.next_offset = start_offset
 
     def __iter__(self) -> Iterator[tuple[rb.BatchHeader, memoryview]]:
@@ -268,6 +303,8 @@ class _Walk:
             self.next_offset = max(self.next_offset, header.next_offset)
             if header.is_control or header.next_offset <= self.start_offset:
                 continue
+            if header.base_offset in self.skip:
+                continue  # an aborted transaction's (read_committed)
             if header.base_offset >= self.end_offset:
                 break
             if header.records_count == 0:
@@ -279,6 +316,60 @@ class _Walk:
                     f"{header.records_count}, lastOffsetDelta {header.last_offset_delta}"
                 )
             yield header, view[pos + rb.HEADER_SIZE : pos + header.size]
+
+
+class AbortedTransactions:
+    """Kafka's consumer's read_committed filter over one fetch answer (as its CompletedFetch
+    keeps it): which of the answer's batches hold records of an aborted transaction.
+
+    The answer names its aborted transactions as (producer id, first offset) pairs. The
+    answer's batches are taken in offset order; before each batch of a producer, every aborted
+    transaction whose first offset is at or below the batch's last offset marks its producer
+    aborted; that producer's ABORT marker clears the mark; while marked, the producer's
+    transactional data batches are skipped. Non-transactional batches and batches of other
+    producers are kept; control batches are never rows anyway.
+
+    One object per answer: its state carries from one slice of the answer to the next (a
+    short-circuit read decodes an answer in slices), in order, each slice once.
+    """
+
+    def __init__(self, aborted: Iterable[tuple[int, int]]) -> None:
+        # By first offset: Kafka's priority queue of the answer's aborted transactions.
+        self._pending = sorted((int(first), int(pid)) for pid, first in aborted)
+        self._next = 0  # the first pending transaction not yet reached
+        self._producers: set[int] = set()  # Kafka's abortedProducerIds
+
+    @property
+    def active(self) -> bool:
+        """Whether a batch may still be skipped (a transaction to reach, or a producer marked)."""
+        return self._next < len(self._pending) or bool(self._producers)
+
+    def skips(self, batch: Buffer, header: rb.BatchHeader) -> bool:
+        """Whether the whole batch ``batch`` (starting at its header) is data of an aborted
+        transaction; call once per batch of the answer, in order."""
+        if header.producer_id < 0:  # Kafka's hasProducerId
+            return False
+        pending = self._pending
+        while self._next < len(pending) and pending[self._next][0] <= header.last_offset:
+            self._producers.add(pending[self._next][1])
+            self._next += 1
+        if header.is_control:
+            marker = rb.parse_end_txn_marker(batch, header)
+            if marker is not None and not marker.commit:
+                self._producers.discard(header.producer_id)
+            return False
+        return header.is_transactional and header.producer_id in self._producers
+
+    def skipped(self, buf: Buffer) -> frozenset[int]:
+        """The base offsets of the batches of ``buf`` (concatenated whole batches, the next
+        slice of the answer) to skip. Framing is checked here; CRCs by the decode that
+        follows."""
+        view = memoryview(buf)
+        out = []
+        for pos, header in rb.iter_batches(view, verify=False):
+            if self.skips(view[pos : pos + header.size], header):
+                out.append(header.base_offset)
+        return frozenset(out)
 
 
 def new_columns(include_headers: bool = False) -> _Columns:

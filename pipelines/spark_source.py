@@ -42,6 +42,17 @@ Options (Spark's Kafka source names; case-insensitive):
 | failOnDataLoss       | true: offsets below the log start fail;  | true                     |
 |                      | false: warn and skip them                |                          |
 | includeHeaders       | true adds ``headers``                    | false                    |
+| kafka.isolation.level| read_uncommitted: every record below the | read_uncommitted         |
+|                      | high watermark; read_committed: records  |                          |
+|                      | below the last stable offset, those of   |                          |
+|                      | aborted transactions left out            |                          |
+
+``kafka.isolation.level`` is the Kafka consumer setting Spark's Kafka source passes through
+(its ``kafka.`` options); the other ``kafka.`` options are Kafka client settings raylog does
+not use, and are unknown options here. With read_committed, offsets (the planned ends,
+``latest``, every micro-batch's end) stop at each partition's last stable offset, so a
+transaction still open holds back every record from its first one on, as it does for Kafka's
+consumers. Transaction markers are never rows, in either level.
 
 Where partitions live comes from the active controller's metadata
 (:func:`~raylog.pipelines.reading.controller_catalog`), asked when Spark plans a read (and at
@@ -101,6 +112,7 @@ SCHEMA_DDL = (
 HEADERS_DDL = ", headers array<struct<key: string, value: binary>>"
 
 # Lower-case, as Spark hands them over (its options map is case-insensitive).
+ISOLATION_LEVEL = "kafka.isolation.level"  # Spark's Kafka source hands it to Kafka's consumer
 KNOWN_OPTIONS = frozenset(
     {
         "cluster",
@@ -118,6 +130,7 @@ KNOWN_OPTIONS = frozenset(
         "minpartitions",
         "failondataloss",
         "includeheaders",
+        ISOLATION_LEVEL,
     }
 )
 SUBSCRIPTIONS = ("subscribe", "subscribepattern", "assign")
@@ -215,6 +228,9 @@ class ReadOptions:
             raise ValueError(f"option minPartitions must be positive, got {self.min_partitions}")
         self.fail_on_data_loss = _bool(opts, "failondataloss", True)
         self.include_headers = _bool(opts, "includeheaders", False)
+        self.isolation_level = reading.parse_isolation_level(
+            opts.get(ISOLATION_LEVEL, "read_uncommitted"), ISOLATION_LEVEL
+        )
         if self.subscribe_pattern is not None:
             import re
 
@@ -229,7 +245,12 @@ class ReadOptions:
         """startingOffsets, or the offsets startingTimestamp / startingOffsetsByTimestamp
         find (they take precedence, as in Spark)."""
         return reading.offsets_by_time(
-            chosen, bounds, self.starting_by_time, self.starting, if_missing=self.timestamp_strategy
+            chosen,
+            bounds,
+            self.starting_by_time,
+            self.starting,
+            if_missing=self.timestamp_strategy,
+            isolation_level=self.isolation_level,
         )
 
     def ending_offsets(
@@ -238,7 +259,12 @@ class ReadOptions:
         """endingOffsets, or what endingTimestamp / endingOffsetsByTimestamp find (a partition
         without a record that late ends at its high watermark, as in Spark)."""
         return reading.offsets_by_time(
-            chosen, bounds, self.ending_by_time, self.ending, if_missing="latest"
+            chosen,
+            bounds,
+            self.ending_by_time,
+            self.ending,
+            if_missing="latest",
+            isolation_level=self.isolation_level,
         )
 
     def select(self, catalog: Catalog, *, missing_ok: bool = False) -> list[PartitionInfo]:
@@ -284,6 +310,7 @@ def _range_partitions(
     *,
     task_slots: int | None,
     min_partitions: int,
+    isolation_level: int = reading.READ_UNCOMMITTED,
 ) -> list[InputPartition]:
     """The Spark partitions of a read: its ranges, each with where its first records lie now,
     so that a task on that replica's node starts reading without a call (:func:`reading.locate`).
@@ -295,7 +322,7 @@ def _range_partitions(
     files. Every Spark task costs the JVM tens of milliseconds before it reads a row, and
     tasks beyond the slots only wait for one."""
     target_json = target.to_json()
-    reads = list(zip(ranges, reading.locate(ranges), strict=True))
+    reads = list(zip(ranges, reading.locate(ranges, isolation_level), strict=True))
     if task_slots is None or min_partitions or len(reads) <= task_slots:
         return [RangePartition((read,), target_json) for read in reads]
     groups = pack([r.size for r in ranges], task_slots)
@@ -371,6 +398,7 @@ def _read(
             include_headers=options.include_headers,
             fail_on_data_loss=options.fail_on_data_loss,
             located=located,
+            isolation_level=options.isolation_level,
         ):
             if batch.num_rows:
                 yield batch.cast(arrow_schema)
@@ -391,7 +419,7 @@ class RaylogBatchReader(DataSourceReader):
         o = self.options
         _join(self.target)
         chosen = o.select(reading.controller_catalog())
-        bounds = reading.fetch_bounds(chosen)
+        bounds = reading.fetch_bounds(chosen, o.isolation_level)
         ranges = reading.plan(
             chosen,
             bounds,
@@ -405,6 +433,7 @@ class RaylogBatchReader(DataSourceReader):
             self.target,
             task_slots=self.task_slots,
             min_partitions=self.options.min_partitions,
+            isolation_level=self.options.isolation_level,
         )
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
@@ -440,7 +469,7 @@ class RaylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 found = [p for p in catalog.partitions(tp[0]) if p.partition == tp[1]]
                 if found:
                     chosen[tp] = found[0]
-        return chosen, reading.fetch_bounds(list(chosen.values()))
+        return chosen, reading.fetch_bounds(list(chosen.values()), self.options.isolation_level)
 
     def initialOffset(self) -> dict:
         chosen, bounds = self._current()
@@ -483,6 +512,7 @@ class RaylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self.target,
             task_slots=self.task_slots,
             min_partitions=self.options.min_partitions,
+            isolation_level=self.options.isolation_level,
         )
 
     def read(self, partition: InputPartition) -> Iterator[Any]:

@@ -2,10 +2,12 @@
 
 Proves: batch and stream defaults (earliest / latest), the checks that differ between batch and
 streaming (startingOffsets=latest, endingOffsets), maxOffsetsPerTrigger validation, and that
-the removed temporary ``catalog`` option is now an unknown option. The timestamp options:
-startingTimestamp takes precedence over startingOffsetsByTimestamp; bad timestamps, JSON and
-strategies are refused; resolving applies the found offsets, startingOffsets to partitions the
-JSON does not name, and Spark's two strategies to a partition with no record that late.
+the removed temporary ``catalog`` option is now an unknown option. ``kafka.isolation.level``
+(Spark's name for Kafka's setting) defaults to read_uncommitted and takes Kafka's two values.
+The timestamp options: startingTimestamp takes precedence over startingOffsetsByTimestamp;
+bad timestamps, JSON and strategies are refused; resolving applies the found offsets,
+startingOffsets to partitions the JSON does not name, and Spark's two strategies to a
+partition with no record that late.
 Packing: ranges beyond the session's task slots go into that many partitions of about equal
 record counts, each range whole and read in order; minPartitions, or no more ranges than
 slots, keeps one range per partition. A Spark worker's first join to the cluster freezes its
@@ -67,6 +69,8 @@ def test_mode_specific_checks() -> None:
         ({"startingOffsetsByTimestamp": '{"t": {"0": "x"}}'}, "not a timestamp"),
         ({"startingOffsetsByTimestampStrategy": "maybe"}, "expected error or latest"),
         ({"endingTimestamp": "5"}, "endingTimestamp is for batch reads"),
+        ({"kafka.isolation.level": "committed"}, "expected read_uncommitted or read_committed"),
+        ({"isolation.level": "read_committed"}, "unknown option"),  # Spark's name has kafka.
     ],
 )
 def test_bad_options(extra: dict[str, str], message: str) -> None:
@@ -77,6 +81,15 @@ def test_bad_options(extra: dict[str, str], message: str) -> None:
 def test_max_offsets_per_trigger_is_parsed() -> None:
     options = ReadOptions({**BASE, "MaxOffsetsPerTrigger": "500"}, streaming=True)
     assert options.max_offsets_per_trigger == 500
+
+
+def test_isolation_level_is_sparks_kafka_option() -> None:
+    assert ReadOptions(BASE).isolation_level == reading.READ_UNCOMMITTED  # Kafka's default
+    for streaming in (False, True, None):
+        options = ReadOptions(
+            {**BASE, "Kafka.Isolation.Level": "read_committed"}, streaming=streaming
+        )
+        assert options.isolation_level == reading.READ_COMMITTED
 
 
 def _info(topic: str, partition: int) -> PartitionInfo:
