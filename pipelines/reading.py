@@ -473,7 +473,8 @@ def plan(
 ) -> list[OffsetRange]:
     """Offset ranges to read, one per partition, then split until ``min_partitions``.
 
-    Start and end resolve -2 to the log start offset and -1 to the high watermark. A start
+    Start and end resolve -2 to the log start offset and -1 to the high watermark (the
+    bounds' last fetchable offset: for read_committed, the last stable offset). A start
     below the log start offset is data loss: an error naming the topic, partition and
     offsets, or with ``fail_on_data_loss=False`` a warning and a start at the log start.
     An end beyond the high watermark, or a start beyond the end, is an error (the records
@@ -807,10 +808,14 @@ def read_range(
                 errors.append(f"replica {rid}: error {outcome.error_code} {outcome.message}")
                 break
             if not outcome.size:
-                # This replica's high watermark is below ``offset`` (a follower catching up):
-                # long-poll it for a while, then move on.
+                # This replica's high watermark (or LSO) is below ``offset`` (a follower
+                # catching up): long-poll it for a while, then move on.
                 if time.monotonic() > caught_up_by:
-                    errors.append(f"replica {rid}: high watermark {outcome.high_watermark}")
+                    errors.append(
+                        f"replica {rid}: last stable offset {outcome.last_stable_offset}"
+                        if isolation_level == READ_COMMITTED
+                        else f"replica {rid}: high watermark {outcome.high_watermark}"
+                    )
                     break
                 ref = fetcher.call(offset, LONG_POLL_MS)
                 continue

@@ -14,7 +14,8 @@ because Spark stores it as JSON in the checkpoint. This module decides:
   offsets below the log start offset (fail naming topic, partition and offsets, or skip).
 
 The Spark adapter (:mod:`raylog.pipelines.spark_source`) fetches the catalog and bounds and
-feeds them in.
+feeds them in. A bound's "high watermark" is the partition's last fetchable offset: for
+read_committed (``kafka.isolation.level``), its last stable offset.
 """
 
 from __future__ import annotations

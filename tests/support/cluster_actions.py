@@ -5,9 +5,10 @@
 - ``leader TOPIC PARTITION``: the partition's leader and ISR from the active controller;
 - ``kill-broker BROKER``: hard-kills the broker's replica actors and the broker actor itself
   (``ray.kill``: no graceful shutdown; Ray restarts the broker, which starts new replicas);
-- ``read-topic TOPIC OUT[@START_TS]...``: ``raylog.pipelines.read_topic`` (Ray Data) with
-  headers (from ``start_timestamp`` START_TS when given), written to the Parquet file OUT; one
-  read per OUT, in one process (joining Ray and starting Ray Data cost seconds each time).
+- ``read-topic TOPIC OUT[@START_TS][+LEVEL]...``: ``raylog.pipelines.read_topic`` (Ray Data)
+  with headers (from ``start_timestamp`` START_TS when given, with ``isolation_level`` LEVEL,
+  read_committed or read_uncommitted, when given), written to the Parquet file OUT; one read
+  per OUT, in one process (joining Ray and starting Ray Data cost seconds each time).
 
 A separate process because Ray reads its token when it is imported: the test process belongs
 to its own Ray session, this one joins the cluster of DATA_DIR (``reading.connect``).
@@ -63,10 +64,15 @@ def read_topic(topic: str, *outs: str) -> dict[str, Any]:
 
     rows = []
     for spec in outs:
+        spec, _, level = spec.partition("+")
         out, _, start_ts = spec.partition("@")
         start_timestamp = int(start_ts) if start_ts else None
         ds = _read_topic(
-            topic, include_headers=True, min_partitions=3, start_timestamp=start_timestamp
+            topic,
+            include_headers=True,
+            min_partitions=3,
+            start_timestamp=start_timestamp,
+            isolation_level=level or "read_uncommitted",
         )
         table = pa.concat_tables(ray.get(ds.to_arrow_refs()))
         pq.write_table(table, out)
