@@ -6,6 +6,7 @@ Directory layout (Kafka's)::
     00000000000000000000.log        stored RecordBatch v2 bytes, exactly as stamped
     00000000000000000000.index      sparse offset index   (see segment.py)
     00000000000000000000.timeindex  sparse time index     (see segment.py)
+    00000000000000000000.txnindex   aborted transactions  (see txnindex.py; only if any)
     leader-epoch-checkpoint         "0\\n<count>\\n" then "<epoch> <startOffset>" lines
     high-watermark-checkpoint       "0\\n<high watermark>\\n"
     log-start-offset-checkpoint     "0\\n<log start offset>\\n" (DeleteRecords)
@@ -18,6 +19,7 @@ Modules, one concern each:
 - ``appends.py``: offset assignment and stamping, a follower's contiguity checks, rolls;
 - ``config.py``: :class:`LogConfig` and the log's limits;
 - ``segment.py``: one segment, its ``.log`` file and its two indexes (byte layouts there);
+- ``txnindex.py``: a segment's aborted-transaction index (``.txnindex``, Kafka's layout);
 - ``segment_list.py``: a log's segments, oldest first, and the inactive ones kept open;
 - ``recovery.py``: what :meth:`Log.open` accepts after a crash, and what it cuts;
 - ``epochs.py``: the leader-epoch cache (KIP-101/279) and its checkpoint;
@@ -51,6 +53,7 @@ from raylog.storage.log.reads import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, Exten
 from raylog.storage.log.rewrite import RewriteJob, RewriteRunner, Rewritten, rewrite_segments
 from raylog.storage.log.segment import CLEANED_SUFFIX
 from raylog.storage.log.state import LogStats
+from raylog.storage.log.txnindex import AbortedTxn
 
 __all__ = [
     "CLEANED_SUFFIX",
@@ -63,6 +66,7 @@ __all__ = [
     "MAX_BATCH_BYTES",
     "UNDEFINED_EPOCH",
     "UNDEFINED_EPOCH_OFFSET",
+    "AbortedTxn",
     "AppendInfo",
     "CleanResult",
     "EpochEntry",

@@ -17,7 +17,8 @@ cleans, and how its cleaned files replace them. :meth:`Log.clean` runs the steps
 Crash safety of a swap, per merged group with base offset B: 1. B's index files are
 unlinked; 2. the ``B.log.<token>.cleaned`` file (fsync'd) is renamed over ``B.log``, the
 directory fsync'd: the commit point; 3. the group's other segments are unlinked; 4. B's index
-files are written. Recovery deletes ``.cleaned`` files, and a segment starting below where the
+files are written, and its ``.txnindex`` (the aborted transactions whose markers it kept).
+Recovery deletes ``.cleaned`` files, and a segment starting below where the
 one before it ends is one that step 3 did not reach. (One starting past the cleaned segment's
 last batch survives: it holds only records this pass removed, superseded ones, which read
 before their newer values and go at the next pass.) Offsets never change, so a crash at any
@@ -31,7 +32,7 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
-from raylog.storage.log import checkpoints
+from raylog.storage.log import checkpoints, txnindex
 from raylog.storage.log.checkpoints import CleanerCheckpoint
 from raylog.storage.log.rewrite import CleanedGroup, RewriteJob, Rewritten
 from raylog.storage.log.segment import Segment, fsync_directory
@@ -179,6 +180,15 @@ def swap_cleaned(
     new: list[Segment] = []
     for group in groups:
         first = old[group.members.start]
+        # The aborted transactions whose markers the cleaned group keeps (Kafka's cleaner
+        # indexes those only): read before step 3 unlinks the members' indexes.
+        markers = {header.base_offset for _, header in group.headers if header.is_control}
+        aborted = [
+            entry
+            for i in group.members
+            for entry in txnindex.segment_entries(old[i])
+            if entry.last_offset in markers
+        ]
         for seg in (old[i] for i in group.members):
             segments.forget(seg)
             seg.release()
@@ -192,6 +202,8 @@ def swap_cleaned(
         fsync_directory(directory)
         seg = Segment(directory, group.base, index_interval_bytes)
         seg.adopt(group.headers, group.size)
+        txnindex.write_entries(seg.txnindex_path, aborted)
+        seg.txn_entries = len(aborted)
         seg.write_index_files()
         seg.release()
         new.append(seg)

@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
@@ -33,7 +33,15 @@ from raylog.storage.errors import (
     RaylogError,
     UnsupportedCompressionTypeError,
 )
-from raylog.storage.log import appends, checkpoints, compaction, reads, retention, truncation
+from raylog.storage.log import (
+    appends,
+    checkpoints,
+    compaction,
+    reads,
+    retention,
+    truncation,
+    txnindex,
+)
 from raylog.storage.log.appends import AppendInfo
 from raylog.storage.log.checkpoints import HIGH_WATERMARK_CHECKPOINT
 from raylog.storage.log.cleaner import MAX_OFFSET_MAP_ENTRIES
@@ -49,6 +57,7 @@ from raylog.storage.log.recovery import recover
 from raylog.storage.log.rewrite import RewriteRunner, Rewritten, rewrite_segments
 from raylog.storage.log.segment_list import SegmentList
 from raylog.storage.log.state import LogState, LogStats
+from raylog.storage.log.txnindex import AbortedTxn
 
 logger = logging.getLogger(__name__)
 
@@ -353,6 +362,50 @@ class Log:
                     headers, used = reads.chunk_headers(seg, pos, chunk, markers=markers)
                 pos += used
                 yield from headers
+
+    # -- aborted transactions (the .txnindex files) ---------------------------------------------
+
+    def append_aborted_txn(self, entry: AbortedTxn) -> None:
+        """Index an aborted transaction whose ABORT marker (at ``entry.last_offset``) was just
+        appended, in the ``.txnindex`` of the marker's segment (see txnindex.py). Written, not
+        fsync'd: a roll makes it durable with its segment, and a replica restores the
+        indexes from its log when it starts (:meth:`restore_aborted_txns`)."""
+        with self._lock:
+            self._check_usable()
+            if not self.log_start_offset <= entry.last_offset < self.log_end_offset:
+                raise OffsetOutOfRangeError(
+                    f"aborted transaction marker {entry.last_offset} outside the log "
+                    f"[{self.log_start_offset}, {self.log_end_offset}) of {self.directory}"
+                )
+            try:
+                txnindex.append_aborted(self._state.segments, entry)
+            except OSError as exc:
+                raise KafkaStorageError(f"txnindex of {self.directory}: {exc}") from exc
+
+    def aborted_txns(self, start_offset: int, upper_offset: int) -> list[AbortedTxn]:
+        """The aborted transactions overlapping [start_offset, upper_offset) (Kafka's
+        collectAbortedTransactions: marker at or above the start, first offset below the
+        bound), in marker order, from the ``.txnindex`` files."""
+        with self._lock:
+            self._check_usable()
+            try:
+                return txnindex.collect_aborted(self._state.segments, start_offset, upper_offset)
+            except OSError as exc:
+                raise KafkaStorageError(f"txnindex of {self.directory}: {exc}") from exc
+
+    def restore_aborted_txns(self, from_offset: int, entries: Iterable[AbortedTxn]) -> int:
+        """Make the ``.txnindex`` files hold exactly ``entries`` for the markers at or above
+        ``from_offset`` (what the caller rebuilt from the batches there), rewriting only the
+        files that differ (missing entries a crash lost, a bad file); returns how many."""
+        with self._lock:
+            self._check_usable()
+            try:
+                rewritten = txnindex.restore(self._state.segments, from_offset, entries)
+            except OSError as exc:
+                raise KafkaStorageError(f"txnindex of {self.directory}: {exc}") from exc
+        if rewritten:
+            logger.info("log %s: %d txnindex file(s) restored", self.directory, rewritten)
+        return rewritten
 
     def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
         """OffsetForLeaderEpoch (KIP-101/279): ``(epoch, end_offset)`` as Kafka answers it

@@ -18,7 +18,10 @@ deleted. The first bad batch and everything after it (later segments included) i
 indexes rebuilt, and one log line (WARNING) says what was cut.
 
 Files recovery removes: ``*.tmp`` (an interrupted atomic write), ``*.cleaned`` (a segment the
-cleaner did not swap in) and index files whose ``.log`` is gone.
+cleaner did not swap in) and index files whose ``.log`` is gone. A segment's ``.txnindex``
+(aborted transactions, see txnindex.py) loses its entries past a cut tail; it is checked when
+read, and the replica makes every index from its log start on match the log when it starts
+(:meth:`Log.restore_aborted_txns`).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from raylog.storage.errors import KafkaStorageError
-from raylog.storage.log import checkpoints
+from raylog.storage.log import checkpoints, txnindex
 from raylog.storage.log.checkpoints import HIGH_WATERMARK_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT
 from raylog.storage.log.config import MAX_BATCH_BYTES, LogConfig
 from raylog.storage.log.epochs import LeaderEpochCache
@@ -42,7 +45,7 @@ from raylog.storage.log.state import LogState
 
 logger = logging.getLogger(__name__)
 
-_SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex)$")
+_SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex|txnindex)$")
 
 
 def recover(directory: Path, config: LogConfig, fsync: Callable[[int], None]) -> LogState:
@@ -117,6 +120,7 @@ def _recover_segments(
         os.ftruncate(seg.fd, valid)
         fsync(seg.fd)
         seg.size = valid
+        txnindex.truncate(seg)  # entries of the markers cut
         dropped = ordered[i + 1 :]
         for later in dropped:
             Segment(directory, later, index_interval_bytes).delete_files()

@@ -53,6 +53,7 @@ from raylog.storage.errors import KafkaStorageError
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIMEINDEX_SUFFIX = ".timeindex"
+TXNINDEX_SUFFIX = ".txnindex"  # aborted transactions (txnindex.py), only when there are some
 TMP_SUFFIX = ".tmp"  # an atomic write in progress (write_file_atomically)
 CLEANED_SUFFIX = ".cleaned"  # a segment the log cleaner is writing (rewrite.py)
 
@@ -124,6 +125,18 @@ def write_file_atomically(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+def fsync_if_present(path: Path) -> None:
+    """fsync the file at ``path`` when there is one. Raises OSError."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class Segment:
     """A ``.log`` file plus its offset and time indexes. Not thread-safe: the Log locks."""
 
@@ -135,6 +148,9 @@ class Segment:
         self.log_path = directory / (name + LOG_SUFFIX)
         self.index_path = directory / (name + INDEX_SUFFIX)
         self.timeindex_path = directory / (name + TIMEINDEX_SUFFIX)
+        self.txnindex_path = directory / (name + TXNINDEX_SUFFIX)
+        # Entries in the .txnindex (txnindex.py): None until it is read.
+        self.txn_entries: int | None = None
         # Invariant: size == length of the .log file == end of the last whole batch.
         self.size = 0
         # One past the last offset stored here (== base_offset when empty).
@@ -177,7 +193,7 @@ class Segment:
 
     def delete_files(self) -> None:
         self.release()
-        for path in (self.log_path, self.index_path, self.timeindex_path):
+        for path in (self.log_path, self.index_path, self.timeindex_path, self.txnindex_path):
             path.unlink(missing_ok=True)
 
     def _reset_indexes(self) -> None:
@@ -256,6 +272,7 @@ class Segment:
         )
         write_file_atomically(self.index_path, index)
         write_file_atomically(self.timeindex_path, timeindex)
+        fsync_if_present(self.txnindex_path)
 
     # -- loading and recovery ----------------------------------------------------------------
 

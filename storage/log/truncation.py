@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 
 from raylog.storage.errors import OffsetOutOfRangeError
-from raylog.storage.log import checkpoints
+from raylog.storage.log import checkpoints, txnindex
 from raylog.storage.log.checkpoints import (
     HIGH_WATERMARK_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
@@ -96,6 +96,7 @@ def truncate_segments(segments: SegmentList, offset: int, fsync: Callable[[int],
         fsync_directory(segments.directory)
     seg.truncate_to_size(cut)
     fsync(seg.fd)
+    txnindex.truncate(seg)  # aborted transactions whose markers were cut
     fsync_directory(segments.directory)
 
 
