@@ -164,6 +164,9 @@ class ReplicaActor:
             # (no bodies read but those of transaction markers, a record each).
             producer_batches=(batch_meta(h, m) for h, m in self._log.producer_batch_headers()),
         )
+        # The .txnindex files answer read_committed fetches: make them match the log (entries
+        # a crash lost with an unflushed index, a bad file), from what was just rebuilt.
+        self._log.restore_aborted_txns(self._log.log_start_offset, self._sm.txns.aborted)
         self._offline: str | None = None
         self._next_request_id = 1
         self._node = ""  # this replica's Ray node id, once asked (fetch_extents)

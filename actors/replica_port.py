@@ -46,6 +46,7 @@ from raylog.actors.replication.ready import (
     ProduceResult,
     SendFetchData,
 )
+from raylog.actors.replication.txn_state import CONTROL_NONE, NOT_CONTROL
 from raylog.actors.transport.channel import (
     ChannelAddress,
     PeerLink,
@@ -74,9 +75,17 @@ def batch_meta(header: rb.BatchHeader, marker: rb.EndTxnMarker | None = None) ->
         header.producer_epoch,
         header.base_sequence,
         header.is_transactional,
-        marker.control_type if marker is not None else -1,
+        marker_type(header, marker),
         marker.coordinator_epoch if marker is not None else -1,
     )
+
+
+def marker_type(header: rb.BatchHeader, marker: rb.EndTxnMarker | None) -> int:
+    """BatchMeta.control_type: the marker's type, NOT_CONTROL for a data batch, CONTROL_NONE
+    for a control batch without a marker (one the log cleaner emptied)."""
+    if marker is not None:
+        return marker.control_type
+    return CONTROL_NONE if header.is_control else NOT_CONTROL
 
 
 def stored_batch_meta(data: bytes | bytearray | memoryview) -> BatchMeta:
@@ -175,9 +184,14 @@ class RayReplicaPort:
     def append(self, op: AppendBatch) -> int:
         if op.replicated:
             self._log.append_replicated(op.data)
-            return op.batch.base_offset
-        # produce() validated the batch (framing, size, CRC) before the state machine saw it.
-        return self._log.append(op.data, op.batch.leader_epoch, validated=True).base_offset
+            base_offset = op.batch.base_offset
+        else:
+            # produce() validated the batch (framing, size, CRC) before the state machine saw it.
+            info = self._log.append(op.data, op.batch.leader_epoch, validated=True)
+            base_offset = info.base_offset
+        if op.aborted is not None:
+            self._log.append_aborted_txn(op.aborted)
+        return base_offset
 
     def stored_batch(self, op: AppendBatch) -> bytearray:
         data = bytearray(op.data)  # the one copy: the client's bytes are immutable
@@ -327,7 +341,7 @@ class RayReplicaPort:
         when none is)."""
         end = data_end_offset(records, located)
         upper = end if end >= 0 else response.last_stable_offset
-        aborted = self._replica.txns.aborted_between(fetch_offset, upper)
+        aborted = self._log.aborted_txns(fetch_offset, upper)  # the .txnindex files
         if not aborted:
             return response
         return msgspec.structs.replace(

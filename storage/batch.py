@@ -282,8 +282,8 @@ def parse_end_txn_marker(batch: Buffer, header: BatchHeader) -> EndTxnMarker | N
     """The transaction marker in the whole control batch ``batch`` (starting at its header),
     None for a data batch or another control type. Raises CorruptRecordError for a control
     record that does not decode (a key or value shorter than Kafka's)."""
-    if not header.is_control:
-        return None
+    if not header.is_control or not header.records_count:
+        return None  # no record: a marker the log cleaner emptied
     for record in iter_decoded(records_section(batch, header), 1):
         key, value = record.key, record.value
         if key is None or len(key) < _CONTROL_KEY.size:

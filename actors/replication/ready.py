@@ -22,6 +22,7 @@ from raylog.actors.replication.messages import (
     ReplicateRequest,
 )
 from raylog.storage.errors import InvalidConfigError
+from raylog.storage.log.txnindex import AbortedTxn
 
 
 class InvariantViolation(AssertionError):
@@ -115,12 +116,15 @@ class AppendBatch(msgspec.Struct, frozen=True):
     that it assigned ``batch.base_offset``. ``replicated`` True (follower path): ``data`` is
     the leader's stored bytes, already stamped (``Log.append_replicated(data)``).
     ``generation`` is the log generation the append belongs to: echo it in LocalAppendDurable.
+    ``aborted``: the batch is an ABORT marker, and this the transaction it aborted, for the
+    log's ``.txnindex`` (``Log.append_aborted_txn`` after the append).
     """
 
     batch: BatchMeta
     data: bytes
     generation: int
     replicated: bool = False
+    aborted: AbortedTxn | None = None
 
 
 class TruncateTo(msgspec.Struct, frozen=True):

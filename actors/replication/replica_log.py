@@ -164,7 +164,7 @@ class ReplicaLog:
             self.epoch_cache[-1][0] == batch.leader_epoch, "batch epochs never go backwards"
         )
         self.log_end_offset = batch.next_offset
-        self.txns.update(batch, self.high_watermark)
+        aborted = self.txns.update(batch, self.high_watermark)
         if has_sequence(batch):
             self.producers.update(
                 batch.producer_id,
@@ -173,7 +173,7 @@ class ReplicaLog:
                 batch.base_offset,
                 batch.record_count,
             )
-        ready.log_ops.append(AppendBatch(batch, data, self.generation, replicated))
+        ready.log_ops.append(AppendBatch(batch, data, self.generation, replicated, aborted))
 
     def mark_durable(self, generation: int, end_offset: int) -> bool:
         """An fsync covering ``end_offset`` completed; returns whether the durable end grew

@@ -36,8 +36,12 @@ Rules (Kafka's):
 - Memory: transactional producers past ``max_producers`` are forgotten least recently
   appended first, never one with an open transaction (the coordinator's
   transaction.timeout.ms ends every transaction with a marker). The aborted list holds the
-  log's aborted transactions (Kafka keeps them in .txnindex files; here they are rebuilt from
-  the log when a replica starts).
+  log's aborted transactions, each as its ``.txnindex`` entry (with the LSO when its marker
+  came: the first offset of the oldest other open transaction, else the marker's offset + 1).
+  The list is kept whole, not bounded to the active segment: truncation and the log start
+  act on it, and a replica's state must equal what the remaining log rebuilds; it costs one
+  small tuple per aborted transaction. Read_committed fetches are answered from the log's
+  ``.txnindex`` files (the replica shell writes each entry :meth:`update` returns).
 """
 
 from __future__ import annotations
@@ -55,8 +59,12 @@ from raylog.storage.errors import (
     InvalidTxnStateError,
     TransactionCoordinatorFencedError,
 )
+from raylog.storage.log.txnindex import AbortedTxn
 
 NOT_CONTROL = -1  # BatchMeta.control_type of a data batch
+# BatchMeta.control_type of a control batch that is no transaction marker: one the log cleaner
+# emptied (kept for its producer's sequence), or another control type. It changes nothing here.
+CONTROL_NONE = -2
 CONTROL_ABORT = 0  # Kafka's ControlRecordType.ABORT
 CONTROL_COMMIT = 1
 NO_COORDINATOR_EPOCH = -1
@@ -72,14 +80,6 @@ class CompletedTxn(NamedTuple):
     aborted: bool
     producer_epoch: int
     coordinator_epoch: int
-
-
-class AbortedTxn(NamedTuple):
-    """An aborted transaction's span, as Kafka's transaction index entry holds it."""
-
-    producer_id: int
-    first_offset: int
-    last_offset: int
 
 
 @dataclass
@@ -208,11 +208,15 @@ class TxnTable:
 
     # --- updates (every replica, every append, in log order) -------------------------------------
 
-    def update(self, batch: BatchMeta, high_watermark: int) -> None:
-        """Record an appended batch."""
+    def update(self, batch: BatchMeta, high_watermark: int) -> AbortedTxn | None:
+        """Record an appended batch; returns the aborted transaction an ABORT marker closed
+        (for the log's ``.txnindex``), else None."""
         if batch.producer_id < 0 or not batch.is_transactional:
-            return
+            return None
+        if batch.control_type == CONTROL_NONE:
+            return None
         pid = batch.producer_id
+        aborted = None
         entry = self._entries.pop(pid, None) or TxnEntry()  # re-inserted last: most recent
         self._entries[pid] = entry
         if batch.control_type == NOT_CONTROL:
@@ -235,10 +239,25 @@ class TxnTable:
             entry.marker_epoch = batch.producer_epoch
             entry.coordinator_epoch = batch.coordinator_epoch
             if done.aborted:
-                self._aborted.append(AbortedTxn(pid, done.first_offset, done.last_offset))
+                aborted = AbortedTxn(
+                    pid, done.first_offset, done.last_offset, self._stable_after(done)
+                )
+                self._aborted.append(aborted)
             if done.last_offset >= high_watermark:
                 self._unreplicated.append(done)
         self._evict()
+        return aborted
+
+    def _stable_after(self, done: CompletedTxn) -> int:
+        """The LSO a ``.txnindex`` entry records for ``done`` (Kafka's
+        ProducerStateManager.lastStableOffset(completedTxn)): the first offset of the oldest
+        other open transaction, else the offset after the marker."""
+        firsts = [
+            e.open_first_offset
+            for pid, e in self._entries.items()
+            if e.is_open and pid != done.producer_id
+        ]
+        return min(firsts, default=done.last_offset + 1)
 
     def _evict(self) -> None:
         excess = len(self._entries) - self.max_producers

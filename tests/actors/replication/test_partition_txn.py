@@ -133,12 +133,15 @@ def test_read_committed_reads_below_the_lso_until_the_hw_passes_the_marker() -> 
     assert leader.high_watermark == 4 and leader.last_stable_offset == 1
     answer = committed_fetch(leader)
     assert answer.upper_offset == 1 and answer.response.last_stable_offset == 1
-    txn_marker(leader, 3, False)  # offset 4: ABORT
+    abort = txn_marker(leader, 3, False)  # offset 4: ABORT
+    # The shell indexes the aborted transaction (.txnindex) with the marker's append.
+    (op,) = [op for op in abort.log_ops if isinstance(op, AppendBatch)]
+    assert op.aborted == AbortedTxn(PID, 1, 4, 5)
     assert leader.last_stable_offset == 1  # the HW has not passed the marker yet
     make_durable(leader)
     assert leader.high_watermark == 5 and leader.last_stable_offset == 5
     assert committed_fetch(leader).upper_offset == 5
-    assert leader.txns.aborted_between(0, 5) == [AbortedTxn(PID, 1, 4)]
+    assert leader.txns.aborted_between(0, 5) == [AbortedTxn(PID, 1, 4, 5)]
     # read_uncommitted reads to the HW, and is told the LSO too.
     leader.step(FetchRequest(-1, 78, -1, 0, -1, 1 << 20), 0)
     (plain,) = [m for m in leader.ready().messages if isinstance(m, SendFetchData)]
@@ -174,7 +177,7 @@ def test_a_follower_holds_the_leaders_transaction_state_and_serves_it_once_elect
     follower.step(BecomeFollower(1, 0, EPOCH, 0), 0)
     _replicate(follower, log, hw=6)
     assert follower.txns.open_spans() == leader.txns.open_spans() == {PID + 1: 4}
-    assert follower.txns.aborted == leader.txns.aborted == [AbortedTxn(PID, 0, 2)]
+    assert follower.txns.aborted == leader.txns.aborted == [AbortedTxn(PID, 0, 2, 3)]
     assert follower.last_stable_offset == leader.last_stable_offset == 4
     # Failover: the follower leads and answers read_committed as the leader did.
     follower.step(BecomeLeader(1, EPOCH + 1, 1, (1,), (0, 1)), 2)
@@ -187,7 +190,7 @@ def test_a_follower_holds_the_leaders_transaction_state_and_serves_it_once_elect
         2, log_end_offset=6, epoch_cache=[(EPOCH, 0)], high_watermark=6, producer_batches=log
     )
     assert recovered.txns.open_spans() == {PID + 1: 4}
-    assert recovered.txns.aborted == [AbortedTxn(PID, 0, 2)]
+    assert recovered.txns.aborted == [AbortedTxn(PID, 0, 2, 3)]
     assert recovered.last_stable_offset == 4
 
 
@@ -202,7 +205,7 @@ def test_a_followers_truncation_into_a_transaction_reopens_it() -> None:
         ],
         hw=0,
     )
-    assert follower.txns.aborted == [AbortedTxn(PID, 0, 2)]
+    assert follower.txns.aborted == [AbortedTxn(PID, 0, 2, 3)]
     follower.log.truncate(2, False, Ready())  # the new leader's log ends before the marker
     assert follower.txns.open_spans() == {PID: 0} and follower.txns.aborted == []
     assert follower.last_stable_offset == 0

@@ -58,7 +58,7 @@ def test_a_transaction_opens_at_its_first_batch_and_a_commit_closes_it() -> None
 
 def test_an_abort_joins_the_aborted_list_with_its_span() -> None:
     table = feed(TxnTable(), [data(0, 1), data(1, 2), data(2, 1), marker(3, 1, commit=False)])
-    assert table.aborted == [AbortedTxn(1, 0, 3)]
+    assert table.aborted == [AbortedTxn(1, 0, 3, 1)]  # LSO 1: producer 2's is open
     assert table.open_spans() == {2: 1}
     table.on_high_watermark(4)
     assert table.last_stable_offset(0, 4) == 1  # producer 2's transaction is still open
@@ -66,7 +66,7 @@ def test_an_abort_joins_the_aborted_list_with_its_span() -> None:
 
 def test_a_marker_without_an_open_transaction_spans_itself() -> None:
     table = feed(TxnTable(), [marker(0, 5, commit=False), marker(1, 5, commit=False)])
-    assert table.aborted == [AbortedTxn(5, 0, 0), AbortedTxn(5, 1, 1)]
+    assert table.aborted == [AbortedTxn(5, 0, 0, 1), AbortedTxn(5, 1, 1, 2)]
     assert table.open_spans() == {}
 
 
@@ -83,10 +83,10 @@ def test_aborted_between_is_kafkas_overlap_rule() -> None:
         TxnTable(),
         [data(0, 1), marker(2, 1, False), data(5, 2), marker(9, 2, False), marker(12, 3, False)],
     )
-    assert table.aborted_between(0, 1) == [AbortedTxn(1, 0, 2)]
+    assert table.aborted_between(0, 1) == [AbortedTxn(1, 0, 2, 3)]
     assert table.aborted_between(3, 5) == []  # (2, 5, 9) starts at the exclusive upper bound
-    assert table.aborted_between(3, 6) == [AbortedTxn(2, 5, 9)]
-    assert table.aborted_between(9, 100) == [AbortedTxn(2, 5, 9), AbortedTxn(3, 12, 12)]
+    assert table.aborted_between(3, 6) == [AbortedTxn(2, 5, 9, 10)]
+    assert table.aborted_between(9, 100) == [AbortedTxn(2, 5, 9, 10), AbortedTxn(3, 12, 12, 13)]
 
 
 def test_truncation_inside_a_transaction_reopens_it_and_across_one_removes_it() -> None:
@@ -104,7 +104,7 @@ def test_truncation_inside_a_transaction_reopens_it_and_across_one_removes_it() 
 def test_a_log_start_past_an_aborted_transaction_drops_it() -> None:
     table = feed(TxnTable(), [data(0, 1), marker(1, 1, False), data(2, 2), marker(5, 2, False)])
     table.remove_before(2)
-    assert table.aborted == [AbortedTxn(2, 2, 5)]
+    assert table.aborted == [AbortedTxn(2, 2, 5, 6)]
     table.remove_before(6)
     assert table.aborted == []
 

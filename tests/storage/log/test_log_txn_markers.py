@@ -84,7 +84,7 @@ def test_restart_rebuilds_markers_from_the_log(
         high_watermark=end,
         producer_batches=(batch_meta(h, m) for h, m in scanned),
     )
-    assert replica.txns.aborted == [AbortedTxn(5, 1, 3)]
+    assert replica.txns.aborted == [AbortedTxn(5, 1, 3, 4)]
     assert replica.txns.open_spans() == {6: 4}
     assert replica.last_stable_offset == 4
     assert replica.txns.entry(5).coordinator_epoch == 4
