@@ -307,16 +307,18 @@ class ReplicaActor:
 
     def _maybe_clean(self) -> None:
         """Every ``log.cleaner.backoff.ms``: start a compaction pass of a compacted topic's log
-        when one is due (see Log.clean), below the high watermark only. Each replica compacts
+        when one is due (see Log.clean), below the last stable offset only. Each replica compacts
         its own log, as Kafka's do; offsets never change, so replicas still agree on them."""
         now = now_ms()
         if self._cleaning is not None or now - self._cleaner_checked_ms < self._cleaner_backoff_ms:
             return
         self._cleaner_checked_ms = now
         wall = time.time_ns() // 1_000_000
-        high_watermark = self._sm.high_watermark
-        if self._log.config.compact and self._log.cleaning_due(wall, high_watermark):
-            self._cleaning = self._loop.create_task(self._clean(wall, high_watermark))
+        # Below the last stable offset only (at most the HW): an open transaction's batches
+        # are never cleaned, as Kafka's cleaner stops at the first unstable offset.
+        upper = self._sm.last_stable_offset
+        if self._log.config.compact and self._log.cleaning_due(wall, upper):
+            self._cleaning = self._loop.create_task(self._clean(wall, upper))
 
     async def _clean(self, wall_ms: int, high_watermark: int) -> None:
         try:

@@ -19,8 +19,15 @@ these and swaps the cleaned segments in. Kafka's design, followed here:
   keeps them (KIP-534): that pass sets the batch's *delete horizon* (attributes bit 6, the
   horizon stored in baseTimestamp, record timestamp deltas re-based on it so every record's
   timestamp is unchanged). A later pass after the horizon removes them.
-- Transactional and control batches are copied as they are (raylog does not offer
-  transactions yet; there is nothing of theirs to compact).
+- Transactions (Kafka's CleanedTransactionMetadata, :class:`TxnFilter`): a pass cleans only
+  below the last stable offset, so every transaction it meets is decided. The batches of
+  aborted transactions (the ``.txnindex`` entries overlapping the pass) are removed and never
+  enter the offset map; committed transactional records are compacted as any others. A
+  transaction marker stays while the pass still meets a batch of its transaction; a pass that
+  meets none gives it a delete horizon (delete.retention.ms, as a tombstone's), and a pass
+  after the horizon removes it (an ABORT marker's ``.txnindex`` entry goes with it). A control
+  batch with no record left (kept for its producer's sequence) goes when it is not its
+  producer's last batch.
 - A rewritten batch is recompressed with its codec; its CRC is recomputed.
 """
 
@@ -28,10 +35,13 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections import deque
+from collections.abc import Iterable
 from typing import NamedTuple
 
 from raylog.storage import batch as rb
 from raylog.storage.compression import CODEC_NONE, compress
+from raylog.storage.log.txnindex import AbortedTxn
 from raylog.storage.records import iter_records, restamp_record
 
 Buffer = bytes | bytearray | memoryview
@@ -78,8 +88,9 @@ class OffsetMap:
         return self._long.get(key_digest(key), -1)
 
     def add_batch(self, batch: Buffer, header: rb.BatchHeader) -> None:
-        """Put every keyed record of one stored batch (data batches only)."""
-        if header.is_control or header.is_transactional or not header.records_count:
+        """Put every keyed record of one stored batch (data batches only; the caller skips
+        those of aborted transactions)."""
+        if header.is_control or not header.records_count:
             return
         section = rb.records_section(batch, header)
         base = header.base_offset
@@ -117,15 +128,17 @@ def clean_batch(
     now_ms: int,
     delete_retention_ms: int,
     keep_if_empty: bool,
+    aborted: bool = False,
 ) -> CleanedBatch:
-    """One stored batch (``batch`` holds exactly it) after a cleaning pass.
+    """One stored data batch (``batch`` holds exactly it) after a cleaning pass.
 
     ``keep_if_empty``: the batch is the last of its producer in the log, kept (empty) even
-    when every record goes.
+    when every record goes. ``aborted``: the batch belongs to an aborted transaction (every
+    record goes).
     """
     horizon = delete_horizon_ms(header)
-    if header.is_control or header.is_transactional:
-        return CleanedBatch(batch, 0, horizon)
+    if aborted:
+        return _emptied(header, header.records_count, keep_if_empty)
     section = rb.records_section(batch, header)
     base = header.base_offset
     kept = []
@@ -146,11 +159,53 @@ def clean_batch(
     if not removed and not needs_horizon:
         return CleanedBatch(batch, 0, horizon)
     if not kept:
-        if keep_if_empty:
-            return CleanedBatch(_rebuild(header, b"", 0, header.base_timestamp, -1), removed, -1)
-        return CleanedBatch(None, removed, -1)
+        return _emptied(header, removed, keep_if_empty)
     if needs_horizon:
         horizon = now_ms + delete_retention_ms
+    return CleanedBatch(_kept(header, section, kept, horizon, needs_horizon), removed, horizon)
+
+
+def clean_control_batch(
+    batch: Buffer,
+    header: rb.BatchHeader,
+    *,
+    txn_data_gone: bool,
+    now_ms: int,
+    delete_retention_ms: int,
+    keep_if_empty: bool,
+) -> CleanedBatch:
+    """One stored control batch after a cleaning pass (the module docstring's rules).
+    ``txn_data_gone``: :meth:`TxnFilter.control_batch` said the pass met no batch of the
+    marker's transaction."""
+    horizon = delete_horizon_ms(header)
+    if not txn_data_gone:
+        return CleanedBatch(batch, 0, horizon)
+    if not header.records_count:  # emptied by an earlier pass
+        return CleanedBatch(batch if keep_if_empty else None, 0, -1)
+    if horizon < 0:  # the first pass to find the transaction's data gone: the horizon starts
+        horizon = now_ms + delete_retention_ms
+        section = rb.records_section(batch, header)
+        kept = list(iter_records(section, header.records_count))
+        return CleanedBatch(_kept(header, section, kept, horizon, True), 0, horizon)
+    if horizon <= now_ms:
+        return _emptied(header, header.records_count, keep_if_empty)
+    return CleanedBatch(batch, 0, horizon)
+
+
+def _emptied(header: rb.BatchHeader, removed: int, keep_if_empty: bool) -> CleanedBatch:
+    """A batch whose every record went: dropped, or kept empty for its producer's sequence."""
+    if keep_if_empty:
+        return CleanedBatch(_rebuild(header, b"", 0, header.base_timestamp, -1), removed, -1)
+    return CleanedBatch(None, removed, -1)
+
+
+def _kept(
+    header: rb.BatchHeader, section: Buffer, kept: list, horizon: int, new_horizon: bool
+) -> bytes:
+    """The batch of ``header`` holding the ``kept`` records of its records ``section``, with
+    ``horizon`` as its delete horizon (-1: none); ``new_horizon``: set it now, re-basing the
+    records' timestamp deltas on it so every record's timestamp is unchanged."""
+    if new_horizon:
         base_ts = horizon
         records = b"".join(
             restamp_record(section, r, header.base_timestamp + r.timestamp_delta - horizon)
@@ -163,8 +218,52 @@ def clean_batch(
         max_ts = header.max_timestamp
     else:
         max_ts = max(header.base_timestamp + r.timestamp_delta for r in kept)
-    data = _rebuild(header, records, len(kept), base_ts, max_ts, horizon >= 0)
-    return CleanedBatch(data, removed, horizon)
+    return _rebuild(header, records, len(kept), base_ts, max_ts, horizon >= 0)
+
+
+class TxnFilter:
+    """Which batches of a pass belong to aborted transactions, and which markers' transactions
+    the pass met no batch of (Kafka's CleanedTransactionMetadata). Fed every batch of the
+    pass in log order; ``aborted``: the aborted transactions overlapping the pass (from the
+    ``.txnindex`` files)."""
+
+    def __init__(self, aborted: Iterable[AbortedTxn]) -> None:
+        self._pending = deque(sorted(aborted, key=lambda t: t.first_offset))
+        # Producer id -> whether the pass met a batch of its aborted transaction.
+        self._aborted: dict[int, bool] = {}
+        # Producers whose ongoing (committed) transaction the pass met a batch of.
+        self._committed: set[int] = set()
+
+    def _begin_aborted_up_to(self, offset: int) -> None:
+        while self._pending and self._pending[0].first_offset <= offset:
+            self._aborted[self._pending.popleft().producer_id] = False
+
+    def data_batch(self, header: rb.BatchHeader) -> bool:
+        """Whether the data batch of ``header`` belongs to an aborted transaction."""
+        if not header.is_transactional:
+            return False
+        self._begin_aborted_up_to(header.last_offset)
+        pid = header.producer_id
+        if pid in self._aborted:
+            self._aborted[pid] = True
+            return True
+        self._committed.add(pid)
+        return False
+
+    def control_batch(self, header: rb.BatchHeader, marker: rb.EndTxnMarker | None) -> bool:
+        """Whether the pass met no batch of the transaction the control batch of ``header``
+        ends (its marker may go, after its delete horizon)."""
+        self._begin_aborted_up_to(header.last_offset)
+        if not header.records_count:
+            return True  # emptied by an earlier pass
+        if marker is None:
+            return False  # another control type: kept
+        pid = header.producer_id
+        if marker.commit:
+            met = pid in self._committed
+            self._committed.discard(pid)
+            return not met
+        return not self._aborted.pop(pid, False)
 
 
 def _rebuild(
@@ -212,7 +311,9 @@ __all__ = [
     "MAX_OFFSET_MAP_ENTRIES",
     "CleanedBatch",
     "OffsetMap",
+    "TxnFilter",
     "clean_batch",
+    "clean_control_batch",
     "delete_horizon_ms",
     "key_digest",
 ]

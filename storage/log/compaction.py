@@ -2,9 +2,11 @@
 cleans, and how its cleaned files replace them. :meth:`Log.clean` runs the steps:
 
 1. plan (:func:`plan_pass`, under the Log's lock): the cleanable segments are the inactive
-   ones wholly below the high watermark and, with min.compaction.lag.ms, whose newest record
-   is at least that old. The part of them at or above the first dirty offset (the cleaner
-   checkpoint) is dirty. A pass is due when the dirty part is at least
+   ones wholly below the upper bound the caller gives (the last stable offset: no open
+   transaction's batch is ever cleaned; the high watermark without transactions) and, with
+   min.compaction.lag.ms, whose newest record is at least that old. The part of them at or
+   above the first dirty offset (the cleaner checkpoint) is dirty. A pass is due when the
+   dirty part is at least
    min.cleanable.dirty.ratio of the cleanable bytes, when its oldest segment is older than
    max.compaction.lag.ms, or when a kept tombstone's delete horizon has passed;
 2. rewrite (:func:`raylog.storage.log.rewrite.rewrite_segments`, without the lock, maybe in
@@ -137,6 +139,9 @@ def rewrite_job(state: LogState, plan: CleanPlan, now_ms: int, max_map_entries: 
         now_ms=now_ms,
         max_map_entries=max_map_entries,
         token=os.urandom(6).hex(),
+        aborted=tuple(
+            txnindex.collect_aborted(state.segments, plan.targets[0].base_offset, plan.cut)
+        ),
     )
 
 

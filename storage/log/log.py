@@ -527,6 +527,10 @@ class Log:
         runs in the calling thread. Returns what it did, or None when no pass was due
         (``force``: run anyway if anything is cleanable). See :mod:`raylog.storage.log.cleaner`
         for the rules.
+
+        ``high_watermark`` bounds what a pass may clean: a replica gives its last stable offset
+        (at most the high watermark), so that no batch of an open transaction is cleaned, as
+        Kafka's cleaner stops at the first unstable offset.
         """
         if not self._cleaning.acquire(blocking=False):
             return None  # another pass is running

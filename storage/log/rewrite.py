@@ -30,6 +30,7 @@ from raylog.storage.log.segment import (
     pread_exact,
     pwrite_all,
 )
+from raylog.storage.log.txnindex import AbortedTxn
 
 
 class CleanedGroup(NamedTuple):
@@ -134,6 +135,8 @@ class RewriteJob(NamedTuple):
     # Names this pass's files (``B.log.<token>.cleaned``): a pass never writes into a file of
     # another one, e.g. of an orphaned child still running after its replica was killed.
     token: str = ""
+    # The aborted transactions overlapping the cleanable segments (their .txnindex entries).
+    aborted: tuple[AbortedTxn, ...] = ()
 
 
 class Rewritten(NamedTuple):
@@ -163,13 +166,15 @@ def rewrite_segments(job: RewriteJob, fsync: Callable[[int], None] = os.fdatasyn
     # 1. The offset map of the dirty part, segment by segment, while it has room.
     offset_map = cleaner.OffsetMap(job.max_map_entries)
     count = len(segments)
+    map_filter = cleaner.TxnFilter(job.aborted)  # aborted records never enter the map
     for i in range(job.dirty_index, len(segments)):
         if offset_map.full and i > job.dirty_index:
             count = i  # the map is full: clean up to here, the rest next time
             break
         _, path, size = segments[i]
         for _, header, data in _file_batches(path, size):
-            offset_map.add_batch(data, header)
+            if not header.is_control and not map_filter.data_batch(header):
+                offset_map.add_batch(data, header)
     cut = job.cut if count == len(segments) else segments[count][0]
     later = [(path, size) for _, path, size in segments[count:]] + job.later
     # 2. Each producer's last batch in the log: kept (maybe empty) for its sequence.
@@ -187,10 +192,11 @@ def rewrite_segments(job: RewriteJob, fsync: Callable[[int], None] = os.fdatasyn
     written: list[CleanedGroup] = []
     removed = 0
     horizon = -1
+    txn_filter = cleaner.TxnFilter(job.aborted)  # fed every batch of the pass, in order
     for group in _group_segments(bases, sizes, cut, config.segment_bytes):
         try:
             out, group_removed, group_horizon = _write_group(
-                job, group, offset_map, last_of_producer, fsync
+                job, group, offset_map, txn_filter, last_of_producer, fsync
             )
         except FileNotFoundError:
             for done in written:
@@ -211,6 +217,7 @@ def _write_group(
     job: RewriteJob,
     group: range,
     offset_map: cleaner.OffsetMap,
+    txn_filter: cleaner.TxnFilter,
     last_of_producer: dict[int, int],
     fsync: Callable[[int], None],
 ) -> tuple[CleanedGroup, int, int]:
@@ -230,14 +237,26 @@ def _write_group(
             _, segment_path, size = job.segments[i]
             for _, header, data in _file_batches(segment_path, size):
                 keep_if_empty = last_of_producer.get(header.producer_id) == header.base_offset
-                result = cleaner.clean_batch(
-                    data,
-                    header,
-                    offset_map,
-                    now_ms=job.now_ms,
-                    delete_retention_ms=job.config.delete_retention_ms,
-                    keep_if_empty=keep_if_empty,
-                )
+                if header.is_control:
+                    marker = rb.parse_end_txn_marker(data, header)
+                    result = cleaner.clean_control_batch(
+                        data,
+                        header,
+                        txn_data_gone=txn_filter.control_batch(header, marker),
+                        now_ms=job.now_ms,
+                        delete_retention_ms=job.config.delete_retention_ms,
+                        keep_if_empty=keep_if_empty,
+                    )
+                else:
+                    result = cleaner.clean_batch(
+                        data,
+                        header,
+                        offset_map,
+                        now_ms=job.now_ms,
+                        delete_retention_ms=job.config.delete_retention_ms,
+                        keep_if_empty=keep_if_empty,
+                        aborted=txn_filter.data_batch(header),
+                    )
                 removed += result.records_removed
                 if result.data is None:
                     continue
