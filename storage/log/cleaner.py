@@ -42,7 +42,7 @@ from typing import NamedTuple
 from raylog.storage import batch as rb
 from raylog.storage.compression import CODEC_NONE, compress
 from raylog.storage.log.txnindex import AbortedTxn
-from raylog.storage.records import iter_records, restamp_record
+from raylog.storage.records import StoredRecord, iter_records, restamp_record
 
 Buffer = bytes | bytearray | memoryview
 
@@ -200,7 +200,11 @@ def _emptied(header: rb.BatchHeader, removed: int, keep_if_empty: bool) -> Clean
 
 
 def _kept(
-    header: rb.BatchHeader, section: Buffer, kept: list, horizon: int, new_horizon: bool
+    header: rb.BatchHeader,
+    section: Buffer,
+    kept: list[StoredRecord],
+    horizon: int,
+    new_horizon: bool,
 ) -> bytes:
     """The batch of ``header`` holding the ``kept`` records of its records ``section``, with
     ``horizon`` as its delete horizon (-1: none); ``new_horizon``: set it now, re-basing the

@@ -540,7 +540,10 @@ class Log:
                 plan = self._plan_pass(now_ms, high_watermark, force)
                 if plan is None:
                     return None
-                job = compaction.rewrite_job(self._state, plan, now_ms, max_map_entries)
+                try:
+                    job = compaction.rewrite_job(self._state, plan, now_ms, max_map_entries)
+                except OSError as exc:  # reading the .txnindex files
+                    raise KafkaStorageError(f"cleaning {self.directory} failed: {exc}") from exc
             try:
                 out = rewrite_segments(job, self._state.fsync) if runner is None else runner(job)
             except (CorruptRecordError, UnsupportedCompressionTypeError, KafkaStorageError) as exc:
