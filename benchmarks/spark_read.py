@@ -46,6 +46,7 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -69,10 +70,11 @@ def log(message: str) -> None:
 
 
 def free_port_block(count: int) -> int:
+    """A first port of ``count`` free loopback ports, below Linux's ephemeral range (32768+):
+    Ray's processes bind ephemeral ports while the cluster starts, and a gateway whose port one
+    took makes `raylog up` exit (as tests/support/cluster.py chooses its ports)."""
     for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            first = probe.getsockname()[1]
+        first = random.randrange(20000, 32000 - count)
         try:
             for port in range(first, first + count):
                 with socket.socket() as s:
@@ -88,7 +90,7 @@ def raylog_up(data_dir: Path) -> Iterator[str]:
     """`raylog up` in a subprocess; yields the bootstrap servers; SIGINT (by PID) at the end."""
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)
-    port = free_port_block(3)
+    port = free_port_block(4)  # the 3 gateways, then the metrics endpoint (raylog up's default)
     proc = subprocess.Popen(
         [*RAYLOG, "up", "--brokers", "3", "--port", str(port), "--data-dir", str(data_dir)],
         stdout=subprocess.PIPE,

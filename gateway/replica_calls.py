@@ -57,6 +57,7 @@ CHANNEL_RESULTS: dict[str, msgspec.msgpack.Decoder[Any]] = {
     "fetch": msgspec.msgpack.Decoder(FetchOutcome),
     "fetch_extents": msgspec.msgpack.Decoder(FetchOutcome),
     "list_offsets": msgspec.msgpack.Decoder(tuple[int, int, int, int]),
+    "write_txn_marker": msgspec.msgpack.Decoder(ProduceOutcome),
 }
 
 

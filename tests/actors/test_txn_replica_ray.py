@@ -9,7 +9,9 @@ Proves, on a leader and a follower:
   is told the LSO; ListOffsets latest answers the LSO under read_committed;
 - the follower replicates the markers: after failover the new leader answers read_committed
   with the same LSO and aborted list, and a read_committed long poll parked at the LSO wakes
-  when a marker commits the open transaction.
+  when a marker commits the open transaction;
+- a gateway's markers (``ReplicaCalls``) reach the leader over its channel, not by Ray call,
+  with their answers and refusals.
 """
 
 from __future__ import annotations
@@ -132,3 +134,46 @@ def _plain_from(pid: int) -> bytes:
     """A non-transactional idempotent batch of ``pid``, next in its sequence (2)."""
     records = [rb.Record(None, b"plain", 1_700_000_000_000)]
     return rb.build_batch(records, producer_id=pid, producer_epoch=0, base_sequence=2)
+
+
+def test_markers_from_a_gateway_go_over_the_replica_channel(
+    ray_local: Path, tmp_path: Path
+) -> None:
+    """The transaction coordinator's markers take the gateway's channel to the leader (one per
+    partition per commit: a Ray call's cost on every transaction), answers and refusals alike."""
+    import asyncio
+
+    from raylog.gateway.replica_calls import ReplicaCalls
+
+    name = replica_actor_name("txn-channel", 0, 0)
+    leader = ReplicaActor.options(  # type: ignore[attr-defined]
+        name=name, namespace=NAMESPACE
+    ).remote("txn-channel", 0, 0, str(tmp_path / "r0"), {}, ReplicaConfig())
+    _get(leader.become_leader.remote(BecomeLeader(1, 1, 1, (0,), (0,))))
+
+    async def markers() -> list[tuple[int, int]]:
+        calls = ReplicaCalls()
+        try:
+            before = _get(leader.channel_stats.remote())["calls_in"]
+            answers = []
+            for _ in range(50):  # bounded: the first calls go by Ray while the link connects
+                outcome = await calls.call(
+                    name, "write_txn_marker", (COMMITTED, 0, 3, True, TIMEOUT_MS),
+                    timeout_s=CALL_TIMEOUT_S, retry=False,
+                )  # fmt: skip
+                answers.append((outcome.error_code, outcome.base_offset))
+                if _get(leader.channel_stats.remote())["calls_in"] > before:
+                    break
+            assert _get(leader.channel_stats.remote())["calls_in"] > before, "never by channel"
+            refused = await calls.call(
+                name, "write_txn_marker", (COMMITTED, 0, 2, False, TIMEOUT_MS),
+                timeout_s=CALL_TIMEOUT_S, retry=False,
+            )  # fmt: skip
+            answers.append((refused.error_code, refused.base_offset))
+            return answers
+        finally:
+            await calls.aclose()
+
+    answers = asyncio.run(markers())
+    assert answers[:-1] == [(0, offset) for offset in range(len(answers) - 1)]
+    assert answers[-1][0] == 52  # an older coordinator epoch, answered over the channel too
