@@ -17,15 +17,20 @@ has transactions but no aborted-transactions list in Fetch (no run here aborts).
 4. ``consume_read_committed`` and ``consume_read_uncommitted``: every record of the topic,
    from offset 0, with each ``isolation.level``.
 
-One client process per run (``--clients`` is not applied here), librdkafka defaults with
-``linger.ms=5`` as the other cases. Ratios: ``transactional_vs_idempotent`` (records/s; the
-issue's goal is 0.8 or more), ``read_committed_vs_uncommitted``, and raylog over Tansu.
+``--clients`` producers at once (threads: librdkafka releases the GIL while it waits), each
+with its own ``transactional.id`` for the transactional run and ``--records`` / clients records;
+the idempotent run uses as many producers. librdkafka defaults with ``linger.ms=5`` as the other
+cases. Latency percentiles are the first producer's; throughput is every producer's records over
+the time from the common start to the last one's end. Ratios: ``transactional_vs_idempotent``
+(records/s; the issue's goal is 0.8 or more), ``read_committed_vs_uncommitted``, and raylog over
+Tansu.
 """
 
 from __future__ import annotations
 
 import argparse
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -102,6 +107,43 @@ def confluent_txn_produce(
     return out
 
 
+def at_once(
+    clients: int, run: Callable[[int, Callable[[], Any]], dict[str, float]]
+) -> dict[str, Any]:
+    """``run(i, ready)`` for each of ``clients`` producers in threads, released together once
+    every one has called ``ready()``; the first one's figures with the records/s and MiB/s of
+    all of them over the longest run."""
+    barrier = threading.Barrier(clients, timeout=CALL_TIMEOUT_S)
+    results: list[dict[str, float] | BaseException] = [RuntimeError("not run")] * clients
+
+    def one(i: int) -> None:
+        try:
+            results[i] = run(i, barrier.wait)
+        except BaseException as exc:  # reported below, in the caller's thread
+            results[i] = exc
+            barrier.abort()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(CALL_TIMEOUT_S * 10)
+    failed = [r for r in results if isinstance(r, BaseException)]
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {clients} producers failed: {failed[0]!r}")
+    done = [r for r in results if not isinstance(r, BaseException)]
+    seconds = max(r["seconds"] for r in done)
+    records = sum(r["records_per_s"] * r["seconds"] for r in done)
+    mib = sum(r["mib_per_s"] * r["seconds"] for r in done)
+    return {
+        **done[0],
+        "clients": clients,
+        "seconds": round(seconds, 3),
+        "records_per_s": round(records / seconds),
+        "mib_per_s": round(mib / seconds, 2),
+    }
+
+
 def transactions_case(root: Path, args: argparse.Namespace, value: bytes) -> dict[str, Any]:
     """The module docstring's runs on raylog (RF=3) and on Tansu, and their ratios."""
     data_dir = root / "up"
@@ -138,15 +180,21 @@ def transactions_case(root: Path, args: argparse.Namespace, value: bytes) -> dic
 
 def runs(bootstrap: str, args: argparse.Namespace, value: bytes, pids: list[int]) -> dict[str, Any]:
     """Steps 1-4 of the module docstring on one broker; ``pids``: its processes."""
-    n, per_txn = args.records, args.transaction_records
+    n, per_txn, clients = args.records, args.transaction_records, max(1, args.clients)
+    each = n // clients
+    n = each * clients
     confluent_produce(bootstrap, TOPIC, per_txn, value, "all", IDEMPOTENT)  # step 1
+
+    def idempotent(i: int, ready: Callable[[], Any]) -> dict[str, float]:
+        return confluent_produce(bootstrap, TOPIC, each, value, "all", IDEMPOTENT, ready)
+
+    def transactional(i: int, ready: Callable[[], Any]) -> dict[str, float]:
+        tid = f"bench-txn-{i}"
+        return confluent_txn_produce(bootstrap, TOPIC, each, value, per_txn, tid, ready)
+
     out: dict[str, Any] = {
-        "produce_idempotent": with_broker_cpu(
-            pids, confluent_produce, bootstrap, TOPIC, n, value, "all", IDEMPOTENT
-        ),
-        "produce_transactional": with_broker_cpu(
-            pids, confluent_txn_produce, bootstrap, TOPIC, n, value, per_txn, "bench-txn"
-        ),
+        "produce_idempotent": with_broker_cpu(pids, at_once, clients, idempotent),
+        "produce_transactional": with_broker_cpu(pids, at_once, clients, transactional),
     }
     total = per_txn + 2 * n  # data records only: a consumer skips the markers' offsets
     for level in ("read_committed", "read_uncommitted"):
