@@ -11,12 +11,22 @@ prints one line: ``killed: {"leader": id, "replicas": [names]}``.
 instead, as a full disk would: the replica's process may no longer grow a file past its
 active segment's end (RLIMIT_FSIZE, set with prlimit), so its next append fails with EFBIG.
 Nothing is killed; it prints ``failed: {"leader": id, "pid": pid, "segment": path}``.
+
+``--kill-on-stdin`` and ``--crash-on-stdin`` do the slow part first (joining Ray, finding the
+leader and the actors to kill), print ``ready: {"leader": id}``, and act once a line arrives on
+stdin (EOF too; at most ``GO_WAIT_S`` later): a test times the kill to the moment it wants,
+within a few Ray calls. ``--kill-on-stdin`` then kills as ``--kill`` does; ``--crash-on-stdin``
+crashes the whole broker as ``raylog brokers kill`` does (the supervisor kills its broker actor
+and its gateway, with the transaction and group coordinators in it; neither is restarted until
+``raylog brokers start``). Both print the ``killed:`` line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import resource
+import select
 import sys
 import time
 from pathlib import Path
@@ -24,6 +34,7 @@ from typing import Any
 
 CALL_TIMEOUT_S = 30.0
 FIND_DEADLINE_S = 60.0
+GO_WAIT_S = 300.0
 
 
 def _active_controller(ray: Any) -> Any:
@@ -76,18 +87,42 @@ def main(data_dir: str, topic: str, partition: str, mode: str = "--kill") -> int
         raise SystemExit(f"{topic}-{partition} has no leader")
     if mode == "--fail-disk":
         return _fail_disk(ray, root, topic, int(partition), leader)
-    killed = []
+    if mode == "--crash-on-stdin":
+        return _crash(ray, leader)
+    replicas = []
     for name, t in md.topics.items():
         for p in t.partitions:
             if leader in p.replicas:
                 actor_name = replica_actor_name(name, p.partition, leader)
-                try:
-                    ray.kill(ray.get_actor(actor_name, namespace=NAMESPACE), no_restart=True)
-                    killed.append(actor_name)
-                except ValueError:
-                    pass  # not started
-    ray.kill(ray.get_actor(broker_actor_name(leader), namespace=NAMESPACE), no_restart=False)
+                with contextlib.suppress(ValueError):  # not started
+                    replicas.append((actor_name, ray.get_actor(actor_name, namespace=NAMESPACE)))
+    broker = ray.get_actor(broker_actor_name(leader), namespace=NAMESPACE)
+    if mode == "--kill-on-stdin":
+        _wait_for_go(leader)
+    killed = []
+    for actor_name, handle in replicas:
+        try:
+            ray.kill(handle, no_restart=True)
+            killed.append(actor_name)
+        except ValueError:
+            pass  # gone meanwhile
+    ray.kill(broker, no_restart=False)
     print("killed: " + json.dumps({"leader": leader, "replicas": killed}), flush=True)
+    return 0
+
+
+def _wait_for_go(leader: int) -> None:
+    print("ready: " + json.dumps({"leader": leader}), flush=True)
+    select.select([sys.stdin], [], [], GO_WAIT_S)
+
+
+def _crash(ray: Any, leader: int) -> int:
+    from raylog.actors.calls import NAMESPACE, SUPERVISOR_ACTOR_NAME
+
+    supervisor = ray.get_actor(SUPERVISOR_ACTOR_NAME, namespace=NAMESPACE)
+    _wait_for_go(leader)
+    ray.get(supervisor.kill_broker.remote(leader), timeout=CALL_TIMEOUT_S)
+    print("killed: " + json.dumps({"leader": leader, "replicas": []}), flush=True)
     return 0
 
 
