@@ -155,6 +155,7 @@ class GatewayActor:
         self._metadata_epoch = -1
         self._groups: GroupCoordinator | None = None
         self._transactions: TransactionCoordinator | None = None
+        self._peer_gateways: dict[int, Any] = {}  # other brokers' gateway actors, by broker id
         self._broker_configs = dict(broker_configs or {})
         self._config = config_keys.broker_config(self._broker_configs)
         # No listeners given: one PLAINTEXT listener on host:port.
@@ -371,13 +372,7 @@ class GatewayActor:
         if broker_id == self.broker_id:
             await self.complete_transaction(partition, producer_id, commit)
             return
-        handle = await asyncio.wait_for(
-            asyncio.to_thread(ray.get_actor, gateway_actor_name(broker_id), namespace=NAMESPACE),
-            LOOKUP_TIMEOUT_S,
-        )
-        await ray_call(
-            handle.complete_transaction.remote(partition, producer_id, commit), CALL_TIMEOUT_MS
-        )
+        await self._call_gateway(broker_id, "complete_transaction", partition, producer_id, commit)
 
     async def _verify_remote(
         self,
@@ -389,12 +384,26 @@ class GatewayActor:
         partition: int,
     ) -> int:
         """:meth:`verify_transaction` on the gateway of broker ``broker_id``."""
-        handle = await asyncio.wait_for(
-            asyncio.to_thread(ray.get_actor, gateway_actor_name(broker_id), namespace=NAMESPACE),
-            LOOKUP_TIMEOUT_S,
-        )
         args = (transactional_id, producer_id, producer_epoch, topic, partition)
-        return int(await ray_call(handle.verify_transaction.remote(*args), CALL_TIMEOUT_MS))
+        return int(await self._call_gateway(broker_id, "verify_transaction", *args))
+
+    async def _call_gateway(self, broker_id: int, method: str, *args: Any) -> Any:
+        """``method(*args)`` on the gateway actor of broker ``broker_id``; its handle is looked
+        up once and again only after the actor was lost (a restarted gateway is a new actor)."""
+        handle = self._peer_gateways.get(broker_id)
+        if handle is None:
+            handle = await asyncio.wait_for(
+                asyncio.to_thread(
+                    ray.get_actor, gateway_actor_name(broker_id), namespace=NAMESPACE
+                ),
+                LOOKUP_TIMEOUT_S,
+            )
+            self._peer_gateways[broker_id] = handle
+        try:
+            return await ray_call(getattr(handle, method).remote(*args), CALL_TIMEOUT_MS)
+        except RaylogError:
+            self._peer_gateways.pop(broker_id, None)
+            raise
 
     async def verify_transaction(
         self,
