@@ -47,6 +47,25 @@ Definitions (what each checker proves, for runs with clean elections only):
 12. What the controller counts applied was applied (run by cluster.py): a push the reconciler
    counts applied in full was applied by its broker, both phases (``wait_reconciled``,
    controlled shutdown and the lease rule rely on it).
+
+Transactions (runs with ``Scenario.transactions``; transactions.py writes them):
+13. Read committed (Jepsen G1a, G1b): a read_committed consumer, filtering each fetch answer
+   with its aborted transactions as Kafka's client does (``transactions.AbortedFilter``),
+   never delivers a record of an aborted transaction (G1a; a fenced producer's records among
+   them: its transaction is aborted with a bumped epoch) nor of one whose marker is not
+   committed (G1b: open, or its outcome still undecided).
+14. The LSO: on every replica process (a leader within and across its epochs, a follower, in
+   one incarnation) the last stable offset never decreases. Across failovers the *number* may
+   be lower on a new leader for a while, as the HW's may (checker 3; Kafka's KIP-207 answers
+   ListOffsets OFFSET_NOT_AVAILABLE meanwhile); what never moves back is the stable prefix:
+   every transactional record below an LSO any replica exposed belongs to a transaction whose
+   marker is committed and lies above it, so every later answer below that offset shows the
+   same records with the same outcome (the committed log below the HW never changes: 1, 2).
+15. Committed transactions are visible whole: when a read_committed consumer passes a COMMIT
+   marker it has delivered every record of that transaction its producer was acknowledged
+   (those DeleteRecords removed before the consumer got there excepted).
+16. Fenced producers: a batch of a producer epoch older than the one a marker bumped it to is
+   never appended after that marker (checker 14's "above it"), so never visible as committed.
 """
 
 from __future__ import annotations
@@ -54,8 +73,11 @@ from __future__ import annotations
 import bisect
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 _IDEMPOTENT_DATA = re.compile(rb"p(\d+)e(\d+)q(\d+)n(\d+)$")
+
+TxnKey = tuple[int, int]  # (producer id, the producer's transaction number)
 
 
 class SimViolation(AssertionError):
@@ -75,6 +97,17 @@ class Checkers:
     last_hw: dict[tuple[int, int], int] = field(default_factory=dict)  # (node, incarnation)
     committed_at: dict[bytes, int] = field(default_factory=dict)  # batch data -> base offset
     deleted_below: int = 0  # the highest log start offset any replica adopted (checker 7)
+    # Checkers 13-16: what each transactional batch and marker is, by its data, as the
+    # transactional producers and the coordinator stand-in register them.
+    txn_of: dict[bytes, TxnKey] = field(default_factory=dict)  # data batch -> transaction
+    marker_of: dict[bytes, tuple[TxnKey, bool]] = field(default_factory=dict)  # -> commit?
+    fenced: set[TxnKey] = field(default_factory=set)  # aborted with a bumped producer epoch
+    acked: dict[TxnKey, dict[bytes, int]] = field(default_factory=dict)  # data -> base offset
+    marker_at: dict[TxnKey, int] = field(default_factory=dict)  # first committed marker
+    marker_commits: dict[TxnKey, bool] = field(default_factory=dict)  # its type: COMMIT?
+    delivered: dict[TxnKey, set[bytes]] = field(default_factory=dict)  # read committed
+    last_lso: dict[tuple[int, int], int] = field(default_factory=dict)  # (node, incarnation)
+    lso_checked: dict[tuple[int, int], int] = field(default_factory=dict)  # scanned below
 
     def note_log_start(self, offset: int) -> None:
         self.deleted_below = max(self.deleted_below, offset)
@@ -117,6 +150,12 @@ class Checkers:
         self.committed_next[base_offset] = next_offset
         self.committed_bases.insert(index, base_offset)
         self.committed_end = max(self.committed_end, next_offset)
+        marker = self.marker_of.get(data)
+        if marker is not None:  # a transaction marker committed: its outcome is final
+            key, commit = marker
+            if self.marker_commits.setdefault(key, commit) != commit:
+                raise SimViolation(f"{why}: transaction {key} has a COMMIT and an ABORT marker")
+            self.marker_at[key] = min(self.marker_at.get(key, base_offset), base_offset)
 
     def check_hw_monotonic(self, node: int, incarnation: int, hw: int) -> None:
         if self.lossy:
@@ -163,3 +202,74 @@ class Checkers:
                     f"starts at sequence {sequence}, expected {want} (a gap or a duplicate)"
                 )
             expected[key] = sequence + count
+
+    # --- transactions (checkers 13-16) ------------------------------------------------------------
+
+    def check_lso(self, node: int, incarnation: int, lso: int, disk: Any) -> None:
+        """Checker 14 on one replica after a step (its HW's batches already committed): its LSO
+        did not decrease, and every transactional record below it has a committed marker
+        above it (16: no fenced producer's record after its transaction's marker)."""
+        if self.lossy:
+            return
+        key = (node, incarnation)
+        previous = self.last_lso.get(key, -1)
+        if lso < previous:
+            raise SimViolation(f"replica {node}'s LSO went back from {previous} to {lso}")
+        self.last_lso[key] = lso
+        checked = max(self.lso_checked.get(key, 0), disk.log_start)
+        if lso <= checked:
+            return
+        index = max(0, bisect.bisect_right(disk.bases, checked) - 1)
+        batches = disk.batches
+        while index < len(batches) and batches[index].meta.next_offset <= lso:
+            meta, data = batches[index].meta, batches[index].data
+            index += 1
+            txn = self.txn_of.get(data) if meta.next_offset > checked else None
+            if txn is None:
+                continue
+            marker_at = self.marker_at.get(txn)
+            if marker_at is None:
+                raise SimViolation(
+                    f"replica {node}'s LSO {lso} passed {data!r} at {meta.base_offset}, whose "
+                    f"transaction {txn} has no committed marker"
+                )
+            if marker_at < meta.base_offset:
+                raise SimViolation(
+                    f"replica {node} holds {data!r} of transaction {txn} at {meta.base_offset}, "
+                    f"after its marker at {marker_at} (fenced: {txn in self.fenced})"
+                )
+        self.lso_checked[key] = lso
+
+    def check_committed_read(self, data: bytes, floor: int) -> None:
+        """Checkers 13 and 15: a read_committed consumer delivered ``data`` (a data batch
+        its aborted list did not filter out) or passed a marker; ``floor`` is the highest
+        log start it restarted at."""
+        if self.lossy:
+            return
+        txn = self.txn_of.get(data)
+        if txn is not None:
+            commit = self.marker_commits.get(txn)
+            if commit is None:
+                raise SimViolation(f"read_committed delivered {data!r} of open transaction {txn}")
+            if not commit:
+                fenced = " of a fenced producer" if txn in self.fenced else ""
+                raise SimViolation(
+                    f"read_committed delivered {data!r}{fenced}, of aborted transaction {txn}"
+                )
+            self.delivered.setdefault(txn, set()).add(data)
+            return
+        marker = self.marker_of.get(data)
+        if marker is None or not marker[1]:
+            return
+        txn = marker[0]
+        delivered = self.delivered.get(txn, set())
+        missing = [
+            d
+            for d, offset in self.acked.get(txn, {}).items()
+            if offset >= floor and d not in delivered
+        ]
+        if missing:
+            raise SimViolation(
+                f"read_committed passed the COMMIT marker of transaction {txn} without "
+                f"delivering its acknowledged {missing}"
+            )

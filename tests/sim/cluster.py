@@ -59,6 +59,9 @@ crashed broker restarts, no message is lost any more, and the partition must con
 SETTLE_MS of simulated time. With ``lossy_checks`` (for runs with unclean elections, which lose
 acknowledged data by design) the checkers of lost data are off and this one, the state
 machine's invariants and the split-brain checkers are what such a run proves.
+
+Transactions (``Scenario.transactions``; transactions.py): transactional producers, zombies of
+fenced ones, a coordinator stand-in writing markers, and a read_committed consumer.
 """
 
 from __future__ import annotations
@@ -69,6 +72,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from raylog.actors.control.reconciler import Outcome, Push
 from raylog.actors.replication.messages import (
     CONSUMER_REPLICA_ID,
@@ -78,6 +83,7 @@ from raylog.actors.replication.messages import (
     ProduceRequest,
 )
 from raylog.actors.replication.ready import DeleteRecordsResult, ProduceResult, Role
+from raylog.actors.replication.txn_state import CONTROL_COMMIT
 from raylog.storage.errors import (
     DuplicateBrokerRegistrationError,
     KafkaStorageError,
@@ -92,6 +98,7 @@ from .network import SimNetwork
 from .node import CLIENT, CONTROLLER, Forwarded, Heartbeat, HeartbeatReply, SimNode
 from .scenario import Scenario
 from .seeds import replay_command, replay_request
+from .transactions import AbortedFilter, TxnWorkload
 
 TICK_MS = 20
 CONTROLLER_TICK_MS = 50  # the reconcile interval: expired sessions fenced, then a push round
@@ -127,6 +134,8 @@ class Consumer:
     in_flight: int | None = None  # request id
     sent_ms: int = 0
     restarted: bool = False  # moved up to a log start: the next batch may begin below it
+    read_committed: bool = False  # isolation.level=read_committed (transactions.py)
+    floor: int = 0  # the highest log start it restarted at
 
 
 class Simulation:
@@ -207,6 +216,10 @@ class Simulation:
             "throttled": 0,
         }
         self.steps_done = 0
+        self.txn = TxnWorkload(self) if self.scenario.transactions else None
+        if self.txn is not None:
+            self.consumers.append(Consumer(read_committed=True))
+        self.read_committed_requests: set[int] = set()  # the node attaches aborted lists
 
     # --- what the controller's metadata says --------------------------------------------------
 
@@ -258,6 +271,8 @@ class Simulation:
         self._schedule(7, "consume")
         self._schedule(11, "delete_records")
         self._schedule(self.scenario.fault_interval_ms, "fault")
+        if self.txn is not None:
+            self.txn.start()
         for _ in range(self.scenario.steps):
             if not self.queue:
                 break
@@ -285,6 +300,8 @@ class Simulation:
         converges within SETTLE_MS: one leader, every replica alive and holding the leader's
         log from the highest log start up, the ISR all replicas, the HW at the log end."""
         self.settling = True
+        if self.txn is not None:
+            self.txn.settle()
         self.net.cut.clear()
         self.net.config = dataclasses.replace(self.net.config, drop_probability=0.0)
         for node in self.nodes.values():
@@ -315,6 +332,8 @@ class Simulation:
             return f"leader HW {leader.replica.high_watermark} below its log end {end}"
         if set(self.controller.partition.isr) != set(self.replica_ids):
             return f"ISR {self.controller.partition.isr}"
+        if self.txn is not None and self.txn.unfinished(leader.replica):
+            return self.txn.unfinished(leader.replica)
         start = max(n.disk.log_start for n in self.nodes.values())
         want = [
             (b.meta.base_offset, b.data) for b in leader.disk.batches if b.meta.next_offset > start
@@ -332,6 +351,9 @@ class Simulation:
             if held != want:
                 return f"replica {node.node_id}'s log differs from the leader's above {start}"
         return ""
+
+    def _on_txn(self, kind: str) -> None:
+        getattr(self.txn, f"on_{kind}")()
 
     def _on_tick(self, node_id: int, incarnation: int) -> None:
         node = self.nodes[node_id]
@@ -800,6 +822,9 @@ class Simulation:
         self.consumer_requests[request_id] = index
         epoch = self.leader_epoch if self.rng.random() < 0.5 else -1
         request = FetchRequest(CONSUMER_REPLICA_ID, request_id, epoch, consumer.position, -1, 2048)
+        if consumer.read_committed:  # its answers carry aborted transactions (node.py)
+            self.read_committed_requests.add(request_id)
+            request = msgspec.structs.replace(request, isolation_level=1)
         self._send(CLIENT, target, request, client=True)
 
     def _client_receive(self, src: int, message: Any) -> None:
@@ -810,6 +835,8 @@ class Simulation:
             if message.error_code == 0:
                 self.stats["deletes_acked"] += 1
                 self.acked_low_watermark = max(self.acked_low_watermark, message.low_watermark)
+            return
+        if isinstance(message, ProduceResult) and self.txn and self.txn.receive(message):
             return
         if isinstance(message, ProduceResult) and message.request_id in self.idempotent_requests:
             self._idempotent_result(self.idempotent_requests.pop(message.request_id), message)
@@ -846,16 +873,19 @@ class Simulation:
             # auto.offset.reset=earliest).
             consumer.position = message.log_start_offset
             consumer.restarted = True
+            consumer.floor = max(consumer.floor, consumer.position)
             return
         if message.error_code != 0:
             return
+        # 5. never above the high watermark (read_committed: the LSO) of the replica that served
+        # the read; 13 and 15: what a read_committed consumer delivers.
+        limit = message.last_stable_offset if consumer.read_committed else message.high_watermark
+        aborted = AbortedFilter(message.aborted_transactions)
         for batch in message.batches:
             meta = batch.meta
-            # 5. never above the high watermark of the replica that served the read.
-            if meta.next_offset > message.high_watermark:
-                raise SimViolation(
-                    f"consumer read {meta} from {src} above its HW {message.high_watermark}"
-                )
+            if meta.next_offset > limit:
+                raise SimViolation(f"consumer {index} read {meta} from {src} above {limit}")
+            delivers = aborted.delivers(meta)
             if meta.next_offset <= consumer.position:
                 continue  # the first batch may start before the position
             # 6. skip / nonmonotonic (after a restart at a log start inside a batch, that
@@ -869,6 +899,9 @@ class Simulation:
             self.checkers.commit(meta.base_offset, meta.next_offset, batch.data, "consumer read")
             consumer.position = meta.next_offset
             self.stats["consumed"] += 1
+            if consumer.read_committed and (delivers or meta.control_type == CONTROL_COMMIT):
+                self.stats["txn_read_committed"] += 1
+                self.checkers.check_committed_read(bytes(batch.data), consumer.floor)
 
     # --- checks -------------------------------------------------------------------------------
 
@@ -909,6 +942,12 @@ class Simulation:
                 )
                 i += 1
             node.verified_batches = i
+            # Checkers 14 and 16, when the LSO may have moved.
+            lso_inputs = (hw, node.disk.end_offset, node.disk.log_start, replica.generation)
+            if self.txn is not None and node.lso_inputs != lso_inputs:
+                node.lso_inputs = lso_inputs
+                lso = replica.last_stable_offset
+                self.checkers.check_lso(node.node_id, node.incarnation, lso, node.disk)
 
     def final_check(self) -> None:
         """At the end: committed idempotent batches have no gaps and no duplicates (checker 7),

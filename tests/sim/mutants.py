@@ -23,6 +23,7 @@ from raylog.actors.replication.messages import (
 from raylog.actors.replication.partition import PartitionReplica
 from raylog.actors.replication.producer_state import APPEND, Verdict
 from raylog.actors.replication.ready import AdvanceLogStart, TruncateTo
+from raylog.actors.replication.txn_state import CONTROL_ABORT, NOT_CONTROL, TxnTable
 
 from .controller import TP, SimController
 
@@ -89,6 +90,78 @@ class StaysAboveALeaderThatEndsBelowIt(PartitionReplica):
             self._truncate(max(msg.log_end_offset, self.log_start_offset))
         else:
             super()._handle_out_of_range(msg, request)
+
+
+class _IgnoresOpenTransactions(TxnTable):
+    def first_unstable_offset(self) -> int | None:
+        firsts = [t.first_offset for t in self._unreplicated]
+        return min(firsts) if firsts else None
+
+
+class _ForgetsAborts(TxnTable):
+    def update(self, batch: BatchMeta, high_watermark: int) -> None:
+        super().update(batch, high_watermark)
+        if batch.control_type == CONTROL_ABORT and self._aborted:
+            self._aborted.pop()
+
+
+class _ReopensNothing(TxnTable):
+    def truncate(self, offset: int) -> None:
+        before = self.open_spans()
+        super().truncate(offset)
+        for pid, entry in self._entries.items():
+            if entry.is_open and before.get(pid) != entry.open_first_offset:
+                entry.open_first_offset = entry.open_epoch = -1
+
+
+class _AcceptsFencedEpochs(TxnTable):
+    def check(self, producer_id: int, producer_epoch: int, *args: Any) -> tuple[int, str]:
+        entry = self._entries.get(producer_id)
+        if entry is not None and args[1] == NOT_CONTROL:  # a data batch: any epoch goes
+            producer_epoch = max(producer_epoch, entry.producer_epoch)
+        return super().check(producer_id, producer_epoch, *args)
+
+
+class _WithTxnTable(PartitionReplica):
+    """A replica whose transaction table is ``table``: the known bug is the table's."""
+
+    table: type[TxnTable] = TxnTable
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.log.txns.__class__ = self.table
+
+
+class LsoIgnoresOpenTransactions(_WithTxnTable):
+    """Known bug: the LSO counts only transactions whose marker the HW has not passed, not the
+    open ones: read_committed consumers read a transaction before its outcome (G1b), and its
+    records even when it is aborted later (G1a)."""
+
+    table = _IgnoresOpenTransactions
+
+
+class AbortMarkerForgetsTheAbortedList(_WithTxnTable):
+    """Known bug: an ABORT marker closes its transaction without entering it in the aborted
+    list: fetch answers list no aborted transaction, and read_committed consumers deliver the
+    aborted records (G1a)."""
+
+    table = _ForgetsAborts
+
+
+class TruncationReopensNoTransaction(_WithTxnTable):
+    """Known bug: a truncation that cuts a transaction's marker but keeps its first records
+    leaves the transaction closed: the LSO passes records whose outcome is undecided (the
+    marker is written again later, by this leader or another) and may be ABORT."""
+
+    table = _ReopensNothing
+
+
+class AcceptsFencedProducers(_WithTxnTable):
+    """Known bug: the leader takes a data batch of any producer epoch, also one older than the
+    epoch a marker bumped the producer to: a fenced producer's batches land after the abort of
+    its transaction and become visible with the next transaction's commit."""
+
+    table = _AcceptsFencedEpochs
 
 
 class LeaseBeforeApplying(SimController):

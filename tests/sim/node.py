@@ -88,6 +88,7 @@ class SimNode:
     alive: bool = True
     incarnation: int = 0  # of the replica's process (a crash or a replacement starts a new one)
     verified_batches: int = 0  # checker 2: batches below the HW already compared
+    lso_inputs: tuple[int, ...] = ()  # checker 14: what its LSO was last checked at
     # The broker around the replica: its process incarnation (a crash and restart starts a
     # new one, a replacement of the replica does not), its session and clock.
     broker_incarnation: int = 0
@@ -134,6 +135,7 @@ class SimNode:
         if scenario.throttle_bytes_per_sec:
             self.executor.set_throttle(scenario.throttle_bytes_per_sec, self.sim.now_ms)
         self.verified_batches = 0
+        self.lso_inputs = ()
 
     def flushed(self, end_offset: int, generation: int, now_ms: int) -> None:
         """The fsync started as ``start_flush(end_offset, generation)`` completed. One started
@@ -254,6 +256,17 @@ class SimNode:
         if response.error_code == 0 and out.fetch_offset < out.upper_offset:
             batches = self.disk.read(out.fetch_offset, out.max_bytes, out.upper_offset)
             response = msgspec.structs.replace(response, batches=batches)
+        if response.request_id in self.sim.read_committed_requests and response.error_code == 0:
+            # As raylog's replica actor (replica_port._with_aborted): the aborted transactions
+            # overlapping [fetch offset, the end of the batches read, or the LSO).
+            self.sim.read_committed_requests.discard(response.request_id)
+            end = response.batches[-1].meta.next_offset if response.batches else -1
+            upper = end if end >= 0 else response.last_stable_offset
+            aborted = self.replica.txns.aborted_between(out.fetch_offset, upper)
+            response = msgspec.structs.replace(
+                response,
+                aborted_transactions=tuple((t.producer_id, t.first_offset) for t in aborted),
+            )
         self.sim._send(self.node_id, CLIENT, response, client=True)
 
     def complete_produce(self, result: ProduceResult) -> None:

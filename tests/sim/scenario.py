@@ -46,6 +46,9 @@ class Scenario:
     # report it; LOG_RETRY_MS later the broker re-creates it from its log. Off by default: a
     # new kind of fault changes every seed's run.
     log_failures: bool = False
+    # Transactional producers, a transaction coordinator stand-in and a read_committed
+    # consumer (transactions.py). Off by default, as log_failures.
+    transactions: bool = False
     resync_ms: int = RESYNC_MS  # the reconciler's resync_interval_ms
     network: NetworkConfig = field(default_factory=NetworkConfig)
     # The topic's flush policy. flush.messages > 1 acknowledges writes before they are
