@@ -19,6 +19,7 @@ from raylog.actors.replication.messages import (
     FetchRequest,
     FetchResponse,
     LocalAppendDurable,
+    ProduceRequest,
 )
 from raylog.actors.replication.partition import PartitionReplica
 from raylog.actors.replication.producer_state import APPEND, Verdict
@@ -98,6 +99,12 @@ class _IgnoresOpenTransactions(TxnTable):
         return min(firsts) if firsts else None
 
 
+class _IgnoresUnreplicatedMarkers(TxnTable):
+    def first_unstable_offset(self) -> int | None:
+        firsts = [e.open_first_offset for e in self._entries.values() if e.is_open]
+        return min(firsts) if firsts else None
+
+
 class _ForgetsAborts(TxnTable):
     def update(self, batch: BatchMeta, high_watermark: int) -> None:
         super().update(batch, high_watermark)
@@ -138,6 +145,26 @@ class LsoIgnoresOpenTransactions(_WithTxnTable):
     records even when it is aborted later (G1a)."""
 
     table = _IgnoresOpenTransactions
+
+
+class LsoIgnoresUnreplicatedMarkers(_WithTxnTable):
+    """Known bug: a transaction counts as stable once its marker is in the log, before the
+    high watermark passes the marker (Kafka's unreplicatedTxns skipped): the LSO passes
+    records whose marker a failover may still cut, and whose outcome may then change."""
+
+    table = _IgnoresUnreplicatedMarkers
+
+
+class AcksMarkersBeforeReplication(PartitionReplica):
+    """Known bug: a transaction marker is acknowledged once the leader's own log holds it
+    (acks=1), not once the ISR does: the coordinator completes the transaction while a
+    failover may still cut its marker; the transaction stays open on the new leader and
+    takes the outcome of its producer's next one."""
+
+    def _on_produce(self, msg: ProduceRequest, now_ms: int) -> None:
+        if msg.control_type != NOT_CONTROL:
+            msg = msgspec.structs.replace(msg, acks=1)
+        super()._on_produce(msg, now_ms)
 
 
 class AbortMarkerForgetsTheAbortedList(_WithTxnTable):

@@ -38,9 +38,9 @@ whose zombies go on writing, a coordinator stand-in writes the markers through l
 (retried, some lost, its own epoch moving), and a read_committed consumer filters as Kafka's
 does: it never sees an aborted or undecided record, and sees committed transactions whole;
 no replica's LSO goes back or passes a record whose transaction has no committed marker
-(checkers 13-16). Replicas whose transaction table has a known bug (an LSO blind to open
-transactions, an ABORT that lists nothing, a truncation that reopens nothing, a fenced epoch
-accepted) are caught.
+(checkers 13-16). Replicas with a known transaction bug (an LSO blind to open transactions or
+to markers not yet replicated, a marker acknowledged before the ISR holds it, an ABORT that
+lists nothing, a truncation that reopens nothing, a fenced epoch accepted) are caught.
 
 Seeds (seeds.py): each kind of run takes fixed seeds and fresh ones derived from the commit;
 a failing seed prints the command that replays it with its scenario
@@ -64,6 +64,7 @@ from .mutants import (
     AbortMarkerForgetsTheAbortedList,
     AcceptsFencedProducers,
     AcksBeforeFsync,
+    AcksMarkersBeforeReplication,
     AnswersDeleteRecordsAtOnce,
     AppendsRetriesAgain,
     CountsFailedPushesAsApplied,
@@ -76,6 +77,7 @@ from .mutants import (
     LeadsBeforeTheStepDown,
     LeaseBeforeApplying,
     LsoIgnoresOpenTransactions,
+    LsoIgnoresUnreplicatedMarkers,
     MovesLeadersOften,
     NeverResyncs,
     ReportsTheEndAtCompletion,
@@ -226,6 +228,8 @@ def test_transactions_hold_under_faults(txn_seeds: range) -> None:
 # (bug, a word of what catches it)
 TXN_BUGS: list[tuple[type[PartitionReplica], str]] = [
     (LsoIgnoresOpenTransactions, "no committed marker"),
+    (LsoIgnoresUnreplicatedMarkers, "no committed marker"),
+    (AcksMarkersBeforeReplication, "no committed marker"),
     (AbortMarkerForgetsTheAbortedList, "of aborted transaction"),
     (TruncationReopensNoTransaction, "no committed marker"),
     (AcceptsFencedProducers, "after its marker"),
@@ -234,8 +238,8 @@ TXN_BUGS: list[tuple[type[PartitionReplica], str]] = [
 
 @pytest.mark.parametrize(("bug", "says"), TXN_BUGS, ids=[bug.__name__ for bug, _ in TXN_BUGS])
 def test_checkers_catch_transaction_bugs(bug: type[PartitionReplica], says: str) -> None:
-    """A replica whose transaction table has a known bug fails checker 13, 14 or 16 within a
-    bounded number of seeds; the seed that catches it passes with raylog's own replica."""
+    """A replica with a known transaction bug fails checker 13, 14 or 16 within a bounded
+    number of seeds; the seed that catches it passes with raylog's own replica."""
     max_seeds = 100
     for seed in range(max_seeds):
         scenario = Scenario.from_seed(seed, transactions=True, replica_class=bug)
