@@ -18,11 +18,12 @@ transaction spanning two partitions is not simulated):
   transaction still open the same way (transaction.timeout.ms, with Kafka's epoch bump).
 - The coordinator stand-in writes each decision as a COMMIT or ABORT control batch through
   the leader (acks=all, the coordinator epoch it has then), a marker as the replica actor's
-  ``write_txn_marker`` builds it, and retries until one try is acknowledged: after an error,
-  or ``MARKER_RETRY_MS`` without an answer (longer than a try can take to be answered), and
-  some tries are lost on the way (``MARKER_DROP``). Now and then the coordinator's own
-  partition moves (``COORDINATOR_MOVE``): later tries carry the next coordinator epoch, and
-  the older ones still in flight are refused (TRANSACTION_COORDINATOR_FENCED) or harmless.
+  ``write_txn_marker`` builds it, and retries until one try is acknowledged: after an error
+  (backing off), or ``MARKER_RETRY_MS`` without an answer (longer than a try can take to be
+  answered), and some tries are lost on the way (``MARKER_DROP``). Now and then the
+  coordinator's own partition moves (``COORDINATOR_MOVE``): later tries carry the next
+  coordinator epoch, and the older ones still in flight are refused
+  (TRANSACTION_COORDINATOR_FENCED) or harmless.
 - Every batch's data says what it is (checker 7's ``...p<id>e<epoch>q<seq>n<count>`` for data
   batches; markers are unique per try) and is registered with the checkers (13-16), with each
   decision and each acknowledgement.
@@ -65,7 +66,8 @@ TXN_RETRY_MS = 1_500  # resend a data batch after this long without an answer
 TXN_EARLY_RETRY = 0.1  # chance to resend while the first try is still in flight
 MARKER_RETRY_MS = 1_500  # more than a try takes to be answered (its timeout, 1 s, and delays)
 MARKER_DROP = 0.1  # a marker try lost on its way
-MARKER_TICK_MS = 50  # how often the coordinator looks at its markers to write (its backoff)
+MARKER_TICK_MS = 50  # how often the coordinator looks at its markers to write
+MARKER_BACKOFF_MAX_MS = 1_000  # after the n-th refused try: MARKER_TICK_MS * 2^n, up to this
 COORDINATOR_MOVE = 0.05  # per decision: the coordinator's partition moves (its epoch bumps)
 REQUEST_TIMEOUT_MS = 1_000
 
@@ -130,8 +132,9 @@ class PendingMarker:
     txn: int
     commit: bool
     in_flight: int | None = None
-    sent_ms: int = 0
+    next_try_ms: int = 0  # overdue, or backed off after a refusal
     tries: int = 0
+    refusals: int = 0
 
 
 @dataclass(eq=False)
@@ -282,7 +285,7 @@ class TxnWorkload:
         if sim.leader < 0:
             return
         for marker in self.markers.values():
-            if marker.in_flight is not None and sim.now_ms - marker.sent_ms < MARKER_RETRY_MS:
+            if sim.now_ms < marker.next_try_ms:
                 continue
             marker.tries += 1
             outcome = "C" if marker.commit else "A"
@@ -292,7 +295,7 @@ class TxnWorkload:
             sim.checkers.marker_of[data] = ((marker.producer_id, marker.txn), marker.commit)
             request_id = sim.next_request_id
             sim.next_request_id += 1
-            marker.in_flight, marker.sent_ms = request_id, sim.now_ms
+            marker.in_flight, marker.next_try_ms = request_id, sim.now_ms + MARKER_RETRY_MS
             self.requests[request_id] = (None, marker, self.coordinator_epoch)
             if marker.tries > 1:
                 sim.stats["txn_marker_retries"] += 1
@@ -373,8 +376,12 @@ class TxnWorkload:
             raise SimViolation(
                 f"the coordinator's marker {marker} got error {result.error_code}: {result.message}"
             )
-        if marker.in_flight == result.request_id:
-            marker.in_flight = None  # retried on the next tick
+        if marker.in_flight == result.request_id:  # retried, backing off (the log grows by
+            # every try a leader appends and then fails: a throttled follower must catch up)
+            marker.in_flight = None
+            backoff_ms = min(MARKER_BACKOFF_MAX_MS, MARKER_TICK_MS << min(marker.refusals, 8))
+            marker.next_try_ms = sim.now_ms + backoff_ms
+            marker.refusals += 1
 
     # --- settling -----------------------------------------------------------------------------
 
