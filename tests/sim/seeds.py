@@ -1,6 +1,7 @@
 """Which seeds the simulator runs, and the one command that replays a failing one.
 
-Every kind of run (clean elections, failed logs, unclean elections) takes two sets of seeds:
+Every kind of run (clean elections, failed logs, transactions, unclean elections) takes two
+sets of seeds:
 - fixed seeds, the same on every run, so that whatever they once caught stays caught (with the
   seeds that found bugs, ``FOUND_BUGS`` in test_sim.py);
 - fresh seeds, counted from a base derived from the commit under test (git HEAD), or from the
@@ -10,7 +11,7 @@ Every kind of run (clean elections, failed logs, unclean elections) takes two se
 
 Environment:
 - ``RAYLOG_SIM_SEEDS`` (or ``--sim-seeds``), ``RAYLOG_SIM_LOG_FAILURE_SEEDS``,
-  ``RAYLOG_SIM_UNCLEAN_SEEDS``: how many fresh seeds each kind runs;
+  ``RAYLOG_SIM_TXN_SEEDS``, ``RAYLOG_SIM_UNCLEAN_SEEDS``: how many fresh seeds each kind runs;
 - ``RAYLOG_SIM_SEED_BASE``: the first fresh seed (to re-run the seeds of another run);
 - ``RAYLOG_SIM_SEED``, ``RAYLOG_SIM_OVERRIDES`` (JSON, as a failure prints it),
   ``RAYLOG_SIM_TRACE``: what ``test_replay`` runs, and whether it prints every event.

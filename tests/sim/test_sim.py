@@ -114,7 +114,7 @@ KINDS = {
     # Transactions (transactions.py): every checker, 13-16 too.
     "txn_seeds": SeedKind(
         overrides={"transactions": True},
-        fixed=range(SEED_BASE, SEED_BASE + 150),
+        fixed=range(SEED_BASE, SEED_BASE + 100),
         fresh_env="RAYLOG_SIM_TXN_SEEDS",
         fresh_default=50,
         fresh_offset=300_000_000,
