@@ -352,8 +352,8 @@ class Simulation:
                 return f"replica {node.node_id}'s log differs from the leader's above {start}"
         return ""
 
-    def _on_txn(self, kind: str) -> None:
-        getattr(self.txn, f"on_{kind}")()
+    def _on_txn(self, kind: str, *args: Any) -> None:
+        getattr(self.txn, f"on_{kind}")(*args)
 
     def _on_tick(self, node_id: int, incarnation: int) -> None:
         node = self.nodes[node_id]

@@ -221,7 +221,8 @@ def test_transactions_hold_under_faults(txn_seeds: range) -> None:
     count = len(txn_seeds)
     assert totals["txn_committed"] > count and totals["txn_aborted"] > count // 5, totals
     assert totals["txn_fenced"] > count // 5 and totals["txn_zombie_refused"] > count // 5, totals
-    assert totals["txn_marker_retries"] > count and totals["txn_coordinator_moves"] > 0, totals
+    assert totals["txn_marker_retries"] > count, totals
+    assert totals["txn_coordinator_moves"] > count // 10, totals
     assert totals["txn_read_committed"] > 5 * count, totals
 
 

@@ -22,8 +22,9 @@ transaction spanning two partitions is not simulated):
   (backing off), or ``MARKER_RETRY_MS`` without an answer (longer than a try can take to be
   answered), and some tries are lost on the way (``MARKER_DROP``). Now and then the
   coordinator's own partition moves (``COORDINATOR_MOVE``): later tries carry the next
-  coordinator epoch, and the older ones still in flight are refused
-  (TRANSACTION_COORDINATOR_FENCED) or harmless.
+  coordinator epoch, and the deposed coordinator sends a try of each marker it was writing
+  late (while it is still being written): refused (TRANSACTION_COORDINATOR_FENCED) once a
+  newer try is in the log, else harmless (the same outcome).
 - Every batch's data says what it is (checker 7's ``...p<id>e<epoch>q<seq>n<count>`` for data
   batches; markers are unique per try) and is registered with the checkers (13-16), with each
   decision and each acknowledgement.
@@ -68,7 +69,7 @@ MARKER_RETRY_MS = 1_500  # more than a try takes to be answered (its timeout, 1 
 MARKER_DROP = 0.1  # a marker try lost on its way
 MARKER_TICK_MS = 50  # how often the coordinator looks at its markers to write
 MARKER_BACKOFF_MAX_MS = 1_000  # after the n-th refused try: MARKER_TICK_MS * 2^n, up to this
-COORDINATOR_MOVE = 0.05  # per decision: the coordinator's partition moves (its epoch bumps)
+COORDINATOR_MOVE = 0.15  # per decision: the coordinator's partition moves (its epoch bumps)
 REQUEST_TIMEOUT_MS = 1_000
 
 STATS = (
@@ -82,6 +83,7 @@ STATS = (
     "txn_markers_written",
     "txn_marker_retries",
     "txn_coordinator_moves",
+    "txn_coordinator_fenced",
     "txn_read_committed",
 )
 
@@ -269,6 +271,10 @@ class TxnWorkload:
         sim.stats["txn_timed_out" if sim.settling else f"txn_{outcome}"] += 1
         producer.open, producer.ending = False, True
         if sim.rng.random() < COORDINATOR_MOVE:
+            # The deposed coordinator may still send a try of a marker it was writing, late.
+            for marker in self.markers.values():
+                late_ms = sim.rng.randint(1, MARKER_RETRY_MS)
+                sim._schedule(late_ms, "txn", "stale_marker", marker, self.coordinator_epoch)
             self.coordinator_epoch += 1
             sim.stats["txn_coordinator_moves"] += 1
         self.markers[live.producer_id] = PendingMarker(
@@ -287,35 +293,48 @@ class TxnWorkload:
         for marker in self.markers.values():
             if sim.now_ms < marker.next_try_ms:
                 continue
-            marker.tries += 1
-            outcome = "C" if marker.commit else "A"
-            data = (
-                f"s{sim.seed}m{marker.producer_id}k{marker.txn}{outcome}t{marker.tries}"
-            ).encode()
-            sim.checkers.marker_of[data] = ((marker.producer_id, marker.txn), marker.commit)
-            request_id = sim.next_request_id
-            sim.next_request_id += 1
+            request_id = self._send_marker(marker, self.coordinator_epoch)
             marker.in_flight, marker.next_try_ms = request_id, sim.now_ms + MARKER_RETRY_MS
-            self.requests[request_id] = (None, marker, self.coordinator_epoch)
             if marker.tries > 1:
                 sim.stats["txn_marker_retries"] += 1
-            if not sim.settling and sim.rng.random() < MARKER_DROP:
-                continue  # lost on its way: retried when overdue
-            request = ProduceRequest(
-                request_id,
-                -1,
-                REQUEST_TIMEOUT_MS,
-                1,
-                len(data),
-                data,
-                marker.producer_id,
-                marker.producer_epoch,
-                -1,
-                True,
-                CONTROL_COMMIT if marker.commit else CONTROL_ABORT,
-                self.coordinator_epoch,
-            )
-            sim._send(CLIENT, sim._route(), request, client=True)
+
+    def on_stale_marker(self, marker: PendingMarker, coordinator_epoch: int) -> None:
+        """A deposed coordinator's late try of a marker it was writing, while that marker is
+        still being written. Not later, after the producer's next transaction began: only the
+        coordinator epoch fences that try, and a replica restarted over a log whose newer
+        markers DeleteRecords removed has lost it (txn_state rebuilds from the log), so the
+        late marker closes the open transaction with the older outcome (seed 8000271)."""
+        if self.sim.leader >= 0 and self.markers.get(marker.producer_id) is marker:
+            self._send_marker(marker, coordinator_epoch)
+
+    def _send_marker(self, marker: PendingMarker, coordinator_epoch: int) -> int:
+        """Send a try of ``marker`` (unless it is lost on its way); returns its request id."""
+        sim = self.sim
+        marker.tries += 1
+        outcome = "C" if marker.commit else "A"
+        data = f"s{sim.seed}m{marker.producer_id}k{marker.txn}{outcome}t{marker.tries}".encode()
+        sim.checkers.marker_of[data] = ((marker.producer_id, marker.txn), marker.commit)
+        request_id = sim.next_request_id
+        sim.next_request_id += 1
+        self.requests[request_id] = (None, marker, coordinator_epoch)
+        if not sim.settling and sim.rng.random() < MARKER_DROP:
+            return request_id  # lost on its way: retried when overdue
+        request = ProduceRequest(
+            request_id,
+            -1,
+            REQUEST_TIMEOUT_MS,
+            1,
+            len(data),
+            data,
+            marker.producer_id,
+            marker.producer_epoch,
+            -1,
+            True,
+            CONTROL_COMMIT if marker.commit else CONTROL_ABORT,
+            coordinator_epoch,
+        )
+        sim._send(CLIENT, sim._route(), request, client=True)
+        return request_id
 
     # --- answers ------------------------------------------------------------------------------
 
@@ -359,6 +378,8 @@ class TxnWorkload:
         self, marker: PendingMarker, coordinator_epoch: int, result: ProduceResult
     ) -> None:
         sim = self.sim
+        if result.error_code == TransactionCoordinatorFencedError.error_code:
+            sim.stats["txn_coordinator_fenced"] += 1
         if self.markers.get(marker.producer_id) is not marker:
             return  # an answer to an earlier try of a marker already written
         if result.error_code == 0:
