@@ -46,7 +46,8 @@ from raylog.actors.calls import (
     replica_actor_name,
 )
 from raylog.actors.control import config_keys
-from raylog.actors.replica_port import CHANNEL_START_S, RayReplicaPort, batch_meta
+from raylog.actors.producer_snapshots import SnapshotTaker, start_state
+from raylog.actors.replica_port import CHANNEL_START_S, RayReplicaPort
 from raylog.actors.replication.executor import ReadyExecutor
 from raylog.actors.replication.messages import (
     CONSUMER_REPLICA_ID,
@@ -156,6 +157,7 @@ class ReplicaActor:
         self._max_message_bytes = log_config.max_message_bytes
         # Recovery happens here, also when Ray restarts a killed actor.
         self._log = Log.open(Path(log_dir), log_config)
+        snapshot, tail = start_state(self._log)
         self._sm = PartitionReplica(
             replica_id,
             replica_config or ReplicaConfig(),
@@ -163,10 +165,12 @@ class ReplicaActor:
             log_end_offset=self._log.log_end_offset,
             epoch_cache=[(e.epoch, e.start_offset) for e in self._log.epoch_entries],
             high_watermark=self._log.high_watermark,
-            # Idempotent-producer and transaction state: rebuilt from the WAL's batch headers
-            # (no bodies read but those of transaction markers, a record each).
-            producer_batches=(batch_meta(h, m) for h, m in self._log.producer_batch_headers()),
+            # Idempotent-producer and transaction state: the newest usable snapshot, then the
+            # WAL's batch headers after it (no bodies read but those of transaction markers).
+            producer_snapshot=snapshot,
+            producer_batches=tail,
         )
+        self._snapshots = SnapshotTaker(self._log)
         # The .txnindex files answer read_committed fetches: make them match the log (entries
         # a crash lost with an unflushed index, a bad file), from what was just rebuilt.
         self._log.restore_aborted_txns(self._log.log_start_offset, self._sm.txns.aborted)
@@ -280,6 +284,8 @@ class ReplicaActor:
                 continue
             try:
                 self._executor.tick(now_ms())
+                if self._snapshots.due():
+                    self._snapshots.take(self._sm.log)
                 await self._maybe_checkpoint_hw()
                 self._maybe_enforce_retention()
                 self._maybe_clean()

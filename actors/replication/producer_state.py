@@ -37,8 +37,9 @@ Retention: when the log start moves, producers whose last batch lies below it ar
 (Kafka's evictUnretainedProducers), so a live replica keeps what one restarted from the
 remaining log would rebuild.
 
-Not implemented (Kafka has them): ``producer.id.expiration.ms`` (batch timestamps are not
-tracked), producer-state snapshots (recovery replays the whole log's batch headers).
+Not implemented (Kafka has it): ``producer.id.expiration.ms`` (batch timestamps are not
+tracked). Snapshots of this state (``producer_snapshot``) spare a restarted replica most of
+the log's batch headers: :meth:`ProducerStateTable.export` and :meth:`ProducerStateTable.load`.
 Transactions are ``txn_state``'s. Memory is bounded
 instead by ``max_producers``: past it the producer that appended least recently is forgotten
 (rule 2 again), never one that ``pinned`` names (a producer with an open transaction).
@@ -242,6 +243,28 @@ class ProducerStateTable:
 
     def clear(self) -> None:
         self._entries.clear()
+
+    def export(self) -> list[tuple[int, int, list[ProducerBatch], ProducerBatch | None]]:
+        """Every producer's ``(producer id, epoch, window, last evicted batch)``, least
+        recently appended first: what :meth:`load` restores exactly."""
+        return [
+            (pid, e.producer_epoch, list(e.batches), e.last_evicted)
+            for pid, e in self._entries.items()
+        ]
+
+    def load(
+        self, entries: Iterable[tuple[int, int, list[ProducerBatch], ProducerBatch | None]]
+    ) -> None:
+        """Replace the state with what :meth:`export` gave (raises ValueError on an entry that
+        breaks the table's invariants: an empty or oversized window)."""
+        self.clear()
+        for producer_id, producer_epoch, batches, last_evicted in entries:
+            if not 1 <= len(batches) <= BATCHES_RETAINED or producer_id < 0:
+                raise ValueError(f"producer {producer_id}: {len(batches)} batches")
+            entry = ProducerEntry(producer_epoch)
+            entry.batches.extend(batches)
+            entry.last_evicted = last_evicted
+            self._entries[producer_id] = entry
 
     def rebuild(self, batches: Iterable[tuple[int, int, int, int, int]]) -> None:
         """Replace the state with the one a log of these batches leaves: ``(producer_id,

@@ -20,7 +20,8 @@ Decisions:
 - Producers' idempotent state (``producer_state``) and transaction state (``txn_state``)
   follow every append, truncation and log start move, so that they always equal what a
   replica rebuilt from the remaining log would hold; the last stable offset comes from the
-  latter.
+  latter. A replica starts from a snapshot of them and the batches after it when it has one
+  (``producer_snapshot``).
 - A truncation below the high watermark happens only after an unclean election, when
   ``unclean_leader_election_enable`` is set, or where acknowledged records may never have
   reached a disk (``acks_before_fsync``: flush.messages > 1) and a power loss took them:
@@ -39,12 +40,14 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 
+from raylog.actors.replication import producer_snapshot
 from raylog.actors.replication.messages import (
     UNDEFINED_EPOCH,
     UNDEFINED_OFFSET,
     BatchMeta,
     EpochEndOffset,
 )
+from raylog.actors.replication.producer_snapshot import ProducerSnapshot
 from raylog.actors.replication.producer_state import NO_SEQUENCE, ProducerStateTable
 from raylog.actors.replication.ready import (
     AdvanceLogStart,
@@ -66,7 +69,11 @@ class ReplicaLog:
         epoch_cache: Iterable[tuple[int, int]],
         high_watermark: int,
         producer_batches: Iterable[BatchMeta],
+        snapshot: ProducerSnapshot | None = None,
     ) -> None:
+        """``producer_batches``: the headers of the log's producer batches in log order; with
+        ``snapshot`` (usable for this log: :meth:`ProducerSnapshot.usable`), only those from
+        its offset on, replayed over it."""
         check_invariant(0 <= log_start_offset <= log_end_offset, "log start must be <= log end")
         self.log_start_offset = log_start_offset
         self.log_end_offset = log_end_offset
@@ -81,13 +88,29 @@ class ReplicaLog:
         self.producers = ProducerStateTable()
         self.txns = TxnTable()
         self.producers.pinned = self.txns.has_open
-        batches = [b for b in producer_batches if b.producer_id >= 0]
-        self.txns.rebuild(batches, self.high_watermark)
-        self.producers.rebuild(
-            (b.producer_id, b.producer_epoch, b.base_sequence, b.base_offset, b.record_count)
-            for b in batches
-            if has_sequence(b)
-        )
+        # Whether the two tables equal what the log below its end rebuilds: what a snapshot
+        # may be taken of (see ``producer_snapshot``); a truncation that cuts ends it.
+        self.snapshot_exact = True
+        first = 0
+        if snapshot is not None:
+            check_invariant(
+                snapshot.usable(log_start_offset, log_end_offset, self.high_watermark),
+                f"snapshot at {snapshot.offset} is usable",
+            )
+            self.producers, self.txns = snapshot.producers, snapshot.txns
+            self.producers.pinned = self.txns.has_open
+            self.txns.on_high_watermark(self.high_watermark)
+            first = snapshot.offset
+        batches = [b for b in producer_batches if b.producer_id >= 0 and b.base_offset >= first]
+        # As a full rebuild does: the transactions first (the memory bound of the producers
+        # keeps those with an open transaction), then the producers.
+        for batch in batches:
+            self.txns.update(batch, self.high_watermark)
+        for b in batches:
+            if has_sequence(b):
+                self.producers.update(
+                    b.producer_id, b.producer_epoch, b.base_sequence, b.base_offset, b.record_count
+                )
         # Batches below the log start may still be on disk.
         self.producers.remove_before(log_start_offset)
         self.txns.remove_before(log_start_offset)
@@ -242,6 +265,7 @@ class ReplicaLog:
             self.high_watermark = offset
             ready.checkpoint_high_watermark = offset
         self.generation += 1
+        self.snapshot_exact = False
         self.log_end_offset = offset
         self.durable_end_offset = min(self.durable_end_offset, offset)
         self.epoch_cache = [(e, s) for e, s in self.epoch_cache if s < offset]
@@ -257,6 +281,7 @@ class ReplicaLog:
             "a full truncation may not drop data below the high watermark",
         )
         self.generation += 1
+        self.snapshot_exact = True  # empty, as a rebuild of an empty log
         self.log_start_offset = new_start_offset
         self.log_end_offset = new_start_offset
         self.durable_end_offset = new_start_offset
@@ -266,6 +291,17 @@ class ReplicaLog:
         self.txns.clear()
         ready.log_ops.append(TruncateTo(new_start_offset, self.generation, full=True))
         ready.checkpoint_high_watermark = new_start_offset
+
+    # --- snapshots -----------------------------------------------------------------------------
+
+    def snapshot(self) -> bytes | None:
+        """A producer-state snapshot at the log end (``producer_snapshot``), or None when none
+        may be taken now: the log end is not durable yet, or the state is not exact."""
+        if not self.snapshot_exact or self.durable_end_offset != self.log_end_offset:
+            return None
+        return producer_snapshot.encode(
+            self.log_end_offset, self.high_watermark, self.producers, self.txns
+        )
 
     def check_invariants(self) -> None:
         check_invariant(

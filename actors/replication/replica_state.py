@@ -32,6 +32,7 @@ from raylog.actors.replication.messages import (
     EpochEndOffset,
     FetchRequest,
 )
+from raylog.actors.replication.producer_snapshot import ProducerSnapshot
 from raylog.actors.replication.producer_state import ProducerStateTable
 from raylog.actors.replication.ready import (
     Ready,
@@ -65,6 +66,7 @@ class ReplicaState:
         epoch_cache: Iterable[tuple[int, int]] = (),
         high_watermark: int = 0,
         producer_batches: Iterable[BatchMeta] = (),
+        producer_snapshot: ProducerSnapshot | None = None,
     ) -> None:
         """Create a replica over a recovered log.
 
@@ -73,7 +75,8 @@ class ReplicaState:
         the batches in it; ``high_watermark`` is the checkpoint, clamped into the log here;
         ``producer_batches`` are the headers of the log's idempotent and transactional batches
         in log order (with each transaction marker's type and coordinator epoch), from which
-        the producer and transaction state is rebuilt.
+        the producer and transaction state is rebuilt; with ``producer_snapshot``, those from
+        its offset on, replayed over it (``producer_snapshot``).
         """
         self.config = config or ReplicaConfig()
         self.config.validate()
@@ -89,7 +92,12 @@ class ReplicaState:
         # of that committed state. A BecomeLeader older than it is stale (_on_become_leader).
         self.committed_partition_state = (UNDEFINED_EPOCH, -1)
         self.log = ReplicaLog(
-            log_start_offset, log_end_offset, epoch_cache, high_watermark, producer_batches
+            log_start_offset,
+            log_end_offset,
+            epoch_cache,
+            high_watermark,
+            producer_batches,
+            producer_snapshot,
         )
         # Leader state.
         self.isr: tuple[int, ...] = ()

@@ -47,6 +47,7 @@ Rules (Kafka's):
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -80,6 +81,16 @@ class CompletedTxn(NamedTuple):
     aborted: bool
     producer_epoch: int
     coordinator_epoch: int
+
+
+class TxnTableState(NamedTuple):
+    """A :class:`TxnTable`'s whole state (:meth:`TxnTable.export`): per producer ``(producer
+    id, open first offset, open epoch, completed transactions, marker epoch, coordinator
+    epoch)``, the aborted list and the unreplicated transactions, each in marker order."""
+
+    entries: list[tuple[int, int, int, list[CompletedTxn], int, int]]
+    aborted: list[AbortedTxn]
+    unreplicated: list[CompletedTxn]
 
 
 @dataclass
@@ -317,6 +328,42 @@ class TxnTable:
         self._entries.clear()
         self._aborted.clear()
         self._unreplicated.clear()
+
+    def export(self) -> TxnTableState:
+        """The whole state, producers least recently appended first: what :meth:`load`
+        restores exactly (the aborted list included: see ``producer_snapshot``)."""
+        return TxnTableState(
+            [
+                (
+                    pid,
+                    e.open_first_offset,
+                    e.open_epoch,
+                    list(e.completed),
+                    e.marker_epoch,
+                    e.coordinator_epoch,
+                )
+                for pid, e in self._entries.items()
+            ],
+            list(self._aborted),
+            list(self._unreplicated),
+        )
+
+    def load(self, state: TxnTableState) -> None:
+        """Replace the state with what :meth:`export` gave (raises ValueError on one that
+        breaks the table's invariants)."""
+        self.clear()
+        for pid, first, epoch, completed, marker_epoch, coordinator_epoch in state.entries:
+            if pid < 0 or len(completed) > TXNS_RETAINED or (first < 0 and not completed):
+                raise ValueError(f"transactional producer {pid}: bad entry")
+            entry = TxnEntry(first, epoch, marker_epoch=marker_epoch)
+            entry.completed.extend(completed)
+            entry.coordinator_epoch = coordinator_epoch
+            self._entries[pid] = entry
+        for txns in (state.aborted, state.unreplicated):
+            if any(a.last_offset >= b.last_offset for a, b in itertools.pairwise(txns)):
+                raise ValueError("transactions out of marker order")
+        self._aborted = list(state.aborted)
+        self._unreplicated = list(state.unreplicated)
 
     def rebuild(self, batches: Iterable[BatchMeta], high_watermark: int) -> None:
         """Replace the state with the one a log of these batches leaves, in log order."""

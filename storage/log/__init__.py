@@ -11,6 +11,7 @@ Directory layout (Kafka's)::
     high-watermark-checkpoint       "0\\n<high watermark>\\n"
     log-start-offset-checkpoint     "0\\n<log start offset>\\n" (DeleteRecords)
     cleaner-offset-checkpoint       "0\\n<first dirty offset>\\n<next delete horizon>\\n"
+    00000000000000001234.snapshot   producer-state snapshot at offset 1234 (see snapshots.py)
 
 Modules, one concern each:
 
@@ -24,6 +25,7 @@ Modules, one concern each:
 - ``recovery.py``: what :meth:`Log.open` accepts after a crash, and what it cuts;
 - ``epochs.py``: the leader-epoch cache (KIP-101/279) and its checkpoint;
 - ``checkpoints.py``: the checkpoint files' format (high watermark, log start, cleaner);
+- ``snapshots.py``: the producer-state snapshot files (their bytes are the replica's);
 - ``reads.py``: locating and reading whole batches, extents for short-circuit reads;
 - ``retention.py``: what leaves the head (retention, the log start offset);
 - ``truncation.py``: what leaves the tail (truncation, starting over empty);

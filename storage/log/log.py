@@ -39,6 +39,7 @@ from raylog.storage.log import (
     compaction,
     reads,
     retention,
+    snapshots,
     truncation,
     txnindex,
 )
@@ -334,23 +335,29 @@ class Log:
         for header, _ in self._walk_headers(markers=False):
             yield header
 
-    def producer_batch_headers(self) -> Iterator[tuple[rb.BatchHeader, rb.EndTxnMarker | None]]:
+    def producer_batch_headers(
+        self, from_offset: int = 0
+    ) -> Iterator[tuple[rb.BatchHeader, rb.EndTxnMarker | None]]:
         """The headers of the batches of idempotent and transactional producers (producerId
-        >= 0), each with its transaction marker when it is one: what a replica rebuilds its
-        producer and transaction state from when it starts. As :meth:`batch_headers`; a
-        marker's body (its one record, right after the header) is read too."""
-        for header, marker in self._walk_headers(markers=True):
-            if header.producer_id >= 0:
+        >= 0) whose base offset is at or above ``from_offset``, each with its transaction
+        marker when it is one: what a replica rebuilds its producer and transaction state from
+        when it starts (from a snapshot's offset: see :meth:`write_producer_snapshot`). As
+        :meth:`batch_headers`, from the segment holding ``from_offset`` (its offset index
+        finds where to start); a marker's body (its one record) is read too."""
+        for header, marker in self._walk_headers(markers=True, from_offset=from_offset):
+            if header.producer_id >= 0 and header.base_offset >= from_offset:
                 yield header, marker
 
     def _walk_headers(
-        self, *, markers: bool
+        self, *, markers: bool, from_offset: int = 0
     ) -> Iterator[tuple[rb.BatchHeader, rb.EndTxnMarker | None]]:
         with self._lock:
             self._check_usable()
-            segments = list(self._state.segments)
+            first = max(0, self._state.segments.index_of(from_offset))
+            segments = list(self._state.segments)[first:]
+            start_pos = segments[0].lookup_position(from_offset) if from_offset else 0
         for seg in segments:
-            pos = 0
+            pos, start_pos = start_pos, 0
             while True:
                 with self._lock:
                     self._check_usable()
@@ -406,6 +413,62 @@ class Log:
         if rewritten:
             logger.info("log %s: %d txnindex file(s) restored", self.directory, rewritten)
         return rewritten
+
+    # -- producer-state snapshots (snapshots.py) ------------------------------------------------
+
+    def write_producer_snapshot(
+        self, offset: int, data: bytes, keep: int = snapshots.SNAPSHOTS_KEPT_DEFAULT
+    ) -> None:
+        """Store a producer-state snapshot (opaque bytes) taken when the log ended at
+        ``offset``, durably, keeping the ``keep`` newest. The caller takes it only of state
+        whose batches are durable. Raises OffsetOutOfRangeError outside [log start, log end].
+        """
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        with self._lock:
+            self._check_usable()
+            if not self.log_start_offset <= offset <= self.log_end_offset:
+                raise OffsetOutOfRangeError(
+                    f"snapshot at {offset} outside the log [{self.log_start_offset}, "
+                    f"{self.log_end_offset}] of {self.directory}"
+                )
+            try:
+                snapshots.write(self.directory, offset, data, keep)
+            except OSError as exc:
+                raise KafkaStorageError(f"snapshot of {self.directory}: {exc}") from exc
+
+    def producer_snapshot_offsets(self) -> list[int]:
+        """The offsets of the stored producer-state snapshots, newest first."""
+        with self._lock:
+            self._check_usable()
+            try:
+                return snapshots.list_offsets(self.directory)[::-1]
+            except OSError as exc:
+                raise KafkaStorageError(f"snapshots of {self.directory}: {exc}") from exc
+
+    def read_producer_snapshot(self, offset: int) -> bytes | None:
+        """The bytes of the snapshot at ``offset`` (None: gone, or too large to read)."""
+        with self._lock:
+            self._check_usable()
+            try:
+                return snapshots.read(self.directory, offset)
+            except OSError as exc:
+                raise KafkaStorageError(f"snapshot of {self.directory}: {exc}") from exc
+
+    def delete_producer_snapshot(self, offset: int) -> None:
+        """Delete the snapshot at ``offset`` (its owner found it does not load)."""
+        with self._lock:
+            self._check_usable()
+            try:
+                snapshots.delete(self.directory, offset)
+            except OSError as exc:
+                raise KafkaStorageError(f"snapshot of {self.directory}: {exc}") from exc
+
+    @property
+    def active_segment_base_offset(self) -> int:
+        """Where the active segment starts: it moves up when the log rolls."""
+        with self._lock:
+            return self._state.segments.active.base_offset
 
     def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
         """OffsetForLeaderEpoch (KIP-101/279): ``(epoch, end_offset)`` as Kafka answers it

@@ -18,7 +18,8 @@ deleted. The first bad batch and everything after it (later segments included) i
 indexes rebuilt, and one log line (WARNING) says what was cut.
 
 Files recovery removes: ``*.tmp`` (an interrupted atomic write), ``*.cleaned`` (a segment the
-cleaner did not swap in) and index files whose ``.log`` is gone. A segment's ``.txnindex``
+cleaner did not swap in), index files whose ``.log`` is gone, and producer-state snapshots
+(snapshots.py) below the log start or above the log end. A segment's ``.txnindex``
 (aborted transactions, see txnindex.py) loses its entries past a cut tail; it is checked when
 read, and the replica makes every index from its log start on match the log when it starts
 (:meth:`Log.restore_aborted_txns`).
@@ -34,7 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from raylog.storage.errors import KafkaStorageError
-from raylog.storage.log import checkpoints, txnindex
+from raylog.storage.log import checkpoints, snapshots, txnindex
 from raylog.storage.log.checkpoints import HIGH_WATERMARK_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT
 from raylog.storage.log.config import MAX_BATCH_BYTES, LogConfig
 from raylog.storage.log.epochs import LeaderEpochCache
@@ -58,6 +59,7 @@ def recover(directory: Path, config: LogConfig, fsync: Callable[[int], None]) ->
     start = min(max(start, segments[0].base_offset), end)
     if delete_segments_below(segments, start):
         fsync_directory(directory)
+    snapshots.delete_outside(directory, start, end)  # left by a crash, or past a cut tail
     epochs = LeaderEpochCache(directory)
     epochs.recover(segments.active, start, end)
     high_watermark = checkpoints.read_offset(directory, HIGH_WATERMARK_CHECKPOINT) or 0

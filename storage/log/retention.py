@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 
 from raylog.storage.errors import KafkaStorageError, OffsetOutOfRangeError
-from raylog.storage.log import checkpoints
+from raylog.storage.log import checkpoints, snapshots
 from raylog.storage.log.appends import roll
 from raylog.storage.log.checkpoints import LOG_START_OFFSET_CHECKPOINT
 from raylog.storage.log.config import LogConfig
@@ -73,6 +73,7 @@ def advance_log_start(state: LogState, offset: int, high_watermark: int) -> int:
         if deleted:
             _after_head_deleted(state, deleted)
         else:
+            snapshots.delete_outside(state.directory, offset, None)
             state.epochs.trim_and_persist(offset, leo)
             state.high_watermark = max(state.high_watermark, offset)
     except OSError as exc:
@@ -82,8 +83,10 @@ def advance_log_start(state: LogState, offset: int, high_watermark: int) -> int:
 
 
 def _after_head_deleted(state: LogState, deleted: int) -> None:
-    """After segments left the head of the log: make the unlinks durable and move the epoch
-    cache and the high watermark up to the log start offset."""
+    """After segments left the head of the log: make the unlinks durable, delete the
+    producer-state snapshots below the log start offset (the batches after them are gone) and
+    move the epoch cache and the high watermark up to it."""
+    snapshots.delete_outside(state.directory, state.log_start_offset, None)
     fsync_directory(state.directory)
     state.stats.segments_deleted += deleted
     state.epochs.trim_and_persist(state.log_start_offset, state.log_end_offset)

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 
 from raylog.storage.errors import OffsetOutOfRangeError
-from raylog.storage.log import checkpoints, txnindex
+from raylog.storage.log import checkpoints, snapshots, txnindex
 from raylog.storage.log.checkpoints import (
     HIGH_WATERMARK_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
@@ -39,6 +39,9 @@ def truncate_to(state: LogState, offset: int) -> int:
         )
     try:
         truncate_segments(state.segments, offset, state.fsync)
+        # A snapshot above the new end describes batches that are gone (recovery deletes
+        # those a crash leaves here).
+        snapshots.delete_outside(state.directory, 0, state.log_end_offset)
     except OSError as exc:
         raise state.failed("truncation", exc) from exc
     state.stats.fsyncs += 1
@@ -63,6 +66,7 @@ def truncate_fully_and_start_at(state: LogState, offset: int) -> None:
         # 1. The log start first: a crash after it leaves old segments wholly below it,
         #    which recovery deletes, never a log that starts below ``offset``.
         checkpoints.write_offset(state.directory, LOG_START_OFFSET_CHECKPOINT, offset)
+        snapshots.delete_outside(state.directory, offset + 1, None)  # every one
         start_empty_at(state.segments, offset, state.config.index_interval_bytes)
     except OSError as exc:
         raise state.failed("truncation", exc) from exc

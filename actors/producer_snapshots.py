@@ -1,0 +1,79 @@
+"""A replica's producer-state snapshots on its Log: which one it starts from, when it takes one.
+
+The bytes and the rules are ``replication.producer_snapshot``'s; the files are the Log's
+(``storage/log/snapshots.py``). This module is the I/O between them, for the replica actor:
+
+- start (:func:`start_state`): the newest snapshot at or below the log end that loads and is
+  usable; a corrupt one is deleted (with a warning) and the next older one tried, as Kafka
+  skips a corrupt snapshot; without one, every producer batch header of the log;
+- taking (:class:`SnapshotTaker`): after a roll (the active segment's base offset passed the
+  newest snapshot), at the first tick where the state machine's log end is durable and its
+  state exact, as Kafka snapshots at each roll; and on a clean close. The high watermark is
+  checkpointed first, so that a restart's is never below the snapshot's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+from raylog.actors.replica_port import batch_meta
+from raylog.actors.replication.messages import BatchMeta
+from raylog.actors.replication.producer_snapshot import ProducerSnapshot, SnapshotError, decode
+from raylog.actors.replication.replica_log import ReplicaLog
+from raylog.storage.log import Log
+
+log = logging.getLogger(__name__)
+
+
+def start_state(storage: Log) -> tuple[ProducerSnapshot | None, Iterator[BatchMeta]]:
+    """The snapshot a replica over ``storage`` starts from (None: none usable) and the producer
+    batch headers to replay after it."""
+    start, end = storage.log_start_offset, storage.log_end_offset
+    high_watermark = max(start, min(storage.high_watermark, end))  # as ReplicaLog clamps it
+    for offset in storage.producer_snapshot_offsets():
+        data = storage.read_producer_snapshot(offset)
+        if data is None:
+            continue
+        try:
+            snapshot = decode(data)
+            if snapshot.offset != offset:
+                raise SnapshotError(f"holds offset {snapshot.offset}")
+        except SnapshotError as exc:
+            log.warning("log %s: deleting bad snapshot at %d: %s", storage.directory, offset, exc)
+            storage.delete_producer_snapshot(offset)
+            continue
+        if snapshot.usable(start, end, high_watermark):
+            headers = storage.producer_batch_headers(offset)
+            return snapshot, (batch_meta(h, m) for h, m in headers)
+    return None, (batch_meta(h, m) for h, m in storage.producer_batch_headers())
+
+
+class SnapshotTaker:
+    """When a replica writes a snapshot of its state machine's producer state."""
+
+    def __init__(self, storage: Log) -> None:
+        self._storage = storage
+        offsets = storage.producer_snapshot_offsets()
+        self.last_offset = offsets[0] if offsets else -1
+
+    def due(self) -> bool:
+        """A roll since the newest snapshot."""
+        return self._storage.active_segment_base_offset > self.last_offset
+
+    def take(self, state: ReplicaLog) -> bool:
+        """Write a snapshot of ``state`` at its log end when one may be taken now; returns
+        whether it did. Raises KafkaStorageError. On the event loop, with no await between
+        encoding the state and writing it: a truncation meanwhile would make it describe
+        other batches (a small file and two fsyncs, once per segment)."""
+        offset = state.log_end_offset
+        if offset == self.last_offset or offset != self._storage.log_end_offset:
+            return False
+        data = state.snapshot()
+        if data is None:
+            return False
+        if self._storage.high_watermark < state.high_watermark:
+            self._storage.checkpoint_high_watermark(state.high_watermark)
+        self._storage.write_producer_snapshot(offset, data)
+        self.last_offset = offset
+        return True
