@@ -28,6 +28,11 @@ Decisions:
   (``ReplicaLog.snapshot_exact``): a truncation may forget what a rebuild would know
   (``producer_state``'s and ``txn_state``'s truncation rules), and a snapshot of that would
   outlive the restart that repairs it.
+- The log start: a live replica forgets a producer whose batches all lie below it
+  (``producer_state``), a rebuild reads the batches of the first segment below it too; a
+  snapshot carries the former, so after a restart from one a producer that appended again
+  since holds no batch below the log start in its window. Nothing above the log start is
+  decided differently.
 - Retention: a snapshot keeps the state of producers whose batches retention deleted since,
   as Kafka's does (their epochs still fence zombies); a rebuild of the remaining log forgets
   them (rule 2 of ``producer_state``): both are safe.
