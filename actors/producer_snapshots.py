@@ -55,7 +55,8 @@ class SnapshotTaker:
     def __init__(self, storage: Log) -> None:
         self._storage = storage
         offsets = storage.producer_snapshot_offsets()
-        self.last_offset = offsets[0] if offsets else -1
+        # Without one, a log that has rolled gets one at once; a new log after its first roll.
+        self.last_offset = offsets[0] if offsets else 0
 
     def due(self) -> bool:
         """A roll since the newest snapshot."""
