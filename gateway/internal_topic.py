@@ -26,6 +26,9 @@ This module owns, for one such topic:
 6. Waiting: requests that arrive while their partition loads, or before this broker's metadata
    shows who leads it, wait on :meth:`InternalTopic.changed` (set on every change of what is
    owned or loaded) rather than being refused at once.
+7. Running: the coordinator's tick every ``TICK_MS`` (:meth:`InternalTopic.start`), and stopping
+   it with every task it started (:meth:`InternalTopic.stop`); a lock per key
+   (:class:`KeyLocks`) for coordinators that handle one key's requests one at a time.
 
 What a partition's records mean, and what a coordinator keeps per partition, is the
 coordinator's; this module never decodes a record.
@@ -46,8 +49,10 @@ from raylog.storage.errors import RaylogError
 
 __all__ = [
     "STORE_ERRORS",
+    "TICK_MS",
     "CoordinatorNode",
     "InternalTopic",
+    "KeyLocks",
     "OwnedPartition",
     "Replay",
     "java_string_hash",
@@ -60,6 +65,7 @@ APPEND_TIMEOUT_MS = 5_000  # acks=all wait for a coordinator write (offsets.comm
 LOAD_FETCH_BYTES = 1 << 20
 LOAD_RETRY_MS = 500
 CREATE_RETRY_MS = 2_000  # the least time between two attempts to create or configure the topic
+TICK_MS = 100  # a coordinator's tick: leadership checks, then its own timers
 
 CreateTopic = Callable[[str, int, int, dict[str, str]], Awaitable[None]]
 # Set these configs among a topic's overrides (the others kept); raises when it cannot.
@@ -125,6 +131,29 @@ P = TypeVar("P", bound=OwnedPartition)
 R = TypeVar("R", bound=Replay)
 
 
+class KeyLocks:
+    """One asyncio lock per key (a group id, a transactional id), made on first use; a key's
+    lock is dropped with :meth:`discard` or :meth:`prune` so the table stays bounded."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def __call__(self, key: str) -> asyncio.Lock:
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        return lock
+
+    def discard(self, key: str) -> None:
+        """Forget ``key``'s lock: requests waiting on it keep it; new ones get a new lock."""
+        self._locks.pop(key, None)
+
+    def prune(self, keep: Callable[[str], bool]) -> None:
+        """Forget the free locks of the keys ``keep`` says no."""
+        for key in [k for k, lock in self._locks.items() if not lock.locked() and not keep(k)]:
+            del self._locks[key]
+
+
 class LoadFailed(Exception):
     """A load attempt that is retried (no ISR yet, a moving leader)."""
 
@@ -173,6 +202,7 @@ class InternalTopic(Generic[P, R]):
         self._setting_up: asyncio.Task[None] | None = None
         self._last_set_up_ms = -CREATE_RETRY_MS
         self._changed = asyncio.Event()
+        self._ticker: asyncio.Task[None] | None = None
 
     # --- placement ----------------------------------------------------------------------------
 
@@ -299,14 +329,36 @@ class InternalTopic(Generic[P, R]):
         self._unloaded(partition, owned)
         log.info("broker %d: unloaded %s-%d", self.broker_id, self.topic, partition)
 
-    async def stop(self) -> None:
-        tasks = [t for t in (self._setting_up,) if t is not None]
-        tasks += [p.loader for p in self.owned.values() if p.loader is not None]
-        for task in tasks:
+    def loaded_partitions(self) -> list[int]:
+        return sorted(p for p, owned in self.owned.items() if owned.loaded)
+
+    # --- running --------------------------------------------------------------------------------
+
+    def start(self, tick: Callable[[], Awaitable[None]], name: str) -> None:
+        """Run the coordinator's ``tick`` every TICK_MS until :meth:`stop` (a tick that raises
+        is logged and the next one runs). Idempotent."""
+        if self._ticker is None:
+            self._ticker = asyncio.get_running_loop().create_task(self._tick_loop(tick, name))
+
+    async def _tick_loop(self, tick: Callable[[], Awaitable[None]], name: str) -> None:
+        while True:
+            try:
+                await tick()
+            except Exception:
+                log.exception("%s of broker %d: tick failed", name, self.broker_id)
+            await asyncio.sleep(TICK_MS / 1000)
+
+    async def stop(self, *tasks: asyncio.Task[None] | None) -> None:
+        """Stop the tick, the set-up and the loads, and the coordinator's own ``tasks``, waiting
+        for each to end; then hand every partition back (``unloaded``)."""
+        running = [t for t in (self._ticker, self._setting_up, *tasks) if t is not None]
+        running += [p.loader for p in self.owned.values() if p.loader is not None]
+        for task in running:
             task.cancel()
-        for task in tasks:
+        for task in running:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        self._ticker = None
         for partition in list(self.owned):
             self.unload(partition)
 

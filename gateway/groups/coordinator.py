@@ -13,18 +13,18 @@ Ownership, as Kafka's brokers do it (the shared machinery is ``gateway/internal_
    controller on the first FindCoordinator (RF = min(``offsets.topic.replication.factor``, live
    brokers)) with Kafka's configs (:data:`OFFSETS_TOPIC_CONFIGS`: compacted); an existing
    topic without compaction is given ``cleanup.policy=compact``, its other overrides kept.
-2. Every ``TICK_MS`` the coordinator refreshes which partitions this broker leads, loading those
-   it gains. A group request that arrives while its partition loads waits for the load, and so
-   does one that arrives before this broker's metadata shows who leads the partition (a client
-   learns the coordinator from any gateway, whose metadata may be fresher than this one's);
-   past ``LOAD_WAIT_MS`` it gets COORDINATOR_LOAD_IN_PROGRESS (14) or NOT_COORDINATOR (16).
-   Answering those at once would fail clients: librdkafka retries an OffsetCommit answered 14
-   twice, a few hundred milliseconds apart, then hands the error to the application, so the
-   first commit of a group on a fresh cluster (whose ``__consumer_offsets`` partitions are
-   created and loaded then) would fail. A request for a partition another broker leads gets
-   NOT_COORDINATOR at once; ListGroups and DescribeGroups answer 14 at once while loading
-   (admin clients retry them). On losing a partition its groups are dropped and their waiting
-   requests get NOT_COORDINATOR.
+2. Every ``TICK_MS`` (``internal_topic.py``) the coordinator refreshes which partitions this
+   broker leads, loading those it gains. A group request that arrives while its partition loads
+   waits for the load, and so does one that arrives before this broker's metadata shows who
+   leads the partition (a client learns the coordinator from any gateway, whose metadata may be
+   fresher than this one's); past ``LOAD_WAIT_MS`` it gets COORDINATOR_LOAD_IN_PROGRESS (14) or
+   NOT_COORDINATOR (16). Answering those at once would fail clients: librdkafka retries an
+   OffsetCommit answered 14 twice, a few hundred milliseconds apart, then hands the error to the
+   application, so the first commit of a group on a fresh cluster (whose ``__consumer_offsets``
+   partitions are created and loaded then) would fail. A request for a partition another broker
+   leads gets NOT_COORDINATOR at once; ListGroups and DescribeGroups answer 14 at once while
+   loading (admin clients retry them). On losing a partition its groups are dropped and their
+   waiting requests get NOT_COORDINATOR.
 3. Loading replays the partition behind a barrier record (``replay.py``): the last record of a
    key wins and a null value (a tombstone) deletes. The barrier is a tombstone of group "",
    which no group can have (Kafka's own loader would read it as a no-op too). A group's
@@ -88,6 +88,7 @@ from raylog.gateway.internal_topic import (
     CoordinatorNode,
     CreateTopic,
     InternalTopic,
+    KeyLocks,
 )
 from raylog.storage import batch as rb
 
@@ -99,7 +100,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-TICK_MS = 100  # leadership checks and session expiry run this often
 OFFSETS_RETENTION_MS_DEFAULT = 7 * 24 * 3600 * 1000  # offsets.retention.minutes = 10080
 OFFSETS_RETENTION_CHECK_INTERVAL_MS_DEFAULT = 600_000  # offsets.retention.check.interval.ms
 # The most a group request waits for its partition to be loaded here, or for this broker's
@@ -197,10 +197,9 @@ class GroupCoordinator:
         self._expiring: asyncio.Task[None] | None = None
         self._now = monotonic_ms
         self._wall = wall_ms
-        self._group_locks: dict[str, asyncio.Lock] = {}
+        self._lock = KeyLocks()  # per group id
         # (group, member, "join" | "sync") -> the request waiting for that answer.
         self._waiters: dict[tuple[str, str, str], asyncio.Future[Any]] = {}
-        self._ticker: asyncio.Task[None] | None = None
         self._load_wait_ms = load_wait_ms
 
     @property
@@ -210,21 +209,13 @@ class GroupCoordinator:
     # --- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._ticker is None:
-            self._ticker = asyncio.get_running_loop().create_task(self._tick_loop())
+        self._topic.start(self._tick, "group coordinator")
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._ticker, self._expiring) if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        await self._topic.stop()
-        self._ticker = None
+        await self._topic.stop(self._expiring)
 
     def loaded_partitions(self) -> list[int]:
-        return sorted(p for p, s in self._owned.items() if s.loaded)
+        return self._topic.loaded_partitions()
 
     # --- FindCoordinator ------------------------------------------------------------------------
 
@@ -571,7 +562,7 @@ class GroupCoordinator:
         if owned is not None and owned.groups.get(group.group_id) is group:
             del owned.groups[group.group_id]
         # Requests waiting on the old lock find the old group Dead; new ones get a new group.
-        self._group_locks.pop(group.group_id, None)
+        self._lock.discard(group.group_id)
 
     # --- the groups of this broker ---------------------------------------------------------------
 
@@ -621,12 +612,6 @@ class GroupCoordinator:
 
     def _partition_of(self, group_id: str) -> int | None:
         return self._topic.partition_of(group_id)
-
-    def _lock(self, group_id: str) -> asyncio.Lock:
-        lock = self._group_locks.get(group_id)
-        if lock is None:
-            lock = self._group_locks[group_id] = asyncio.Lock()
-        return lock
 
     def _wait_for(self, group_id: str, member_id: str, kind: str) -> asyncio.Future[Any]:
         key = (group_id, member_id, kind)
@@ -732,14 +717,6 @@ class GroupCoordinator:
 
     # --- leadership, loading, unloading ---------------------------------------------------------
 
-    async def _tick_loop(self) -> None:
-        while True:
-            try:
-                await self._tick()
-            except Exception:
-                log.exception("group coordinator of broker %d: tick failed", self.broker_id)
-            await asyncio.sleep(TICK_MS / 1000)
-
     async def _tick(self) -> None:
         await self._topic.refresh()
         now = self._now()
@@ -751,7 +728,7 @@ class GroupCoordinator:
                     # Never formed and holds nothing (e.g. a refused JoinGroup): forget it.
                     if not self._lock(group.group_id).locked():
                         del owned.groups[group.group_id]
-                        self._group_locks.pop(group.group_id, None)
+                        self._lock.discard(group.group_id)
                     continue
                 deadline = group.next_deadline_ms()
                 if deadline is None or deadline > now:

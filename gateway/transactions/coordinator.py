@@ -59,6 +59,7 @@ from raylog.gateway.internal_topic import (
     CoordinatorNode,
     CreateTopic,
     InternalTopic,
+    KeyLocks,
 )
 from raylog.gateway.transactions import state as ts
 from raylog.gateway.transactions.records import RecordFormatError
@@ -80,7 +81,6 @@ TRANSACTION_STATE_CONFIGS: Mapping[str, str] = {
     "cleanup.policy": "compact",
     "segment.bytes": "104857600",
 }
-TICK_MS = 100  # leadership checks run this often
 LOAD_WAIT_MS = 10_000  # the most a request waits for its partition to load here
 END_TXN_WAIT_MS = 10_000  # the most EndTxn waits for its markers (module docstring, step 4)
 MARKER_TIMEOUT_MS = 5_000  # acks=all wait of one marker write
@@ -217,8 +217,7 @@ class TransactionCoordinator:
         self._end_txn_wait_ms = end_txn_wait_ms
         self._now = monotonic_ms
         self._wall = wall_ms
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._ticker: asyncio.Task[None] | None = None
+        self._lock = KeyLocks()  # per transactional id
         self._timers: asyncio.Task[None] | None = None
         self._last_abort_check_ms: int | None = None
         self._last_expire_check_ms: int | None = None
@@ -226,21 +225,13 @@ class TransactionCoordinator:
     # --- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._ticker is None:
-            self._ticker = asyncio.get_running_loop().create_task(self._tick_loop())
+        self._topic.start(self._tick, "transaction coordinator")
 
     async def stop(self) -> None:
-        tasks = [t for t in (self._ticker, self._timers) if t is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        await self._topic.stop()
-        self._ticker = None
+        await self._topic.stop(self._timers)
 
     def loaded_partitions(self) -> list[int]:
-        return sorted(p for p, s in self._topic.owned.items() if s.loaded)
+        return self._topic.loaded_partitions()
 
     async def set_up_topic(self) -> None:
         """Create ``__transaction_state`` now unless it exists (raises what creation raised)."""
@@ -523,11 +514,8 @@ class TransactionCoordinator:
     def _holds(self, owned: _Partition) -> bool:
         return any(o is owned for o in self._topic.owned.values())
 
-    def _lock(self, transactional_id: str) -> asyncio.Lock:
-        lock = self._locks.get(transactional_id)
-        if lock is None:
-            lock = self._locks[transactional_id] = asyncio.Lock()
-        return lock
+    def _known(self, transactional_id: str) -> bool:
+        return any(transactional_id in owned.txns for owned in self._topic.owned.values())
 
     async def _serving(self, transactional_id: str) -> tuple[_Partition | None, int]:
         """The id's partition once loaded here (module docstring, step 2), or the error."""
@@ -572,15 +560,11 @@ class TransactionCoordinator:
         for task in owned.completing.values():
             task.cancel()
         owned.txns = {}
+        self._lock.prune(self._known)
 
-    async def _tick_loop(self) -> None:
-        while True:
-            try:
-                await self._topic.refresh()
-                self._maybe_run_timers()
-            except Exception:
-                log.exception("transaction coordinator of broker %d: tick failed", self.broker_id)
-            await asyncio.sleep(TICK_MS / 1000)
+    async def _tick(self) -> None:
+        await self._topic.refresh()
+        self._maybe_run_timers()
 
     def _maybe_run_timers(self) -> None:
         now = self._now()
@@ -630,6 +614,7 @@ class TransactionCoordinator:
                     "timed out, aborted" if plan.fence else "expired",
                     f" (not written: error {error})" if error else "",
                 )
+        self._lock.prune(self._known)  # expired ids, and ids no request made known
 
 
 def _forget(tasks: dict[str, asyncio.Task[None]], key: str, task: asyncio.Task[None]) -> None:
