@@ -47,7 +47,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -249,12 +249,9 @@ class TransactionCoordinator:
         expected_producer_id: int = ts.NO_PRODUCER_ID,
         expected_epoch: int = ts.NO_PRODUCER_EPOCH,
     ) -> InitProducerIdResult:
-        owned, error = await self._serving(transactional_id)
-        if owned is None:
-            return InitProducerIdResult(error)
-        async with self._lock(transactional_id):
-            if self._owner(transactional_id) is not owned:
-                return InitProducerIdResult(ErrorCode.NOT_COORDINATOR)
+        async with self._handling(transactional_id) as (owned, error):
+            if owned is None:
+                return InitProducerIdResult(error)
             args = (
                 transactional_id,
                 txn_timeout_ms,
@@ -288,12 +285,9 @@ class TransactionCoordinator:
         partitions: Iterable[tuple[str, int]],
     ) -> int:
         """AddPartitionsToTxn / AddOffsetsToTxn: the error for every partition of the request."""
-        owned, error = await self._serving(transactional_id)
-        if owned is None:
-            return error
-        async with self._lock(transactional_id):
-            if self._owner(transactional_id) is not owned:
-                return ErrorCode.NOT_COORDINATOR
+        async with self._handling(transactional_id) as (owned, error):
+            if owned is None:
+                return error
             meta = owned.txns.get(transactional_id)
             plan = ts.plan_add_partitions(
                 meta, producer_id, producer_epoch, list(partitions), self._wall()
@@ -303,12 +297,9 @@ class TransactionCoordinator:
     async def end_txn(
         self, transactional_id: str, producer_id: int, producer_epoch: int, commit: bool
     ) -> int:
-        owned, error = await self._serving(transactional_id)
-        if owned is None:
-            return error
-        async with self._lock(transactional_id):
-            if self._owner(transactional_id) is not owned:
-                return ErrorCode.NOT_COORDINATOR
+        async with self._handling(transactional_id) as (owned, error):
+            if owned is None:
+                return error
             meta = owned.txns.get(transactional_id)
             plan = ts.plan_end_txn(meta, producer_id, producer_epoch, commit, self._wall())
             error = await self._carry_out(owned, transactional_id, plan)
@@ -516,6 +507,22 @@ class TransactionCoordinator:
 
     def _known(self, transactional_id: str) -> bool:
         return any(transactional_id in owned.txns for owned in self._topic.owned.values())
+
+    @contextlib.asynccontextmanager
+    async def _handling(
+        self, transactional_id: str
+    ) -> AsyncIterator[tuple[_Partition | None, int]]:
+        """A request of ``transactional_id``, one at a time (module docstring, step 2): yields
+        the id's loaded partition under the id's lock, or None and the error to answer."""
+        owned, error = await self._serving(transactional_id)
+        if owned is None:
+            yield None, error
+            return
+        async with self._lock(transactional_id):
+            if self._owner(transactional_id) is not owned:  # unloaded while this one waited
+                yield None, ErrorCode.NOT_COORDINATOR
+            else:
+                yield owned, ErrorCode.NONE
 
     async def _serving(self, transactional_id: str) -> tuple[_Partition | None, int]:
         """The id's partition once loaded here (module docstring, step 2), or the error."""
