@@ -137,11 +137,14 @@ async def _refused(error_code: int) -> ProduceResult:
 async def _produce_one(
     context: RequestContext, body: Any, topic: str, partition: int, records: Any
 ) -> ProduceResult:
-    error = _refusal(body, topic, records)
+    # Header fields only; a short or malformed batch is left to the replica's checks.
+    header = None
+    if records is not None and len(records) >= rb.HEADER_SIZE:
+        header = rb.parse_header(records, 0)
+    error = _refusal(body, topic, records, header)
     if error:
         return ProduceResult(error, -1, -1, -1)
     backend = cast(DataBackend, context.backend)
-    header = rb.parse_header(records, 0) if len(records) >= rb.HEADER_SIZE else None
 
     async def append(sent: Callable[[], None]) -> ProduceResult:
         # A view into the request frame, which it keeps alive: the replica's channel copies it
@@ -167,7 +170,11 @@ async def _produce_one(
 
 
 async def _verified(
-    context: RequestContext, transactional_id: str, header: Any, topic: str, partition: int
+    context: RequestContext,
+    transactional_id: str,
+    header: rb.BatchHeader,
+    topic: str,
+    partition: int,
 ) -> int:
     """Rule 4's check with the transaction coordinator (KIP-890): 0 when the producer's
     ongoing transaction holds the partition; INVALID_TXN_STATE (48) when it does not (the
@@ -185,7 +192,7 @@ async def _verified(
     return ErrorCode.NOT_ENOUGH_REPLICAS
 
 
-def _refusal(body: Any, topic: str, records: Any) -> int:
+def _refusal(body: Any, topic: str, records: Any, header: rb.BatchHeader | None) -> int:
     """The error for a request or batch refused before it reaches a replica, else 0."""
     if body.acks not in (0, 1, -1):
         return ErrorCode.INVALID_REQUIRED_ACKS
@@ -193,11 +200,8 @@ def _refusal(body: Any, topic: str, records: Any) -> int:
         return ErrorCode.INVALID_TOPIC_EXCEPTION
     if records is None:
         return ErrorCode.INVALID_RECORD
-    if len(records) >= rb.HEADER_SIZE:
-        # Header fields only; a short or malformed batch is left to the replica's checks.
-        header = rb.parse_header(records, 0)
-        if header.is_transactional and body.transactional_id is None:
-            return ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    if header is not None and header.is_transactional and body.transactional_id is None:
+        return ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
     return ErrorCode.NONE
 
 
