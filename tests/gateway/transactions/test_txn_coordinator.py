@@ -136,6 +136,13 @@ async def loaded(c: TransactionCoordinator) -> None:
     await asyncio.gather(*(o.loader for o in c._topic.owned.values() if o.loader))
 
 
+async def completions(c: TransactionCoordinator, timeout_s: float = 10.0) -> None:
+    """Until every completion (markers, then the Complete state) the coordinator runs is done."""
+    tasks = [t for owned in c._topic.owned.values() for t in owned.completing.values()]
+    if tasks:
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout_s)
+
+
 def test_a_committed_transaction_writes_its_markers_then_completes() -> None:
     async def run() -> None:
         backend = TxnBackend()
@@ -182,10 +189,7 @@ def test_a_coordinator_after_failover_finishes_a_prepared_transaction() -> None:
         backend.marker_error = 0
         new = coordinator(backend, broker_id=2)
         await loaded(new)
-        for _ in range(100):  # the completion runs as a task: bounded wait for it
-            if new.describe(TXN).state == "CompleteAbort":
-                break
-            await asyncio.sleep(0.01)
+        await completions(new)
         assert new.describe(TXN).state == "CompleteAbort"
         assert backend.markers == [(DATA, 1, 7000, 0, 5, False)]  # the new coordinator epoch
         await old.stop()
@@ -207,10 +211,7 @@ def test_a_timed_out_transaction_is_aborted_and_its_producer_fenced() -> None:
         c._maybe_run_timers()
         assert c._timers is not None
         await c._timers
-        for _ in range(100):
-            if c.describe(TXN).state == "CompleteAbort":
-                break
-            await asyncio.sleep(0.01)
+        await completions(c)
         assert c.describe(TXN).state == "CompleteAbort"
         assert backend.markers == [(DATA, 0, 7000, 1, 4, False)]  # under the bumped epoch
         assert await c.end_txn(TXN, 7000, 0, True) == ErrorCode.PRODUCER_FENCED
