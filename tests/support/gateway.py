@@ -6,6 +6,8 @@ handlers and server are the real ones, driven by real Kafka clients over real TC
 
 - ``InMemoryBackend``: a fixed cluster (three brokers, all advertising the one live gateway's
   port, because only that address is reachable) and its topics.
+- ``InMemoryLogBackend``: the same, plus a log per partition that Produce appends to and
+  Fetch and ListOffsets read (whole stored batches, as replicas answer).
 - ``LiveGateway``: a ``GatewayServer`` on 127.0.0.1, port 0, running in its own thread
   and event loop so that blocking clients (kafka-python, confluent-kafka, kcat) can be driven
   from the test thread.
@@ -14,6 +16,7 @@ handlers and server are the real ones, driven by real Kafka clients over real TC
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import struct
 import threading
@@ -22,8 +25,18 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from raylog.gateway.backend import Broker, ClusterView, PartitionState, TopicState
+from raylog.gateway.backend import (
+    Broker,
+    ClusterView,
+    FetchResult,
+    ListOffsetsResult,
+    PartitionFetch,
+    PartitionState,
+    ProduceResult,
+    TopicState,
+)
 from raylog.gateway.server import GatewayServer, ListenerSocket
+from raylog.storage import batch as rb
 from support.waiting import wait_until
 
 HOST = "127.0.0.1"
@@ -55,6 +68,65 @@ class InMemoryBackend:
         if names is None:
             return dict(self.topic_states)
         return {name: self.topic_states[name] for name in names if name in self.topic_states}
+
+
+@dataclass
+class InMemoryLogBackend(InMemoryBackend):
+    """An ``InMemoryBackend`` whose partitions hold logs: Produce appends the client's batch
+    (stamped with its base offset), Fetch answers whole batches from the one holding the fetch
+    offset (waiting up to ``max_wait_ms`` for one), ListOffsets the earliest and latest."""
+
+    logs: dict[tuple[str, int], list[tuple[int, bytes]]] = field(default_factory=dict)
+    _appended: asyncio.Event | None = None
+
+    def append(self, topic: str, partition: int, batch: bytes) -> int:
+        """Append ``batch`` to the partition's log; return its base offset."""
+        log = self.logs.setdefault((topic, partition), [])
+        base = self.end(topic, partition)
+        stamped = bytearray(batch)
+        rb.set_base_offset(stamped, 0, base)
+        log.append((base, bytes(stamped)))
+        if self._appended is not None:
+            self._appended.set()
+        return base
+
+    def end(self, topic: str, partition: int) -> int:
+        log = self.logs.get((topic, partition), [])
+        if not log:
+            return 0
+        base, batch = log[-1]
+        return base + rb.parse_header(batch, 0).last_offset_delta + 1
+
+    async def produce(
+        self, topic: str, partition: int, records: Any, acks: int, timeout_ms: int, **_: Any
+    ) -> ProduceResult:
+        base = self.append(topic, partition, bytes(records))
+        return ProduceResult(0, base, -1, 0)
+
+    async def fetch(self, topic: str, partition: int, read: PartitionFetch) -> FetchResult:
+        end = self.end(topic, partition)
+        if read.fetch_offset >= end and read.max_wait_ms > 0:
+            self._appended = self._appended or asyncio.Event()
+            self._appended.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._appended.wait(), read.max_wait_ms / 1000)
+            end = self.end(topic, partition)
+        if read.fetch_offset > end:
+            return FetchResult(1, -1, -1, -1, b"")
+        out = bytearray()
+        for base, batch in self.logs.get((topic, partition), []):
+            last = base + rb.parse_header(batch, 0).last_offset_delta
+            if last < read.fetch_offset:
+                continue
+            if out and len(out) + len(batch) > read.max_bytes:
+                break
+            out += batch
+        return FetchResult(0, end, end, 0, bytes(out))
+
+    async def list_offsets(
+        self, topic: str, partition: int, timestamp: int, *args: Any
+    ) -> ListOffsetsResult:
+        return ListOffsetsResult(0, -1, 0 if timestamp == -2 else self.end(topic, partition))
 
 
 def sample_topics() -> dict[str, TopicState]:
