@@ -128,6 +128,19 @@ class DeleteRecordsOutcome(msgspec.Struct, frozen=True):
     message: str = ""
 
 
+class MirrorOutcome(msgspec.Struct, frozen=True):
+    """What a mirror append returns (:meth:`ReplicaActor.mirror_append`, KIP-986 links): Kafka's
+    error code, and where the mirror's log stands after the call. ``log_end_offset`` is the
+    next source offset to fetch; ``appended`` counts the batches this call appended."""
+
+    error_code: int  # 0 or Kafka's code
+    log_end_offset: int  # the leader's log end after the call: the next source offset to fetch
+    high_watermark: int
+    log_start_offset: int
+    message: str = ""
+    appended: int = 0  # batches appended by this call
+
+
 class ReplicaState(msgspec.Struct, frozen=True):
     """A snapshot for operators and tests."""
 
@@ -150,6 +163,7 @@ class ReplicaState(msgspec.Struct, frozen=True):
     cleaner_passes: int = 0  # log compaction passes this replica ran since it started
     cleaner_records_removed: int = 0
     cleaner_dirty_ratio: float = 0.0  # closed segments' bytes not compacted yet, as a share
+    mirror_link: str = ""  # the cluster link this leader mirrors its topic from ("": none)
 
 
 # A call an actor makes to itself from its constructor is refused while Ray still sees the actor

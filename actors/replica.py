@@ -47,6 +47,7 @@ from raylog.actors.calls import (
 )
 from raylog.actors.control import config_keys
 from raylog.actors.producer_snapshots import SnapshotTaker, start_state
+from raylog.actors.replica_mirror import ReplicaMirror
 from raylog.actors.replica_port import CHANNEL_START_S, RayReplicaPort
 from raylog.actors.replication.executor import ReadyExecutor
 from raylog.actors.replication.messages import (
@@ -62,6 +63,7 @@ from raylog.actors.replication.messages import (
     ProduceRequest,
     StopReplica,
 )
+from raylog.actors.replication.mirror import read_only_message
 from raylog.actors.replication.partition import PartitionReplica
 from raylog.actors.replication.ready import ReplicaConfig, Role
 from raylog.actors.transport.arena import ArenaError, ArenaViews
@@ -73,6 +75,7 @@ from raylog.storage.cleaner_process import run_in_child
 from raylog.storage.errors import (
     FencedLeaderEpochError,
     InvalidRecordError,
+    InvalidRequestError,
     InvalidTxnStateError,
     KafkaStorageError,
     NotLeaderOrFollowerError,
@@ -103,6 +106,9 @@ _CHANNEL_CALL_ARGS: dict[str, Any] = {
     # The transaction coordinator's markers (producer id, epoch, coordinator epoch, commit,
     # timeout_ms): one per partition per transaction, on a transaction's commit path.
     "write_txn_marker": tuple[int, int, int, bool, int],
+    # A mirror's leader appending a source cluster's batches (leader epoch, batches, acks,
+    # timeout_ms): the gateway's cluster-link fetcher (KIP-986).
+    "mirror_append": tuple[int, bytes, int, int],
 }
 RETENTION_CHECK_INTERVAL_MS_DEFAULT = 300_000  # log.retention.check.interval.ms (Kafka's)
 CLEANER_BACKOFF_MS_DEFAULT = 15_000  # log.cleaner.backoff.ms (Kafka's)
@@ -123,7 +129,7 @@ def _log_and_flush_configs(configs: dict[str, str] | None) -> tuple[LogConfig, i
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000)
-class ReplicaActor:
+class ReplicaActor(ReplicaMirror):
     """One partition replica: a state machine, its log, and the Ray plumbing between them."""
 
     _loop: asyncio.AbstractEventLoop  # the actor's event loop, known from the first call
@@ -388,6 +394,7 @@ class ReplicaActor:
             cleaner_passes=self._cleaner_stats["passes"],
             cleaner_records_removed=self._cleaner_stats["records_removed"],
             cleaner_dirty_ratio=self._log.dirty_ratio(),
+            mirror_link=sm.mirror_link,
         )
 
     def set_session_lease(self, until_ms: int) -> str | None:
@@ -578,14 +585,18 @@ class ReplicaActor:
             start,
         )
 
-    def _refuse_leader_write(self) -> tuple[int, str] | None:
+    def _refuse_leader_write(self, *, mirrored: bool = False) -> tuple[int, str] | None:
         """Why this replica may not change its log for a client now, as (error code, message):
         offline, or (with a session lease) no confirmed broker session, when another replica
-        may already lead (no split brain). None: go ahead."""
+        may already lead (no split brain), or (unless the write is ``mirrored``: a source's
+        batches) a mirror topic of an active cluster link (KIP-986). None: go ahead."""
         if self._offline is not None:
             return KafkaStorageError.error_code, self._offline
         if self._lease_required and now_ms() >= self._lease_until_ms:
             return NotLeaderOrFollowerError.error_code, "broker session lease lapsed"
+        if self._sm.mirror_link and not mirrored:
+            link = self._sm.mirror_link
+            return InvalidRequestError.error_code, read_only_message(f"topic {self.topic}", link)
         return None
 
     async def open_arena(self, pid: int, fd: int, nonce: str) -> bool:

@@ -30,6 +30,7 @@ import ray
 from raylog.actors.calls import (
     NAMESPACE,
     DeleteRecordsOutcome,
+    MirrorOutcome,
     ProduceOutcome,
     replica_actor_name,
 )
@@ -145,6 +146,8 @@ class RayReplicaPort:
         self.high_watermark_to_checkpoint = log_.high_watermark  # persisted lazily
         # Clients' requests, by request id.
         self.produce_waiters: dict[int, asyncio.Future[ProduceOutcome]] = {}
+        # Mirror appends (KIP-986 links), answered with the ProduceResults of their ids.
+        self.mirror_waiters: dict[int, asyncio.Future[MirrorOutcome]] = {}
         self.delete_waiters: dict[int, asyncio.Future[DeleteRecordsOutcome]] = {}
         # A consumer fetch's answer: the response and its batches as one byte string.
         self.fetch_waiters: dict[
@@ -348,7 +351,28 @@ class RayReplicaPort:
             response, aborted_transactions=tuple((t.producer_id, t.first_offset) for t in aborted)
         )
 
+    def mirror_outcome(
+        self, error_code: int, message: str = "", appended: int = 0
+    ) -> MirrorOutcome:
+        """A mirror append's answer: ``error_code``, and where the log stands now."""
+        replica = self._replica
+        return MirrorOutcome(
+            error_code,
+            replica.log_end_offset,
+            replica.high_watermark,
+            replica.log_start_offset,
+            message,
+            appended,
+        )
+
     def complete_produce(self, result: ProduceResult) -> None:
+        mirror_waiter = self.mirror_waiters.pop(result.request_id, None)
+        if mirror_waiter is not None:
+            if not mirror_waiter.done():
+                mirror_waiter.set_result(
+                    self.mirror_outcome(result.error_code, result.message, result.appended)
+                )
+            return
         waiter = self.produce_waiters.pop(result.request_id, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(
@@ -379,6 +403,10 @@ class RayReplicaPort:
             if not waiter.done():
                 waiter.set_result(ProduceOutcome(KafkaStorageError.error_code, -1, -1, reason))
         self.produce_waiters.clear()
+        for mirror_waiter in self.mirror_waiters.values():
+            if not mirror_waiter.done():
+                mirror_waiter.set_result(self.mirror_outcome(KafkaStorageError.error_code, reason))
+        self.mirror_waiters.clear()
         for delete_waiter in self.delete_waiters.values():
             if not delete_waiter.done():
                 delete_waiter.set_result(

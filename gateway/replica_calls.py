@@ -36,7 +36,7 @@ import msgspec
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from raylog.actors.calls import NAMESPACE, FetchOutcome, ProduceOutcome
+from raylog.actors.calls import NAMESPACE, FetchOutcome, MirrorOutcome, ProduceOutcome
 from raylog.actors.transport import arena
 from raylog.actors.transport.arena import ArenaPool, ArenaRef, Block
 from raylog.actors.transport.channel import CallFailed, CallLink, ChannelAddress, channel_secret
@@ -58,6 +58,7 @@ CHANNEL_RESULTS: dict[str, msgspec.msgpack.Decoder[Any]] = {
     "fetch_extents": msgspec.msgpack.Decoder(FetchOutcome),
     "list_offsets": msgspec.msgpack.Decoder(tuple[int, int, int, int]),
     "write_txn_marker": msgspec.msgpack.Decoder(ProduceOutcome),
+    "mirror_append": msgspec.msgpack.Decoder(MirrorOutcome),
 }
 
 

@@ -551,10 +551,12 @@ def _preferred_can_lead(p: PartitionState, eligible: set[int]) -> bool:
 
 
 def role_command(
-    p: PartitionState, broker_id: int, controller_epoch: int
+    p: PartitionState, broker_id: int, controller_epoch: int, mirror_link: str = ""
 ) -> BecomeLeader | BecomeFollower | BecomeObserver:
     """The command that makes ``broker_id``'s replica of ``p`` what the metadata says it is
-    (``broker_id`` must be one of ``p.replicas``); the controller sends it with its epoch."""
+    (``broker_id`` must be one of ``p.replicas``); the controller sends it with its epoch.
+    ``mirror_link``: the active cluster link the partition's topic mirrors ("" for none),
+    which only the leader is told."""
     if p.leader == broker_id:
         return BecomeLeader(
             controller_epoch=controller_epoch,
@@ -563,6 +565,7 @@ def role_command(
             isr=p.isr,
             replicas=tuple(b for b in p.replicas if b not in p.observers),
             observers=p.observers,
+            mirror_link=mirror_link,
         )
     if broker_id in p.observers:
         return BecomeObserver(controller_epoch, p.leader, p.leader_epoch, p.partition_epoch)

@@ -86,6 +86,7 @@ from raylog.storage.errors import (
     FencedLeaderEpochError,
     InvalidProducerEpochError,
     InvalidRecordError,
+    InvalidRequestError,
     NotEnoughReplicasError,
     NotLeaderOrFollowerError,
     OffsetOutOfRangeError,
@@ -96,6 +97,11 @@ from raylog.storage.errors import (
 READ_COMMITTED = 1  # Kafka's IsolationLevel.READ_COMMITTED
 
 
+def read_only_message(topic: str, link: str) -> str:
+    """Why a mirror refuses a client's write (KIP-986): ``topic`` names it for the reader."""
+    return f"{topic} is a mirror of link {link}: it is read-only while the link is active"
+
+
 @dataclass
 class PendingProduce:
     request_id: int
@@ -103,6 +109,7 @@ class PendingProduce:
     base_offset: int
     end_offset: int  # the batch's last offset + 1
     deadline_ms: int
+    appended: int = 0  # a mirror append's batches (MirrorAppendRequest)
 
 
 @dataclass
@@ -122,32 +129,17 @@ class LeaderSide(ReplicaState):
         if self.role is not Role.LEADER:
             self._result(msg.request_id, NotLeaderOrFollowerError.error_code, "not the leader")
             return
+        if self.mirror_link:
+            # Clients' batches and our coordinator's transaction markers alike: the source's
+            # log is the only writer of a mirror (KIP-986).
+            self._result(msg.request_id, InvalidRequestError.error_code, self._read_only())
+            return
         if msg.record_count < 1 or msg.size_bytes < 0:
             self._result(msg.request_id, InvalidRecordError.error_code, "empty batch")
             return
-        if msg.acks == -1:
-            if len(self.isr) < self.config.min_insync_replicas:
-                self._result(
-                    msg.request_id,
-                    NotEnoughReplicasError.error_code,
-                    f"ISR {list(self.isr)} is below min.insync.replicas="
-                    f"{self.config.min_insync_replicas}",
-                )
-                return
-            if self.pending_acks_all >= self.config.max_pending_acks_all:
-                self._result(
-                    msg.request_id,
-                    RequestTimedOutError.error_code,
-                    f"refused: {self.pending_acks_all} acks=all requests already pending "
-                    f"(max_pending_acks_all={self.config.max_pending_acks_all})",
-                )
-                return
-        elif len(self.pending) - self.pending_acks_all >= self.config.max_pending_acks_local:
-            self._result(
-                msg.request_id,
-                RequestTimedOutError.error_code,
-                f"refused: max_pending_acks_local={self.config.max_pending_acks_local} reached",
-            )
+        refused = self._admission_error(msg.acks)
+        if refused is not None:
+            self._result(msg.request_id, *refused)
             return
         # 1. Idempotent producers: a duplicate of a recent batch completes with that batch's
         # offsets under this request's acks; a sequence or epoch error refuses the batch.
@@ -173,22 +165,71 @@ class LeaderSide(ReplicaState):
             msg.coordinator_epoch,
         )
         self._append(batch, msg.data, replicated=False)
-        self.pending[msg.request_id] = PendingProduce(
-            msg.request_id, msg.acks, batch.base_offset, batch.next_offset, now_ms + msg.timeout_ms
+        self._wait_for_acks(
+            PendingProduce(
+                msg.request_id,
+                msg.acks,
+                batch.base_offset,
+                batch.next_offset,
+                now_ms + msg.timeout_ms,
+            )
         )
-        if msg.acks == -1:
-            self.pending_acks_all += 1
         # 3. Push mode: send it to every caught-up follower in parallel with our own fsync.
-        if self.config.replication_mode == "push":
-            for rid, state in self.followers.items():
-                if (
-                    rid not in self.observers
-                    and state.pushed_end_offset == batch.base_offset
-                    and state.push_in_flight_from is None  # else it rides the next push
-                ):
-                    self._push(rid, state, batch.base_offset, 1 << 30)
+        self._push_appended(batch.base_offset)
         # 4. Parked fetches (pull mode, and observers in push mode) now have data.
         self._answer_parked(now_ms, only_expired=False)
+
+    def _read_only(self) -> str:
+        return read_only_message("this topic", self.mirror_link)
+
+    def _admission_error(self, acks: int) -> tuple[int, str] | None:
+        """Why a write with ``acks`` may not be appended now (min.insync.replicas for acks=all,
+        then the bounds on waiting requests), as (error code, message); None: go ahead."""
+        if acks == -1:
+            if len(self.isr) < self.config.min_insync_replicas:
+                return (
+                    NotEnoughReplicasError.error_code,
+                    f"ISR {list(self.isr)} is below min.insync.replicas="
+                    f"{self.config.min_insync_replicas}",
+                )
+            if self.pending_acks_all >= self.config.max_pending_acks_all:
+                return (
+                    RequestTimedOutError.error_code,
+                    f"refused: {self.pending_acks_all} acks=all requests already pending "
+                    f"(max_pending_acks_all={self.config.max_pending_acks_all})",
+                )
+        elif len(self.pending) - self.pending_acks_all >= self.config.max_pending_acks_local:
+            return (
+                RequestTimedOutError.error_code,
+                f"refused: max_pending_acks_local={self.config.max_pending_acks_local} reached",
+            )
+        return None
+
+    def _wait_for_acks(self, pending: PendingProduce) -> None:
+        """Answer ``pending`` once its acks hold for [its base offset, its end offset)."""
+        self.pending[pending.request_id] = pending
+        if pending.acks == -1:
+            self.pending_acks_all += 1
+
+    def _acks_hold(self, acks: int, end_offset: int) -> bool:
+        """Whether what lies below ``end_offset`` is already acknowledged under ``acks``
+        (acks=all: the HW covers it; acks 0/1: it is durable here)."""
+        if acks == -1:
+            return end_offset <= self.log.high_watermark
+        return acks == 0 or end_offset <= self.log.durable_end_offset
+
+    def _push_appended(self, base_offset: int) -> None:
+        """Push mode: send the batches appended from ``base_offset`` to every follower that
+        ends there, in parallel with our own fsync."""
+        if self.config.replication_mode != "push":
+            return
+        for rid, state in self.followers.items():
+            if (
+                rid not in self.observers
+                and state.pushed_end_offset == base_offset
+                and state.push_in_flight_from is None  # else it rides the next push
+            ):
+                self._push(rid, state, base_offset, 1 << 30)
 
     def _producer_verdict(self, msg: ProduceRequest) -> Verdict:
         """The idempotent and transaction checks of a batch (see the module docstring)."""
@@ -227,19 +268,14 @@ class LeaderSide(ReplicaState):
     ) -> None:
         """Answer a retried batch with its original offsets once this request's acks hold for
         the original (acks=all: the HW covers it; acks=1: it is durable here)."""
-        done = {
-            0: True,
-            1: next_offset <= self.log.durable_end_offset,
-            -1: next_offset <= self.log.high_watermark,
-        }[msg.acks]
-        if done:
+        if self._acks_hold(msg.acks, next_offset):
             self._result(msg.request_id, NONE, "duplicate of an appended batch", base_offset)
             return
-        self.pending[msg.request_id] = PendingProduce(
-            msg.request_id, msg.acks, base_offset, next_offset, now_ms + msg.timeout_ms
+        self._wait_for_acks(
+            PendingProduce(
+                msg.request_id, msg.acks, base_offset, next_offset, now_ms + msg.timeout_ms
+            )
         )
-        if msg.acks == -1:
-            self.pending_acks_all += 1
 
     def _complete_durable(self) -> None:
         """acks 0/1 requests whose batches our own fsync now covers."""
@@ -247,14 +283,18 @@ class LeaderSide(ReplicaState):
         for p in [p for p in self.pending.values() if p.acks != -1 and p.end_offset <= durable]:
             self._complete(p, NONE, "")
 
-    def _result(self, request_id: int, error_code: int, message: str, base: int = -1) -> None:
-        self._ready.produce_results.append(ProduceResult(request_id, error_code, base, message))
+    def _result(
+        self, request_id: int, error_code: int, message: str, base: int = -1, appended: int = 0
+    ) -> None:
+        self._ready.produce_results.append(
+            ProduceResult(request_id, error_code, base, message, appended)
+        )
 
     def _complete(self, pending: PendingProduce, error_code: int, message: str) -> None:
         del self.pending[pending.request_id]
         if pending.acks == -1:
             self.pending_acks_all -= 1
-        self._result(pending.request_id, error_code, message, pending.base_offset)
+        self._result(pending.request_id, error_code, message, pending.base_offset, pending.appended)
 
     def _fail_all_pending(self, error_code: int, message: str) -> None:
         for p in list(self.pending.values()):
@@ -272,6 +312,11 @@ class LeaderSide(ReplicaState):
             return  # a duplicate delivery of a request still waiting: answered once
         if self.role is not Role.LEADER:
             self._delete_refused(msg, NotLeaderOrFollowerError.error_code, "not leader")
+            return
+        if self.mirror_link:
+            # A mirror's log start follows the source's (the batches it appends), as Kafka's
+            # mirror topics refuse DeleteRecords.
+            self._delete_refused(msg, InvalidRequestError.error_code, self._read_only())
             return
         hw = self.log.high_watermark
         offset = delete_records.requested_log_start(msg.offset, hw)

@@ -117,6 +117,24 @@ class DeleteRecordsRequest(msgspec.Struct, frozen=True):
     timeout_ms: int
 
 
+class MirrorAppendRequest(msgspec.Struct, frozen=True):
+    """A mirror topic's leader appends a source cluster's batches at their own offsets
+    (KIP-986 cluster links; the rules are in ``raylog.actors.replication.mirror``).
+
+    ``batches`` are whole, checked batches in offset order, each with its metadata as stored:
+    the source's offsets, producer fields and attributes, and ``leader_epoch`` restamped by the
+    shell to ``leader_epoch`` (in the bytes too). Empty: a position query (where does the log
+    end?). ``request_id`` comes from the same numbering as produce requests and is answered
+    with a ``ProduceResult`` whose ``appended`` counts the batches appended.
+    """
+
+    request_id: int
+    leader_epoch: int
+    acks: int
+    timeout_ms: int
+    batches: tuple[RecordBatch, ...] = ()
+
+
 # --- replica ↔ replica and consumer → replica -------------------------------------------------
 
 
@@ -204,7 +222,13 @@ class ReplicateAck(msgspec.Struct, frozen=True):
 
 
 class BecomeLeader(msgspec.Struct, frozen=True):
-    """Controller command: lead ``leader_epoch`` with this committed ISR."""
+    """Controller command: lead ``leader_epoch`` with this committed ISR.
+
+    ``mirror_link`` names the cluster link (KIP-986) this topic mirrors while that link is
+    active ("" for a normal topic): the leader then appends the source's batches
+    (:class:`MirrorAppendRequest`) and refuses clients' writes. Disconnecting the link is a
+    new leader epoch with ``mirror_link`` "", which fences mirror appends still in flight.
+    """
 
     controller_epoch: int
     leader_epoch: int
@@ -212,6 +236,7 @@ class BecomeLeader(msgspec.Struct, frozen=True):
     isr: tuple[int, ...]
     replicas: tuple[int, ...]
     observers: tuple[int, ...] = ()
+    mirror_link: str = ""
 
 
 class BecomeFollower(msgspec.Struct, frozen=True):
@@ -299,6 +324,7 @@ class LocalLogStartAdvanced(msgspec.Struct, frozen=True):
 
 InboundMessage = (
     ProduceRequest
+    | MirrorAppendRequest
     | DeleteRecordsRequest
     | FetchRequest
     | FetchResponse

@@ -37,6 +37,7 @@ Where the decisions are (each module's docstring states its own):
   dispatch of messages and timers;
 - ``leader``: produce and acks, idempotent producers, serving fetches (long poll, KIP-320 on
   the leader), pushes, the ISR proposals and the HW as the leader moves them, DeleteRecords;
+- ``mirror``: a mirror topic's leader appending a source cluster's batches (KIP-986 links);
 - ``follower``: fetching, divergence and out-of-range truncation, taking pushes;
 - ``isr``: the rules for followers' progress, the ISR, the high and low watermarks;
 - ``delete_records``: DeleteRecords' waiting requests and the log start rules;
@@ -58,7 +59,6 @@ from typing import Any
 
 from raylog.actors.replication import isr as isr_rules
 from raylog.actors.replication.follower import FollowerSide
-from raylog.actors.replication.leader import LeaderSide
 from raylog.actors.replication.messages import (
     UNDEFINED_EPOCH,
     UNDEFINED_OFFSET,
@@ -71,11 +71,13 @@ from raylog.actors.replication.messages import (
     FetchResponse,
     LocalAppendDurable,
     LocalLogStartAdvanced,
+    MirrorAppendRequest,
     ProduceRequest,
     ReplicateAck,
     ReplicateRequest,
     StopReplica,
 )
+from raylog.actors.replication.mirror import MirrorSide
 from raylog.actors.replication.ready import (
     AppendBatch,
     InvariantViolation,
@@ -112,7 +114,7 @@ __all__ = [
 ]
 
 
-class PartitionReplica(LeaderSide, FollowerSide):
+class PartitionReplica(MirrorSide, FollowerSide):
     """One replica's replication state machine. See the module docstring for the contract."""
 
     # --- public API ---------------------------------------------------------------------------
@@ -207,6 +209,7 @@ class PartitionReplica(LeaderSide, FollowerSide):
         self.role = Role.LEADER
         self.leader_id = self.replica_id
         self.leader_epoch = msg.leader_epoch
+        self.mirror_link = msg.mirror_link
         self.partition_epoch = msg.partition_epoch
         self.isr = tuple(sorted(msg.isr))
         self.replicas = tuple(msg.replicas)
@@ -263,6 +266,7 @@ class PartitionReplica(LeaderSide, FollowerSide):
         self.role = role
         self.leader_id = msg.leader_id
         self.leader_epoch = msg.leader_epoch
+        self.mirror_link = ""
         self.partition_epoch = msg.partition_epoch
         self.isr = ()
         self.followers = {}
@@ -281,6 +285,7 @@ class PartitionReplica(LeaderSide, FollowerSide):
         self._fail_all_pending(NotLeaderOrFollowerError.error_code, "replica stopped")
         self._answer_parked_with_error(NotLeaderOrFollowerError.error_code)
         self.role = Role.STOPPED
+        self.mirror_link = ""
         self.leader_epoch = msg.leader_epoch
         self.partition_epoch = msg.partition_epoch
         self.leader_id = -1
@@ -365,6 +370,7 @@ class PartitionReplica(LeaderSide, FollowerSide):
     # override a handler.
     _handlers: dict[type, str] = {
         ProduceRequest: "_on_produce",
+        MirrorAppendRequest: "_on_mirror_append",
         FetchRequest: "_on_fetch",
         FetchResponse: "_on_fetch_response",
         ReplicateRequest: "_on_replicate",

@@ -183,12 +183,14 @@ class SendPushData(msgspec.Struct, frozen=True):
 
 class ProduceResult(msgspec.Struct, frozen=True):
     """Complete produce request ``request_id``: ``error_code`` 0 and the assigned base offset,
-    or an error (``base_offset`` -1 unless the batch was appended) and a message for logs."""
+    or an error (``base_offset`` -1 unless the batch was appended) and a message for logs.
+    A mirror append's result (``MirrorAppendRequest``) counts the batches it ``appended``."""
 
     request_id: int
     error_code: int
     base_offset: int
     message: str = ""
+    appended: int = 0
 
 
 class DeleteRecordsResult(msgspec.Struct, frozen=True):

@@ -91,6 +91,9 @@ class ReplicaState:
         # ended before the controller's command reaches it: (leader epoch, partition epoch)
         # of that committed state. A BecomeLeader older than it is stale (_on_become_leader).
         self.committed_partition_state = (UNDEFINED_EPOCH, -1)
+        # The cluster link (KIP-986) this replica's topic mirrors, from the BecomeLeader that
+        # made it leader ("": a normal topic, and on every replica that does not lead).
+        self.mirror_link = ""
         self.log = ReplicaLog(
             log_start_offset,
             log_end_offset,
