@@ -91,6 +91,7 @@ from raylog.actors.control.metadata_store import MetadataStore, VersionedMetadat
 from raylog.actors.control.reconciler import Outcome, Push, Reconciler
 from raylog.actors.control.sessions import BrokerSessions
 from raylog.actors.controller_admin import AdminRequests
+from raylog.actors.controller_links import LinkRequests, MirrorProgress
 from raylog.actors.replication.messages import AlterPartitionRequest, AlterPartitionResponse
 from raylog.storage import pki
 from raylog.storage.errors import (
@@ -161,7 +162,7 @@ class _BrokerLink:
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000)
-class ControllerActor(AdminRequests):
+class ControllerActor(AdminRequests, LinkRequests):
     """One controller; active while it holds the lease, standby otherwise. Its admin requests
     (topics, configs, elections, reassignments, producer ids) are :class:`AdminRequests`."""
 
@@ -214,6 +215,10 @@ class ControllerActor(AdminRequests):
         self.unclean_elections = 0  # metric
         self._ca: pki.CertificateAuthority | None = None  # loaded on the first certificate
         self._transitions = health.Transitions()  # metrics: ISR shrinks/expands, elections
+        # Cross-cluster links (controller_links): gateways' progress reports, and each link's
+        # discovery (next due ms, the task running it, its last error).
+        self._link_progress: dict[tuple[str, int], MirrorProgress] = {}
+        self._discoveries: dict[str, tuple[int, asyncio.Task[None] | None, str]] = {}
         if auto_start:
             # Also after Ray restarts this actor: it rejoins the contest for the lease by itself.
             call_self_after_init("start")
@@ -314,6 +319,11 @@ class ControllerActor(AdminRequests):
         for call in self._calls:
             call.cancel()
         self._links = {}
+        for _, task, _ in self._discoveries.values():
+            if task is not None:
+                task.cancel()
+        self._discoveries = {}
+        self._link_progress = {}
         self._reconciler = None
         self._push_started_ms = {}
         self._sessions.take_over(monotonic_ms())
@@ -658,6 +668,7 @@ class ControllerActor(AdminRequests):
                 await self._push_round()
                 await self._reassignment_round()
                 await self._auto_leader_rebalance()
+                self._link_discovery_round()
             except NotControllerError:
                 continue
             except Exception:

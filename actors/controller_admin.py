@@ -38,6 +38,7 @@ from raylog.actors.control import (
     placement,
     reassignment,
 )
+from raylog.actors.control import links as links_
 from raylog.actors.control import metadata as md_
 from raylog.actors.control.metadata import ClusterMetadata, TopicMetadata, TopicPartition
 from raylog.actors.control.metadata_store import VersionedMetadata
@@ -84,6 +85,7 @@ class AdminRequests:
         node_of, node_memory_mib = await self._broker_nodes()
 
         def change(md: ClusterMetadata) -> tuple[ClusterMetadata, None]:
+            links_.check_reserved(md.links, name)
             out = md_.new_topic(
                 md, name, topic_id, num_partitions, replication_factor, configs, assignment
             )
@@ -127,7 +129,16 @@ class AdminRequests:
         """CreatePartitions: grow the topic to ``total_count`` partitions (placement continues)."""
         self._ensure_started()
 
-        await self._mutate(lambda md: (md_.new_partitions(md, name, total_count), None))
+        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, None]:
+            mirror = md_.get_topic(md, name).mirror
+            if mirror is not None:
+                raise InvalidRequestError(
+                    f"topic {name!r} is a mirror of link {mirror.link!r}: its partitions follow "
+                    "the source's"
+                )
+            return md_.new_partitions(md, name, total_count), None
+
+        await self._mutate(change)
         return self._require_active().metadata.topics[name]
 
     async def elect_leaders(

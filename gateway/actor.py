@@ -30,7 +30,13 @@ from typing import Any
 
 import ray
 
-from raylog.actors.calls import NAMESPACE, gateway_actor_name, ray_call
+from raylog.actors.calls import (
+    NAMESPACE,
+    MirrorOutcome,
+    gateway_actor_name,
+    ray_call,
+    replica_actor_name,
+)
 from raylog.actors.control import config_keys
 from raylog.actors.control import metadata as md_
 from raylog.actors.control.listeners import Listener
@@ -41,8 +47,10 @@ from raylog.gateway.authorization import Authorization
 from raylog.gateway.backend import AdminBackend, Broker, PartitionState, TopicState
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.groups.coordinator import OFFSETS_TOPIC, GroupCoordinator
+from raylog.gateway.links.mirrors import LinkMirrors
 from raylog.gateway.quotas import ClientQuotas
 from raylog.gateway.replica_backend import ReplicaBackend
+from raylog.gateway.replica_calls import NoOutcome
 from raylog.gateway.request_stats import RequestStats
 from raylog.gateway.routing import MetadataView
 from raylog.gateway.server import GatewayServer, ListenerSocket
@@ -61,6 +69,7 @@ CREATE_TIMEOUT_MS = 30_000  # bound on creating __consumer_offsets through the c
 LOOKUP_TIMEOUT_S = 5.0  # bound on ray.get_actor (a GCS round trip, run in a thread)
 SECURITY_SETUP_TIMEOUT_S = 60.0  # a controller answers what TLS / SASL listeners need
 TLS_REFRESH_S = 60.0  # how often the listeners' certificate is checked for renewal
+MIRROR_APPEND_TIMEOUT_MS = 30_000  # bound on one mirrored append to the local leader replica
 
 
 # Topics Metadata marks is_internal: the group and transaction coordinators'.
@@ -166,6 +175,7 @@ class GatewayActor:
         self._tls: dict[str, pki.ReloadingContext] = {}  # by ssl.client.auth mode
         self._tls_checked_s = 0.0
         self._authorization = Authorization.from_broker_configs(self._broker_configs)
+        self._mirrors: LinkMirrors | None = None  # the link fetchers (gateway/links)
 
     async def start(self) -> int:
         """Open the listeners and start polling metadata; returns the first listener's bound
@@ -204,6 +214,7 @@ class GatewayActor:
         self._view, self._server = view, server
         self._poller = asyncio.get_running_loop().create_task(self._poll_loop())
         self._groups, self._transactions = groups, transactions
+        self._mirrors = LinkMirrors(self.broker_id, self._mirror_append, self._report_mirrors)
         groups.start()
         transactions.start()
         return self.port
@@ -450,6 +461,9 @@ class GatewayActor:
         if self._poller is not None:
             self._poller.cancel()
             self._poller = None
+        if self._mirrors is not None:
+            await self._mirrors.aclose()
+            self._mirrors = None
         if self._server is not None:
             await self._server.stop()
             if self._backend is not None:
@@ -541,7 +555,34 @@ class GatewayActor:
         self._view.update(controller_id=min(live) if live else -1, brokers=brokers, topics=topics)
         self._authorization.update(md.acls)
         self._server.quotas.update(((q.user, q.client_id), q.values) for q in md.client_quotas)
+        if self._mirrors is not None:
+            self._mirrors.update(md)
         self._metadata_epoch = md.metadata_epoch
+
+    # --- cross-cluster links ----------------------------------------------------------------------
+
+    async def _mirror_append(self, topic: str, partition: int, epoch: int, batches: bytes) -> Any:
+        """The local leader replica's ``mirror_append`` (acks=1: the fetcher needs the new log
+        end, and the replica's followers and HW carry on as for produced batches)."""
+        assert self._backend is not None
+        name = replica_actor_name(topic, partition, self.broker_id)
+        try:
+            return await self._backend.replicas.calls.call(
+                name,
+                "mirror_append",
+                (epoch, batches, 1, MIRROR_APPEND_TIMEOUT_MS),
+                timeout_s=MIRROR_APPEND_TIMEOUT_MS / 1000 + 5,
+                retry=False,
+            )
+        except NoOutcome as exc:
+            return MirrorOutcome(exc.error_code, -1, -1, -1, str(exc))
+        except TimeoutError:
+            return MirrorOutcome(ErrorCode.REQUEST_TIMED_OUT, -1, -1, -1, "mirror_append timed out")
+
+    async def _report_mirrors(self, reports: list[dict[str, Any]]) -> None:
+        controller = self._controller
+        if controller is not None:
+            await ray_call(controller.report_link_progress.remote(reports), CALL_TIMEOUT_MS)
 
     async def active_controller(self, refresh: bool = False) -> Any:
         """The active controller's handle for admin requests (ReplicaBackend's locator)."""

@@ -2,11 +2,11 @@
 
 This module parses the arguments and dispatches; each command group is a module of this package
 (``up``, ``topics``, ``configs``, ``brokers``, ``leader_election``, ``status``, ``reassign``,
-``pipeline``, ``users``, ``quotas``, ``certs``, ``acls``), each adding its commands to the parser
-with ``add_subcommands``. How a command reaches the running cluster is ``client``'s; the cluster
-itself is ``raylog.actors.cluster``'s. A command whose parser sets ``prepare`` (``users
-create``) has it run here first, in the caller's process, to read a secret and pass on only what
-it derives.
+``pipeline``, ``users``, ``quotas``, ``certs``, ``acls``, ``links``), each adding its commands to
+the parser with ``add_subcommands``. How a command reaches the running cluster is ``client``'s;
+the cluster itself is ``raylog.actors.cluster``'s. A command whose parser sets ``prepare``
+(``users create``, ``links create``) has it run here first, in the caller's process, to read a
+secret and pass on only what it derives.
 
 `raylog up` runs a cluster in the foreground. Every other command finds the cluster from
 ``--data-dir`` (or $RAYLOG_DATA_DIR) or ``--address`` and asks the active controller or the
@@ -28,6 +28,7 @@ from raylog.actors.cli import (
     certs,
     configs,
     leader_election,
+    links,
     pipeline,
     quotas,
     reassign,
@@ -56,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     quotas.add_subcommands(sub)
     certs.add_subcommands(sub)
     acls.add_subcommands(sub)
+    links.add_subcommands(sub)
     return parser
 
 

@@ -54,6 +54,7 @@ import msgspec
 
 from raylog.actors.control import acls as acls_
 from raylog.actors.control import config_keys, placement, scram
+from raylog.actors.control.links import ClusterLink, MirrorInfo
 from raylog.actors.control.listeners import Endpoint
 from raylog.storage.errors import (
     BrokerIdNotRegisteredError,
@@ -150,6 +151,8 @@ class TopicMetadata(msgspec.Struct, frozen=True, kw_only=True):
     topic_id: str  # uuid hex; a re-created topic gets a new id
     configs: dict[str, str] = {}  # overrides only; defaults come from config_keys
     partitions: tuple[PartitionState, ...] = ()  # partitions[i].partition == i
+    # A mirror of a cross-cluster link's source topic (``links``), read-only while it is set.
+    mirror: MirrorInfo | None = None
 
 
 class ScramCredentialRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -198,6 +201,8 @@ class ClusterMetadata(msgspec.Struct, frozen=True, kw_only=True):
     acls: tuple[acls_.AclBinding, ...] = ()
     # Client quotas (KIP-55, KIP-546): one record per entity with values, sorted by entity.
     client_quotas: tuple[ClientQuotaRecord, ...] = ()
+    # Cross-cluster links (KIP-986) this cluster is the destination of, by name.
+    links: dict[str, ClusterLink] = {}
 
 
 class PartitionChange(msgspec.Struct, frozen=True, kw_only=True):

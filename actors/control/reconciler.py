@@ -234,10 +234,13 @@ class Reconciler:
         specs = []
         for name in sorted(md.topics):
             t = md.topics[name]
+            # The link a mirror's leader takes batches from, while that link is active.
+            link = md.links.get(t.mirror.link) if t.mirror is not None else None
+            mirror_link = link.name if link is not None and link.active else ""
             for p in t.partitions:
                 if broker_id not in p.replicas:
                     continue
-                command = election.role_command(p, broker_id, self.controller_epoch)
+                command = election.role_command(p, broker_id, self.controller_epoch, mirror_link)
                 rate = throttle if p.leader == broker_id and p.adding_replicas else 0
                 specs.append(
                     ReplicaSpec(name, t.topic_id, p.partition, dict(t.configs), command, rate)
