@@ -476,10 +476,24 @@ class KafkaClient:
         lists = await asyncio.gather(*(one(b) for b in sorted(self._brokers)))
         return sorted({g for groups in lists for g in groups})
 
-    async def offset_fetch(self, group: str) -> dict[tuple[str, int], int]:
-        """``group``'s committed offsets, from its coordinator (partitions without one, or
-        with an error, left out). The group's errors raise KafkaClientError with the code
-        (e.g. 14, 15, 16 while the coordinator moves: callers retry)."""
+    async def offset_fetch(
+        self, group: str, topics: Sequence[str] | None = None
+    ) -> dict[tuple[str, int], int]:
+        """``group``'s committed offsets in ``topics`` (None: every non-internal topic of the
+        source), from its coordinator; partitions without one, or with an error, left out.
+        The partitions are named (not OffsetFetch's null "all topics", which some brokers,
+        Tansu among them, answer with a malformed response). The group's errors raise
+        KafkaClientError with the code (e.g. 14, 15, 16 while the coordinator moves)."""
+        source = await self.metadata(topics)
+        wanted = [
+            OffsetFetchRequest.OffsetFetchRequestTopic(
+                name=topic.name, partition_indexes=sorted(topic.partitions)
+            )
+            for topic in source.topics.values()
+            if topic.error_code == 0 and (topics is not None or not topic.is_internal)
+        ]
+        if not wanted:
+            return {}
         address, name = await self._any_broker()
         found = await self._call(
             address,
@@ -498,7 +512,7 @@ class KafkaClient:
             address,
             name,
             lambda v: OffsetFetchRequest(
-                version=v, group_id=group, topics=None, require_stable=False
+                version=v, group_id=group, topics=wanted, require_stable=False
             ),
             OffsetFetchResponse,
         )
