@@ -6,8 +6,12 @@ source sent (never decoded records), so a link copies them byte for byte at the 
 - One connection per broker (keyed by address), opened on first use: ApiVersions first (each
   API then at the highest version both sides speak), then SASL (SaslHandshake v1 and
   SaslAuthenticate: PLAIN, SCRAM-SHA-256/512 with the server's signature checked) when the
-  security protocol says so, over TLS when it says so. See kafka_connection.py for framing,
-  pipelining and correlation ids, and kafka_sasl_client.py for :class:`LinkSecurity`.
+  security protocol says so, over TLS when it says so. kafka_connection.py owns the framing,
+  pipelining, correlation ids and the SASL exchange; kafka_sasl_client.py :class:`LinkSecurity`
+  and the SASL client steps.
+- Pipelining: concurrent calls to one broker share its connection, answers matched by
+  correlation id. Kafka's brokers (and raylog's gateway) answer one connection's requests in
+  order, so a long-polling Fetch delays the requests sent behind it on that connection.
 - Every call is bounded by ``request_timeout_ms`` (opening the connection included); a call
   that times out drops its connection, as Kafka's clients do. No call retries: a broken
   connection is dropped and the next call opens a new one; callers retry.

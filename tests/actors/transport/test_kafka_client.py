@@ -11,7 +11,9 @@ fails with the broker's error code and without the password in the message; an u
 certificate is refused. Against raw sockets that misbehave: a size prefix over
 ``max_response_bytes`` and a correlation id never sent each fail the call and drop the
 connection; a broker that never answers fails the call within ``request_timeout_ms``; the next
-call opens a new connection; a response frame cut short is an error, not a short value.
+call opens a new connection; two requests in flight on one connection get their own answers
+when the broker sends them in reverse order; a response frame cut short is an error, not a
+short value.
 """
 
 from __future__ import annotations
