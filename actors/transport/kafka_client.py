@@ -6,8 +6,12 @@ source sent (never decoded records), so a link copies them byte for byte at the 
 - One connection per broker (keyed by address), opened on first use: ApiVersions first (each
   API then at the highest version both sides speak), then SASL (SaslHandshake v1 and
   SaslAuthenticate: PLAIN, SCRAM-SHA-256/512 with the server's signature checked) when the
-  security protocol says so, over TLS when it says so. See kafka_connection.py for framing,
-  pipelining and correlation ids, and kafka_sasl_client.py for :class:`LinkSecurity`.
+  security protocol says so, over TLS when it says so. kafka_connection.py owns the framing,
+  pipelining, correlation ids and the SASL exchange; kafka_sasl_client.py :class:`LinkSecurity`
+  and the SASL client steps.
+- Pipelining: concurrent calls to one broker share its connection, answers matched by
+  correlation id. Kafka's brokers (and raylog's gateway) answer one connection's requests in
+  order, so a long-polling Fetch delays the requests sent behind it on that connection.
 - Every call is bounded by ``request_timeout_ms`` (opening the connection included); a call
   that times out drops its connection, as Kafka's clients do. No call retries: a broken
   connection is dropped and the next call opens a new one; callers retry.
@@ -476,10 +480,24 @@ class KafkaClient:
         lists = await asyncio.gather(*(one(b) for b in sorted(self._brokers)))
         return sorted({g for groups in lists for g in groups})
 
-    async def offset_fetch(self, group: str) -> dict[tuple[str, int], int]:
-        """``group``'s committed offsets, from its coordinator (partitions without one, or
-        with an error, left out). The group's errors raise KafkaClientError with the code
-        (e.g. 14, 15, 16 while the coordinator moves: callers retry)."""
+    async def offset_fetch(
+        self, group: str, topics: Sequence[str] | None = None
+    ) -> dict[tuple[str, int], int]:
+        """``group``'s committed offsets in ``topics`` (None: every non-internal topic of the
+        source), from its coordinator; partitions without one, or with an error, left out.
+        The partitions are named (not OffsetFetch's null "all topics", which some brokers,
+        Tansu among them, answer with a malformed response). The group's errors raise
+        KafkaClientError with the code (e.g. 14, 15, 16 while the coordinator moves)."""
+        source = await self.metadata(topics)
+        wanted = [
+            OffsetFetchRequest.OffsetFetchRequestTopic(
+                name=topic.name, partition_indexes=sorted(topic.partitions)
+            )
+            for topic in source.topics.values()
+            if topic.error_code == 0 and (topics is not None or not topic.is_internal)
+        ]
+        if not wanted:
+            return {}
         address, name = await self._any_broker()
         found = await self._call(
             address,
@@ -498,7 +516,7 @@ class KafkaClient:
             address,
             name,
             lambda v: OffsetFetchRequest(
-                version=v, group_id=group, topics=None, require_stable=False
+                version=v, group_id=group, topics=wanted, require_stable=False
             ),
             OffsetFetchResponse,
         )
