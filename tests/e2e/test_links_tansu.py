@@ -16,7 +16,6 @@ mirrors as ordinary topics.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -125,7 +124,7 @@ def read_all(bootstrap: str, topic: str, expected: int) -> list[Row]:
 
 
 def describe(up: UpProcess) -> dict[str, Any]:
-    return json.loads(ok(up.raylog("links", "describe", LINK, "--json")))
+    return up.document("links", "describe", LINK)  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="module")
@@ -152,8 +151,8 @@ def test_mirror_holds_the_same_records_at_the_same_offsets(linked: Linked, sourc
         interval_s=0.5,
         message="mirror topics created",
     )
-    described = json.loads(ok(up.raylog("topics", "describe", "orders", "--json")))
-    assert len(described["orders"]) == TOPICS["orders"]
+    (described,) = up.document("topics", "describe", "orders")
+    assert len(described["partitions"]) == TOPICS["orders"]
     rows = delivered["orders"] + produce(source, "orders", 100, 200)  # also while linked
     mirrored = read_all(up.bootstrap, "orders", len(rows))
     # Byte for byte at the same offsets: what the source serves, field for field ...
@@ -235,6 +234,6 @@ def test_disconnect_makes_a_topic_writable_at_the_next_offset(linked: Linked, so
 
 def test_links_list_shows_the_link(linked: Linked) -> None:
     up, _ = linked
-    views = json.loads(ok(up.raylog("links", "list", "--json")))
+    views = up.document("links", "list")
     (view,) = [v for v in views if v["name"] == LINK]
     assert view["state"] == "active" and view["topics_regex"] == "orders.*"
