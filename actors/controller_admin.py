@@ -117,6 +117,9 @@ class AdminRequests:
         self._ensure_started()
 
         def change(md: ClusterMetadata) -> tuple[ClusterMetadata, None]:
+            topic = md_.get_topic(md, name)
+            if topic.mirror is not None:
+                links_.check_own_configs(topic.mirror, topic.configs, overrides)
             md = md_.alter_configs(md, name, overrides)
             out = election.elect_offline(md, self._leos())
             self._count_unclean(out)

@@ -273,7 +273,7 @@ class LinkRequests:
             return
         if cluster_id and link.source_cluster_id != cluster_id:
             await self._mutate(lambda m: (changes.set_source_cluster_id(m, name, cluster_id), None))
-        local = {t.name: (t.mirror, len(t.partitions)) for t in md.topics.values()}
+        local = {t.name: (t.mirror, len(t.partitions), t.configs) for t in md.topics.values()}
         plan = links_.plan_mirrors(link, source, local)
         for topic, reason in plan.skipped:
             log.warning("link %s: source topic %s not mirrored: %s", name, topic, reason)
@@ -291,3 +291,6 @@ class LinkRequests:
         for topic, count in plan.grow:
             await self._mutate(lambda m, t=topic, c=count: (md_.new_partitions(m, t, c), None))
             log.info("link %s: mirror topic %s grown to %d partitions", name, topic, count)
+        for topic, overrides in plan.configs:
+            await self._mutate(lambda m, t=topic, o=overrides: (md_.alter_configs(m, t, o), None))
+            log.info("link %s: mirror topic %s follows the source's configs", name, topic)

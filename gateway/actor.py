@@ -512,6 +512,7 @@ class GatewayActor:
             "client_quotas": (
                 self._server.quotas.metrics(int(time.monotonic() * 1000)) if self._server else {}
             ),
+            "link_mirrors": self._mirrors.progress() if self._mirrors is not None else [],
         }
 
     # --- metadata -------------------------------------------------------------------------------

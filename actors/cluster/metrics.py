@@ -29,7 +29,11 @@ Names (all prefixed ``raylog_``; Kafka's MBean in brackets):
   ``log_cleaner_passes_total{topic,partition,replica}`` and
   ``log_cleaner_records_removed_total{topic,partition,replica}`` (each replica compacts its own
   log; counted since the replica started) and ``log_cleaner_dirty_ratio`` (max-dirty-percent,
-  per replica, as a ratio).
+  per replica, as a ratio);
+- cross-cluster links, per mirror partition (from the gateway of its leader's broker):
+  ``link_mirror_lag_records{link,topic,partition}``, ``link_mirror_lag_ms``,
+  ``link_mirrored_records_total``, ``link_mirrored_bytes_total``, and per link
+  ``link_mirror_partitions_in_error{link}``.
 """
 
 from __future__ import annotations
@@ -204,6 +208,50 @@ class ClusterCollector(Collector):
                 requests.add_metric(labels, r["count"])
                 latency.add_metric(labels, buckets=r["buckets"], sum_value=r["sum_s"])
         yield from (requests, latency, bytes_in, bytes_out)
+        yield from ClusterCollector._link_families(gateways)
+
+    @staticmethod
+    def _link_families(gateways: list[dict[str, Any]]) -> Iterator[Metric]:
+        """Each mirror partition's link fetcher, from the gateway of its leader's broker."""
+        labels = ["link", "topic", "partition"]
+        lag = GaugeMetricFamily(
+            PREFIX + "link_mirror_lag_records",
+            "Records the mirror partition is behind its source's high watermark",
+            labels=labels,
+        )
+        lag_ms = GaugeMetricFamily(
+            PREFIX + "link_mirror_lag_ms",
+            "How long the mirror partition has been behind its source (0: caught up)",
+            labels=labels,
+        )
+        records = CounterMetricFamily(
+            PREFIX + "link_mirrored_records",
+            "Records mirrored by this leader's fetcher since it started",
+            labels=labels,
+        )
+        size = CounterMetricFamily(
+            PREFIX + "link_mirrored_bytes",
+            "Batch bytes mirrored by this leader's fetcher since it started",
+            labels=labels,
+        )
+        errors = GaugeMetricFamily(
+            PREFIX + "link_mirror_partitions_in_error",
+            "Mirror partitions whose last fetch or append failed",
+            labels=["link"],
+        )
+        failing: dict[str, int] = {}
+        for g in gateways:
+            for m in g.get("link_mirrors", []):
+                key = [m["link"], m["topic"], str(m["partition"])]
+                if m["lag_records"] >= 0:
+                    lag.add_metric(key, m["lag_records"])
+                lag_ms.add_metric(key, m["lag_ms"])
+                records.add_metric(key, m["records"])
+                size.add_metric(key, m["bytes"])
+                failing[m["link"]] = failing.get(m["link"], 0) + (1 if m["error"] else 0)
+        for link, count in sorted(failing.items()):
+            errors.add_metric([link], count)
+        yield from (lag, lag_ms, records, size, errors)
 
     @staticmethod
     def _partition_families(states: list[Any]) -> Iterator[Metric]:

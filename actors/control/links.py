@@ -22,7 +22,10 @@ Decisions:
 - Discovery (:func:`plan_mirrors`): every source topic the regex matches (internal ones never)
   that does not exist here becomes a mirror topic; a mirror whose source gained partitions
   grows; a local topic of the same name that is not this link's mirror is left alone (and
-  reported).
+  reported). A mirror's configs that describe its data (:data:`MIRRORED_TOPIC_CONFIGS`:
+  retention, cleanup policy, compression, message size and timestamp type) follow the source's
+  and cannot be altered here while the link is active (:func:`check_own_configs`); the others
+  (ISR, elections, replication and flush settings) are the destination's own.
 - Disconnect (a whole link or one topic) makes the mirror topics ordinary topics, writable at
   the next offset. Every partition's leader epoch is bumped in the same metadata version: the
   leader learns it is no longer a mirror from a BecomeLeader of a new epoch, which also fences
@@ -157,11 +160,13 @@ class SourceTopic(msgspec.Struct, frozen=True):
 
 class MirrorPlan(msgspec.Struct, frozen=True):
     """What a discovery round does: topics to create (name, partitions, configs, source topic
-    id), mirrors to grow (name, partitions), and names it leaves alone, with the reason."""
+    id), mirrors to grow (name, partitions), mirrors whose configs follow the source's (name,
+    the whole new override set), and names it leaves alone, with the reason."""
 
     create: tuple[SourceTopic, ...] = ()
     grow: tuple[tuple[str, int], ...] = ()
     skipped: tuple[tuple[str, str], ...] = ()
+    configs: tuple[tuple[str, dict[str, str]], ...] = ()
 
 
 # --- validation ---------------------------------------------------------------------------------
@@ -286,27 +291,51 @@ def mirrored_topic_configs(source: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in source.items() if k in MIRRORED_TOPIC_CONFIGS}
 
 
+def followed_configs(local: Mapping[str, str], source: Mapping[str, str]) -> dict[str, str]:
+    """A mirror's override set once it follows ``source``: the mirrored keys as the source has
+    them (an override the source dropped goes too), the destination's own keys as they are."""
+    own = {k: v for k, v in local.items() if k not in MIRRORED_TOPIC_CONFIGS}
+    return {**own, **mirrored_topic_configs(source)}
+
+
+def check_own_configs(mirror: MirrorInfo, old: Mapping[str, str], new: Mapping[str, str]) -> None:
+    """Refuse an AlterConfigs of a mirror topic that changes a config it takes from its source
+    (those follow the source while the link is active; the others are the destination's own)."""
+    changed = sorted(k for k in MIRRORED_TOPIC_CONFIGS if old.get(k) != new.get(k))
+    if changed:
+        raise InvalidRequestError(
+            f"{', '.join(changed)} of a mirror of link {mirror.link!r} follow the source "
+            "topic's; alter them there, or disconnect the topic first"
+        )
+
+
+LocalTopic = tuple[MirrorInfo | None, int, Mapping[str, str]]
+
+
 def plan_mirrors(
-    link: ClusterLink,
-    source: Sequence[SourceTopic],
-    local: Mapping[str, tuple[MirrorInfo | None, int]],
+    link: ClusterLink, source: Sequence[SourceTopic], local: Mapping[str, LocalTopic]
 ) -> MirrorPlan:
     """One discovery round of an active link (see the module docstring). ``local``: every
-    local topic's mirror info and partition count."""
+    local topic's mirror info, partition count and config overrides."""
     if not link.active or not link.topics_regex:
         return MirrorPlan()
     create: list[SourceTopic] = []
     grow: list[tuple[str, int]] = []
     skipped: list[tuple[str, str]] = []
+    configs: list[tuple[str, dict[str, str]]] = []
     for topic in sorted(source, key=lambda t: t.name):
         if topic.name.startswith("__") or not link.matches_topic(topic.name):
             continue
         if topic.name not in local:
             create.append(topic)
             continue
-        mirror, count = local[topic.name]
+        mirror, count, overrides = local[topic.name]
         if mirror is None or mirror.link != link.name:
             skipped.append((topic.name, "a local topic of that name is not this link's mirror"))
-        elif topic.partitions > count:
+            continue
+        if topic.partitions > count:
             grow.append((topic.name, topic.partitions))
-    return MirrorPlan(tuple(create), tuple(grow), tuple(skipped))
+        followed = followed_configs(overrides, topic.configs)
+        if followed != dict(overrides):
+            configs.append((topic.name, followed))
+    return MirrorPlan(tuple(create), tuple(grow), tuple(skipped), tuple(configs))

@@ -162,6 +162,7 @@ class LinkMirrors:
                 lag = max(0, p.source_hw - p.position) if p.position >= 0 <= p.source_hw else -1
                 out.append(
                     {
+                        "link": runner.link.name,
                         "topic": p.topic,
                         "partition": p.partition,
                         "broker_id": self.broker_id,

@@ -7,7 +7,8 @@ Proves: `links create` with a topics regex creates mirror topics with the source
 partition count; every record produced to the source (lz4-compressed, with keys, headers and
 explicit timestamps) is read from the mirror at the SAME partition and offset with the same
 key, value, headers and timestamp, and records produced while the link runs follow; `links
-describe --json` shows each partition fetching with no lag once caught up; a produce to a
+describe --json` and the metrics endpoint show each partition fetching with no lag once caught
+up, and the records mirrored; a produce to a
 mirror topic is refused while the link is active (INVALID_REQUEST) and a local topic the regex
 matches cannot be created; `links disconnect --topic` makes that topic writable at the next
 offset (the source's end), and the other mirror keeps mirroring; `links delete` leaves the
@@ -23,7 +24,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from support.cluster import UpProcess
+from support.cluster import UpProcess, scrape, total
 from support.tansu import tansu_broker
 from support.waiting import wait_until
 
@@ -174,6 +175,14 @@ def test_mirror_holds_the_same_records_at_the_same_offsets(linked: Linked, sourc
     wait_until(
         caught_up, timeout_s=WAIT_S, interval_s=0.5, message="every mirror partition caught up"
     )
+
+    def metrics_show_it() -> bool:
+        samples = scrape(up.metrics_url)
+        mirrored = total(samples, "raylog_link_mirrored_records_total", link=LINK)
+        behind = total(samples, "raylog_link_mirror_lag_records", link=LINK)
+        return mirrored >= len(rows) + len(delivered["orders-eu"]) and behind == 0
+
+    wait_until(metrics_show_it, timeout_s=WAIT_S, interval_s=1.0, message="link metrics")
 
 
 def test_mirrors_are_read_only_and_names_reserved(linked: Linked) -> None:

@@ -101,11 +101,11 @@ def test_plan_mirrors_creates_grows_and_leaves_local_topics_alone() -> None:
         SourceTopic("__consumer_offsets", "t4", 50),
     ]
     local = {
-        "orders-eu": (MirrorInfo(link="east"), 1),
-        "orders": (None, 3),
+        "orders-eu": (MirrorInfo(link="east"), 1, {}),
+        "orders": (None, 3, {}),
     }
     plan = links.plan_mirrors(link(topics_regex="orders.*|__.*"), source, local)
-    assert plan.create == ()
+    assert plan.create == () and plan.configs == ()
     assert plan.grow == (("orders-eu", 2),)
     assert [name for name, _ in plan.skipped] == ["orders"]
     plan = links.plan_mirrors(link(), source, {})
@@ -152,3 +152,21 @@ def test_alter_link_changes_and_resets_configs() -> None:
     with pytest.raises(InvalidConfigError):
         lc.alter_link(md, "east", topics_regex="(")
     assert lc.set_source_cluster_id(md, "east", "src").links["east"].source_cluster_id == "src"
+
+
+def test_mirrors_follow_the_source_configs_and_keep_their_own() -> None:
+    source = [SourceTopic("orders", "t1", 1, {"retention.ms": "5000", "segment.ms": "10"})]
+    own = {"retention.ms": "1", "min.insync.replicas": "2", "cleanup.policy": "compact"}
+    local = {"orders": (MirrorInfo(link="east"), 1, own)}
+    plan = links.plan_mirrors(link(), source, local)
+    # retention.ms follows, cleanup.policy dropped at the source goes, min.insync.replicas
+    # (the destination's own) stays; segment.ms is not mirrored.
+    assert plan.configs == (("orders", {"retention.ms": "5000", "min.insync.replicas": "2"}),)
+    local = {"orders": (MirrorInfo(link="east"), 1, dict(plan.configs[0][1]))}
+    assert links.plan_mirrors(link(), source, local).configs == ()
+    mirror = MirrorInfo(link="east")
+    links.check_own_configs(
+        mirror, {"retention.ms": "1"}, {"retention.ms": "1", "min.insync.replicas": "2"}
+    )
+    with pytest.raises(InvalidRequestError, match=r"retention\.ms of a mirror of link 'east'"):
+        links.check_own_configs(mirror, {"retention.ms": "1"}, {"retention.ms": "2"})
