@@ -10,11 +10,13 @@ requests waiting here). This actor owns the rest:
 
 - the Ray methods: controller commands, produce, transaction markers (``write_txn_marker``,
   for the transaction coordinator), DeleteRecords, fetch (long-polled for consumers, either
-  isolation level), ListOffsets, replica-to-replica delivery;
+  isolation level), ListOffsets, replica-to-replica delivery; a mirror topic's appends of a
+  source cluster's batches (``mirror_append``, KIP-986 links) come from
+  :class:`raylog.actors.replica_mirror.ReplicaMirror`, mixed in;
 - the clock: ``tick`` every ``TICK_MS`` (the state machine's timers, flush.ms, the lazy
   high-watermark checkpoint, retention and compaction checks);
 - the replication channel server, which takes peers' messages and the local gateway's
-  produce, fetch and list_offsets calls.
+  produce, fetch, list_offsets and mirror_append calls.
 
 Peers are found by name (:func:`replica_actor_name`) in the ``raylog`` namespace, so the
 controller only has to create actors and send commands.

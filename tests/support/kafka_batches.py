@@ -14,16 +14,26 @@ from kafka.record import default_records as kdr
 from raylog.storage import batch as rb
 
 
-def kafka_batch(recs: list[dict[str, Any]], codec: int, base_offset: int = 0) -> bytes:
+def kafka_batch(
+    recs: list[dict[str, Any]],
+    codec: int,
+    base_offset: int = 0,
+    *,
+    transactional: bool = False,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+) -> bytes:
     """One batch of ``recs`` (dicts of key, value, timestamp, headers) compressed with ``codec``
-    (kafka-python's ``DefaultRecordBatch.CODEC_*``)."""
+    (kafka-python's ``DefaultRecordBatch.CODEC_*``), from an idempotent or transactional
+    producer when given its id, epoch and first sequence."""
     builder = kdr.DefaultRecordBatchBuilder(
         magic=2,
         compression_type=codec,
-        is_transactional=False,
-        producer_id=-1,
-        producer_epoch=-1,
-        base_sequence=-1,
+        is_transactional=transactional,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
         batch_size=1 << 30,
     )
     for i, r in enumerate(recs):
