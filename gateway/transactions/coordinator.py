@@ -462,9 +462,13 @@ class TransactionCoordinator:
             ):
                 log.info("%s: %s deleted, its marker dropped", markers.transactional_id, topic)
                 return
+            # INVALID_REQUEST: a mirror topic of an active cross-cluster link, read-only: none of
+            # the transaction's batches could be appended there either, so there is nothing to
+            # mark.
             if error in (
                 ErrorCode.INVALID_PRODUCER_EPOCH,
                 ErrorCode.TRANSACTION_COORDINATOR_FENCED,
+                ErrorCode.INVALID_REQUEST,
             ):
                 log.warning(
                     "%s: marker for %s-%d refused (error %d): %s",

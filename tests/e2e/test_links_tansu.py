@@ -8,11 +8,10 @@ partition count; every record produced to the source (lz4-compressed, with keys,
 explicit timestamps) is read from the mirror at the SAME partition and offset with the same
 key, value, headers and timestamp, and records produced while the link runs follow; `links
 describe --json` and the metrics endpoint show each partition fetching with no lag once caught
-up, and the records mirrored; a produce to a
-mirror topic is refused while the link is active (INVALID_REQUEST) and a local topic the regex
-matches cannot be created; `links disconnect --topic` makes that topic writable at the next
-offset (the source's end), and the other mirror keeps mirroring; `links delete` leaves the
-mirrors as ordinary topics.
+up, and the records mirrored; a produce to a mirror topic is refused while the link is active
+(INVALID_REQUEST), a transaction that tried one aborts, and a local topic the regex matches
+cannot be created; `links disconnect --topic` makes that topic writable at the next offset (the
+source's end), and the other mirror keeps mirroring; `links list` shows the link.
 """
 
 from __future__ import annotations
@@ -199,6 +198,18 @@ def test_mirrors_are_read_only_and_names_reserved(linked: Linked) -> None:
     producer.flush(30)
     assert failures and failures[0] is not None
     assert failures[0].code() == KafkaError.INVALID_REQUEST, failures[0]
+    # A transaction that touched the mirror aborts: the coordinator writes no marker there.
+    txn = Producer(
+        {"bootstrap.servers": up.bootstrap, "transactional.id": "links-txn",
+         "message.timeout.ms": 20_000}
+    )  # fmt: skip
+    txn.init_transactions(60)
+    txn.begin_transaction()
+    failures.clear()
+    txn.produce("orders", b"in-txn", partition=1, on_delivery=lambda e, m: failures.append(e))
+    txn.flush(30)
+    assert failures and failures[0] is not None
+    txn.abort_transaction(60)
     refused = up.raylog("topics", "create", "orders-new", "--partitions", "1")
     assert refused.returncode == 1 and f"reserved by link '{LINK}'" in refused.stderr
 
