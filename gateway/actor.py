@@ -5,11 +5,18 @@ Owns the listener's lifetime and keeping its routing metadata fresh. The actor r
 :class:`~raylog.gateway.replica_backend.ReplicaBackend` inside its own event loop, and polls the
 active controller's ``metadata()`` every ``poll_ms`` to refresh the backend's
 :class:`~raylog.gateway.routing.MetadataView` (brokers and partitions as clients see
-them; a leaderless partition has leader -1). The same controller handle serves the gateway's
-admin requests (``active_controller``), and ``broker_configs`` (``config_keys.BROKER_CONFIGS``
-keys, e.g. ``auto.create.topics.enable``, ``num.partitions``) decide what the gateway does on its
-own: topic auto-creation from Metadata and the defaults of CreateTopics' -1 counts. Whoever
-starts the gateways passes them the same broker configs it passes the controllers.
+them; a leaderless partition has leader -1). The listeners are bound at ``start`` but accept
+connections only once that view is current: read from the active controller, whose metadata is
+the stored one (Kafka's brokers likewise take requests only once their metadata caught up). A
+client reaching a starting broker is refused and tries another broker or again, as with a
+broker that is down; it is never told that an existing topic does not exist, which clients
+take as final (librdkafka fails every queued record of such a topic).
+
+The same controller handle serves the gateway's admin requests (``active_controller``), and
+``broker_configs`` (``config_keys.BROKER_CONFIGS`` keys, e.g. ``auto.create.topics.enable``,
+``num.partitions``) decide what the gateway does on its own: topic auto-creation from Metadata
+and the defaults of CreateTopics' -1 counts. Whoever starts the gateways passes them the same
+broker configs it passes the controllers.
 
 Listeners (``raylog.actors.control.listeners``): one socket per listener. A gateway with TLS or
 SASL listeners asks the active controller before it listens (bounded) for what they need: its
@@ -199,10 +206,10 @@ class GatewayActor:
         ports = []
         for listener in self._listeners:
             try:
+                listening = await self._listener_socket(listener)
+                # Bound now (a port in use fails here); serving once the view is current.
                 ports.append(
-                    await server.start(
-                        listener.host, listener.port, await self._listener_socket(listener)
-                    )
+                    await server.start(listener.host, listener.port, listening, serve=False)
                 )
             except OSError as exc:
                 await server.stop()
@@ -559,6 +566,9 @@ class GatewayActor:
         if self._mirrors is not None:
             self._mirrors.update(md)
         self._metadata_epoch = md.metadata_epoch
+        if not self._server.serving:
+            await self._server.start_serving()  # the view is current: clients may come
+            log.info("gateway %d: serving at metadata epoch %d", self.broker_id, md.metadata_epoch)
 
     # --- cross-cluster links ----------------------------------------------------------------------
 

@@ -177,12 +177,10 @@ class ReplicaBackend(ControllerAdmin):
     ) -> ProduceResult:
         """Write a transaction marker through the partition's leader, whichever broker it is on
         (the transaction coordinator's channel to every partition of a transaction)."""
-        state = routing.find_partition(self.metadata.topics(), topic, partition)
-        if state is None:
-            return ProduceResult(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1, -1, -1)
-        if state.leader < 0:
-            return ProduceResult(ErrorCode.LEADER_NOT_AVAILABLE, -1, -1, -1)
-        name = replica_actor_name(topic, partition, state.leader)
+        error, leader = routing.partition_leader(self.metadata, topic, partition)
+        if error:
+            return ProduceResult(error, -1, -1, -1)
+        name = replica_actor_name(topic, partition, leader)
         return await self.replicas.write_txn_marker(
             name, producer_id, producer_epoch, coordinator_epoch, commit, timeout_ms
         )

@@ -5,9 +5,19 @@ the metadata they read: a :class:`MetadataSource`, a local, synchronous view of 
 and brokers (:class:`MetadataView`, kept current by the gateway actor from the controller's
 metadata, or set by hand in tests).
 
+A view is ``current`` once it holds the cluster's topics: given at construction or by the first
+``update`` with topics (the gateway actor's first read from the active controller, whose
+metadata is the stored one). Until then it knows no topic, and that must never reach a client
+as "no such topic": librdkafka fails every queued record of a topic a broker calls unknown
+(_UNKNOWN_PARTITION, _UNKNOWN_TOPIC), and a client drops records it is told have nowhere to go.
+The gateway actor does not serve at all until its view is current (Kafka's brokers accept
+requests only once their metadata caught up); rule 0 keeps the routing decision itself safe.
+
 Routing:
 
-1. A partition the view does not hold is UNKNOWN_TOPIC_OR_PARTITION (3).
+0. While the view is not current, every partition is LEADER_NOT_AVAILABLE (5): its leader is
+   not known here yet. Clients refresh their metadata and retry. :func:`leader_error`.
+1. A partition the (current) view does not hold is UNKNOWN_TOPIC_OR_PARTITION (3).
 2. A partition this broker does not lead (``leader != this_broker_id``, including leaderless
    ones) is NOT_LEADER_OR_FOLLOWER (6): every client refreshes Metadata on 6 and sends the
    request to the leader's gateway, which Metadata advertises. Fetch v11+ is the exception
@@ -49,6 +59,7 @@ __all__ = [
     "MetadataView",
     "find_partition",
     "leader_error",
+    "partition_leader",
     "preferred_read_replica",
     "rack_candidates",
     "replica_error",
@@ -61,6 +72,11 @@ class MetadataSource(Protocol):
     @property
     def this_broker_id(self) -> int: ...
 
+    @property
+    def current(self) -> bool:
+        """Whether the topics are the cluster's (see the module docstring), not yet unknown."""
+        ...
+
     def cluster(self) -> ClusterView: ...
 
     def topics(self) -> Mapping[str, TopicState]: ...
@@ -70,6 +86,8 @@ class MetadataView:
     """A settable :class:`MetadataSource`, updated with what the controller's metadata says.
 
     Every ``update`` replaces whole values, so a reader always sees one consistent snapshot.
+    ``topics`` None (the default) means not known yet: the view is not ``current`` until an
+    ``update`` gives them; ``{}`` means a cluster without topics.
     """
 
     def __init__(
@@ -84,10 +102,15 @@ class MetadataView:
         self._this_broker_id = this_broker_id
         self._cluster = ClusterView(cluster_id, controller_id, tuple(brokers))
         self._topics: Mapping[str, TopicState] = dict(topics or {})
+        self._current = topics is not None
 
     @property
     def this_broker_id(self) -> int:
         return self._this_broker_id
+
+    @property
+    def current(self) -> bool:
+        return self._current
 
     def cluster(self) -> ClusterView:
         return self._cluster
@@ -110,6 +133,7 @@ class MetadataView:
         )
         if topics is not None:
             self._topics = dict(topics)
+            self._current = True
 
 
 def find_partition(
@@ -127,7 +151,9 @@ def find_partition(
 
 def leader_error(metadata: MetadataSource, topic: str, partition: int) -> int:
     """0 when this broker leads the partition (rule 3), else the error the client must see
-    (rules 1 and 2)."""
+    (rules 0, 1 and 2)."""
+    if not metadata.current:
+        return ErrorCode.LEADER_NOT_AVAILABLE
     state = find_partition(metadata.topics(), topic, partition)
     if state is None:
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
@@ -136,9 +162,25 @@ def leader_error(metadata: MetadataSource, topic: str, partition: int) -> int:
     return ErrorCode.NONE
 
 
+def partition_leader(metadata: MetadataSource, topic: str, partition: int) -> tuple[int, int]:
+    """``(0, leader id)`` of a partition, whichever broker leads it (the transaction
+    coordinator's markers go to the leader's replica), else ``(error, -1)``: rules 0 and 1, or
+    LEADER_NOT_AVAILABLE (5) for a leaderless partition."""
+    if not metadata.current:
+        return ErrorCode.LEADER_NOT_AVAILABLE, -1
+    state = find_partition(metadata.topics(), topic, partition)
+    if state is None:
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, -1
+    if state.leader < 0:
+        return ErrorCode.LEADER_NOT_AVAILABLE, -1
+    return ErrorCode.NONE, state.leader
+
+
 def replica_error(metadata: MetadataSource, topic: str, partition: int) -> int:
     """0 when this broker holds a replica of the partition, which may serve a v11+ fetch
-    (rule 5), else the error the client must see."""
+    (rule 5), else the error the client must see (rules 0 and 1, or NOT_LEADER_OR_FOLLOWER)."""
+    if not metadata.current:
+        return ErrorCode.LEADER_NOT_AVAILABLE
     state = find_partition(metadata.topics(), topic, partition)
     if state is None:
         return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION

@@ -27,10 +27,12 @@ nothing received for that long is closed; a peer that does not read its response
 is dropped too), and ``close_timeout_s`` for in-flight requests to finish when the server stops.
 
 Listeners: ``start`` opens one, and may be called once per listener (each its own socket,
-optionally TLS). A connection on a SASL listener is served its requests one at a time until its
-SASL exchange succeeds, and only those ``authentication.ClientSession.admits``; anything else
-closes it. A failed exchange's answer is held for the throttle's delay, sent, and the
-connection closed, with one log line naming the user and the address (never a secret).
+optionally TLS); it may bind the port without accepting until ``start_serving`` (the gateway
+actor serves once its metadata is current). A connection on a SASL listener is served its
+requests one at a time until its SASL exchange succeeds, and only those
+``authentication.ClientSession.admits``; anything else closes it. A failed exchange's answer is
+held for the throttle's delay, sent, and the connection closed, with one log line naming the
+user and the address (never a secret).
 
 Client quotas (``gateway/quotas.py``): for a client with a quota, each handler's time on the
 event loop counts against request_percentage (clients without one are not measured); a
@@ -180,18 +182,36 @@ class GatewayServer:
     def serving(self) -> bool:
         return bool(self._servers) and all(server.is_serving() for server in self._servers)
 
-    async def start(self, host: str, port: int, listener: ListenerSocket | None = None) -> int:
+    async def start(
+        self,
+        host: str,
+        port: int,
+        listener: ListenerSocket | None = None,
+        *,
+        serve: bool = True,
+    ) -> int:
         """Listen on ``host:port`` (0 = any free port) as ``listener`` (default: plaintext,
-        no SASL); return the bound port. Called once per listener."""
+        no SASL); return the bound port. Called once per listener. ``serve`` False: bind the
+        port (a port in use fails here) but refuse connections until :meth:`start_serving`."""
         listener = listener or ListenerSocket()
         if listener.sasl and self.authenticator is None:
             raise ValueError(f"listener {listener.name} runs SASL: the server needs credentials")
         loop = asyncio.get_running_loop()
         server = await loop.create_server(
-            lambda: _ClientSocket(self, listener), host, port, ssl=listener.ssl_context
+            lambda: _ClientSocket(self, listener),
+            host,
+            port,
+            ssl=listener.ssl_context,
+            start_serving=serve,
         )
         self._servers.append(server)
         return int(server.sockets[0].getsockname()[1])
+
+    async def start_serving(self) -> None:
+        """Accept connections on every listener bound with ``serve`` False (idempotent)."""
+        for server in self._servers:
+            if not server.is_serving():
+                await server.start_serving()
 
     async def stop(self) -> None:
         """Stop accepting, let in-flight requests finish (bounded), then close every connection."""
