@@ -10,6 +10,8 @@
   ``--data-dir`` appended). Used as a context manager it always ends its own process, by PID.
   ``heal()`` starts the brokers a test stopped or killed and waits until every partition is
   fully replicated again: what a module sharing the session's cluster does before it starts.
+  ``crash()`` SIGKILLs the `up` process and every process under it (its Ray cluster), by PID.
+- ``process_tree``: a process and every process under it, from /proc's parent links.
 - ``RayNode``: one ``ray start --block`` node (head or worker) in a process group of its own, so
   that the test can crash the whole node (SIGKILL to the group) or stop it, by that group's id.
 - ``ClusterUp``: ``raylog up --address`` on such a cluster (cluster mode); collects the
@@ -247,6 +249,31 @@ class UpProcess:
             time.sleep(HEAL_POLL_S)
         raise AssertionError(f"the shared cluster did not heal within {timeout_s:.0f} s: {last}")
 
+    def crash(self) -> list[int]:
+        """A crash of the machine `raylog up` runs on: SIGKILL to the up process and every
+        process under it (Ray's GCS, raylet, workers and agents), by PID; returns those PIDs
+        once every one is gone. Each is stopped (SIGSTOP) first, so that none starts another
+        between the listing and the kill."""
+        assert self.proc is not None and self.proc.poll() is None, "raylog up is not running"
+        stopped: list[int] = []
+        for _ in range(CRASH_ROUNDS_MAX):  # until a listing finds no process not yet stopped
+            found = [pid for pid in process_tree(self.proc.pid) if pid not in stopped]
+            if not found:
+                break
+            for pid in found:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+            stopped.extend(found)
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self.proc.wait(timeout=STOP_DEADLINE_S)
+        deadline = time.monotonic() + STOP_DEADLINE_S
+        while any(_running(pid) for pid in stopped):  # bounded by the deadline
+            assert time.monotonic() < deadline, [p for p in stopped if _running(p)]
+            time.sleep(HEAL_POLL_S)
+        return stopped
+
     def __enter__(self) -> UpProcess:
         self.start()
         return self
@@ -264,6 +291,36 @@ class UpProcess:
                 if self.proc.poll() is None:
                     self.proc.kill()
                     self.proc.wait(timeout=STOP_DEADLINE_S)
+
+
+CRASH_ROUNDS_MAX = 10
+
+
+def _parent_and_state(pid: int) -> tuple[int, str] | None:
+    """A process's parent PID and state letter from /proc, None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # gone (or going) between the listing and the read
+        return None
+    state, ppid = stat.rsplit(")", 1)[1].split()[:2]  # after "pid (comm)", which may hold spaces
+    return int(ppid), state
+
+
+def _running(pid: int) -> bool:
+    found = _parent_and_state(pid)
+    return found is not None and found[1] != "Z"  # a zombie is dead, waiting to be reaped
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process under it, parents first (one listing of /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (found := _parent_and_state(int(entry))) is not None:
+            children.setdefault(found[0], []).append(int(entry))
+    tree = [pid]
+    for parent in tree:  # grows as it goes; each process once (parent links form a tree)
+        tree.extend(children.get(parent, ()))
+    return tree
 
 
 UP_ATTEMPTS_MAX = 3

@@ -1,0 +1,168 @@
+"""A whole `raylog up` crashed and started again while an idempotent producer keeps producing.
+
+A `raylog up` subprocess (3 brokers), a topic with 2 partitions, RF=3, min.insync.replicas=2.
+confluent-kafka with ``enable.idempotence=true``, acks=all and a message timeout longer than the
+outage produces to both partitions in a thread of its own, throughout: while the cluster runs,
+while every process of it is SIGKILLed (the `up` process and its whole Ray cluster, by PID: a
+crash of the machine), and while a second `raylog up` starts on the same data dir, object store
+and ports, until records are acknowledged by the restarted cluster.
+
+Proves (issue 31): a starting broker never tells the client that the topic does not exist:
+every record is delivered, none fails (_UNKNOWN_PARTITION, _UNKNOWN_TOPIC or any other error),
+and ``produce()`` never raises; every record is in the log exactly once, each partition's in
+send order with dense offsets; every acknowledgement's offset is where the record is (librdkafka
+may deliver records as "implicitly acked" with no offset after an uncertain outcome; those are
+in the log once and in order all the same).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from support.cluster import UpProcess, started_up
+from support.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+TOPIC = "crash-restart"
+PARTITIONS = 2
+MESSAGE_TIMEOUT_S = 240.0  # longer than the outage: the client keeps every record queued
+ACKED_BEFORE = 300  # acknowledged before the crash
+ACKED_AFTER = 300  # more acknowledged by the restarted cluster
+ACK_DEADLINE_S = 180.0
+PACE_S = 0.005  # the producer's poll between records (its pacing, and its delivery events)
+READ_DEADLINE_S = 120.0
+
+
+class Producing(threading.Thread):
+    """Produces record i (value ``%07d``) to partition ``i % PARTITIONS`` until stopped."""
+
+    def __init__(self, bootstrap: str) -> None:
+        super().__init__(name="producing", daemon=True)
+        self.producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 5,
+                "message.timeout.ms": int(MESSAGE_TIMEOUT_S * 1000),
+            }
+        )
+        self.sent = 0
+        self.acked: dict[bytes, int | None] = {}
+        self.errors: list[str] = []
+        self.halt = threading.Event()
+
+    def _delivered(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            self.errors.append(f"{msg.value()!r}: {err}")
+        else:
+            self.acked[msg.value()] = msg.offset()
+
+    def run(self) -> None:
+        while not self.halt.is_set():  # bounded: the test stops it, or an error does
+            try:
+                self.producer.produce(
+                    TOPIC,
+                    value=b"%07d" % self.sent,
+                    partition=self.sent % PARTITIONS,
+                    on_delivery=self._delivered,
+                )
+            except BufferError:  # the client's queue is full (the cluster is down): wait
+                self.producer.poll(0.1)
+                continue
+            except KafkaException as exc:  # e.g. _UNKNOWN_TOPIC: what issue 31 was
+                self.errors.append(f"produce() raised {exc}")
+                return
+            self.sent += 1
+            self.producer.poll(PACE_S)
+
+
+def _read_back(bootstrap: str, ends: dict[int, int]) -> dict[int, list[tuple[int, bytes]]]:
+    """(offset, value) of every record below ``ends[p]`` of each partition: assign, no group."""
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "unused", "enable.auto.commit": False}
+    )
+    got: dict[int, dict[int, bytes]] = {p: {} for p in ends}
+    try:
+        consumer.assign([TopicPartition(TOPIC, p, 0) for p in ends])
+
+        def all_read() -> bool:
+            for msg in consumer.consume(num_messages=1000, timeout=0.5):
+                if msg.error() is None:
+                    got[msg.partition()][msg.offset()] = msg.value()
+            return all(len(got[p]) >= end for p, end in ends.items())
+
+        wait_until(all_read, timeout_s=READ_DEADLINE_S, message="every record consumed")
+    finally:
+        consumer.close()
+    return {p: sorted(records.items()) for p, records in got.items()}
+
+
+def _acked_at_least(producing: Producing, count: int) -> bool:
+    assert not producing.errors, producing.errors[:3]
+    return len(producing.acked) >= count
+
+
+def test_an_idempotent_producer_loses_nothing_across_a_crash_and_restart(tmp_path: Path) -> None:
+    attempts = itertools.count()
+    first = started_up(lambda: tmp_path / f"data-{next(attempts)}")
+    producing: Producing | None = None
+    second: UpProcess | None = None
+    try:
+        created = first.raylog(
+            "topics", "create", TOPIC, "--partitions", str(PARTITIONS),
+            "--replication-factor", "3", "--config", "min.insync.replicas=2",
+        )  # fmt: skip
+        assert created.returncode == 0, created.stderr
+        producing = Producing(first.bootstrap)
+        producing.start()
+        wait_until(
+            lambda: _acked_at_least(producing, ACKED_BEFORE),
+            timeout_s=ACK_DEADLINE_S,
+            interval_s=0.1,
+            message="records acknowledged before the crash",
+        )
+        first.crash()
+        sent_at_crash = producing.sent
+        # The same data dir, object store (in it) and ports: the bootstrap the client has.
+        second = UpProcess(first.data_dir, port=first.port)
+        assert second.start() == first.bootstrap
+        assert producing.sent > sent_at_crash, "the producer kept producing while down"
+        wait_until(
+            lambda: _acked_at_least(producing, sent_at_crash + ACKED_AFTER),
+            timeout_s=ACK_DEADLINE_S,
+            interval_s=0.1,
+            message="records acknowledged by the restarted cluster",
+        )
+        producing.halt.set()
+        producing.join(timeout=30)
+        assert not producing.is_alive()
+        assert producing.producer.flush(MESSAGE_TIMEOUT_S) == 0
+        assert not producing.errors, producing.errors[:3]
+        sent = producing.sent
+        assert len(producing.acked) == sent, "every record is acknowledged"
+        wanted = {p: list(range(p, sent, PARTITIONS)) for p in range(PARTITIONS)}
+        log = _read_back(second.bootstrap, {p: len(wanted[p]) for p in wanted})
+    finally:
+        if producing is not None:
+            producing.halt.set()
+        for up in (second, first):
+            if up is not None:
+                up.__exit__(None, None, None)
+    for p, records in log.items():
+        assert [offset for offset, _ in records] == list(range(len(wanted[p]))), "dense offsets"
+        assert [int(value) for _, value in records] == wanted[p], (
+            f"partition {p}: duplicates, gaps or reordering"
+        )
+        wrong = {
+            value: (producing.acked[value], offset)
+            for offset, value in records
+            if producing.acked[value] not in (offset, None)
+        }
+        assert not wrong, f"partition {p}: acked offsets that are not the real ones: {wrong}"
