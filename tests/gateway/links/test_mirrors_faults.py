@@ -122,6 +122,18 @@ async def all_mirrored(source: LiveGateway, leaders: MirrorLeaders, link: LinkMi
     )
 
 
+async def grows(link: LinkMirrors) -> None:
+    """Wait until the fetchers mirror more records than they had."""
+
+    def mirrored() -> int:
+        return sum(e["records"] for e in link.progress())
+
+    start = mirrored()
+    await wait_until_async(
+        lambda: mirrored() > start, timeout_s=WAIT_S, message="more records mirrored"
+    )
+
+
 def run(test: Any) -> None:
     asyncio.run(asyncio.wait_for(test(), 180))
 
@@ -149,11 +161,7 @@ def test_cut_and_restored_repeatedly(behind_proxy: tuple[LiveGateway, TcpProxy])
         async with mirroring(proxy) as (link, leaders):
             producer = Producer(source)
             for _ in range(3):
-                await wait_until_async(
-                    lambda: sum(e["records"] for e in link.progress()) > 0,
-                    timeout_s=WAIT_S,
-                    message="mirroring",
-                )
+                await grows(link)
                 await asyncio.to_thread(proxy.cut)
                 await wait_until_async(
                     lambda: all(e["error"].startswith("source:") for e in link.progress()),
@@ -196,11 +204,7 @@ def test_stall_longer_than_a_call_bound(behind_proxy: tuple[LiveGateway, TcpProx
     async def test() -> None:
         async with mirroring(proxy) as (link, leaders):
             producer = Producer(source)
-            await wait_until_async(
-                lambda: sum(e["records"] for e in link.progress()) > 0,
-                timeout_s=WAIT_S,
-                message="mirroring",
-            )
+            await grows(link)
             await asyncio.to_thread(proxy.stall)
             stalled = time.monotonic()
             await wait_until_async(
