@@ -265,10 +265,12 @@ class LinkMirrors:
                     continue
                 try:
                     if now >= refresh_due or any(p.key not in looked_up for p in live):
-                        leaders = await self._source_leaders(client, live)
-                        looked_up = {p.key for p in live}
+                        # Every partition, those backing off too: each is known when it is due.
+                        wanted = [p for p in runner.partitions.values() if not p.stopped]
+                        leaders = await self._source_leaders(client, wanted)
+                        looked_up = {p.key for p in wanted}
                         # A leaderless partition is looked up again after the backoff.
-                        missing = any(p.key not in leaders for p in live)
+                        missing = any(p.key not in leaders for p in wanted)
                         refresh_due = now + (ERROR_BACKOFF_S if missing else refresh_s)
                     await self._positions(live)
                     fetched, moved = await self._fetch_round(runner, client, live, leaders)
