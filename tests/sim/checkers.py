@@ -66,12 +66,19 @@ Transactions (runs with ``Scenario.transactions``; transactions.py writes them):
    (those DeleteRecords removed before the consumer got there excepted).
 16. Fenced producers: a batch of a producer epoch older than the one a marker bumped it to is
    never appended after that marker (checker 14's "above it"), so never visible as committed.
+
+Links (runs of links.LinkSimulation, whose partition mirrors a source's; links.py says more):
+17. Every replica's log below its HW is the source's batches at the same offsets, with gaps only
+   where the source has one or had deleted the batches; consumers pass only such gaps.
+18. Healed, the mirror ends where the source does and holds every batch the source retains.
+19. Its producer state, transactions and LSO equal a rebuild from its batches, and Kafka's.
 """
 
 from __future__ import annotations
 
 import bisect
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,6 +113,9 @@ class Checkers:
     marker_at: dict[TxnKey, int] = field(default_factory=dict)  # first committed marker
     marker_commits: dict[TxnKey, bool] = field(default_factory=dict)  # its type: COMMIT?
     delivered: dict[TxnKey, set[bytes]] = field(default_factory=dict)  # read committed
+    # Checker 17: whether a log may skip offsets [start, end) (a mirror's source had none
+    # there, or had deleted them); no gap anywhere else.
+    legal_gap: Callable[[int, int], bool] = lambda start, end: False
     last_lso: dict[tuple[int, int], int] = field(default_factory=dict)  # (node, incarnation)
     lso_checked: dict[tuple[int, int], int] = field(default_factory=dict)  # scanned below
 

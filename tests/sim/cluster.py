@@ -62,6 +62,7 @@ machine's invariants and the split-brain checkers are what such a run proves.
 
 Transactions (``Scenario.transactions``; transactions.py): transactional producers, zombies of
 fenced ones, a coordinator stand-in writing markers, and a read_committed consumer.
+Links (``Scenario.simulation_class``: links.LinkSimulation): the partition mirrors a source's.
 """
 
 from __future__ import annotations
@@ -889,10 +890,12 @@ class Simulation:
             if meta.next_offset <= consumer.position:
                 continue  # the first batch may start before the position
             # 6. skip / nonmonotonic (after a restart at a log start inside a batch, that
-            # batch begins below the position).
+            # batch begins below the position); a mirror's log may skip (checker 17).
             straddles = consumer.restarted and meta.base_offset < consumer.position
             consumer.restarted = False
-            if meta.base_offset != consumer.position and not straddles and not self.checkers.lossy:
+            gap = self.checkers.legal_gap(consumer.position, meta.base_offset)
+            skips = not (gap or self.checkers.lossy)
+            if meta.base_offset != consumer.position and not straddles and skips:
                 raise SimViolation(
                     f"consumer {index} at {consumer.position} got batch at {meta.base_offset}"
                 )
@@ -968,7 +971,8 @@ class Simulation:
 
 def run_seed(seed: int, scenario: Scenario | None = None, trace: bool = False) -> Simulation:
     """Run one seed and its final check; raises SimViolation/InvariantViolation with context."""
-    sim = Simulation(seed, scenario, trace)
+    scenario = scenario or Scenario.from_seed(seed)
+    sim = (scenario.simulation_class or Simulation)(seed, scenario, trace)
     try:
         sim.run()
         sim.final_check()

@@ -12,7 +12,9 @@ the log start offset (DeleteRecords; the real log checkpoints it before it delet
 batches wholly below it go, whole, at once.
 
 Invariant: batches are contiguous from the first one's base offset, which is at or below
-``log_start`` (and the log end is at or above it), and ``durable_count <= len(batches)``.
+``log_start`` (and the log end is at or above it), and ``durable_count <= len(batches)``. A
+mirror's disk (``gaps``, links.py) takes batches above its end too, as a log does a compacted
+source's, and is cut at any offset between batches.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class SimDisk:
         self.generation = 0
         self.hw_checkpoint = 0
         self.log_start = 0
+        self.gaps = False
 
     @property
     def end_offset(self) -> int:
@@ -43,7 +46,8 @@ class SimDisk:
         # The one exception to contiguity: an empty log started inside the leader's first batch
         # (its log start lies there) takes that batch whole.
         straddles = not self.batches and meta.base_offset < self.end_offset < meta.next_offset
-        if meta.base_offset != self.end_offset and not straddles:
+        gap = self.gaps and meta.base_offset > self.end_offset
+        if meta.base_offset != self.end_offset and not straddles and not gap:
             return self.end_offset
         self.generation = generation
         self.batches.append(RecordBatch(meta, data))
@@ -52,7 +56,12 @@ class SimDisk:
 
     def truncate(self, offset: int, generation: int) -> None:
         index = bisect.bisect_left(self.bases, offset)
-        if index < len(self.bases) and self.bases[index] != offset:
+        if self.gaps:  # not inside a batch (but the one holding the log start)
+            before = self.batches[index - 1].meta if index > 0 else None
+            bad = before is not None and before.next_offset > offset > self.log_start
+        else:
+            bad = index < len(self.bases) and self.bases[index] != offset
+        if bad:
             raise AssertionError(f"truncation to {offset} is not a batch boundary")
         if index < len(self.bases):
             self.log_start = min(self.log_start, offset)  # the new log end

@@ -30,6 +30,7 @@ from raylog.actors.replication.executor import ReadyExecutor
 from raylog.actors.replication.messages import (
     AlterPartitionRequest,
     DeleteRecordsRequest,
+    MirrorAppendRequest,
     ProduceRequest,
     RecordBatch,
 )
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
 
 CONTROLLER = -100
 CLIENT = -200
+MIRROR_REQUEST_IDS = 1 << 40  # a link fetcher's requests (links.py) are numbered from here
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,15 @@ class Forwarded:
 
     broker_incarnation: int
     request: AlterPartitionRequest
+
+
+@dataclass(frozen=True)
+class MirrorAnswer:
+    """A mirror append's answer as the replica actor's ``mirror_append`` gives it: the result,
+    and the leader's log end when it completed (the link fetcher's next position)."""
+
+    result: ProduceResult
+    log_end_offset: int
 
 
 @dataclass(eq=False)
@@ -183,6 +194,8 @@ class SimNode:
             result: Any = ProduceResult(message.request_id, code, -1, why)
         elif isinstance(message, DeleteRecordsRequest):
             result = DeleteRecordsResult(message.request_id, code, -1, why)
+        elif isinstance(message, MirrorAppendRequest):
+            result = MirrorAnswer(ProduceResult(message.request_id, code, -1, why), -1)
         else:
             return
         self.sim._send(self.node_id, CLIENT, result, client=True)
@@ -270,7 +283,10 @@ class SimNode:
         self.sim._send(self.node_id, CLIENT, response, client=True)
 
     def complete_produce(self, result: ProduceResult) -> None:
-        self.sim._send(self.node_id, CLIENT, result, client=True)
+        answer: Any = result
+        if result.request_id >= MIRROR_REQUEST_IDS:
+            answer = MirrorAnswer(result, self.replica.log_end_offset)
+        self.sim._send(self.node_id, CLIENT, answer, client=True)
 
     def complete_delete_records(self, result: DeleteRecordsResult) -> None:
         self.sim._send(self.node_id, CLIENT, result, client=True)

@@ -66,6 +66,9 @@ class Scenario:
     executor_class: type[ReadyExecutor] = ReadyExecutor
     controller_class: type[SimController] = SimController
     reconciler_class: type[Reconciler] = Reconciler
+    # The simulation that runs it: cluster.Simulation when None; links.LinkSimulation makes
+    # the partition a mirror of a simulated source cluster's.
+    simulation_class: type[Any] | None = None
     # What ``from_seed`` was given on top of the seed's mix: a failure's replay command names
     # them (seeds.replay_command).
     overrides: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
