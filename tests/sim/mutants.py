@@ -1,7 +1,8 @@
 """Deliberately broken replicas, executors, reconcilers and controllers: each states the bug it
 carries, and test_sim.py proves the simulator's checkers catch it (a checker that nothing can
 fail proves nothing). MovesLeadersOften is no bug: a controller that moves leaders more often
-than raylog's does, to stress the one-leader-at-a-time rule."""
+than raylog's does, to stress the one-leader-at-a-time rule. Links' mutants are link fetchers
+(a LinkSimulation) or mirror replicas."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from raylog.actors.replication.messages import (
     FetchResponse,
     LocalAppendDurable,
     ProduceRequest,
+    RecordBatch,
 )
 from raylog.actors.replication.partition import PartitionReplica
 from raylog.actors.replication.producer_state import APPEND, Verdict
@@ -27,6 +29,8 @@ from raylog.actors.replication.ready import AdvanceLogStart, TruncateTo
 from raylog.actors.replication.txn_state import CONTROL_ABORT, NOT_CONTROL, TxnTable
 
 from .controller import TP, SimController
+from .links import Fetcher, LinkSimulation
+from .node import MirrorAnswer
 
 
 class IgnoresFollowersHighWatermark(PartitionReplica):
@@ -300,3 +304,39 @@ class DropsLogStartAdvances(ReadyExecutor):
 
     def _apply_log_ops(self, log_ops: list[Any]) -> int:
         return super()._apply_log_ops([op for op in log_ops if not isinstance(op, AdvanceLogStart)])
+
+
+class FetcherRemembersItsPosition(LinkSimulation):
+    """Known bug (links): a link fetcher keeps the position it last had, across refusals and
+    leader changes, instead of asking the leader replica where its log ends: after a failover
+    to a replica whose log ends lower, it fetches from above that end and the mirror skips
+    the source's batches in between."""
+
+    remembered = -1
+
+    def _new_fetcher(self, broker: int, leader_epoch: int) -> Fetcher:
+        fetcher = super()._new_fetcher(broker, leader_epoch)
+        fetcher.position = self.remembered
+        return fetcher
+
+    def _refused(self, fetcher: Fetcher) -> None:
+        position = fetcher.position
+        super()._refused(fetcher)
+        fetcher.position = position
+
+    def _mirror_answer(self, answer: MirrorAnswer) -> None:
+        super()._mirror_answer(answer)
+        if answer.result.error_code == 0:
+            self.remembered = max(self.remembered, answer.log_end_offset)
+
+
+class FetcherPipelinesAppends(LinkSimulation):
+    """Known bug (links): a link fetcher does not wait for an append's answer: it fetches on
+    from the end of the batches it sent, so appends overlap and may land out of order (the
+    later one above the log end: a gap where the source holds batches)."""
+
+    def _append(self, fetcher: Fetcher, batches: tuple[RecordBatch, ...]) -> None:
+        super()._append(fetcher, batches)
+        if batches:
+            fetcher.waiting = ""
+            fetcher.position = batches[-1].meta.next_offset

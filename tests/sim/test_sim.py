@@ -42,6 +42,13 @@ no replica's LSO goes back or passes a record whose transaction has no committed
 to markers not yet replicated, a marker acknowledged before the ISR holds it, an ABORT that
 lists nothing, a truncation that reopens nothing, a fenced epoch accepted) are caught.
 
+Links (``LinkSimulation``, their own seeds; tests/sim/links.py): the partition mirrors a seeded
+source (compaction gaps, idempotent and transactional producers, retention) through link
+fetchers that follow gateway/links/mirrors.py's rules, under the same faults plus lost,
+duplicated and late link messages and stale fetchers: the mirror's log is the source's
+(checkers 17-19). Fetchers with known bugs (one that remembers its position, one that does not
+wait for an append's answer) are caught.
+
 Seeds (seeds.py): each kind of run takes fixed seeds and fresh ones derived from the commit;
 a failing seed prints the command that replays it with its scenario
 (``RAYLOG_SIM_SEED=1234 RAYLOG_SIM_OVERRIDES='{...}' pytest tests/sim/test_sim.py::test_replay``);
@@ -60,6 +67,7 @@ from raylog.actors.replication.partition import InvariantViolation, PartitionRep
 
 from .checkers import SimViolation
 from .cluster import Scenario, Simulation, replay_from_environment, run_seed
+from .links import LinkSimulation
 from .mutants import (
     AbortMarkerForgetsTheAbortedList,
     AcceptsFencedProducers,
@@ -70,6 +78,8 @@ from .mutants import (
     CountsFailedPushesAsApplied,
     DropsLogStartAdvances,
     DropsTruncations,
+    FetcherPipelinesAppends,
+    FetcherRemembersItsPosition,
     FollowersKeepNoProducerState,
     ForgetsAppendsDuringAnFsync,
     IgnoresFollowersHighWatermark,
@@ -119,6 +129,15 @@ KINDS = {
         fresh_default=50,
         fresh_offset=300_000_000,
         chunk=100,
+    ),
+    # Links (links.py): the partition mirrors a source's; every checker, 17-19 too.
+    "link_seeds": SeedKind(
+        overrides={"simulation_class": LinkSimulation},
+        fixed=range(SEED_BASE, SEED_BASE + 30),
+        fresh_env="RAYLOG_SIM_LINK_SEEDS",
+        fresh_default=20,
+        fresh_offset=400_000_000,
+        chunk=50,
     ),
     # Unclean elections: checker 10 and the state machine's invariants.
     "unclean_seeds": SeedKind(
@@ -537,3 +556,33 @@ def test_runs_exercise_the_executor() -> None:
     assert totals["sent_before_write"] > count, totals
     assert totals["fsyncs"] < totals["appends"] * 3 // 4, totals
     assert totals["throttled"] > count // 10, totals
+
+
+def test_links_mirror_the_source(link_seeds: range) -> None:
+    """Checkers 17-19 (and every other) hold while the partition mirrors a source, and the runs
+    do what they claim: batches appended across leader changes, refused and lost appends,
+    answers cut inside a batch, gaps, the source's log start moving, stale fetchers."""
+    totals = run_seeds(link_seeds, KINDS["link_seeds"].overrides)
+    count = len(link_seeds)
+    assert totals["link_batches_appended"] > 20 * count and totals["link_gaps"] > count, totals
+    assert totals["link_refused"] > count and totals["link_cut_mid_batch"] > count, totals
+    assert totals["link_fetchers"] > count and totals["elections"] > count // 2, totals
+    assert totals["link_retention"] > count // 4, totals
+    assert totals["link_duplicated"] > 0 and totals["link_answers_lost"] > 0, totals
+    assert totals["txn_read_committed"] > 5 * count, totals
+
+
+@pytest.mark.parametrize("bug", [FetcherRemembersItsPosition, FetcherPipelinesAppends])
+def test_checkers_catch_link_bugs(bug: type[LinkSimulation]) -> None:
+    """A link fetcher with a known bug fails checker 17 or 18 within a bounded number of
+    seeds."""
+    max_seeds = 60
+    for seed in range(max_seeds):
+        try:
+            run_seed(seed, Scenario.from_seed(seed, simulation_class=bug))
+        except SimViolation as e:
+            if "the source" in str(e):
+                return
+        except AssertionError:
+            continue
+    pytest.fail(f"{bug.__name__} was not caught within {max_seeds} seeds")
