@@ -110,7 +110,7 @@ _CHANNEL_CALL_ARGS: dict[str, Any] = {
     "write_txn_marker": tuple[int, int, int, bool, int],
     # A mirror's leader appending a source cluster's batches (leader epoch, batches, acks,
     # timeout_ms): the gateway's cluster-link fetcher (KIP-986).
-    "mirror_append": tuple[int, bytes, int, int],
+    "mirror_append": tuple[int, bytes, int, int, int],
 }
 RETENTION_CHECK_INTERVAL_MS_DEFAULT = 300_000  # log.retention.check.interval.ms (Kafka's)
 CLEANER_BACKOFF_MS_DEFAULT = 15_000  # log.cleaner.backoff.ms (Kafka's)

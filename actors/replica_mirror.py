@@ -99,7 +99,12 @@ class ReplicaMirror:
     _step: Callable[[Any], None]
 
     async def mirror_append(
-        self, leader_epoch: int, batches: bytes, acks: int, timeout_ms: int
+        self,
+        leader_epoch: int,
+        batches: bytes,
+        acks: int,
+        timeout_ms: int,
+        source_log_start: int = -1,
     ) -> MirrorOutcome:
         """Append a source cluster's ``batches`` (as a source Fetch returned them) at their own
         offsets on this mirror topic's leader of ``leader_epoch``; return when ``acks`` hold
@@ -122,7 +127,9 @@ class ReplicaMirror:
         timeout_ms = max(0, min(timeout_ms, REQUEST_TIMEOUT_MS_MAX))
         waiter: asyncio.Future[MirrorOutcome] = asyncio.get_running_loop().create_future()
         self._port.mirror_waiters[request_id] = waiter
-        self._step(MirrorAppendRequest(request_id, leader_epoch, acks, timeout_ms, taken))
+        self._step(
+            MirrorAppendRequest(request_id, leader_epoch, acks, timeout_ms, taken, source_log_start)
+        )
         if acks == 0 and not waiter.done():
             # Kafka answers nothing for acks=0; the caller still learns where the log ends.
             self._port.mirror_waiters.pop(request_id, None)

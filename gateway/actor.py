@@ -572,7 +572,9 @@ class GatewayActor:
 
     # --- cross-cluster links ----------------------------------------------------------------------
 
-    async def _mirror_append(self, topic: str, partition: int, epoch: int, batches: bytes) -> Any:
+    async def _mirror_append(
+        self, topic: str, partition: int, epoch: int, batches: bytes, source_log_start: int = -1
+    ) -> Any:
         """The local leader replica's ``mirror_append`` (acks=1: the fetcher needs the new log
         end, and the replica's followers and HW carry on as for produced batches)."""
         assert self._backend is not None
@@ -581,7 +583,7 @@ class GatewayActor:
             return await self._backend.replicas.calls.call(
                 name,
                 "mirror_append",
-                (epoch, batches, 1, MIRROR_APPEND_TIMEOUT_MS),
+                (epoch, batches, 1, MIRROR_APPEND_TIMEOUT_MS, source_log_start),
                 timeout_s=MIRROR_APPEND_TIMEOUT_MS / 1000 + 5,
                 retry=False,
             )

@@ -126,6 +126,7 @@ class MirrorAppendRequest(msgspec.Struct, frozen=True):
     shell to ``leader_epoch`` (in the bytes too). Empty: a position query (where does the log
     end?). ``request_id`` comes from the same numbering as produce requests and is answered
     with a ``ProduceResult`` whose ``appended`` counts the batches appended.
+    ``source_log_start``: the source partition's log start when it answered the Fetch.
     """
 
     request_id: int
@@ -133,6 +134,9 @@ class MirrorAppendRequest(msgspec.Struct, frozen=True):
     acks: int
     timeout_ms: int
     batches: tuple[RecordBatch, ...] = ()
+    # The source partition's log start as its Fetch answered it (-1: not known), which the
+    # mirror's follows (see ``mirror``).
+    source_log_start: int = -1
 
 
 # --- replica ↔ replica and consumer → replica -------------------------------------------------

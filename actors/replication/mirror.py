@@ -18,8 +18,19 @@ Decisions:
 - Offsets are the source's: a batch wholly below our log end is skipped (the fetcher refetched
   an overlap); a batch that straddles our log end is INVALID_REQUEST (nothing appended: it can
   only be the first one not skipped); gaps above our log end are the source's compaction and
-  are kept. An empty log (nothing at or above its log start) whose first batch starts above its
-  end starts over at that batch's base offset: the source's log start lies above ours.
+  are kept, as is the gap when the source's log starts above ours (the log start follows the
+  source's below; a leader never starts its log over above its HW, which would leave its
+  followers' logs ending below it, and a follower elected then would be asked to cut below the
+  HW).
+- The log start follows the source's (each request carries it as the source's Fetch answered
+  it): ours moves up to it, never above our HW, as DeleteRecords moves it. When the source's
+  log starts above our log end (its retention passed what we had fetched), every record we
+  hold is gone at the source: once our HW covers our log end, our log start moves there (the
+  log is then empty, and its open transactions end: ``txn_state``), and once every ISR
+  member's log start has followed (the low watermark), the next batch lies above a gap; until
+  then a request takes nothing. Appending after a gap instead would keep a transaction's records
+  whose marker the source deleted, open forever on the mirror, or closed by the producer's next
+  marker with the wrong outcome.
 - Producer and transaction state follow the appended batches as on a follower (the log's
   ``append``), with no idempotence or transaction checks: the source's leader made them, and
   the mirror must hold its log as it is. So idempotence, read_committed and the LSO work on the
@@ -62,6 +73,13 @@ class MirrorSide(LeaderSide):
         if refused is not None:
             self._result(msg.request_id, *refused)
             return
+        if msg.source_log_start > self.log.log_start_offset and not self._follow_source_log_start(
+            msg.source_log_start, now_ms
+        ):
+            # The source's log starts above all we hold, and not all of that is committed yet:
+            # nothing is taken until it is (the fetcher asks again from our log end).
+            self._result(msg.request_id, NONE, "")
+            return
         if not msg.batches:
             self._result(msg.request_id, NONE, "")  # a position query: answered at once
             return
@@ -103,9 +121,6 @@ class MirrorSide(LeaderSide):
     ) -> None:
         """Append ``msg``'s batches from ``first`` on (every one above our old log end
         ``old_end``), then hand them to the followers as produced batches are."""
-        if self.log.empty_above_log_start() and first.base_offset > old_end:
-            # The source's log starts above ours: so does the mirror's, from that batch on.
-            self._truncate_fully(first.base_offset)
         for record_batch in msg.batches:
             meta = record_batch.meta
             if meta.base_offset < first.base_offset:
@@ -125,6 +140,26 @@ class MirrorSide(LeaderSide):
                 state.pushed_end_offset = None
                 state.push_in_flight_from = None
         self._answer_parked(now_ms, only_expired=False)
+
+    def _follow_source_log_start(self, source_start: int, now_ms: int) -> bool:
+        """Move our log start up towards the source's (its retention or DeleteRecords), never
+        above our HW; False when the source's log starts above our log end while our HW is
+        below it (see the module docstring)."""
+        end, hw = self.log.log_end_offset, self.log.high_watermark
+        if source_start > end:
+            if hw < end:
+                return False
+            if self.log.log_start_offset < end:
+                self._advance_log_start(end)
+                self._answer_parked(now_ms, only_expired=False)  # followers learn it now
+            # Every ISR member's log emptied too (its open transactions with it), before
+            # anything lands above the gap.
+            return self.low_watermark >= end
+        target = min(source_start, hw)
+        if target > self.log.log_start_offset:
+            self._advance_log_start(target)
+            self._answer_parked(now_ms, only_expired=False)
+        return True
 
     def _mirror_refusal(self, msg: MirrorAppendRequest) -> tuple[int, str] | None:
         """Why this replica may not take mirrored batches now: (error code, message)."""

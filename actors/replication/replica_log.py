@@ -238,6 +238,8 @@ class ReplicaLog:
         self.log_start_offset = start
         self.producers.remove_before(start)
         self.txns.remove_before(start)
+        if start >= self.log_end_offset:
+            self.txns.forget_open()  # nothing of them is left (``txn_state``)
         kept = [(e, s) for e, s in self.epoch_cache if s > start]
         covering = [e for e, s in self.epoch_cache if s <= start]
         if covering:

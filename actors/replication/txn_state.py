@@ -32,7 +32,10 @@ Rules (Kafka's):
   reopening (only when more than that many transactions of one producer ended above the cut).
 - Log start moves (retention, DeleteRecords): aborted entries wholly below the new start
   leave; open transactions stay (their LSO is clamped to the log start, as Kafka's
-  maybeIncrementFirstUnstableOffset does) until their marker comes.
+  maybeIncrementFirstUnstableOffset does) until their marker comes, except when the log start
+  reaches the log end (:meth:`forget_open`): a log that holds nothing holds no transaction, as
+  a rebuild of it would say. (A mirror topic's source may have deleted the markers with the
+  rest: the mirror's LSO would otherwise stay at its log start for good.)
 - Memory: transactional producers past ``max_producers`` are forgotten least recently
   appended first, never one with an open transaction (the coordinator's
   transaction.timeout.ms ends every transaction with a marker). The aborted list holds the
@@ -323,6 +326,16 @@ class TxnTable:
         if index:
             del self._aborted[:index]
         self._unreplicated = [t for t in self._unreplicated if t.last_offset >= log_start_offset]
+
+    def forget_open(self) -> None:
+        """Close every open transaction without a marker (the log holds none of their
+        batches any more); a producer with nothing else to remember leaves the table."""
+        for pid in list(self._entries):
+            entry = self._entries[pid]
+            if entry.is_open:
+                entry.open_first_offset = -1
+                if not entry.completed:
+                    del self._entries[pid]
 
     def clear(self) -> None:
         self._entries.clear()

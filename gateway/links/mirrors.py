@@ -24,7 +24,10 @@ Why no record is lost, duplicated or reordered (the argument the code relies on)
   mirror's leader epoch (``control/link_changes.py``), so an append in flight at that moment
   is refused.
 - A source whose log start moved above the mirror's end (retention) is continued at its log
-  start: the offsets in between are a gap, as in a compacted log, never renumbered. A source
+  start, never renumbered: the leader, told the source's log start with each append, drops
+  what it holds (every record of it is gone at the source) and continues above the gap
+  (``actors/replication/mirror.py``); a source log start below the mirror's end moves the
+  mirror's log start up with it, as DeleteRecords would. A source
   whose log end lies below the mirror's end has lost data the mirror holds (an unclean
   election there): the partition stops with that error rather than diverging silently.
 
@@ -77,7 +80,7 @@ EARLIEST = -2
 LATEST = -1
 
 # (topic, partition, leader epoch) -> the replica's MirrorOutcome
-AppendCall = Callable[[str, int, int, bytes], Awaitable[Any]]
+AppendCall = Callable[[str, int, int, bytes, int], Awaitable[Any]]
 ReportCall = Callable[[list[dict[str, Any]]], Awaitable[None]]
 SleepCall = Callable[[float], Awaitable[None]]
 
@@ -323,8 +326,12 @@ class LinkMirrors:
         """Ask each replica where its log ends (once per leader epoch, and after a refusal)."""
         await asyncio.gather(*(self._append_batches(p, b"") for p in live if p.position < 0))
 
-    async def _append_batches(self, p: _Partition, batches: bytes) -> None:
-        outcome = await self._append(p.topic, p.partition, p.leader_epoch, batches)
+    async def _append_batches(
+        self, p: _Partition, batches: bytes, source_log_start: int = -1
+    ) -> None:
+        outcome = await self._append(
+            p.topic, p.partition, p.leader_epoch, batches, source_log_start
+        )
         if outcome.error_code:
             # Not (yet) the leader of this epoch, or not yet told it mirrors (the metadata
             # reached this gateway before the replica): ask again where it ends, later. A new
@@ -413,7 +420,7 @@ class LinkMirrors:
             p.source_hw = answer.high_watermark
             if answer.records:
                 before = p.position
-                await self._append_batches(p, answer.records)
+                await self._append_batches(p, answer.records, answer.log_start_offset)
                 if p.position > before:
                     p.bytes += len(answer.records)
                     p.records += p.position - before
@@ -433,7 +440,8 @@ class LinkMirrors:
 
     async def _out_of_range(self, client: KafkaClient, broker: int, p: _Partition) -> None:
         """The source no longer has (or never had) our position: continue at its log start
-        when that lies above (a gap), stop when its log ends below us (it lost data)."""
+        when that lies above (the replica drops what it holds and continues above the gap),
+        stop when its log ends below us (it lost data)."""
         key = (p.topic, p.partition)
         earliest = (await client.list_offsets(broker, [(*key, EARLIEST)])).get(key)
         latest = (await client.list_offsets(broker, [(*key, LATEST)])).get(key)

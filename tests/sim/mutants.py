@@ -335,8 +335,10 @@ class FetcherPipelinesAppends(LinkSimulation):
     from the end of the batches it sent, so appends overlap and may land out of order (the
     later one above the log end: a gap where the source holds batches)."""
 
-    def _append(self, fetcher: Fetcher, batches: tuple[RecordBatch, ...]) -> None:
-        super()._append(fetcher, batches)
+    def _append(
+        self, fetcher: Fetcher, batches: tuple[RecordBatch, ...], source_log_start: int = -1
+    ) -> None:
+        super()._append(fetcher, batches, source_log_start)
         if batches:
             fetcher.waiting = ""
             fetcher.position = batches[-1].meta.next_offset

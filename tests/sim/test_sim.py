@@ -349,6 +349,14 @@ FOUND_BUGS = [
     (1011017, {}),
     (1016937, {}),
     (1018763, {}),
+    # Links: a mirror leader that started its empty log over at a source's log start above 0
+    # left an ISR follower ending below its HW, which a later leader asked to cut there (45);
+    # a source log start past the mirror's end left a transaction's records without their
+    # marker, which the producer's next marker closed with the wrong outcome (15, 34, 49).
+    (15, {"simulation_class": LinkSimulation}),
+    (34, {"simulation_class": LinkSimulation}),
+    (45, {"simulation_class": LinkSimulation}),
+    (49, {"simulation_class": LinkSimulation}),
 ]
 
 

@@ -9,8 +9,9 @@
   UNKNOWN_LEADER_EPOCH above it), and only while the partition mirrors a link
   (INVALID_REQUEST "not a mirror topic").
 - Batches wholly below the log end are skipped; one straddling it is INVALID_REQUEST (nothing
-  appended); gaps above the log end are kept; an empty log whose first batch starts above its
-  end starts over at that batch.
+  appended); gaps above the log end are kept; the log start follows the source's, and a
+  source log start above the log end empties the log first (every append is committed here:
+  the real leader waits for its HW, and for its followers to empty theirs too).
 - ``batches`` b"" asks where the log ends.
 
 It keeps every append call (epoch, error code) so tests can see refusals and retries.
@@ -52,21 +53,30 @@ class MirrorLog:
             error_code, self.log_end, self.log_end, self.log_start, message, appended
         )
 
-    def append(self, leader_epoch: int, data: bytes) -> MirrorOutcome:
+    def append(self, leader_epoch: int, data: bytes, source_start: int = -1) -> MirrorOutcome:
         if leader_epoch != self.leader_epoch:
             code = FENCED_LEADER_EPOCH if leader_epoch < self.leader_epoch else UNKNOWN_LEADER_EPOCH
             return self.outcome(code, f"leader epoch {leader_epoch}, ours {self.leader_epoch}")
         if not self.mirror:
             return self.outcome(INVALID_REQUEST, "not a mirror topic")
+        if source_start > self.log_end:
+            # The source's log starts above all we hold (its HW is our log end here): the log
+            # empties, and its next batch starts it over.
+            self.log_start, self.batches = self.log_end, []
         taken, corrupt = mirrored_batches(data, leader_epoch)
         end = self.log_end
         fresh = [b for b in taken if b.meta.next_offset > end]
         if fresh and fresh[0].meta.base_offset < end:
             return self.outcome(INVALID_REQUEST, f"a batch straddles the log end {end}")
-        if fresh and not self.batches and fresh[0].meta.base_offset > end:
-            self.log_start = fresh[0].meta.base_offset  # the source's log starts above ours
         for b in fresh:
             self.batches.append((b.meta.base_offset, bytes(b.data)))
+        if source_start > self.log_start:  # the log start follows the source's
+            self.log_start = min(source_start, self.log_end)
+            self.batches = [
+                (base, data)
+                for base, data in self.batches
+                if rb.parse_header(data, 0).next_offset > self.log_start
+            ]
         if corrupt:
             return self.outcome(CORRUPT_MESSAGE, corrupt, len(fresh))
         return self.outcome(0, "", len(fresh))
@@ -79,13 +89,13 @@ class MirrorLeaders:
     logs: dict[tuple[str, int], MirrorLog] = field(default_factory=dict)
 
     async def append(
-        self, topic: str, partition: int, leader_epoch: int, batches: bytes
+        self, topic: str, partition: int, leader_epoch: int, batches: bytes, _source_start: int = -1
     ) -> MirrorOutcome:
         """The gateway's ``_mirror_append``: the partition's leader's answer."""
         log = self.logs.get((topic, partition))
         if log is None:
             return MirrorOutcome(6, -1, -1, -1, "not the leader")  # NOT_LEADER_OR_FOLLOWER
-        outcome = log.append(leader_epoch, batches)
+        outcome = log.append(leader_epoch, batches, _source_start)
         log.calls.append((time.monotonic(), leader_epoch, outcome.error_code))
         return outcome
 

@@ -196,12 +196,13 @@ class MirrorNet:
         acks: int = -1,
         to: int | None = None,
         settle: bool = True,
+        source_log_start: int = -1,
     ) -> ProduceResult | None:
         """A mirror append to ``to`` (the leader); its result, None while it waits."""
         request_id = self.next_id
         self.next_id += 1
         target = self.leader if to is None else to
-        request = MirrorAppendRequest(request_id, epoch, acks, 30_000, batches)
+        request = MirrorAppendRequest(request_id, epoch, acks, 30_000, batches, source_log_start)
         self.executors[target].step(request, self.now_ms)
         if settle:
             self.run()
@@ -213,9 +214,10 @@ class MirrorNet:
     def check_logs_agree(self) -> None:
         """Checker 2 of tests/sim: the batches below each replica's HW equal the leader's."""
         leader = dict((m.base_offset, d) for m, d in self.log(self.leader))
+        start = self.replicas[self.leader].log_start_offset  # below it the leader deleted
         for i, replica in enumerate(self.replicas):
             for meta, data in self.log(i):
-                if meta.next_offset <= replica.high_watermark:
+                if start < meta.next_offset <= replica.high_watermark:
                     assert leader.get(meta.base_offset) == data, (i, meta)
 
 
@@ -265,20 +267,56 @@ def test_a_batch_straddling_the_log_end_is_refused_and_nothing_appended() -> Non
     assert offsets(net, 0) == [(0, 3)]
 
 
-def test_an_empty_log_starts_over_at_a_source_that_starts_higher() -> None:
+def test_the_log_start_follows_the_source_never_above_the_hw() -> None:
     net = MirrorNet()
-    result = net.mirror(batch(100, 5), batch(105, 2))
+    # A source that starts higher: its first batches lie above a gap, then the log start
+    # follows the source's once the HW covers it (on every replica).
+    result = net.mirror(batch(100, 5), batch(105, 2), source_log_start=100)
     assert result is not None and result.error_code == 0 and result.appended == 2
     leader = net.replicas[0]
-    assert (leader.log_start_offset, leader.log_end_offset) == (100, 107)
-    assert leader.epoch_cache == [(EPOCH, 100)]
-    for i in (1, 2):  # out of range at 0: they start over at the leader's log start
-        assert net.replicas[i].log_start_offset == 100
+    assert offsets(net, 0) == [(100, 105), (105, 107)] and leader.high_watermark == 107
+    net.mirror(batch(107, 1), source_log_start=100)
+    assert leader.log_start_offset == 100
+    net.check_logs_agree()
+    # The source's log start moves up (retention): the mirror's follows, to its HW at most.
+    net.mirror(batch(108, 2), source_log_start=106, acks=1, settle=False)
+    assert leader.log_start_offset == 106
+    net.run()
+    for i in (1, 2):
+        assert net.replicas[i].log_start_offset == 106
         assert net.log(i) == net.log(0)
-    assert leader.high_watermark == 107
-    # Once the log holds batches, a gap is just a gap.
-    net.mirror(batch(200, 1))
-    assert leader.log_start_offset == 100 and offsets(net, 0)[-1] == (200, 201)
+
+
+def test_a_source_log_start_above_the_log_end_empties_the_log_first() -> None:
+    net = MirrorNet()
+    net.mirror(batch(0, 3, producer_id=7, is_transactional=True))  # a transaction left open
+    leader = net.replicas[0]
+    assert leader.last_stable_offset == 0
+    # The source's retention passed it (its marker too): the mirror drops what it holds, on
+    # every ISR member (the low watermark), its open transaction with it, and then continues
+    # above the gap.
+    first = net.mirror(batch(50, 2), source_log_start=50)
+    assert first is not None and first.error_code == 0 and first.appended == 0
+    assert all(r.log_start_offset == 3 and r.last_stable_offset == 3 for r in net.replicas)
+    assert all(net.ports[i].batches == [] for i in range(3))
+    result = net.mirror(batch(50, 2), source_log_start=50)
+    assert result is not None and result.error_code == 0 and result.appended == 1
+    assert offsets(net, 0) == [(50, 52)] and leader.last_stable_offset == 52
+    net.check_logs_agree()
+
+
+def test_nothing_is_taken_past_a_source_retention_gap_until_the_log_is_committed() -> None:
+    net = MirrorNet()
+    net.mirror(batch(0, 3), acks=1, settle=False)  # appended, not yet on the followers
+    leader = net.replicas[0]
+    assert leader.high_watermark < 3
+    held = net.mirror(batch(50, 2), source_log_start=50, acks=1, settle=False)
+    assert held is not None and held.error_code == 0 and held.appended == 0
+    assert offsets(net, 0) == [(0, 3)]
+    net.run()  # the followers take it: the HW reaches the log end
+    net.mirror(batch(50, 2), source_log_start=50)  # the log empties on every replica
+    taken = net.mirror(batch(50, 2), source_log_start=50)
+    assert taken is not None and taken.appended == 1 and offsets(net, 0) == [(50, 52)]
 
 
 # --- who may append ---------------------------------------------------------------------------
