@@ -89,10 +89,20 @@ class Clock:
 
 
 async def loaded(
-    backend: LogBackend, broker: int = 1, clock: Clock | None = None, delay_ms: int = 0
+    backend: LogBackend,
+    broker: int = 1,
+    clock: Clock | None = None,
+    delay_ms: int = 0,
+    **options: Any,
 ) -> Any:
+    """A coordinator of broker ``broker`` with every partition it leads loaded (``options``:
+    more of GroupCoordinator's keyword arguments)."""
     coordinator = GroupCoordinator(
-        backend, broker, monotonic_ms=clock or Clock(), initial_rebalance_delay_ms=delay_ms
+        backend,
+        broker,
+        monotonic_ms=clock or Clock(),
+        initial_rebalance_delay_ms=delay_ms,
+        **options,
     )
     await coordinator._tick()
     owned = list(coordinator._owned.values())
