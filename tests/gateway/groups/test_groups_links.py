@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
-from kafka.protocol.consumer import OffsetCommitRequest, OffsetCommitResponse
+from kafka.protocol.consumer import OffsetCommitResponse
 from kafka.protocol.producer import TxnOffsetCommitRequest, TxnOffsetCommitResponse
 from support.group_coordinator import (
     ELSEWHERE,
@@ -30,6 +30,7 @@ from support.group_coordinator import (
     consumer_join,
     failover,
     loaded,
+    offset_commit,
     roundtrip,
 )
 
@@ -88,25 +89,8 @@ def test_a_group_with_members_is_skipped_until_it_is_empty() -> None:
     asyncio.run(run())
 
 
-def offset_commit(group: str) -> Any:
-    topic = OffsetCommitRequest.OffsetCommitRequestTopic
-    return OffsetCommitRequest(
-        group_id=group,
-        generation_id_or_member_epoch=-1,
-        member_id="",
-        group_instance_id=None,
-        topics=[
-            topic(
-                name=name,
-                partitions=[
-                    topic.OffsetCommitRequestPartition(
-                        partition_index=0, committed_offset=offset, committed_leader_epoch=-1
-                    )
-                ],
-            )
-            for name, offset in ((TOPIC, 7), (OTHER, 9))
-        ],
-    )
+def commit(group: str) -> Any:
+    return offset_commit([(TOPIC, 7), (OTHER, 9)], group_id=group)
 
 
 def txn_offset_commit(group: str) -> Any:
@@ -138,16 +122,16 @@ def test_commits_of_mirrored_offsets_are_refused_and_the_others_committed(
         clock = Clock()
         coordinator = await loaded(TopicsLogBackend(), clock=clock, commit_refusals=refusals)
         caplog.set_level(logging.WARNING, logger="raylog.gateway.groups.coordinator")
-        answered = await roundtrip(coordinator, offset_commit(GROUP), 7, OffsetCommitResponse)
+        answered = await roundtrip(coordinator, commit(GROUP), 7, OffsetCommitResponse)
         assert codes(answered) == {TOPIC: ErrorCode.INVALID_REQUEST, OTHER: 0}
         assert await committed(coordinator) == {(OTHER, 0): (9, -1)}
         refused = [r.getMessage() for r in caplog.records if MESSAGE in r.getMessage()]
         assert len(refused) == 1
         # Auto-commits every few seconds log the refusal once per interval.
-        await roundtrip(coordinator, offset_commit(GROUP), 2, OffsetCommitResponse)
+        await roundtrip(coordinator, commit(GROUP), 2, OffsetCommitResponse)
         assert sum(MESSAGE in r.getMessage() for r in caplog.records) == 1
         clock.ms += REFUSAL_LOG_INTERVAL_MS
-        await roundtrip(coordinator, offset_commit(GROUP), 2, OffsetCommitResponse)
+        await roundtrip(coordinator, commit(GROUP), 2, OffsetCommitResponse)
         assert sum(MESSAGE in r.getMessage() for r in caplog.records) == 2
 
         txn = await roundtrip(coordinator, txn_offset_commit(GROUP), 3, TxnOffsetCommitResponse)
@@ -156,7 +140,7 @@ def test_commits_of_mirrored_offsets_are_refused_and_the_others_committed(
         assert not coordinator.has_pending(GROUP, TOPIC, 0)
 
         # Another group (here on another partition of __consumer_offsets) is not mirrored.
-        free = await roundtrip(coordinator, offset_commit(ELSEWHERE), 7, OffsetCommitResponse)
+        free = await roundtrip(coordinator, commit(ELSEWHERE), 7, OffsetCommitResponse)
         assert codes(free) == {TOPIC: 0, OTHER: 0}
 
     asyncio.run(run())
@@ -166,7 +150,7 @@ def test_without_the_rule_nothing_is_refused() -> None:
     async def run() -> None:
         coordinator = await loaded(TopicsLogBackend())
         assert coordinator.refused_commits(GROUP, [TOPIC, OTHER]) == set()
-        answered = await roundtrip(coordinator, offset_commit(GROUP), 7, OffsetCommitResponse)
+        answered = await roundtrip(coordinator, commit(GROUP), 7, OffsetCommitResponse)
         assert codes(answered) == {TOPIC: 0, OTHER: 0}
 
     asyncio.run(run())
