@@ -48,7 +48,7 @@ from raylog.actors.control import config_keys
 from raylog.actors.control import metadata as md_
 from raylog.actors.control.listeners import Listener
 from raylog.actors.control.principal_mapping import PrincipalMapper
-from raylog.gateway import sasl
+from raylog.gateway import routing, sasl
 from raylog.gateway.authentication import Authenticator
 from raylog.gateway.authorization import Authorization
 from raylog.gateway.backend import AdminBackend, Broker, PartitionState, TopicState
@@ -614,9 +614,14 @@ class GatewayActor:
         return self._link_groups.commit_refusals(group_id, topics)
 
     async def _high_watermark(self, topic: str, partition: int) -> int:
-        """A mirror partition's high watermark from its leader replica; -1 when unknown."""
-        assert self._backend is not None
-        answer = await self._backend.list_offsets(topic, partition, LATEST_OFFSET, 0, -1)
+        """A mirror partition's high watermark from its leader replica, on whichever broker
+        (the group's coordinator need not lead it); -1 when unknown."""
+        assert self._backend is not None and self._view is not None
+        state = routing.find_partition(self._view.topics(), topic, partition)
+        if state is None or state.leader < 0:
+            return -1
+        leader = replica_actor_name(topic, partition, state.leader)
+        answer = await self._backend.replicas.list_offsets(leader, LATEST_OFFSET, -1, 0)
         return answer.offset if answer.error_code == ErrorCode.NONE else -1
 
     async def _report_link_groups(

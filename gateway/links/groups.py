@@ -135,6 +135,9 @@ class LinkGroups:
                 except (KafkaClientError, OSError, TimeoutError) as exc:
                     error = f"source {','.join(link.bootstrap)}: {exc}"
                     log.warning("link %s: groups not synced: %s", link.name, error)
+                except Exception as exc:  # not the source's: reported, and the loop goes on
+                    error = f"{type(exc).__name__}: {exc}"
+                    log.warning("link %s: group sync round failed", link.name, exc_info=True)
                 states = [msgspec.structs.asdict(s) for s in runner.states.values()]
                 try:
                     await self._report(link.name, states, error)
