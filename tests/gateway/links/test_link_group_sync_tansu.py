@@ -28,18 +28,18 @@ from raylog.actors.control.links import ClusterLink, SourceTopic
 from raylog.actors.control.metadata import ClusterMetadata
 from raylog.gateway.links.groups import LinkGroups
 
+_binary, _why_not = tansu_binary()
+pytestmark = pytest.mark.skipif(_binary is None, reason=_why_not)
+
 TOPIC = "sync"
 RECORDS = 10  # per partition; also the mirror's high watermark here
 COMMITS = {"app-a": {0: 4, 1: 50}, "app-b": {0: 2}, "other": {0: 3}}
 TIMEOUT_S = 60.0
 
-_binary, _why_not = tansu_binary()
-pytestmark = pytest.mark.skipif(_binary is None, reason=_why_not)
-
 
 @pytest.fixture(scope="module")
-def tansu(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    root: Path = tmp_path_factory.mktemp("tansu")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    root: Path = tmp_path_factory.mktemp("tansu-group-sync")
     with tansu_broker(root, TOPIC, partitions=2) as (bootstrap, _pid):
         producer = Producer({"bootstrap.servers": bootstrap})
         for partition in (0, 1):
@@ -70,7 +70,7 @@ def linked(bootstrap: str) -> ClusterMetadata:
     return lc.add_mirror_topic(md, "east", SourceTopic(TOPIC, "s", 2), "id-sync", 1, {})
 
 
-def test_groups_are_synced_capped_and_skipped_while_active(tansu: str) -> None:
+def test_groups_are_synced_capped_and_skipped_while_active(source: str) -> None:
     async def run() -> None:
         coordinator = await loaded(LogBackend())
         reports: list[tuple[str, dict[str, dict[str, Any]], str]] = []
@@ -89,7 +89,7 @@ def test_groups_are_synced_capped_and_skipped_while_active(tansu: str) -> None:
                     await asyncio.sleep(0.05)
 
         sync = LinkGroups(1, coordinator, high_watermark, report)
-        md = linked(tansu)
+        md = linked(source)
         sync.update(md)
         try:
             groups = await reported(lambda g: g.get("app-b", {}).get("state") == "synced")
