@@ -91,7 +91,7 @@ from raylog.actors.control.metadata_store import MetadataStore, VersionedMetadat
 from raylog.actors.control.reconciler import Outcome, Push, Reconciler
 from raylog.actors.control.sessions import BrokerSessions
 from raylog.actors.controller_admin import AdminRequests
-from raylog.actors.controller_links import LinkRequests, MirrorProgress
+from raylog.actors.controller_links import GroupSyncReport, LinkRequests, MirrorProgress
 from raylog.actors.replication.messages import AlterPartitionRequest, AlterPartitionResponse
 from raylog.storage import pki
 from raylog.storage.errors import (
@@ -215,9 +215,11 @@ class ControllerActor(AdminRequests, LinkRequests):
         self.unclean_elections = 0  # metric
         self._ca: pki.CertificateAuthority | None = None  # loaded on the first certificate
         self._transitions = health.Transitions()  # metrics: ISR shrinks/expands, elections
-        # Cross-cluster links (controller_links): gateways' progress reports, and each link's
-        # discovery (next due ms, the task running it, its last error).
+        # Cross-cluster links (controller_links): gateways' progress reports (partitions, and
+        # group-offset sync per link and broker), and each link's discovery (next due ms, the
+        # task running it, its last error).
         self._link_progress: dict[tuple[str, int], MirrorProgress] = {}
+        self._link_group_reports: dict[tuple[str, int], GroupSyncReport] = {}
         self._discoveries: dict[str, tuple[int, asyncio.Task[None] | None, str]] = {}
         if auto_start:
             # Also after Ray restarts this actor: it rejoins the contest for the lease by itself.
@@ -324,6 +326,7 @@ class ControllerActor(AdminRequests, LinkRequests):
                 task.cancel()
         self._discoveries = {}
         self._link_progress = {}
+        self._link_group_reports = {}
         self._reconciler = None
         self._push_started_ms = {}
         self._sessions.take_over(monotonic_ms())

@@ -26,6 +26,7 @@ import msgspec
 from raylog.actors.calls import monotonic_ms
 from raylog.actors.control import config_keys
 from raylog.actors.control import link_changes as changes
+from raylog.actors.control import link_groups as link_groups_
 from raylog.actors.control import links as links_
 from raylog.actors.control import metadata as md_
 from raylog.actors.control.links import ClusterLink, SourceTopic
@@ -60,6 +61,15 @@ class MirrorProgress(msgspec.Struct, frozen=True, kw_only=True):
     reported_ms: int = 0
 
 
+class GroupSyncReport(msgspec.Struct, frozen=True, kw_only=True):
+    """What one gateway last reported of one link's group-offset sync."""
+
+    broker_id: int
+    groups: tuple[link_groups_.LinkGroupState, ...] = ()
+    error: str = ""  # the round's source error ("" when the source answered)
+    reported_ms: int = 0
+
+
 class LinkRequests:
     """The link requests of the active controller (a mixin; see the module docstring)."""
 
@@ -67,6 +77,7 @@ class LinkRequests:
     _ensure_started: Callable[[], None]
     _broker_config: config_keys.BrokerConfig
     _link_progress: dict[tuple[str, int], MirrorProgress]
+    _link_group_reports: dict[tuple[str, int], GroupSyncReport]
     _discoveries: dict[str, tuple[int, asyncio.Task[None] | None, str]]
 
     async def _mutate(self, change: Callable[[ClusterMetadata], tuple[ClusterMetadata, T]]) -> T:
@@ -142,6 +153,8 @@ class LinkRequests:
         self._ensure_started()
         await self._mutate(lambda md: (changes.delete_link(md, name), None))
         self._discoveries.pop(name, None)
+        for key in [k for k in self._link_group_reports if k[0] == name]:
+            del self._link_group_reports[key]
 
     async def report_link_progress(self, reports: list[dict[str, Any]]) -> None:
         """A gateway's progress for the mirror partitions it fetches (every second or so):
@@ -154,6 +167,49 @@ class LinkRequests:
                 log.warning("a malformed link progress report: %s", exc)
                 continue
             self._link_progress[(r.topic, r.partition)] = r
+
+    async def report_link_groups(
+        self, link: str, broker_id: int, groups: list[dict[str, Any]], error: str
+    ) -> None:
+        """A gateway's group-offset sync round of ``link``: each group it coordinates, as
+        ``LinkGroupState`` dicts, and the round's source error."""
+        try:
+            states = msgspec.convert(
+                groups[: link_groups_.MAX_GROUPS_PER_ROUND], list[link_groups_.LinkGroupState]
+            )
+            report = GroupSyncReport(
+                broker_id=broker_id,
+                groups=tuple(states),
+                error=str(error)[:1000],
+                reported_ms=monotonic_ms(),
+            )
+        except msgspec.ValidationError as exc:
+            log.warning("a malformed link group report: %s", exc)
+            return
+        self._link_group_reports[(link, broker_id)] = report
+
+    def _groups_view(self, link: ClusterLink, now: int) -> tuple[list[dict[str, Any]], list[str]]:
+        """Each mirrored group's latest reported sync (from whichever broker coordinates it),
+        and the brokers' source errors; reports older than ``PROGRESS_STALE_MS`` are stale."""
+        groups: dict[str, dict[str, Any]] = {}
+        errors = []
+        for (name, broker), report in sorted(self._link_group_reports.items()):
+            if name != link.name:
+                continue
+            age = now - report.reported_ms
+            if report.error:
+                errors.append(f"broker {broker}: {report.error}")
+            for state in report.groups:
+                if not link.matches_group(state.group):
+                    continue
+                entry = {**msgspec.structs.asdict(state), "broker_id": broker}
+                entry["reported_ms_ago"] = age
+                if age > PROGRESS_STALE_MS:
+                    entry["state"] = "stale"
+                known = groups.get(state.group)
+                if known is None or known["reported_ms_ago"] > age:
+                    groups[state.group] = entry
+        return [groups[g] for g in sorted(groups)], errors
 
     def _link_view(self, name: str, with_partitions: bool = True) -> dict[str, Any]:
         """A link as ``links describe`` shows it: its settings (secrets masked), its mirror
@@ -180,6 +236,7 @@ class LinkRequests:
         if not with_partitions:
             return view
         now = monotonic_ms()
+        view["groups"], view["groups_errors"] = self._groups_view(link, now)
         partitions = []
         for topic in mirrors:
             for p in md.topics[topic].partitions:

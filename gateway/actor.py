@@ -32,7 +32,7 @@ import dataclasses
 import ipaddress
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ray
@@ -48,12 +48,13 @@ from raylog.actors.control import config_keys
 from raylog.actors.control import metadata as md_
 from raylog.actors.control.listeners import Listener
 from raylog.actors.control.principal_mapping import PrincipalMapper
-from raylog.gateway import sasl
+from raylog.gateway import routing, sasl
 from raylog.gateway.authentication import Authenticator
 from raylog.gateway.authorization import Authorization
 from raylog.gateway.backend import AdminBackend, Broker, PartitionState, TopicState
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.groups.coordinator import OFFSETS_TOPIC, GroupCoordinator
+from raylog.gateway.links.groups import LinkGroups
 from raylog.gateway.links.mirrors import LinkMirrors
 from raylog.gateway.quotas import ClientQuotas
 from raylog.gateway.replica_backend import ReplicaBackend
@@ -77,6 +78,7 @@ LOOKUP_TIMEOUT_S = 5.0  # bound on ray.get_actor (a GCS round trip, run in a thr
 SECURITY_SETUP_TIMEOUT_S = 60.0  # a controller answers what TLS / SASL listeners need
 TLS_REFRESH_S = 60.0  # how often the listeners' certificate is checked for renewal
 MIRROR_APPEND_TIMEOUT_MS = 30_000  # bound on one mirrored append to the local leader replica
+LATEST_OFFSET = -1  # ListOffsets' "latest": the high watermark (read_uncommitted)
 
 
 # Topics Metadata marks is_internal: the group and transaction coordinators'.
@@ -183,6 +185,7 @@ class GatewayActor:
         self._tls_checked_s = 0.0
         self._authorization = Authorization.from_broker_configs(self._broker_configs)
         self._mirrors: LinkMirrors | None = None  # the link fetchers (gateway/links)
+        self._link_groups: LinkGroups | None = None  # the links' group-offset sync
 
     async def start(self) -> int:
         """Open the listeners and start polling metadata; returns the first listener's bound
@@ -222,6 +225,9 @@ class GatewayActor:
         self._poller = asyncio.get_running_loop().create_task(self._poll_loop())
         self._groups, self._transactions = groups, transactions
         self._mirrors = LinkMirrors(self.broker_id, self._mirror_append, self._report_mirrors)
+        self._link_groups = LinkGroups(
+            self.broker_id, groups, self._high_watermark, self._report_link_groups
+        )
         groups.start()
         transactions.start()
         return self.port
@@ -358,6 +364,7 @@ class GatewayActor:
             initial_rebalance_delay_ms=config.group_initial_rebalance_delay_ms,
             offsets_retention_ms=config.offsets_retention_minutes * 60_000,
             offsets_retention_check_interval_ms=config.offsets_retention_check_interval_ms,
+            commit_refusals=self._commit_refusals,
         )
 
     def _transaction_coordinator(self, backend: ReplicaBackend) -> TransactionCoordinator:
@@ -471,6 +478,9 @@ class GatewayActor:
         if self._mirrors is not None:
             await self._mirrors.aclose()
             self._mirrors = None
+        if self._link_groups is not None:
+            await self._link_groups.aclose()
+            self._link_groups = None
         if self._server is not None:
             await self._server.stop()
             if self._backend is not None:
@@ -565,6 +575,8 @@ class GatewayActor:
         self._server.quotas.update(((q.user, q.client_id), q.values) for q in md.client_quotas)
         if self._mirrors is not None:
             self._mirrors.update(md)
+        if self._link_groups is not None:
+            self._link_groups.update(md)
         self._metadata_epoch = md.metadata_epoch
         if not self._server.serving:
             await self._server.start_serving()  # the view is current: clients may come
@@ -596,6 +608,33 @@ class GatewayActor:
         controller = self._controller
         if controller is not None:
             await ray_call(controller.report_link_progress.remote(reports), CALL_TIMEOUT_MS)
+
+    def _commit_refusals(self, group_id: str, topics: Sequence[str]) -> Mapping[str, str]:
+        """The group coordinator's read-only rule: the links' (none before start)."""
+        if self._link_groups is None:
+            return {}
+        return self._link_groups.commit_refusals(group_id, topics)
+
+    async def _high_watermark(self, topic: str, partition: int) -> int:
+        """A mirror partition's high watermark from its leader replica, on whichever broker
+        (the group's coordinator need not lead it); -1 when unknown."""
+        assert self._backend is not None and self._view is not None
+        state = routing.find_partition(self._view.topics(), topic, partition)
+        if state is None or state.leader < 0:
+            return -1
+        leader = replica_actor_name(topic, partition, state.leader)
+        answer = await self._backend.replicas.list_offsets(leader, LATEST_OFFSET, -1, 0)
+        return answer.offset if answer.error_code == ErrorCode.NONE else -1
+
+    async def _report_link_groups(
+        self, link: str, groups: list[dict[str, Any]], error: str
+    ) -> None:
+        controller = self._controller
+        if controller is not None:
+            await ray_call(
+                controller.report_link_groups.remote(link, self.broker_id, groups, error),
+                CALL_TIMEOUT_MS,
+            )
 
     async def active_controller(self, refresh: bool = False) -> Any:
         """The active controller's handle for admin requests (ReplicaBackend's locator)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,16 @@ def cmd_describe(args: argparse.Namespace) -> int:
         if p.get("error"):
             detail += f", error: {p['error']}"
         print(f"  {p['topic']}-{p['partition']}: {p['state']}{detail}")
+    for g in view.get("groups", []):
+        detail = f", {g['offsets']} offsets"
+        if g.get("last_sync_ms"):
+            ago_s = max(0, time.time_ns() // 1_000_000 - g["last_sync_ms"]) // 1000
+            detail += f", last synced {ago_s} s ago"
+        if g.get("error"):
+            detail += f", error: {g['error']}"
+        print(f"  group {g['group']}: {g['state']}{detail}")
+    for error in view.get("groups_errors", []):
+        print(f"  groups not synced: {error}")
     sys.stdout.flush()
     return 0
 

@@ -80,6 +80,7 @@ LINK_CONFIGS: dict[str, tuple[str, str]] = {
     "link.fetch.max.wait.ms": ("500", "int"),
     "link.metadata.refresh.interval.ms": ("5000", "int"),
     "link.throttle.bytes.per.sec": ("0", "int"),  # 0: unthrottled
+    "link.groups.sync.interval.ms": ("5000", "int"),  # consumer-group offset sync (link_groups)
 }
 SECRET_CONFIGS = frozenset({"sasl.password", "sasl.jaas.config"})
 _INT_BOUNDS: dict[str, tuple[int, int]] = {
@@ -88,6 +89,7 @@ _INT_BOUNDS: dict[str, tuple[int, int]] = {
     "link.fetch.max.wait.ms": (0, 60_000),
     "link.metadata.refresh.interval.ms": (100, 3_600_000),
     "link.throttle.bytes.per.sec": (0, 1 << 40),
+    "link.groups.sync.interval.ms": (100, 3_600_000),
 }
 _PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 _MECHANISMS = ("", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")

@@ -52,6 +52,12 @@ Ownership, as Kafka's brokers do it (the shared machinery is ``gateway/internal_
    group's partition (:meth:`GroupCoordinator.complete_transaction`). Loading reads the same
    from the log (``replay.py``): a transaction still open when the load ends stays pending.
 
+8. Cross-cluster links (``actors/control/link_groups.py``): the commits of a group's offsets
+   that an active link mirrors are refused (:meth:`GroupCoordinator.refused_commits`, asked by
+   the OffsetCommit and TxnOffsetCommit handlers; the broker logs why, naming the link), and
+   the link's sync writes them (:meth:`GroupCoordinator.sync_mirrored_offsets`) into groups
+   without members only, under the group's lock, so no JoinGroup slips in between.
+
 The log cleaner compacts the topic: a key's older records and, after ``delete.retention.ms``, its
 tombstones are removed, so loading reads little more than the live groups and offsets. A
 compact-only topic is never shrunk by retention, so no live offset is lost to it.
@@ -64,7 +70,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -94,7 +100,9 @@ from raylog.storage import batch as rb
 
 __all__ = [
     "OFFSETS_TOPIC",
+    "CommitRefusals",
     "GroupCoordinator",
+    "MirroredOffsets",
     "OffsetFetchResult",
 ]
 
@@ -106,6 +114,14 @@ OFFSETS_RETENTION_CHECK_INTERVAL_MS_DEFAULT = 600_000  # offsets.retention.check
 # metadata to show who leads the partition, before answering (module docstring, step 2).
 LOAD_WAIT_MS = 10_000
 WAIT_MARGIN_MS = 5_000  # beyond a rebalance timeout, the most a JoinGroup/SyncGroup waits
+# A refused commit of the same group for the same reason is logged once per this interval
+# (consumers auto-commit every few seconds); the memory of what was logged is bounded.
+REFUSAL_LOG_INTERVAL_MS = 60_000
+MAX_REFUSALS_REMEMBERED = 10_000
+
+# (group id, topics) -> each topic whose offsets of the group a link owns, with why (the
+# message names the link); empty when none.
+CommitRefusals = Callable[[str, Sequence[str]], Mapping[str, str]]
 
 # Kafka's __consumer_offsets configs (offsets.topic.segment.bytes: 100 MiB, compacted).
 OFFSETS_TOPIC_CONFIGS: Mapping[str, str] = {
@@ -130,6 +146,14 @@ _FENCING_ERRORS = frozenset(
 class OffsetFetchResult(NamedTuple):
     error_code: int  # the group-level error
     offsets: Mapping[tuple[str, int], CommittedOffset | None]
+
+
+class MirroredOffsets(NamedTuple):
+    """What :meth:`GroupCoordinator.sync_mirrored_offsets` did."""
+
+    error_code: int
+    active: bool = False  # the group has members here: nothing written
+    written: int = 0  # offsets that changed and were written
 
 
 @dataclass
@@ -171,8 +195,11 @@ class GroupCoordinator:
         load_wait_ms: int = LOAD_WAIT_MS,
         monotonic_ms: Callable[[], int] = lambda: time.monotonic_ns() // 1_000_000,
         wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        commit_refusals: CommitRefusals | None = None,
     ) -> None:
         self._backend = backend
+        self._commit_refusals = commit_refusals
+        self._refusals_logged: dict[tuple[str, str], int] = {}  # (group, message) -> when
         self.broker_id = broker_id
         self._topic: InternalTopic[_Partition, GroupReplay] = InternalTopic(
             backend,
@@ -424,6 +451,59 @@ class GroupCoordinator:
         (OffsetFetch v7+ with require_stable answers it UNSTABLE_OFFSET_COMMIT, 88)."""
         group, _ = self._group(group_id, create=False)
         return group is not None and group.pending_txn.has((topic, partition))
+
+    # --- cross-cluster links (module docstring, step 8) ------------------------------------------
+
+    def refused_commits(self, group_id: str, topics: Iterable[str]) -> set[str]:
+        """The topics among ``topics`` whose offsets of ``group_id`` an active link mirrors:
+        a commit of them is refused (the handlers answer INVALID_REQUEST). Logs why, naming
+        the link, once per group and reason per ``REFUSAL_LOG_INTERVAL_MS``."""
+        if self._commit_refusals is None:
+            return set()
+        refusals = self._commit_refusals(group_id, sorted(set(topics)))
+        now = self._now()
+        for message in set(refusals.values()):
+            key = (group_id, message)
+            last = self._refusals_logged.get(key)
+            if last is not None and now - last < REFUSAL_LOG_INTERVAL_MS:
+                continue
+            if len(self._refusals_logged) >= MAX_REFUSALS_REMEMBERED:
+                self._refusals_logged.clear()
+            self._refusals_logged[key] = now
+            log.warning("commit refused: %s", message)
+        return set(refusals)
+
+    def coordinates(self, group_id: str) -> bool:
+        """Whether this broker serves ``group_id`` now (its partition led and loaded here)."""
+        owned = self._topic.owner_of(group_id)
+        return owned is not None and owned.loaded
+
+    async def sync_mirrored_offsets(
+        self, group_id: str, offsets: Mapping[tuple[str, int], int]
+    ) -> MirroredOffsets:
+        """Write a link's mirrored ``(topic, partition) -> offset`` into ``group_id`` (created
+        Empty if new) as committed offsets with leader epoch -1, only those that differ from
+        the group's; nothing when the group has members here (``active``)."""
+        group, error = self._group(group_id, create=True)
+        if group is None:
+            return MirroredOffsets(error)
+        async with self._lock(group_id):
+            if group.state is GroupState.DEAD:
+                return MirroredOffsets(self._dead_error(group_id))
+            if group.members or group.pending_members:
+                return MirroredOffsets(ErrorCode.NONE, active=True)
+            changed: dict[tuple[str, int], tuple[int, int, str | None]] = {}
+            for tp, offset in sorted(offsets.items()):
+                current = group.offsets.get(tp)
+                if current is None or current.offset != offset:
+                    changed[tp] = (offset, -1, "")
+            if not changed:
+                return MirroredOffsets(ErrorCode.NONE)
+            error, committed = await self._write_offsets(group_id, changed)
+            if error:
+                return MirroredOffsets(error)
+            group.commit("", committed, self._now())
+        return MirroredOffsets(ErrorCode.NONE, written=len(committed))
 
     async def _write_offsets(
         self,

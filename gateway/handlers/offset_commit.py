@@ -12,6 +12,17 @@ FENCED_INSTANCE_ID (82). A partition's metadata string longer than ``offset.meta
 
 Authorization: READ on the group (else GROUP_AUTHORIZATION_FAILED, 30, on every partition) and on
 each topic (else TOPIC_AUTHORIZATION_FAILED, 29, on its partitions; the others are committed).
+
+Offsets an active cross-cluster link mirrors (``actors/control/link_groups.py``) are read-only:
+their partitions get INVALID_REQUEST (42) and the others are committed; the broker logs why,
+naming the link (the response has no message field). 42 because clients give up on it at once
+and tell the application: kafka-python raises InvalidRequestError (not retriable) from a
+synchronous commit, librdkafka treats a per-partition error it does not list as permanent
+(confluent-kafka's commit() reports it), and Java's consumer raises "Unexpected error in
+commit". It is also what a Produce to a mirror topic gets. The retriable codes
+(COORDINATOR_LOAD_IN_PROGRESS, NOT_COORDINATOR, UNKNOWN_TOPIC_OR_PARTITION ...) would be
+retried to the application's deadline, and GROUP_AUTHORIZATION_FAILED or
+TOPIC_AUTHORIZATION_FAILED would send the user looking at ACLs.
 """
 
 from __future__ import annotations
@@ -61,7 +72,10 @@ async def handle(context: RequestContext, request: Request) -> Any:
     # refused are answered TOPIC_AUTHORIZATION_FAILED and the others committed.
     group_denied = not context.authorized_group(AclOperation.READ, body.group_id)
     denied = context.denied_topics(AclOperation.READ, (t.name for t in body.topics))
-    offsets, too_large = requested_offsets(body.topics, denied)
+    mirrored: set[str] = set()
+    if groups is not None and not group_denied:
+        mirrored = groups.refused_commits(body.group_id, (t.name for t in body.topics)) - denied
+    offsets, too_large = requested_offsets(body.topics, denied | mirrored)
     if group_denied:
         error = ErrorCode.GROUP_AUTHORIZATION_FAILED
     elif groups is None:
@@ -88,6 +102,8 @@ async def handle(context: RequestContext, request: Request) -> Any:
                         if group_denied
                         else ErrorCode.TOPIC_AUTHORIZATION_FAILED
                         if topic.name in denied
+                        else ErrorCode.INVALID_REQUEST
+                        if topic.name in mirrored
                         else ErrorCode.OFFSET_METADATA_TOO_LARGE
                         if (topic.name, p.partition_index) in too_large
                         else error,

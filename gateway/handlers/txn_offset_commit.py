@@ -17,6 +17,9 @@ Authorization, as Kafka's KafkaApis.handleTxnOffsetCommit: WRITE on the transact
 TRANSACTIONAL_ID_AUTHORIZATION_FAILED, 53, on every partition), READ on the group (else
 GROUP_AUTHORIZATION_FAILED, 30, on every partition), READ on each topic (else
 TOPIC_AUTHORIZATION_FAILED, 29, on its partitions; the others are committed).
+
+Offsets an active cross-cluster link mirrors get INVALID_REQUEST (42) on their partitions, as
+in OffsetCommit (whose docstring says why that code); the others are committed.
 """
 
 from __future__ import annotations
@@ -57,7 +60,11 @@ async def handle(context: RequestContext, request: Request) -> Any:
         for tp in asked
         if tp not in exists and tp not in errors
     }
-    offsets, too_large = requested_offsets(body.topics, denied)
+    mirrored = groups.refused_commits(body.group_id, (topic for topic, _ in asked)) - denied
+    errors |= {
+        tp: ErrorCode.INVALID_REQUEST for tp in asked if tp[0] in mirrored and tp not in errors
+    }
+    offsets, too_large = requested_offsets(body.topics, denied | mirrored)
     errors |= dict.fromkeys(too_large - errors.keys(), ErrorCode.OFFSET_METADATA_TOO_LARGE)
     offsets = {tp: offset for tp, offset in offsets.items() if tp not in errors}
     if not offsets:

@@ -10,6 +10,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kafka.protocol.consumer import OffsetCommitRequest
 from kafka.protocol.consumer.metadata import ConsumerProtocolSubscription
 
 from raylog.gateway.backend import (
@@ -89,10 +90,20 @@ class Clock:
 
 
 async def loaded(
-    backend: LogBackend, broker: int = 1, clock: Clock | None = None, delay_ms: int = 0
+    backend: LogBackend,
+    broker: int = 1,
+    clock: Clock | None = None,
+    delay_ms: int = 0,
+    **options: Any,
 ) -> Any:
+    """A coordinator of broker ``broker`` with every partition it leads loaded (``options``:
+    more of GroupCoordinator's keyword arguments)."""
     coordinator = GroupCoordinator(
-        backend, broker, monotonic_ms=clock or Clock(), initial_rebalance_delay_ms=delay_ms
+        backend,
+        broker,
+        monotonic_ms=clock or Clock(),
+        initial_rebalance_delay_ms=delay_ms,
+        **options,
     )
     await coordinator._tick()
     owned = list(coordinator._owned.values())
@@ -145,6 +156,34 @@ class TopicsLogBackend(LogBackend):
         for name in (TOPIC, OTHER):
             found[name] = TopicState(name, [PartitionState(0, 1, 0, [1], [1], [])])
         return {n: s for n, s in found.items() if names is None or n in names}
+
+
+def offset_commit(
+    offsets: Sequence[tuple[str, int]],
+    *,
+    group_id: str = GROUP,
+    member_id: str = "",
+    generation: int = -1,
+) -> Any:
+    """An OffsetCommitRequest of partition 0 of each ``(topic, offset)``."""
+    topic = OffsetCommitRequest.OffsetCommitRequestTopic
+    return OffsetCommitRequest(
+        group_id=group_id,
+        generation_id_or_member_epoch=generation,
+        member_id=member_id,
+        group_instance_id=None,
+        topics=[
+            topic(
+                name=name,
+                partitions=[
+                    topic.OffsetCommitRequestPartition(
+                        partition_index=0, committed_offset=offset, committed_leader_epoch=-1
+                    )
+                ],
+            )
+            for name, offset in offsets
+        ],
+    )
 
 
 def subscription(*topics: str) -> bytes:

@@ -31,7 +31,6 @@ from kafka.protocol.consumer import (
     JoinGroupResponse,
     LeaveGroupRequest,
     LeaveGroupResponse,
-    OffsetCommitRequest,
     OffsetCommitResponse,
     OffsetDeleteRequest,
     OffsetDeleteResponse,
@@ -51,6 +50,7 @@ from support.group_coordinator import (
     TopicsLogBackend,
     consumer_join,
     loaded,
+    offset_commit,
     subscription,
 )
 
@@ -147,24 +147,7 @@ def test_member_apis_need_read_on_the_group() -> None:
 
 
 def commit(member: str, generation: int) -> Any:
-    topic = OffsetCommitRequest.OffsetCommitRequestTopic
-    return OffsetCommitRequest(
-        group_id=GROUP,
-        generation_id_or_member_epoch=generation,
-        member_id=member,
-        group_instance_id=None,
-        topics=[
-            topic(
-                name=name,
-                partitions=[
-                    topic.OffsetCommitRequestPartition(
-                        partition_index=0, committed_offset=offset, committed_leader_epoch=-1
-                    )
-                ],
-            )
-            for name, offset in ((TOPIC, 7), (OTHER, 9))
-        ],
-    )
+    return offset_commit([(TOPIC, 7), (OTHER, 9)], member_id=member, generation=generation)
 
 
 def codes(response: Any) -> dict[str, int]:
