@@ -55,6 +55,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raylog.actors.calls import (
     NAMESPACE,
+    REPLICA_START_TIMEOUT_MS,
     ReplicaState,
     call_self_after_init,
     controller_actor_name,
@@ -87,7 +88,6 @@ TOPIC_ID_SUFFIX = ".topic_id"
 # path is gone at once, even while a dying replica process still writes into its old directory),
 # then removed; leftovers of an interrupted removal are removed by the next apply.
 DELETED_SUFFIX = "-delete"
-REPLICA_START_TIMEOUT_MS = 60_000  # actors start one after another at ~0.5 s each
 REPLICA_CALL_TIMEOUT_MS = 5_000
 NAME_RETRY_MAX = 200  # a dying actor keeps its name for a moment; bound the wait for it
 NAME_RETRY_S = 0.05
