@@ -17,9 +17,11 @@ This module owns what a Kafka broker process owns apart from the wire protocol:
   role commands (``apply``). The broker creates missing ``ReplicaActor``s (named, in namespace
   ``raylog``, pinned to this node, each with its WAL in ``<data>/broker-<id>/<topic>-<p>``),
   applies changed topic configs to running replicas in place (re-creating a replica from its
-  WAL only when its ``replication.mode`` changed), stops and
-  deletes replicas that are no longer assigned (deleted topics: data removed), and forwards the
-  commands. Commands from an older controller epoch than one already seen are refused;
+  WAL only when its ``replication.mode`` changed), stops and deletes replicas that are no longer
+  assigned (deleted topics: data removed), and forwards the commands. New replicas start
+  concurrently; one that does not answer within ``REPLICA_START_TIMEOUT_MS`` (a loaded machine)
+  fails this apply but is kept, and the next apply waits for that same actor rather than
+  starting it over. Commands from an older controller epoch than one already seen are refused;
 - the AlterPartition path: replicas send their proposals to the broker (``set_controller`` is
   the broker), which adds its broker id and epoch and forwards them to the active controller,
   then hands the answer back to the replica;
@@ -215,6 +217,9 @@ class BrokerActor:
         self._heartbeats = 0  # answered by the active controller, this incarnation
         self._grants: set[asyncio.Task[None]] = set()
         self._hosted: dict[tuple[str, int], _Hosted] = {}
+        # Replica actors created whose start outlasted REPLICA_START_TIMEOUT_MS (with their
+        # topic id): the next apply waits for them again, or stops them if no longer wanted.
+        self._starting: dict[tuple[str, int], tuple[Any, str]] = {}
         self._recreating: dict[tuple[str, int], asyncio.Task[None]] = {}  # offline ones
         self._beat_now: asyncio.Event | None = None  # wakes the heartbeat loop early
         self._apply_lock: asyncio.Lock | None = None
@@ -539,6 +544,9 @@ class BrokerActor:
             wanted = {(s.topic, s.partition): s for s in specs}
             for key in [k for k in self._hosted if k not in wanted]:
                 await self._remove(key, delete_data=True)
+            for key in [k for k in self._starting if k not in wanted]:
+                await self._stop(key, self._starting.pop(key)[0])
+                delete_replica_data(self._log_dir(*key))
             self._remove_stray_dirs(wanted)
             await asyncio.gather(*(self._ensure(s) for s in specs))
             leaders = phase == LEADERS
@@ -617,7 +625,12 @@ class BrokerActor:
         id_file.write_text(spec.topic_id)
         name = replica_actor_name(spec.topic, spec.partition, self.broker_id)
         handle = None
-        for _ in range(NAME_RETRY_MAX):
+        starting = self._starting.pop(key, None)
+        if starting is not None and starting[1] == spec.topic_id:
+            handle = starting[0]  # created by an earlier apply, not answering yet then
+        elif starting is not None:
+            await self._stop(key, starting[0])
+        for _ in range(0 if handle is not None else NAME_RETRY_MAX):
             try:
                 handle = ReplicaActor.options(  # type: ignore[attr-defined]
                     name=name,
@@ -643,7 +656,13 @@ class BrokerActor:
                 await asyncio.sleep(NAME_RETRY_S)
         if handle is None:
             raise RequestTimedOutError(f"replica actor name {name} stayed taken")
-        await ray_call(handle.ping.remote(), REPLICA_START_TIMEOUT_MS)
+        try:
+            await ray_call(handle.ping.remote(), REPLICA_START_TIMEOUT_MS)
+        except RequestTimedOutError:
+            # Still starting (a loaded machine): the next apply waits for this same actor
+            # instead of starting it over; this one fails, so the push is made again.
+            self._starting[key] = (handle, spec.topic_id)
+            raise
         handle.set_controller.remote(self._self())
         if self._lease_until_ms > monotonic_ms():
             handle.set_session_lease.remote(self._lease_until_ms)
@@ -663,7 +682,13 @@ class BrokerActor:
     async def _remove(self, key: tuple[str, int], *, delete_data: bool) -> None:
         """Stop a replica actor, wait (bounded) until Ray confirms it dead, maybe drop its data."""
         hosted = self._hosted.pop(key)
-        ray.kill(hosted.handle, no_restart=True)
+        await self._stop(key, hosted.handle)
+        if delete_data:
+            delete_replica_data(self._log_dir(*key))
+
+    async def _stop(self, key: tuple[str, int], handle: Any) -> None:
+        """Kill a replica actor and wait (bounded) until Ray confirms it dead."""
+        ray.kill(handle, no_restart=True)
         # Bounded in time too: this runs under the apply lock, and a replica that neither dies
         # nor answers must not hold up every later apply (the data goes by rename regardless).
         deadline = monotonic_ms() + REMOVE_CONFIRM_MS
@@ -673,16 +698,12 @@ class BrokerActor:
                 log.warning("broker %d: replica %s-%d not confirmed dead", self.broker_id, *key)
                 break
             try:
-                await ray_call(
-                    hosted.handle.ping.remote(), min(REPLICA_CALL_TIMEOUT_MS, remaining_ms)
-                )
+                await ray_call(handle.ping.remote(), min(REPLICA_CALL_TIMEOUT_MS, remaining_ms))
             except BrokerNotAvailableError:
                 break
             except RequestTimedOutError:
                 continue
             await asyncio.sleep(NAME_RETRY_S)
-        if delete_data:
-            delete_replica_data(self._log_dir(*key))
 
     def _remove_stray_dirs(self, wanted: dict[tuple[str, int], ReplicaSpec]) -> None:
         """Delete data of partitions no longer assigned here (a topic deleted while down) and
@@ -745,6 +766,9 @@ class BrokerActor:
         if self._heartbeater is not None:
             self._heartbeater.cancel()
         keys = list(self._hosted)
+        for handle, _ in self._starting.values():
+            ray.kill(handle, no_restart=True)
+        self._starting.clear()
         if together:
             await asyncio.gather(*(self._remove(key, delete_data=False) for key in keys))
         else:

@@ -34,7 +34,10 @@ TOPIC = "wide"
 
 
 def create_kafka(bootstrap: str, partitions: int, rf: int, timeout_s: float) -> str | None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    # librdkafka gives up on any request after socket.timeout.ms (60 s by default).
+    admin = AdminClient(
+        {"bootstrap.servers": bootstrap, "socket.timeout.ms": int((timeout_s + 60) * 1000)}
+    )
     futures = admin.create_topics(
         [NewTopic(TOPIC, partitions, rf)],
         operation_timeout=timeout_s,
