@@ -61,18 +61,31 @@ def create_cli(data_dir: Path, partitions: int, rf: int, timeout_s: float) -> st
 
 
 def wait_all_acked(bootstrap: str, partitions: int, deadline: float) -> bool:
-    """Produce acks=all to every partition not acked yet until all acked or the deadline."""
-    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0})
+    """Produce acks=all to every partition until each acked one record, or the deadline; one
+    record in flight per partition (a failed one is sent again)."""
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "acks": "all",
+            "linger.ms": 0,
+            "message.timeout.ms": 10_000,
+        }
+    )
     acked: set[int] = set()
+    in_flight: set[int] = set()
 
     def delivered(err: object, msg: object) -> None:
+        partition = msg.partition()  # type: ignore[attr-defined]
+        in_flight.discard(partition)
         if err is None:
-            acked.add(msg.partition())  # type: ignore[attr-defined]
+            acked.add(partition)
 
     while len(acked) < partitions and time.monotonic() < deadline:
-        for p in set(range(partitions)) - acked:
+        for p in set(range(partitions)) - acked - in_flight:
+            in_flight.add(p)
             producer.produce(TOPIC, b"x", partition=p, on_delivery=delivered)
-        producer.flush(1.0)
+        producer.poll(0.05)
+    producer.flush(10)
     return len(acked) == partitions
 
 
