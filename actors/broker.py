@@ -342,6 +342,11 @@ class BrokerActor:
         )
         return [r for r in results if isinstance(r, ReplicaState)]
 
+    async def replicas_started(self, topic: str) -> int:
+        """How many replicas of ``topic`` this broker hosts, started (topic creation's
+        progress)."""
+        return sum(1 for t, _ in self._hosted if t == topic)
+
     async def replica(self, topic: str, partition: int) -> Any:
         """The handle of a hosted replica (None if not hosted here)."""
         hosted = self._hosted.get((topic, partition))
@@ -632,24 +637,10 @@ class BrokerActor:
             await self._stop(key, starting[0])
         for _ in range(0 if handle is not None else NAME_RETRY_MAX):
             try:
-                handle = ReplicaActor.options(  # type: ignore[attr-defined]
-                    name=name,
-                    namespace=NAMESPACE,
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(self._node_id, soft=False),
-                    # Not restarted by Ray: a replica pinned to a dead node would hold its name
-                    # forever. The broker re-creates a dead replica from its WAL instead.
-                    max_restarts=0,
-                ).remote(
-                    spec.topic,
-                    spec.partition,
-                    self.broker_id,
-                    str(log_dir),
-                    dict(spec.configs),
-                    replica_config,
-                    session_lease=True,
-                    retention_check_interval_ms=self._config.log_retention_check_interval_ms,
-                    cleaner_backoff_ms=self._config.log_cleaner_backoff_ms,
-                    tls=self._leaf,
+                # Off the event loop: creating a named actor waits for the GCS to register the
+                # name, and a broker starting a topic's replicas must keep heartbeating.
+                handle = await asyncio.to_thread(
+                    self._create_replica, name, spec, log_dir, replica_config
                 )
                 break
             except ValueError:  # the name is still held by a dying incarnation
@@ -667,6 +658,30 @@ class BrokerActor:
         if self._lease_until_ms > monotonic_ms():
             handle.set_session_lease.remote(self._lease_until_ms)
         self._hosted[key] = _Hosted(handle, spec.topic_id, dict(spec.configs))
+
+    def _create_replica(
+        self, name: str, spec: ReplicaSpec, log_dir: Path, replica_config: ReplicaConfig
+    ) -> Any:
+        """A new ReplicaActor named ``name``; ValueError while the name is taken."""
+        return ReplicaActor.options(  # type: ignore[attr-defined]
+            name=name,
+            namespace=NAMESPACE,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(self._node_id, soft=False),
+            # Not restarted by Ray: a replica pinned to a dead node would hold its name
+            # forever. The broker re-creates a dead replica from its WAL instead.
+            max_restarts=0,
+        ).remote(
+            spec.topic,
+            spec.partition,
+            self.broker_id,
+            str(log_dir),
+            dict(spec.configs),
+            replica_config,
+            session_lease=True,
+            retention_check_interval_ms=self._config.log_retention_check_interval_ms,
+            cleaner_backoff_ms=self._config.log_cleaner_backoff_ms,
+            tls=self._leaf,
+        )
 
     def _replica_config(self, configs: dict[str, str]) -> ReplicaConfig:
         cfg = config_keys.effective(configs)

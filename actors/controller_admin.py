@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
+import msgspec
 import ray
 
 from raylog.actors.calls import NAMESPACE, monotonic_ms, ray_call, replica_actor_name
@@ -115,9 +116,26 @@ class AdminRequests:
             if self._reconciler is None:
                 raise NotControllerError("no reconciler: this controller is not active")
             readiness = self._reconciler.readiness(md, name)
-            if readiness.done or monotonic_ms() >= deadline:
+            if readiness.done:
                 return readiness
+            if monotonic_ms() >= deadline:
+                started = await self._replicas_started(name)
+                return msgspec.structs.replace(readiness, replicas_started=started)
             await asyncio.sleep(READY_POLL_S)
+
+    async def _replicas_started(self, topic: str) -> int:
+        """How many replicas of ``topic`` the linked brokers host, running; -1 when a broker
+        did not answer."""
+        answers = await asyncio.gather(
+            *(
+                ray_call(link.handle.replicas_started.remote(topic), self._call_timeout_ms)
+                for link in self._links.values()
+            ),
+            return_exceptions=True,
+        )
+        if any(not isinstance(a, int) for a in answers):
+            return -1
+        return sum(answers)
 
     async def delete_topic(self, name: str) -> None:
         """DeleteTopics: brokers stop the replicas and remove their data on the next round."""

@@ -85,8 +85,10 @@ def wait_serving(args: argparse.Namespace, controller: Any, name: str, timeout_s
         if now - began >= PROGRESS_AFTER_S and (
             count != shown or now - shown_at >= PROGRESS_EVERY_S
         ):
+            started = readiness.replicas_started
+            replicas = f", {started}/{readiness.replicas} replicas started" if started >= 0 else ""
             print(
-                f"raylog: {name}: {count}/{readiness.partitions} partitions ready",
+                f"raylog: {name}: {count}/{readiness.partitions} partitions ready{replicas}",
                 file=sys.stderr,
                 flush=True,
             )

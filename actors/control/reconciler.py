@@ -80,12 +80,16 @@ def throttle_bytes_per_sec(md: ClusterMetadata, static_configs: Mapping[str, str
 
 class TopicReadiness(msgspec.Struct, frozen=True):
     """Which partitions of a topic serve (rule 5); ``pending`` by partition, each with the
-    brokers it waits for (its leader's or an ISR member's push, or no leader at all: -1)."""
+    brokers it waits for (its leader's or an ISR member's push, or no leader at all: -1).
+    ``replicas``: the topic's replicas; ``replicas_started``: how many of them their brokers
+    host, running (-1: not asked; the caller fills it in)."""
 
     topic: str
     partitions: int
     serving: tuple[int, ...]
     pending: tuple[tuple[int, tuple[int, ...]], ...]
+    replicas: int = 0
+    replicas_started: int = -1
 
     @property
     def done(self) -> bool:
@@ -291,7 +295,8 @@ class Reconciler:
                 pending.append((p.partition, waiting))
             else:
                 serving.append(p.partition)
-        return TopicReadiness(topic, len(t.partitions), tuple(serving), tuple(pending))
+        replicas = sum(len(p.replicas) for p in t.partitions)
+        return TopicReadiness(topic, len(t.partitions), tuple(serving), tuple(pending), replicas)
 
     # --- a round ------------------------------------------------------------------------------
 

@@ -263,7 +263,8 @@ def test_a_partition_serves_once_its_leader_and_isr_applied_their_commands() -> 
     assert readiness.pending == ((0, (3,)), (1, (3,)))  # waiting for broker 3, an ISR member
     answer_all(rec, md, rec.round(md, 1))
     readiness = rec.readiness(md, "w")
-    assert readiness.done and readiness.serving == (0, 1) and readiness.partitions == 2
+    assert readiness.done and readiness.serving == (0, 1)
+    assert (readiness.partitions, readiness.replicas, readiness.replicas_started) == (2, 6, -1)
     # A new leader epoch: the partition waits for its brokers to apply the new commands.
     w0 = TopicPartition("w", 0)
     moved = reassignment.start(md, {w0: [2, 1, 3]}).metadata
