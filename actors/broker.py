@@ -17,9 +17,11 @@ This module owns what a Kafka broker process owns apart from the wire protocol:
   role commands (``apply``). The broker creates missing ``ReplicaActor``s (named, in namespace
   ``raylog``, pinned to this node, each with its WAL in ``<data>/broker-<id>/<topic>-<p>``),
   applies changed topic configs to running replicas in place (re-creating a replica from its
-  WAL only when its ``replication.mode`` changed), stops and
-  deletes replicas that are no longer assigned (deleted topics: data removed), and forwards the
-  commands. Commands from an older controller epoch than one already seen are refused;
+  WAL only when its ``replication.mode`` changed), stops and deletes replicas that are no longer
+  assigned (deleted topics: data removed), and forwards the commands. New replicas start
+  concurrently; one that does not answer within ``REPLICA_START_TIMEOUT_MS`` (a loaded machine)
+  fails this apply but is kept, and the next apply waits for that same actor rather than
+  starting it over. Commands from an older controller epoch than one already seen are refused;
 - the AlterPartition path: replicas send their proposals to the broker (``set_controller`` is
   the broker), which adds its broker id and epoch and forwards them to the active controller,
   then hands the answer back to the replica;
@@ -55,6 +57,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raylog.actors.calls import (
     NAMESPACE,
+    REPLICA_START_TIMEOUT_MS,
     ReplicaState,
     call_self_after_init,
     controller_actor_name,
@@ -87,7 +90,6 @@ TOPIC_ID_SUFFIX = ".topic_id"
 # path is gone at once, even while a dying replica process still writes into its old directory),
 # then removed; leftovers of an interrupted removal are removed by the next apply.
 DELETED_SUFFIX = "-delete"
-REPLICA_START_TIMEOUT_MS = 60_000  # actors start one after another at ~0.5 s each
 REPLICA_CALL_TIMEOUT_MS = 5_000
 NAME_RETRY_MAX = 200  # a dying actor keeps its name for a moment; bound the wait for it
 NAME_RETRY_S = 0.05
@@ -215,6 +217,9 @@ class BrokerActor:
         self._heartbeats = 0  # answered by the active controller, this incarnation
         self._grants: set[asyncio.Task[None]] = set()
         self._hosted: dict[tuple[str, int], _Hosted] = {}
+        # Replica actors created whose start outlasted REPLICA_START_TIMEOUT_MS (with their
+        # topic id): the next apply waits for them again, or stops them if no longer wanted.
+        self._starting: dict[tuple[str, int], tuple[Any, str]] = {}
         self._recreating: dict[tuple[str, int], asyncio.Task[None]] = {}  # offline ones
         self._beat_now: asyncio.Event | None = None  # wakes the heartbeat loop early
         self._apply_lock: asyncio.Lock | None = None
@@ -336,6 +341,11 @@ class BrokerActor:
             return_exceptions=True,
         )
         return [r for r in results if isinstance(r, ReplicaState)]
+
+    async def replicas_started(self, topic: str) -> int:
+        """How many replicas of ``topic`` this broker hosts, started (topic creation's
+        progress)."""
+        return sum(1 for t, _ in self._hosted if t == topic)
 
     async def replica(self, topic: str, partition: int) -> Any:
         """The handle of a hosted replica (None if not hosted here)."""
@@ -539,6 +549,9 @@ class BrokerActor:
             wanted = {(s.topic, s.partition): s for s in specs}
             for key in [k for k in self._hosted if k not in wanted]:
                 await self._remove(key, delete_data=True)
+            for key in [k for k in self._starting if k not in wanted]:
+                await self._stop(key, self._starting.pop(key)[0])
+                delete_replica_data(self._log_dir(*key))
             self._remove_stray_dirs(wanted)
             await asyncio.gather(*(self._ensure(s) for s in specs))
             leaders = phase == LEADERS
@@ -617,37 +630,58 @@ class BrokerActor:
         id_file.write_text(spec.topic_id)
         name = replica_actor_name(spec.topic, spec.partition, self.broker_id)
         handle = None
-        for _ in range(NAME_RETRY_MAX):
+        starting = self._starting.pop(key, None)
+        if starting is not None and starting[1] == spec.topic_id:
+            handle = starting[0]  # created by an earlier apply, not answering yet then
+        elif starting is not None:
+            await self._stop(key, starting[0])
+        for _ in range(0 if handle is not None else NAME_RETRY_MAX):
             try:
-                handle = ReplicaActor.options(  # type: ignore[attr-defined]
-                    name=name,
-                    namespace=NAMESPACE,
-                    scheduling_strategy=NodeAffinitySchedulingStrategy(self._node_id, soft=False),
-                    # Not restarted by Ray: a replica pinned to a dead node would hold its name
-                    # forever. The broker re-creates a dead replica from its WAL instead.
-                    max_restarts=0,
-                ).remote(
-                    spec.topic,
-                    spec.partition,
-                    self.broker_id,
-                    str(log_dir),
-                    dict(spec.configs),
-                    replica_config,
-                    session_lease=True,
-                    retention_check_interval_ms=self._config.log_retention_check_interval_ms,
-                    cleaner_backoff_ms=self._config.log_cleaner_backoff_ms,
-                    tls=self._leaf,
+                # Off the event loop: creating a named actor waits for the GCS to register the
+                # name, and a broker starting a topic's replicas must keep heartbeating.
+                handle = await asyncio.to_thread(
+                    self._create_replica, name, spec, log_dir, replica_config
                 )
                 break
             except ValueError:  # the name is still held by a dying incarnation
                 await asyncio.sleep(NAME_RETRY_S)
         if handle is None:
             raise RequestTimedOutError(f"replica actor name {name} stayed taken")
-        await ray_call(handle.ping.remote(), REPLICA_START_TIMEOUT_MS)
+        try:
+            await ray_call(handle.ping.remote(), REPLICA_START_TIMEOUT_MS)
+        except RequestTimedOutError:
+            # Still starting (a loaded machine): the next apply waits for this same actor
+            # instead of starting it over; this one fails, so the push is made again.
+            self._starting[key] = (handle, spec.topic_id)
+            raise
         handle.set_controller.remote(self._self())
         if self._lease_until_ms > monotonic_ms():
             handle.set_session_lease.remote(self._lease_until_ms)
         self._hosted[key] = _Hosted(handle, spec.topic_id, dict(spec.configs))
+
+    def _create_replica(
+        self, name: str, spec: ReplicaSpec, log_dir: Path, replica_config: ReplicaConfig
+    ) -> Any:
+        """A new ReplicaActor named ``name``; ValueError while the name is taken."""
+        return ReplicaActor.options(  # type: ignore[attr-defined]
+            name=name,
+            namespace=NAMESPACE,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(self._node_id, soft=False),
+            # Not restarted by Ray: a replica pinned to a dead node would hold its name
+            # forever. The broker re-creates a dead replica from its WAL instead.
+            max_restarts=0,
+        ).remote(
+            spec.topic,
+            spec.partition,
+            self.broker_id,
+            str(log_dir),
+            dict(spec.configs),
+            replica_config,
+            session_lease=True,
+            retention_check_interval_ms=self._config.log_retention_check_interval_ms,
+            cleaner_backoff_ms=self._config.log_cleaner_backoff_ms,
+            tls=self._leaf,
+        )
 
     def _replica_config(self, configs: dict[str, str]) -> ReplicaConfig:
         cfg = config_keys.effective(configs)
@@ -663,7 +697,13 @@ class BrokerActor:
     async def _remove(self, key: tuple[str, int], *, delete_data: bool) -> None:
         """Stop a replica actor, wait (bounded) until Ray confirms it dead, maybe drop its data."""
         hosted = self._hosted.pop(key)
-        ray.kill(hosted.handle, no_restart=True)
+        await self._stop(key, hosted.handle)
+        if delete_data:
+            delete_replica_data(self._log_dir(*key))
+
+    async def _stop(self, key: tuple[str, int], handle: Any) -> None:
+        """Kill a replica actor and wait (bounded) until Ray confirms it dead."""
+        ray.kill(handle, no_restart=True)
         # Bounded in time too: this runs under the apply lock, and a replica that neither dies
         # nor answers must not hold up every later apply (the data goes by rename regardless).
         deadline = monotonic_ms() + REMOVE_CONFIRM_MS
@@ -673,16 +713,12 @@ class BrokerActor:
                 log.warning("broker %d: replica %s-%d not confirmed dead", self.broker_id, *key)
                 break
             try:
-                await ray_call(
-                    hosted.handle.ping.remote(), min(REPLICA_CALL_TIMEOUT_MS, remaining_ms)
-                )
+                await ray_call(handle.ping.remote(), min(REPLICA_CALL_TIMEOUT_MS, remaining_ms))
             except BrokerNotAvailableError:
                 break
             except RequestTimedOutError:
                 continue
             await asyncio.sleep(NAME_RETRY_S)
-        if delete_data:
-            delete_replica_data(self._log_dir(*key))
 
     def _remove_stray_dirs(self, wanted: dict[tuple[str, int], ReplicaSpec]) -> None:
         """Delete data of partitions no longer assigned here (a topic deleted while down) and
@@ -745,6 +781,9 @@ class BrokerActor:
         if self._heartbeater is not None:
             self._heartbeater.cancel()
         keys = list(self._hosted)
+        for handle, _ in self._starting.values():
+            ray.kill(handle, no_restart=True)
+        self._starting.clear()
         if together:
             await asyncio.gather(*(self._remove(key, delete_data=False) for key in keys))
         else:

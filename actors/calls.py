@@ -26,6 +26,10 @@ from raylog.storage.log import Extents
 NAMESPACE = "raylog"
 CONTROLLERS = 2  # controller actors of a cluster: the active one and a standby
 SUPERVISOR_ACTOR_NAME = "supervisor"
+# A broker's bound on one new replica actor answering (its process started, its log opened).
+# Ray starts worker processes a few at a time, so a broker creating many replicas at once
+# waits for the last of them about as long as they all take one after another.
+REPLICA_START_TIMEOUT_MS = 60_000
 
 
 def controller_actor_name(index: int) -> str:

@@ -78,6 +78,7 @@ import ray
 
 from raylog.actors.calls import (
     NAMESPACE,
+    REPLICA_START_TIMEOUT_MS,
     call_self_after_init,
     monotonic_ms,
     ray_call,
@@ -88,7 +89,7 @@ from raylog.actors.control import metadata as md_
 from raylog.actors.control.listeners import Endpoint
 from raylog.actors.control.metadata import ClusterMetadata, TopicPartition
 from raylog.actors.control.metadata_store import MetadataStore, VersionedMetadata
-from raylog.actors.control.reconciler import Outcome, Push, Reconciler
+from raylog.actors.control.reconciler import FOLLOWERS, Outcome, Push, Reconciler
 from raylog.actors.control.sessions import BrokerSessions
 from raylog.actors.controller_admin import AdminRequests
 from raylog.actors.controller_links import GroupSyncReport, LinkRequests, MirrorProgress
@@ -747,7 +748,7 @@ class ControllerActor(AdminRequests, LinkRequests):
             return Outcome.FAILED
         assert self._epoch is not None
         remote = link.handle.apply.remote(self._epoch, call.metadata_epoch, call.specs, call.phase)
-        answer = asyncio.ensure_future(ray_call(remote, self._call_timeout_ms))
+        answer = asyncio.ensure_future(ray_call(remote, self._push_timeout_ms(link, call)))
         gone = asyncio.ensure_future(link.gone.wait())
         try:
             await asyncio.wait((answer, gone), return_when=asyncio.FIRST_COMPLETED)
@@ -771,6 +772,18 @@ class ControllerActor(AdminRequests, LinkRequests):
             return Outcome.FAILED
         link.leos = {TopicPartition(s.topic, s.partition): s.log_end_offset for s in states}
         return Outcome.APPLIED
+
+    def _push_timeout_ms(self, link: _BrokerLink, call: Push) -> int:
+        """How long one phase may take: a phase 1 that makes the broker start replicas it did
+        not report hosting waits for them too (the broker bounds each start by
+        REPLICA_START_TIMEOUT_MS, all in parallel); given up sooner, it would be pushed again
+        and again while the broker is still starting the same replicas, and never count as
+        applied."""
+        if call.phase == FOLLOWERS and any(
+            TopicPartition(s.topic, s.partition) not in link.leos for s in call.specs
+        ):
+            return self._call_timeout_ms + REPLICA_START_TIMEOUT_MS
+        return self._call_timeout_ms
 
     async def _wait_reconciled(self, epoch: int, timeout_ms: int) -> bool:
         """Wait (bounded) until every unfenced broker applied metadata ``epoch``."""

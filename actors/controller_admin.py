@@ -1,16 +1,16 @@
 """The controller's admin requests, mixed into :class:`raylog.actors.controller.ControllerActor`.
 
-This module owns the requests an operator or a Kafka client sends the active controller (through
-a gateway or the CLI): CreateTopics, DeleteTopics, DescribeConfigs, AlterConfigs,
-CreatePartitions, ElectLeaders, AlterPartitionReassignments and ListPartitionReassignments
-(KIP-455), AllocateProducerIds, AlterUserScramCredentials and DescribeUserScramCredentials
-(KIP-554), CreateAcls, DescribeAcls and DeleteAcls, Alter/DescribeClientQuotas (KIP-546), and
-raylog's rebalance; and the two background duties of the reconcile loop that come with them:
-completing reassignments, and the automatic preferred leader election
-(``auto.leader.rebalance.enable``). Each request decides with a pure module on the current
-metadata (``metadata``, ``placement``, ``election``, ``reassignment``, ``acls``,
-``client_quotas``) and writes the outcome with the controller's compare-and-swap (``_mutate``);
-the brokers then learn it from the reconciler's next pushes.
+This module owns the requests an operator or a Kafka client sends the active controller (through a
+gateway or the CLI): CreateTopics (and the wait until its partitions serve), DeleteTopics,
+DescribeConfigs, AlterConfigs, CreatePartitions, ElectLeaders, AlterPartitionReassignments and
+ListPartitionReassignments (KIP-455), AllocateProducerIds, AlterUserScramCredentials and
+DescribeUserScramCredentials (KIP-554), CreateAcls, DescribeAcls and DeleteAcls,
+Alter/DescribeClientQuotas (KIP-546), and raylog's rebalance; and the two background duties of the
+reconcile loop that come with them: completing reassignments, and the automatic preferred leader
+election (``auto.leader.rebalance.enable``). Each request decides with a pure module on the current
+metadata (``metadata``, ``placement``, ``election``, ``reassignment``, ``acls``, ``client_quotas``)
+and writes the outcome with the controller's compare-and-swap (``_mutate``); the brokers then learn
+it from the reconciler's next pushes.
 
 The host class provides the active controller's state and helpers: ``_ensure_started``,
 ``_require_active`` (the current stored version, or NotControllerError), ``_mutate`` (decide,
@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
+import msgspec
 import ray
 
 from raylog.actors.calls import NAMESPACE, monotonic_ms, ray_call, replica_actor_name
@@ -42,12 +43,16 @@ from raylog.actors.control import links as links_
 from raylog.actors.control import metadata as md_
 from raylog.actors.control.metadata import ClusterMetadata, TopicMetadata, TopicPartition
 from raylog.actors.control.metadata_store import VersionedMetadata
+from raylog.actors.control.reconciler import Reconciler, TopicReadiness
 from raylog.storage import pki
-from raylog.storage.errors import InvalidRequestError, RaylogError
+from raylog.storage.errors import InvalidRequestError, NotControllerError, RaylogError
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+WAIT_READY_MS_MAX = 30_000  # bound on one topic_readiness wait (callers ask again)
+READY_POLL_S = 0.02  # how often that wait looks again (pushes end on the same event loop)
 
 
 class AdminRequests:
@@ -58,6 +63,7 @@ class AdminRequests:
     _epoch: int | None
     _leader_rebalance_due: tuple[int, int] | None  # (controller epoch, due ms)
     _links: dict[int, Any]  # broker id -> its link (``handle``)
+    _reconciler: Reconciler | None  # while active
 
     # Provided by the host class (see the module docstring).
     _ensure_started: Callable[[], None]
@@ -96,6 +102,40 @@ class AdminRequests:
 
         await self._mutate(change)
         return self._require_active().metadata.topics[name]
+
+    async def topic_readiness(self, name: str, wait_ms: int = 0) -> TopicReadiness:
+        """Which partitions of topic ``name`` serve: a leader that accepts writes, and every
+        ISR member following it (``Reconciler.readiness``). Waits up to ``wait_ms`` (at most
+        WAIT_READY_MS_MAX) for all of them; what is still pending is in the answer.
+        UnknownTopicOrPartitionError when the topic does not exist (or was deleted)."""
+        self._ensure_started()
+        deadline = monotonic_ms() + min(max(wait_ms, 0), WAIT_READY_MS_MAX)
+        while True:  # bounded by the deadline
+            md = self._require_active().metadata
+            md_.get_topic(md, name)
+            if self._reconciler is None:
+                raise NotControllerError("no reconciler: this controller is not active")
+            readiness = self._reconciler.readiness(md, name)
+            if readiness.done:
+                return readiness
+            if monotonic_ms() >= deadline:
+                started = await self._replicas_started(name)
+                return msgspec.structs.replace(readiness, replicas_started=started)
+            await asyncio.sleep(READY_POLL_S)
+
+    async def _replicas_started(self, topic: str) -> int:
+        """How many replicas of ``topic`` the linked brokers host, running; -1 when a broker
+        did not answer."""
+        answers = await asyncio.gather(
+            *(
+                ray_call(link.handle.replicas_started.remote(topic), self._call_timeout_ms)
+                for link in self._links.values()
+            ),
+            return_exceptions=True,
+        )
+        if any(not isinstance(a, int) for a in answers):
+            return -1
+        return sum(answers)
 
     async def delete_topic(self, name: str) -> None:
         """DeleteTopics: brokers stop the replicas and remove their data on the next round."""

@@ -6,7 +6,8 @@ Owns the settings measured on Ray 2.60 (docs/DESIGN.md, "What Ray costs"):
   process that joins (drivers, the CLI, Spark's Python workers) presents the same token;
 - loopback-only listeners for the embedded cluster (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`);
 - Ray's temp dir inside the data directory, never the shared `/tmp/ray`;
-- fast health checks, so that a dead node is seen in about half a second instead of 13 s.
+- fast health checks, so that a dead node is seen in about half a second instead of 13 s;
+- Ray's worker start concurrency, set for a cluster of many long-lived actor processes.
 
 `cluster.json` in the data directory records how to reach a running embedded cluster; the CLI
 and the Spark connector read it.
@@ -32,6 +33,25 @@ FAST_DEATH_SYSTEM_CONFIG: dict[str, int] = {
     "health_check_timeout_ms": 500,
     "health_check_failure_threshold": 4,
 }
+
+# Ray's raylet starts at most `worker_maximum_startup_concurrency` worker processes at once
+# (default: the node's CPU count) and warns the driver each time its workers reach another
+# multiple of 4x that number ("N PYTHON worker processes have been started ..."), a sign of
+# tasks blocked in ray.get. raylog runs one process per replica on purpose, so a cluster it
+# starts allows 4 starts per CPU: `raylog up`'s own processes stay below the warning, and a
+# topic's replicas start no slower. Far more at once thrashes a small machine (docs/DESIGN.md).
+STARTUP_CONCURRENCY_PER_CPU = 4
+
+
+def system_config() -> dict[str, int]:
+    """Ray's system config for a cluster raylog starts: FAST_DEATH_SYSTEM_CONFIG and the worker
+    start concurrency (STARTUP_CONCURRENCY_PER_CPU per CPU of this machine)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        **FAST_DEATH_SYSTEM_CONFIG,
+        "worker_maximum_startup_concurrency": STARTUP_CONCURRENCY_PER_CPU * max(1, cpus or 1),
+    }
+
 
 # Unix socket paths must stay under 108 bytes; Ray appends about 60 to its temp dir.
 _RAY_TEMP_DIR_LEN_MAX = 40

@@ -16,7 +16,11 @@ Create/Describe/DeleteAcls, Describe/AlterClientQuotas) and handing out producer
    controller's current metadata, and writes nothing.
 4. CreateTopics, DeleteTopics and CreatePartitions answer as Kafka does: with ``timeout_ms`` <= 0
    once the controller committed the change; else once this broker's metadata shows it, or
-   REQUEST_TIMED_OUT (7) if it does not within ``timeout_ms``.
+   REQUEST_TIMED_OUT (7) if it does not within ``timeout_ms``. CreateTopics waits, in the same
+   ``timeout_ms``, until every partition has a leader that serves (the controller's
+   ``topic_readiness``: the replicas are Ray actors that take a while to start); a topic whose
+   partitions do not all serve in time stays, being created, and is answered REQUEST_TIMED_OUT
+   with what is pending.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ log = logging.getLogger(__name__)
 
 ADMIN_CALL_TIMEOUT_MS = 30_000  # bound on one admin call to the controller (a CAS write or two)
 VIEW_POLL_S = 0.02  # how often a create/delete looks for its result in the local metadata
+READY_WAIT_MS_MAX = 10_000  # one topic_readiness call waits this long at most (then asks again)
 VALIDATE_ONLY_TOPIC_ID = "validate-only"  # never stored: validate_only writes nothing
 
 
@@ -99,9 +104,40 @@ class ControllerAdmin:
             await self.call("create_topic", name, partitions, rf, configs, chosen)
         except RaylogError as exc:
             return AdminResult(exc.error_code, one_line(exc))
+        if timeout_ms <= 0:
+            return AdminResult(ErrorCode.NONE)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_ms / 1000
+        waited = await self._wait_serving(name, timeout_ms, deadline)
+        if waited.error_code != ErrorCode.NONE:
+            return waited
+        remaining_ms = max(1, int((deadline - loop.time()) * 1000))
         return await self._wait_view(
-            lambda topics: name in topics, timeout_ms, f"Topic {name!r} was created but is"
+            lambda topics: name in topics, remaining_ms, f"Topic {name!r} was created but is"
         )
+
+    async def _wait_serving(self, name: str, timeout_ms: int, deadline: float) -> AdminResult:
+        """Step 4 for CreateTopics: until every partition of ``name`` serves, or the deadline
+        (REQUEST_TIMED_OUT naming what is pending)."""
+        loop = asyncio.get_running_loop()
+        while True:  # bounded by the deadline: each call waits at most until it
+            wait_ms = int(max(0.0, deadline - loop.time()) * 1000)
+            try:
+                readiness = await self.call(
+                    "topic_readiness", name, min(wait_ms, READY_WAIT_MS_MAX)
+                )
+            except RaylogError as exc:
+                return AdminResult(exc.error_code, one_line(exc))
+            if readiness.done:
+                return AdminResult(ErrorCode.NONE)
+            if loop.time() >= deadline:
+                pending = [p for p, _ in readiness.pending]
+                return AdminResult(
+                    ErrorCode.REQUEST_TIMED_OUT,
+                    f"Topic {name!r} was created, but after {timeout_ms} ms "
+                    f"{len(pending)} of {readiness.partitions} partitions have no serving "
+                    f"leader yet (partitions {pending[:10]}); it is still being created",
+                )
 
     async def delete_topic(self, name: str, timeout_ms: int) -> AdminResult:
         try:

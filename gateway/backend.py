@@ -299,8 +299,9 @@ class AdminBackend(Backend, Protocol):
     async def create_topic(
         self, topic: NewTopic, validate_only: bool, timeout_ms: int
     ) -> AdminResult:
-        """Create a topic. With ``timeout_ms`` > 0 it returns once the topic is in this
-        broker's metadata, else REQUEST_TIMED_OUT (7); with 0 once the controller committed it
+        """Create a topic. With ``timeout_ms`` > 0 it returns once every partition has a
+        serving leader and the topic is in this broker's metadata, else REQUEST_TIMED_OUT (7)
+        (the topic stays, being created); with 0 or less once the controller committed it
         (Kafka's rule)."""
         ...
 

@@ -67,7 +67,9 @@ def run_on_cluster(args: argparse.Namespace, argv: list[str]) -> int | None:
         return None
     try:
         # The data dir as this process resolved it: `raylog up` runs in another directory.
-        answer = cli_server.request(info.admin_port, token, [*argv, "--data-dir", str(data_dir)])
+        answer = cli_server.request(
+            info.admin_port, token, [*argv, "--data-dir", str(data_dir)], on_stderr=_to_stderr
+        )
     except cli_server.NotServed:
         return None
     except (OSError, ValueError) as e:
@@ -75,8 +77,12 @@ def run_on_cluster(args: argparse.Namespace, argv: list[str]) -> int | None:
         return 1
     sys.stdout.write(answer["stdout"])
     sys.stdout.flush()
-    sys.stderr.write(answer["stderr"])
-    return int(answer["code"])
+    return int(answer["code"])  # its stderr was written as it came
+
+
+def _to_stderr(text: str) -> None:
+    sys.stderr.write(text)
+    sys.stderr.flush()
 
 
 def join(args: argparse.Namespace) -> None:

@@ -14,7 +14,9 @@ broker, not the cluster's internals.
 - The answer is the command's exit code and what it wrote to stdout and stderr. Each request
   runs in its own thread; what a command prints is routed to that request by a per-thread
   stream (:class:`ThreadRoutedStream`), so concurrent commands and the cluster's own lines do
-  not mix.
+  not mix. The answer is a stream of JSON lines: what the command writes to stderr as it
+  writes it (``{"stderr": text}``: progress of a long wait, such as `topics create`'s), then
+  ``{"code", "stdout", "stderr"}`` once it returned.
 - The CLI falls back to joining Ray itself when ``cluster.json`` names no endpoint or nothing
   listens on it (a connection refused before the request is sent). A request that was sent and
   then failed is reported, never retried: the command may have run.
@@ -45,6 +47,8 @@ REQUEST_BYTES_MAX = 64 << 10  # a command line, as JSON
 # client waits a little longer than the longest of them.
 CLIENT_TIMEOUT_S = 3900.0
 CONNECT_TIMEOUT_S = 5.0
+ANSWER_LINE_BYTES_MAX = 64 << 20  # one line of the answer (the last carries all of stdout)
+STREAM_TYPE = "application/x-ndjson"
 
 Runner = Callable[[list[str]], int]
 
@@ -123,9 +127,12 @@ class CommandServer:
         self._httpd.shutdown()
         self._httpd.server_close()
 
-    def execute(self, argv: list[str]) -> dict[str, Any]:
-        """Runs one command in this thread, its output captured."""
-        out, err = io.StringIO(), io.StringIO()
+    def execute(
+        self, argv: list[str], on_stderr: Callable[[str], None] | None = None
+    ) -> dict[str, Any]:
+        """Runs one command in this thread, its output captured; ``on_stderr`` is handed
+        each write to stderr as it happens."""
+        out, err = io.StringIO(), _Forwarding(on_stderr)
         # Routed at each command: whoever replaced sys.stdout since (a test's capture) is kept.
         with _routed("stdout").capture(out), _routed("stderr").capture(err):
             try:
@@ -174,17 +181,53 @@ class CommandServer:
                     return self._answer(400, {"error": "up is not run by a running cluster"})
                 if server._closed.is_set():
                     return self._answer(503, {"error": "the cluster is stopping"})
-                self._answer(200, server.execute(argv))
+                # The body ends when the connection closes (HTTP/1.0), one JSON line at a time.
+                self.send_response(200)
+                self.send_header("Content-Type", STREAM_TYPE)
+                self.end_headers()
+                gone = threading.Event()  # the client went away: the command still finishes
+
+                def line(body: dict[str, Any]) -> None:
+                    if gone.is_set():
+                        return
+                    try:
+                        self.wfile.write(json.dumps(body).encode() + b"\n")
+                        self.wfile.flush()
+                    except OSError:
+                        gone.set()
+
+                line(server.execute(argv, lambda text: line({"stderr": text})))
 
         return Handler
+
+
+class _Forwarding(io.StringIO):
+    """A captured stream that also hands every write to ``forward`` (when given)."""
+
+    def __init__(self, forward: Callable[[str], None] | None) -> None:
+        super().__init__()
+        self._forward = forward
+
+    def write(self, text: str) -> int:
+        written = super().write(text)
+        if self._forward is not None and text:
+            self._forward(text)
+        return written
 
 
 class NotServed(Exception):
     """Nothing took the request: the caller may run the command some other way."""
 
 
-def request(port: int, token: str, argv: list[str], host: str = HOST) -> dict[str, Any]:
-    """Has the `raylog up` listening on ``port`` run ``argv``; its code, stdout and stderr.
+def request(
+    port: int,
+    token: str,
+    argv: list[str],
+    host: str = HOST,
+    on_stderr: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Has the `raylog up` listening on ``port`` run ``argv``; its code, stdout and stderr
+    (all of it); ``on_stderr`` is handed what the command writes to stderr as it comes.
 
     Raises :class:`NotServed` when nothing listens (the request never left), ``OSError`` or
     ``ValueError`` when it failed after it was sent.
@@ -200,9 +243,19 @@ def request(port: int, token: str, argv: list[str], host: str = HOST) -> dict[st
         conn.sock.settimeout(CLIENT_TIMEOUT_S)
         conn.request("POST", PATH, body, {TOKEN_HEADER: token, "Content-Type": "application/json"})
         response = conn.getresponse()
-        answer = json.loads(response.read())
+        if response.status != 200:
+            raise ValueError(
+                f"the cluster refused the command ({response.status}): "
+                f"{response.read(REQUEST_BYTES_MAX).decode(errors='replace')}"
+            )
+        while True:  # one line per write to stderr; bounded by the command's own waits
+            raw = response.readline(ANSWER_LINE_BYTES_MAX)
+            if not raw.endswith(b"\n"):
+                raise ValueError("the answer ended early or has a line over the limit")
+            event = json.loads(raw)
+            if "code" in event:
+                return dict(event)
+            if on_stderr is not None:
+                on_stderr(str(event["stderr"]))
     finally:
         conn.close()
-    if response.status != 200:
-        raise ValueError(f"the cluster refused the command ({response.status}): {answer}")
-    return answer

@@ -1,5 +1,11 @@
 """`raylog topics create|delete|list|describe`, as Kafka's ``kafka-topics.sh`` does them.
 
+``create`` waits until every partition serves: a leader that accepts writes and its ISR
+following (the controller's ``topic_readiness``), with progress on stderr for waits longer than
+PROGRESS_AFTER_S. At its deadline (``--timeout``) the topic exists and its replicas are still
+starting: it says what is pending and how to follow it, and exits EXIT_STILL_CREATING, not 1
+(1 is a creation refused, with the reason).
+
 ``describe`` prints what ``kafka-topics.sh --describe`` prints (a topic line, then a line per
 partition), or JSON with ``--json``; partition health comes from
 ``raylog.actors.control.health``, the same code `raylog status` and the metrics use.
@@ -8,7 +14,9 @@ partition), or JSON with ``--json``; partition health comes from
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+import time
 from typing import Any
 
 from raylog.actors.cli.client import (
@@ -20,7 +28,13 @@ from raylog.actors.cli.client import (
 )
 from raylog.actors.cli.text import ids, parse_configs, print_json
 
-RECONCILE_WAIT_S = 30.0  # how long create and delete wait for every broker to apply them
+RECONCILE_WAIT_S = 30.0  # how long delete waits for every broker to apply it
+CREATE_WAIT_S = 120.0  # `topics create --timeout`'s default: until every partition serves
+PROGRESS_AFTER_S = 2.0  # a longer wait shows progress on stderr
+PROGRESS_EVERY_S = 5.0  # and again this often while the count stands still
+READY_POLL_MS = 1_000  # one topic_readiness call waits this long at most
+EXIT_STILL_CREATING = 3  # the topic was created; its partitions did not all serve in time
+PENDING_SHOWN_MAX = 10  # partitions named in the deadline message
 
 
 def wait_reconciled(controller: Any) -> bool:
@@ -38,11 +52,69 @@ def cmd_create(args: argparse.Namespace) -> int:
     configs = parse_configs(args.config or [])
     controller = connect(args)
     call(controller, "create_topic", args.name, args.partitions, args.replication_factor, configs)
-    # Leaders elected and every broker hosting its replicas: clients can produce at once.
-    if not wait_reconciled(controller):
-        print(f"raylog: topic {args.name} created; replicas not all started yet", file=sys.stderr)
-    print(f"Created topic {args.name}.", flush=True)
-    return 0
+    readiness = wait_serving(args, controller, args.name, args.timeout)
+    if readiness is not None and readiness.done:
+        print(f"Created topic {args.name}.", flush=True)
+        return 0
+    print(still_creating(args.name, readiness, args.timeout), file=sys.stderr)
+    return EXIT_STILL_CREATING
+
+
+def wait_serving(args: argparse.Namespace, controller: Any, name: str, timeout_s: float) -> Any:
+    """The topic's last readiness (``reconciler.TopicReadiness``) once every partition serves
+    or at the deadline (None if the controller never answered). Progress goes to stderr after
+    PROGRESS_AFTER_S; a controller that fails meanwhile (a failover) is looked up again."""
+    began = time.monotonic()
+    deadline = began + timeout_s
+    readiness, shown, shown_at = None, -1, 0.0
+    while True:  # bounded by the deadline
+        wait_ms = int(max(0.0, min(READY_POLL_MS / 1000, deadline - time.monotonic())) * 1000)
+        try:
+            readiness = call(controller, "topic_readiness", name, wait_ms)
+        except CliError:
+            if time.monotonic() >= deadline:
+                return readiness
+            time.sleep(READY_POLL_MS / 1000)
+            with contextlib.suppress(CliError):  # still none: the next call fails and retries
+                controller = connect(args)
+            continue
+        now = time.monotonic()
+        if readiness.done or now >= deadline:
+            return readiness
+        count = len(readiness.serving)
+        if now - began >= PROGRESS_AFTER_S and (
+            count != shown or now - shown_at >= PROGRESS_EVERY_S
+        ):
+            started = readiness.replicas_started
+            replicas = f", {started}/{readiness.replicas} replicas started" if started >= 0 else ""
+            print(
+                f"raylog: {name}: {count}/{readiness.partitions} partitions ready{replicas}",
+                file=sys.stderr,
+                flush=True,
+            )
+            shown, shown_at = count, now
+
+
+def still_creating(name: str, readiness: Any, timeout_s: float) -> str:
+    """The deadline message: the topic exists, what is pending, how to follow it."""
+    follow = f"follow it with `raylog topics describe {name}`"
+    if readiness is None:
+        return (
+            f"raylog: topic {name} created; the controller did not say within {timeout_s:.0f} s "
+            f"whether its partitions serve; {follow}"
+        )
+    pending = [p for p, _ in readiness.pending]
+    waits = sorted({b for _, brokers in readiness.pending for b in brokers if b >= 0})
+    named = ", ".join(str(p) for p in pending[:PENDING_SHOWN_MAX])
+    more = (
+        f" and {len(pending) - PENDING_SHOWN_MAX} more" if len(pending) > PENDING_SHOWN_MAX else ""
+    )
+    on = f" (waiting for brokers {ids(waits)})" if waits else " (waiting for leaders)"
+    return (
+        f"raylog: topic {name} created; after {timeout_s:.0f} s {len(pending)} of "
+        f"{readiness.partitions} partitions are still starting: {named}{more}{on}; the creation "
+        f"goes on: {follow}"
+    )
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
@@ -151,6 +223,14 @@ def add_subcommands(sub: Any) -> None:
     create.add_argument("--replication-factor", type=int, default=3)
     create.add_argument(
         "--config", action="append", metavar="KEY=VALUE", help="a topic config (repeatable)"
+    )
+    create.add_argument(
+        "--timeout",
+        type=float,
+        default=CREATE_WAIT_S,
+        metavar="S",
+        help=f"wait at most S seconds for every partition to serve (default {CREATE_WAIT_S:.0f}); "
+        f"then exit {EXIT_STILL_CREATING}: created, still starting",
     )
     create.set_defaults(func=cmd_create)
     add_cluster_args(create)

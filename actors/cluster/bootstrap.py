@@ -7,7 +7,8 @@ In order (`raylog up` runs these steps; a test or another tool can run them with
 3. :func:`open_store` and :func:`cluster_id`: the object store holding the cluster's identity,
    lease and metadata, and the identity itself, created once and kept;
 4. :func:`start_ray`: Ray started with the cluster's environment (token authentication,
-   loopback, fast death detection, its temp dir under the data dir; ``raylog.actors.raycluster``)
+   loopback, fast death detection, worker start concurrency, its temp dir under the data dir;
+   ``raylog.actors.raycluster``)
    or joined at a given address; it returns the :class:`ClusterInfo` that ``cluster.json``
    records for other processes;
 5. the cluster's actors: ``raylog.actors.cluster.embedded`` or ``raylog.actors.cluster.raynodes``.
@@ -107,7 +108,7 @@ def start_ray(data_dir: Path, address: str | None = None) -> ClusterInfo:
         init_kwargs["address"] = address
     else:
         init_kwargs["_temp_dir"] = env["RAY_TMPDIR"]
-        init_kwargs["_system_config"] = raycluster.FAST_DEATH_SYSTEM_CONFIG
+        init_kwargs["_system_config"] = raycluster.system_config()
     try:
         ray.init(**init_kwargs)
     except Exception as e:

@@ -30,6 +30,10 @@ Rules:
    fenced or confirmed dead.
 4. The reconciled metadata epoch: the newest version every unfenced broker was found to have
    applied in full (``wait_reconciled``).
+5. A partition serves (``serving``, what topic creation waits for) once it has a leader and
+   the leader and every other ISR member last applied in full a push carrying the role command
+   they must have now: the leader accepts writes and acks=all ones complete. Each broker counts
+   from its own last applied push, so partitions serve as their brokers finish, not when all do.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from enum import Enum
 import msgspec
 
 from raylog.actors.control import config_keys, election
-from raylog.actors.control.metadata import ClusterMetadata, TopicPartition
+from raylog.actors.control.metadata import NO_LEADER, ClusterMetadata, TopicPartition
 from raylog.actors.replication.messages import BecomeFollower, BecomeLeader, BecomeObserver
 
 FOLLOWERS = "followers"  # phase 1: demotions and followers
@@ -72,6 +76,24 @@ def throttle_bytes_per_sec(md: ClusterMetadata, static_configs: Mapping[str, str
     configs = {**static_configs, **md.dynamic_broker_configs}
     rate = config_keys.broker_config(configs).leader_replication_throttled_rate
     return 0 if rate >= UNTHROTTLED_RATE_MIN else rate
+
+
+class TopicReadiness(msgspec.Struct, frozen=True):
+    """Which partitions of a topic serve (rule 5); ``pending`` by partition, each with the
+    brokers it waits for (its leader's or an ISR member's push, or no leader at all: -1).
+    ``replicas``: the topic's replicas; ``replicas_started``: how many of them their brokers
+    host, running (-1: not asked; the caller fills it in)."""
+
+    topic: str
+    partitions: int
+    serving: tuple[int, ...]
+    pending: tuple[tuple[int, tuple[int, ...]], ...]
+    replicas: int = 0
+    replicas_started: int = -1
+
+    @property
+    def done(self) -> bool:
+        return not self.pending
 
 
 class Outcome(Enum):
@@ -247,6 +269,35 @@ class Reconciler:
                 )
         return specs
 
+    def readiness(self, md: ClusterMetadata, topic: str) -> TopicReadiness:
+        """Rule 5 for every partition of ``topic`` (KeyError when it does not exist)."""
+        t = md.topics[topic]
+        applied: dict[int, dict[tuple[str, int], ReplicaSpec]] = {}
+        wanted: dict[int, dict[tuple[str, int], ReplicaSpec]] = {}
+
+        def has_applied(broker_id: int, key: tuple[str, int]) -> bool:
+            if broker_id not in applied:
+                link = self._live_link(md, broker_id)
+                pushed = (link.pushed if link is not None else None) or []
+                applied[broker_id] = {(s.topic, s.partition): s for s in pushed}
+                wanted[broker_id] = {(s.topic, s.partition): s for s in self.desired(md, broker_id)}
+            spec = applied[broker_id].get(key)
+            return spec is not None and spec == wanted[broker_id].get(key)
+
+        serving, pending = [], []
+        for p in t.partitions:
+            if p.leader == NO_LEADER:
+                pending.append((p.partition, (NO_LEADER,)))
+                continue
+            members = dict.fromkeys((p.leader, *p.isr))
+            waiting = tuple(b for b in members if not has_applied(b, (topic, p.partition)))
+            if waiting:
+                pending.append((p.partition, waiting))
+            else:
+                serving.append(p.partition)
+        replicas = sum(len(p.replicas) for p in t.partitions)
+        return TopicReadiness(topic, len(t.partitions), tuple(serving), tuple(pending), replicas)
+
     # --- a round ------------------------------------------------------------------------------
 
     def round(self, md: ClusterMetadata, now_ms: int) -> list[Push]:
@@ -405,5 +456,6 @@ __all__ = [
     "Reconciler",
     "ReplicaSpec",
     "RoleCommand",
+    "TopicReadiness",
     "throttle_bytes_per_sec",
 ]

@@ -13,8 +13,9 @@ Kafka's rules kept here (``ZkAdminManager`` / ``ReplicationControlManager``):
 - Everything else is the controller's verdict: TOPIC_ALREADY_EXISTS (36), INVALID_PARTITIONS
   (37), INVALID_REPLICATION_FACTOR (38), INVALID_TOPIC_EXCEPTION (17), each with a message.
 - ``validate_only`` runs every check and creates nothing. ``timeout_ms`` > 0: the answer waits
-  until the topic is in this broker's metadata (REQUEST_TIMED_OUT if not in time, though the
-  topic was created); 0: it comes once the controller committed the topic.
+  until every partition has a leader that serves and the topic is in this broker's metadata
+  (REQUEST_TIMED_OUT if not in time, though the topic was created and goes on being created);
+  0 or less: it comes once the controller committed the topic.
 
 Topics in one request are created concurrently; the controller serialises its writes.
 

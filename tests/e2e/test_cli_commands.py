@@ -2,13 +2,14 @@
 
 Proves: `topics list|describe` (kafka-topics.sh lines, `--under-replicated-partitions`, `--json`),
 `configs describe|alter`, `brokers list` (`--json`: id, rack, address, state, partitions led),
-`status` (`--json`); `topics delete` removes a topic and its replicas' data and refuses the
-internal topic; `brokers kill` is a crash: `topics describe` then shows a new leader and the
-shrunk ISR, and the broker reads fenced; `brokers start` brings it back with the same id and
-port and the ISR expands again; `leader-election --preferred` moves leadership back;
-`brokers stop` is a controlled shutdown (the broker reads shutdown, leads nothing) and `brokers
-start` undoes it; `brokers start` replaces a broker whose actor died for good (Ray will not
-restart it) and refuses one that runs; a failing command exits 1 with one line.
+`status` (`--json`); `topics create` past its `--timeout` exits 3 saying the topic was created, what
+is pending and how to follow it, and the topic then serves acks=all writes; `topics delete` removes
+a topic and its replicas' data and refuses the internal topic; `brokers kill` is a crash: `topics
+describe` then shows a new leader and the shrunk ISR, and the broker reads fenced; `brokers start`
+brings it back with the same id and port and the ISR expands again; `leader-election --preferred`
+moves leadership back; `brokers stop` is a controlled shutdown (the broker reads shutdown, leads
+nothing) and `brokers start` undoes it; `brokers start` replaces a broker whose actor died for good
+(Ray will not restart it) and refuses one that runs; a failing command exits 1 with one line.
 
 On the session's shared cluster (tests/conftest.py), healed first: the topics earlier modules
 left there (`__consumer_offsets`) stay, so every listing and count is checked against what the
@@ -172,6 +173,38 @@ def test_topics_delete(up: UpProcess, others: Described) -> None:
     assert "Unknown topic 'scratch'" in failure_line(up.raylog("topics", "delete", "scratch"))
     internal = failure_line(up.raylog("topics", "delete", "__consumer_offsets"))
     assert "internal" in internal
+
+
+def test_create_past_its_deadline_says_the_topic_is_still_being_created(up: UpProcess) -> None:
+    from raylog.actors.cli.topics import EXIT_STILL_CREATING
+
+    proc = up.raylog(
+        "topics", "create", "slow", "--partitions", "3", "--replication-factor", "3",
+        "--timeout", "0",
+    )  # fmt: skip
+    assert proc.returncode == EXIT_STILL_CREATING, proc.stderr
+    assert proc.stdout == ""
+    said = proc.stderr.strip()
+    assert said.startswith("raylog: topic slow created;"), said
+    assert "partitions are still starting" in said and "the creation goes on" in said
+    assert "`raylog topics describe slow`" in said
+    assert "slow" in ok(up.raylog("topics", "list")).split()
+    # The creation went on: every partition takes acks=all writes.
+    producer = Producer({"bootstrap.servers": up.bootstrap, "acks": "all"})
+    acked: list[int] = []
+
+    def delivered(err: Any, msg: Any) -> None:
+        if err is None:
+            acked.append(msg.partition())
+
+    def all_acked() -> bool:
+        for p in set(range(3)) - set(acked):
+            producer.produce("slow", b"v", partition=p, on_delivery=delivered)
+        producer.flush(5)
+        return set(acked) == {0, 1, 2}
+
+    wait_until(all_acked, timeout_s=WAIT_S, interval_s=0.5, message="every partition of slow acks")
+    assert ok(up.raylog("topics", "delete", "slow")).strip() == "Deleted topic slow."
 
 
 def test_failures_are_one_line_and_exit_1(up: UpProcess) -> None:

@@ -1,13 +1,14 @@
 """The command endpoint of `raylog up` (actors/cli/server.py), over real loopback HTTP.
 
 Proves: a request with the admin token runs the command and returns its exit code, stdout and
-stderr; two commands running at once each get only their own output, and what other threads
-print meanwhile goes to the process's own streams; a usage error (SystemExit) and a crashing
-command come back as exit codes 2 and 1 and the server keeps serving; a wrong or missing token,
-a body that is not ``{"argv": [strings]}``, an oversized body, `up` itself and another path are
-refused before anything runs; a closed port is :class:`NotServed` (the CLI then joins Ray
-itself); the token file is private to its owner. The commands here are small functions: the
-real commands are run through the endpoint by tests/e2e/test_cli_commands.py.
+stderr; what the command writes to stderr reaches the client while it still runs; two commands
+running at once each get only their own output, and what other threads print meanwhile goes to the
+process's own streams; a usage error (SystemExit) and a crashing command come back as exit codes 2
+and 1 and the server keeps serving; a wrong or missing token, a body that is not ``{"argv":
+[strings]}``, an oversized body, `up` itself and another path are refused before anything runs; a
+closed port is :class:`NotServed` (the CLI then joins Ray itself); the token file is private to its
+owner. The commands here are small functions: the real commands are run through the endpoint by
+tests/e2e/test_cli_commands.py.
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ def _runner(argv: list[str]) -> int:
             entered[name].set()
             assert release[name].wait(10), "the test released the command"
             print(f"{name} done")
+            return 0
+        case ["progress"]:
+            print("12/30 partitions ready", file=sys.stderr, flush=True)
+            assert release["a"].wait(10), "the test released the command"
+            print("done")
             return 0
         case ["fail"]:
             raise RuntimeError("boom")
@@ -106,6 +112,30 @@ def test_concurrent_commands_keep_their_own_output(
     assert answers["a"]["stdout"] == "a started\na done\n"
     assert answers["b"]["stdout"] == "b started\nb done\n"
     assert "the process's own line" in capsys.readouterr().out
+
+
+def test_stderr_reaches_the_client_while_the_command_runs(
+    server: cli_server.CommandServer,
+) -> None:
+    seen = threading.Event()
+    streamed: list[str] = []
+    answers: list[dict] = []
+
+    def on_stderr(text: str) -> None:
+        streamed.append(text)
+        seen.set()
+
+    def run() -> None:
+        answers.append(cli_server.request(server.port, TOKEN, ["progress"], on_stderr=on_stderr))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert seen.wait(10), "the progress line arrived"
+    assert answers == [], "while the command still runs"
+    release["a"].set()
+    thread.join(10)
+    assert "".join(streamed) == "12/30 partitions ready\n"
+    assert answers == [{"code": 0, "stdout": "done\n", "stderr": "12/30 partitions ready\n"}]
 
 
 def test_failures_come_back_as_exit_codes(server: cli_server.CommandServer) -> None:

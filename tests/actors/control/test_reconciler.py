@@ -1,6 +1,7 @@
 """The controller's reconciler (``raylog.actors.control.reconciler``): which broker is pushed
 which specs in which phase, which leader phase waits for which step-down, resyncs, what a
-failed push or a broker's confirmed death changes, and the reconciled metadata epoch.
+failed push or a broker's confirmed death changes, the reconciled metadata epoch, and which
+partitions serve (a leader and ISR that applied their commands: what topic creation waits for).
 
 Pure and fast: calls are answered by hand, in the order each test needs. The same class runs
 in ``ControllerActor`` (its Ray tests cover the Ray calls) and in the seeded simulator, whose
@@ -241,3 +242,32 @@ def test_only_the_leader_of_a_reassignment_gets_the_throttle() -> None:
     md = reassignment.start(md, {TP: [1, 2, 3]}).metadata
     assert [s.throttle_bytes_per_sec for s in rec.desired(md, 1)] == [4000]
     assert [s.throttle_bytes_per_sec for s in rec.desired(md, 3)] == [0]
+
+
+def test_a_partition_serves_once_its_leader_and_isr_applied_their_commands() -> None:
+    # Two partitions: p0 on 1,2,3 (1 leads), p1 on 2,3,1 (2 leads).
+    md = ClusterMetadata(cluster_id="c", controller_epoch=1)
+    for b in (1, 2, 3):
+        md = md_.register_broker(md, b, f"inc-{b}", None, "127.0.0.1", 9092 + b)
+    md = md_.create_topic(md, "w", "1" * 32, [[1, 2, 3], [2, 3, 1]])
+    rec = linked(md)
+    assert rec.readiness(md, "w").serving == ()
+    calls = by_broker(rec.round(md, 0))
+    # Every broker's push must end applied; broker 3's phase 1 fails: it is pushed again later.
+    leaders = [p for b in (1, 2) for p in rec.answered(calls[b], Outcome.APPLIED, md).pushes]
+    leaders += rec.answered(calls[3], Outcome.FAILED, md).pushes
+    for call in leaders:
+        rec.answered(call, Outcome.APPLIED, md)
+    readiness = rec.readiness(md, "w")
+    assert readiness.serving == () and not readiness.done
+    assert readiness.pending == ((0, (3,)), (1, (3,)))  # waiting for broker 3, an ISR member
+    answer_all(rec, md, rec.round(md, 1))
+    readiness = rec.readiness(md, "w")
+    assert readiness.done and readiness.serving == (0, 1)
+    assert (readiness.partitions, readiness.replicas, readiness.replicas_started) == (2, 6, -1)
+    # A new leader epoch: the partition waits for its brokers to apply the new commands.
+    w0 = TopicPartition("w", 0)
+    moved = reassignment.start(md, {w0: [2, 1, 3]}).metadata
+    moved = election.elect_leaders(moved, "preferred", [w0]).metadata
+    readiness = rec.readiness(moved, "w")
+    assert [p for p, _ in readiness.pending] == [0] and readiness.serving == (1,)
