@@ -86,18 +86,20 @@ def free_port_block(count: int) -> int:
 
 
 @contextlib.contextmanager
-def raylog_up(data_dir: Path) -> Iterator[str]:
+def raylog_up(data_dir: Path, brokers: int = 3) -> Iterator[str]:
     """`raylog up` in a subprocess; yields the bootstrap servers; SIGINT (by PID) at the end."""
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)
-    port = free_port_block(4)  # the 3 gateways, then the metrics endpoint (raylog up's default)
+    # the gateways, then the metrics endpoint (raylog up's default: the port after them)
+    port = free_port_block(brokers + 1)
     proc = subprocess.Popen(
-        [*RAYLOG, "up", "--brokers", "3", "--port", str(port), "--data-dir", str(data_dir)],
+        [*RAYLOG, "up", "--brokers", str(brokers), "--port", str(port),
+         "--data-dir", str(data_dir)],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
         env=env,
-    )
+    )  # fmt: skip
     try:
         assert proc.stdout is not None
         bootstrap = ""
