@@ -238,7 +238,7 @@ def test_a_gateways_mirror_appends_go_over_the_replica_channel(
             answers = []
             for data in source:  # bounded: the first calls go by Ray while the link connects
                 outcome = await calls.call(
-                    name, "mirror_append", (1, data, -1, TIMEOUT_MS),
+                    name, "mirror_append", (1, data, -1, TIMEOUT_MS, -1),
                     timeout_s=CALL_TIMEOUT_S, retry=False,
                 )  # fmt: skip
                 answers.append((outcome.error_code, outcome.appended, outcome.log_end_offset))
