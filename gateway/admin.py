@@ -16,11 +16,13 @@ Create/Describe/DeleteAcls, Describe/AlterClientQuotas) and handing out producer
    controller's current metadata, and writes nothing.
 4. CreateTopics, DeleteTopics and CreatePartitions answer as Kafka does: with ``timeout_ms`` <= 0
    once the controller committed the change; else once this broker's metadata shows it, or
-   REQUEST_TIMED_OUT (7) if it does not within ``timeout_ms``. CreateTopics waits, in the same
-   ``timeout_ms``, until every partition has a leader that serves (the controller's
-   ``topic_readiness``: the replicas are Ray actors that take a while to start); a topic whose
-   partitions do not all serve in time stays, being created, and is answered REQUEST_TIMED_OUT
-   with what is pending.
+   REQUEST_TIMED_OUT (7) if it does not within ``timeout_ms``. CreateTopics first waits, in the
+   same ``timeout_ms``, until every partition has a leader that serves (the controller's
+   ``topic_readiness``: the replicas are Ray actors that take a while to start), so a client
+   that produces right after the answer is served at once; partitions still starting at the
+   timeout do not fail the request (Kafka's CreateTopics succeeds once the topic is created):
+   they answer LEADER_NOT_AVAILABLE / NOT_LEADER_OR_FOLLOWER until they serve, which clients
+   retry.
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ class ControllerAdmin:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_ms / 1000
         waited = await self._wait_serving(name, timeout_ms, deadline)
-        if waited.error_code != ErrorCode.NONE:
+        if waited.error_code not in (ErrorCode.NONE, ErrorCode.REQUEST_TIMED_OUT):
             return waited
         remaining_ms = max(1, int((deadline - loop.time()) * 1000))
         return await self._wait_view(
@@ -118,7 +120,7 @@ class ControllerAdmin:
 
     async def _wait_serving(self, name: str, timeout_ms: int, deadline: float) -> AdminResult:
         """Step 4 for CreateTopics: until every partition of ``name`` serves, or the deadline
-        (REQUEST_TIMED_OUT naming what is pending)."""
+        (REQUEST_TIMED_OUT naming what is pending, which the caller logs past)."""
         loop = asyncio.get_running_loop()
         while True:  # bounded by the deadline: each call waits at most until it
             wait_ms = int(max(0.0, deadline - loop.time()) * 1000)
@@ -132,6 +134,7 @@ class ControllerAdmin:
                 return AdminResult(ErrorCode.NONE)
             if loop.time() >= deadline:
                 pending = [p for p, _ in readiness.pending]
+                log.info("topic %s created; partitions %s not serving yet", name, pending[:10])
                 return AdminResult(
                     ErrorCode.REQUEST_TIMED_OUT,
                     f"Topic {name!r} was created, but after {timeout_ms} ms "

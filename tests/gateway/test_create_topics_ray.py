@@ -6,9 +6,10 @@ Proves:
   serve;
 - ``timeout_ms`` > 0: NONE only once every partition's leader serves: at the answer the
   controller's readiness is done and an acks=all produce to every partition succeeds at once;
-- a ``timeout_ms`` too short for replicas to start: REQUEST_TIMED_OUT (7) with a message naming
-  the partitions pending; the topic stays, and its creation goes on until every partition
-  serves.
+- a ``timeout_ms`` too short for replicas to start: not a failure (Kafka's CreateTopics
+  succeeds once the topic is created): NONE once this broker's metadata shows the topic, else
+  REQUEST_TIMED_OUT saying it is not there yet; either way the topic stays, and its creation
+  goes on until every partition serves.
 """
 
 from __future__ import annotations
@@ -119,11 +120,11 @@ def test_a_timeout_answers_once_every_leader_serves(cluster: ControllerCluster) 
         assert outcome.error_code == 0, f"partition {p}: {outcome}"
 
 
-def test_a_short_timeout_times_out_and_the_creation_goes_on(cluster: ControllerCluster) -> None:
+def test_a_short_timeout_is_no_failure_and_the_creation_goes_on(cluster: ControllerCluster) -> None:
     result = create(cluster, "pending", 3, 1)
-    assert result.error_code == ErrorCode.REQUEST_TIMED_OUT
-    assert "was created" in result.error_message
-    assert "still being created" in result.error_message
+    assert result.error_code in (ErrorCode.NONE, ErrorCode.REQUEST_TIMED_OUT), result
+    if result.error_code == ErrorCode.REQUEST_TIMED_OUT:
+        assert "not in this broker's metadata" in result.error_message
     assert "pending" in cluster.call("metadata").topics
     wait_until(
         lambda: readiness(cluster, "pending", 5_000).done,
