@@ -30,6 +30,7 @@ from kafka.protocol.metadata import ApiVersionsResponse, MetadataResponse
 from kafka.record import default_records as kdr
 from support.gateway import HOST, InMemoryLogBackend, LiveGateway, sample_topics
 from support.kafka_batches import kafka_batch
+from support.waiting import wait_until_async
 
 from raylog.actors.transport.kafka_client import KafkaClient, KafkaClientError, LinkSecurity
 from raylog.actors.transport.kafka_connection import decode_response
@@ -379,8 +380,9 @@ def test_pipelined_answers_out_of_order() -> None:
         client = KafkaClient([f"{HOST}:{port}"], request_timeout_ms=TIMEOUT_MS)
         try:
             one = asyncio.ensure_future(client.metadata())
-            while not held:  # bounded by run()'s deadline: until the first request is in
-                await asyncio.sleep(0.01)
+            await wait_until_async(
+                lambda: held, timeout_s=TIMEOUT_MS / 1000, message="the first request in"
+            )
             two = await client.metadata()
             assert (await one).cluster_id == "first" and two.cluster_id == "second"
             assert len(connections) == 1

@@ -21,6 +21,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from support.group_coordinator import LogBackend, join, loaded
 from support.tansu import tansu_binary, tansu_broker
+from support.waiting import wait_until_async
 
 from raylog.actors.control import link_changes as lc
 from raylog.actors.control import metadata as m
@@ -82,11 +83,13 @@ def test_groups_are_synced_capped_and_skipped_while_active(source: str) -> None:
             reports.append((link, {g["group"]: g for g in groups}, error))
 
         async def reported(condition: Any) -> dict[str, dict[str, Any]]:
-            async with asyncio.timeout(TIMEOUT_S):
-                while True:  # bounded by the timeout
-                    if reports and condition(reports[-1][1]):
-                        return reports[-1][1]
-                    await asyncio.sleep(0.05)
+            await wait_until_async(
+                lambda: bool(reports) and condition(reports[-1][1]),
+                timeout_s=TIMEOUT_S,
+                interval_s=0.05,
+                message="a group sync report",
+            )
+            return reports[-1][1]
 
         sync = LinkGroups(1, coordinator, high_watermark, report)
         md = linked(source)
