@@ -15,7 +15,7 @@ import msgspec
 from raylog.actors.control import links as links_
 from raylog.actors.control import metadata as md_
 from raylog.actors.control.links import ClusterLink, MirrorInfo, SourceTopic
-from raylog.actors.control.metadata import ClusterMetadata, TopicMetadata
+from raylog.actors.control.metadata import ClusterMetadata, TopicMetadata, _bump
 from raylog.storage.errors import InvalidRequestError
 
 __all__ = [
@@ -35,10 +35,6 @@ def get_link(md: ClusterMetadata, name: str) -> ClusterLink:
         known = ", ".join(sorted(md.links)) or "none"
         raise InvalidRequestError(f"no link named {name!r} (links: {known})")
     return link
-
-
-def _bump(md: ClusterMetadata, **changes: object) -> ClusterMetadata:
-    return msgspec.structs.replace(md, metadata_epoch=md.metadata_epoch + 1, **changes)
 
 
 def _mirrors(md: ClusterMetadata) -> dict[str, MirrorInfo | None]:
