@@ -52,6 +52,12 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield bootstrap
 
 
+def row(msg: Any) -> Row:
+    """A confluent-kafka message (delivered or consumed) as the rows compared here."""
+    headers = list(msg.headers() or [])
+    return (msg.partition(), msg.offset(), msg.key(), msg.value(), headers, msg.timestamp()[1])
+
+
 def produce(bootstrap: str, topic: str, count: int, start: int) -> list[Row]:
     """``count`` records round-robin over the topic's partitions; the rows as delivered."""
     delivered: list[Row] = []
@@ -61,16 +67,7 @@ def produce(bootstrap: str, topic: str, count: int, start: int) -> list[Row]:
         if err is not None:
             errors.append(err)
             return
-        delivered.append(
-            (
-                msg.partition(),
-                msg.offset(),
-                msg.key(),
-                msg.value(),
-                list(msg.headers() or []),
-                msg.timestamp()[1],
-            )
-        )
+        delivered.append(row(msg))
 
     producer = Producer(
         {"bootstrap.servers": bootstrap, "compression.type": "lz4", "linger.ms": 5, "acks": "all"}
@@ -103,16 +100,7 @@ def read_all(bootstrap: str, topic: str, expected: int) -> list[Row]:
         def done() -> bool:
             for msg in consumer.consume(500, timeout=1.0):
                 if msg.error() is None:
-                    rows.append(
-                        (
-                            msg.partition(),
-                            msg.offset(),
-                            msg.key(),
-                            msg.value(),
-                            list(msg.headers() or []),
-                            msg.timestamp()[1],
-                        )
-                    )
+                    rows.append(row(msg))
             return len(rows) >= expected
 
         wait_until(
