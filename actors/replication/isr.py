@@ -20,6 +20,12 @@ Decisions:
   then be on at least min ISR replicas, so acks=1 writes made while the ISR is shrunk do not
   become visible to consumers on a single copy, and a later election (clean or from the
   eligible-leader set) cannot lose what consumers have read.
+- A follower outside the ISR that is caught up (by the rule below that keeps members in the ISR)
+  holds the HW as a member would (Kafka's shouldWaitForReplicaToJoinIsr). Reason: a follower
+  joins once its end reaches the HW; under a steady stream of appends a HW taken over the ISR
+  alone runs ahead of it by one fetch round trip's appends, and it would never join. Held
+  back, the HW waits for it and it joins within a fetch or two; if it stops fetching it stops
+  being caught up after ``replica.lag.time.max.ms`` and the HW moves on without it.
 - ISR membership (Kafka's Replica.updateFetchStateOrThrow): a follower's ``last_caught_up_ms``
   advances to the time of a fetch whose offset reaches the leader's log end at that fetch, or
   to the time of the previous fetch if this fetch reaches the leader's log end as it was then.
@@ -47,14 +53,16 @@ from dataclasses import dataclass
 
 from raylog.actors.replication.messages import UNDEFINED_OFFSET, AlterPartitionRequest
 
+NEVER = -1  # a follower outside the ISR has neither fetched nor caught up in this epoch yet
+
 
 @dataclass
 class FollowerState:
     """The leader's view of one follower or observer (Kafka's ReplicaState)."""
 
     log_end_offset: int = UNDEFINED_OFFSET  # unknown until it fetches in this epoch
-    last_caught_up_ms: int = 0
-    last_fetch_ms: int = 0
+    last_caught_up_ms: int = NEVER
+    last_fetch_ms: int = NEVER
     last_fetch_leader_log_end_offset: int = UNDEFINED_OFFSET
     # Push mode: where the follower's log ends once every push sent so far lands; None while
     # it catches up by fetching.
@@ -83,8 +91,8 @@ def reset_followers(
             continue
         in_isr = rid in members
         followers[rid] = FollowerState(
-            last_caught_up_ms=now_ms if in_isr else 0,
-            last_fetch_ms=now_ms if in_isr else 0,
+            last_caught_up_ms=now_ms if in_isr else NEVER,
+            last_fetch_ms=now_ms if in_isr else NEVER,
             last_fetch_leader_log_end_offset=leader_log_end_offset if in_isr else -1,
         )
     return followers
@@ -160,13 +168,34 @@ def maximal_isr(
     return tuple(sorted(set(isr) | set(alter_in_flight.new_isr)))
 
 
+def high_watermark_holders(
+    maximal: Iterable[int],
+    replicas: Iterable[int],
+    followers: Mapping[int, FollowerState],
+    leader_log_end_offset: int,
+    now_ms: int,
+    lag_time_max_ms: int,
+) -> tuple[int, ...]:
+    """The replicas whose log ends hold the HW: the maximal ISR and the followers outside it
+    that are caught up (observers never: they never join)."""
+    joining = [
+        rid
+        for rid in replicas
+        if rid in followers
+        and followers[rid].last_caught_up_ms != NEVER
+        and is_in_sync(followers[rid], leader_log_end_offset, now_ms, lag_time_max_ms)
+    ]
+    return tuple(sorted(set(maximal) | set(joining)))
+
+
 def high_watermark_candidate(
     replica_id: int,
     members: Iterable[int],
     followers: Mapping[int, FollowerState],
     durable_end_offset: int,
 ) -> int:
-    """The lowest log end over ``members`` (the maximal ISR), ours counted durable."""
+    """The lowest log end over ``members`` (``high_watermark_holders``), ours counted
+    durable."""
     candidate = durable_end_offset
     for rid in members:
         if rid != replica_id:

@@ -543,7 +543,7 @@ class LeaderSide(ReplicaState):
         """Kafka's updateFetchStateOrThrow, then ISR expansion and HW advance."""
         isr_rules.record_fetch(state, end_offset, self.log.log_end_offset, now_ms)
         self._maybe_expand_isr(replica_id, state, now_ms)
-        self._maybe_advance_high_watermark()
+        self._maybe_advance_high_watermark(now_ms)
         self._maybe_complete_deletes()
 
     def _maybe_expand_isr(self, replica_id: int, state: FollowerState, now_ms: int) -> None:
@@ -581,13 +581,21 @@ class LeaderSide(ReplicaState):
         self.alter_sent_ms = now_ms
         self._ready.alter_partition.append(request)
 
-    def _maybe_advance_high_watermark(self) -> None:
+    def _maybe_advance_high_watermark(self, now_ms: int) -> None:
         if self.role is not Role.LEADER:
             return
         if len(self.isr) < self.config.min_insync_replicas:
             return  # KIP-966: frozen while the committed ISR is below min.insync.replicas
+        holders = isr_rules.high_watermark_holders(
+            self.maximal_isr(),
+            self.replicas,
+            self.followers,
+            self.log.log_end_offset,
+            now_ms,
+            self.config.replica_lag_time_max_ms,
+        )
         new_hw = isr_rules.high_watermark_candidate(
-            self.replica_id, self.maximal_isr(), self.followers, self.log.durable_end_offset
+            self.replica_id, holders, self.followers, self.log.durable_end_offset
         )
         if new_hw <= self.log.high_watermark:
             return
@@ -598,6 +606,8 @@ class LeaderSide(ReplicaState):
         self._answer_parked(0, only_expired=False)  # parked fetchers learn the new HW at once
 
     def _tick_leader(self, now_ms: int) -> None:
+        # A follower outside the ISR that held the HW and stopped fetching stops holding it.
+        self._maybe_advance_high_watermark(now_ms)
         expired = [p for p in self.pending.values() if p.deadline_ms <= now_ms]
         for p in expired:
             self._complete(p, RequestTimedOutError.error_code, "not replicated within timeout")

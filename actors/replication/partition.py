@@ -241,7 +241,7 @@ class PartitionReplica(MirrorSide, FollowerSide):
             self.log.log_end_offset,
             now_ms,
         )
-        self._maybe_advance_high_watermark()
+        self._maybe_advance_high_watermark(now_ms)
 
     def _on_become_follower(self, msg: BecomeFollower, now_ms: int) -> None:
         self._become_follower_like(msg, Role.FOLLOWER, now_ms)
@@ -345,7 +345,7 @@ class PartitionReplica(MirrorSide, FollowerSide):
                 f"ISR {list(self.isr)} shrank below min.insync.replicas="
                 f"{self.config.min_insync_replicas} after the append",
             )
-        self._maybe_advance_high_watermark()
+        self._maybe_advance_high_watermark(now_ms)
         self._maybe_complete_deletes()  # a member that left no longer holds the low watermark
 
     # --- the local log --------------------------------------------------------------------------
@@ -355,7 +355,7 @@ class PartitionReplica(MirrorSide, FollowerSide):
             return  # a report from before a truncation, or nothing new
         if self.role is Role.LEADER:
             self._complete_durable()
-            self._maybe_advance_high_watermark()
+            self._maybe_advance_high_watermark(now_ms)
         elif self.role in (Role.FOLLOWER, Role.OBSERVER):
             self._follower_durable(now_ms)
 

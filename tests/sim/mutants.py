@@ -36,13 +36,14 @@ from .node import MirrorAnswer
 class IgnoresFollowersHighWatermark(PartitionReplica):
     """Known bug: the leader advances its HW to its own durable end, ignoring the ISR."""
 
-    def _maybe_advance_high_watermark(self) -> None:
-        saved = self.isr, self.alter_in_flight
+    def _maybe_advance_high_watermark(self, now_ms: int) -> None:
+        saved = self.isr, self.alter_in_flight, self.replicas
         self.isr, self.alter_in_flight = (self.replica_id,), None
+        self.replicas = (self.replica_id,)
         try:
-            super()._maybe_advance_high_watermark()
+            super()._maybe_advance_high_watermark(now_ms)
         finally:
-            self.isr, self.alter_in_flight = saved
+            self.isr, self.alter_in_flight, self.replicas = saved
 
 
 class SkipsTruncation(PartitionReplica):

@@ -25,6 +25,7 @@ from support.partition_steps import (
     results,
 )
 
+from raylog.actors.replication.isr import NEVER
 from raylog.actors.replication.messages import (
     AlterPartitionResponse,
     BatchMeta,
@@ -86,7 +87,7 @@ def test_caught_up_time_follows_kafkas_previous_fetch_rule() -> None:
     for i in range(10):
         produce(leader, i, acks=1)
     follower_fetch(leader, 1, 5, now_ms=100)  # behind the leader's end (10) at this fetch
-    assert leader.followers[1].last_caught_up_ms == 0
+    assert leader.followers[1].last_caught_up_ms == NEVER
     for i in range(10, 20):
         produce(leader, i, acks=1)
     # Reaches the leader end *as of the previous fetch* (10): caught up as of that fetch (100).
@@ -104,6 +105,51 @@ def test_isr_expands_when_follower_reaches_hw_and_epoch_start() -> None:
     assert follower_fetch(leader, 1, 6, 10).alter_partition == []  # >= HW, < epoch start
     ready = follower_fetch(leader, 1, 10, 20)
     assert [p.new_isr for p in ready.alter_partition] == [(0, 1)]
+
+
+def test_a_follower_trailing_a_steady_stream_of_appends_joins_the_isr() -> None:
+    # Every fetch of follower 1 reaches the leader's end as it was at the previous fetch, never
+    # its end now: acks=1 appends keep arriving in between. Caught up by Kafka's rule, it holds
+    # the HW (shouldWaitForReplicaToJoinIsr), so its end reaches the HW and it joins. A HW
+    # taken over the ISR alone runs one round trip ahead of it forever.
+    leader = make_leader(isr=(0,), replicas=(0, 1))
+    fetched_to = 0
+    for round_ in range(1, 6):
+        produce(leader, round_, acks=1)
+        make_durable(leader)
+        ready = follower_fetch(leader, 1, fetched_to, now_ms=round_ * 10)
+        fetched_to = leader.log_end_offset
+        if ready.alter_partition:
+            break
+    assert [p.new_isr for p in ready.alter_partition] == [(0, 1)]
+    assert round_ <= 3
+
+
+def test_a_caught_up_follower_outside_the_isr_holds_the_hw_until_it_lags() -> None:
+    leader = make_leader(isr=(0,), replicas=(0, 1), replica_lag_time_max_ms=1_000)
+    produce(leader, 1, acks=1)
+    make_durable(leader)
+    follower_fetch(leader, 1, 0, now_ms=10)  # its first fetch in this epoch: not caught up
+    produce(leader, 2, acks=1)
+    make_durable(leader)
+    assert leader.high_watermark == 2
+    follower_fetch(leader, 1, 1, now_ms=20)  # reached our end as of its previous fetch
+    produce(leader, 3, acks=1)
+    make_durable(leader)
+    assert leader.high_watermark == 2  # held by 1, caught up as of 10
+    leader.tick(1_010)
+    assert leader.high_watermark == 2
+    leader.tick(1_011)  # 1 stopped fetching more than replica.lag.time.max.ms ago
+    assert leader.high_watermark == leader.log_end_offset == 3
+
+
+def test_a_follower_that_never_caught_up_does_not_hold_the_hw() -> None:
+    leader = make_leader(isr=(0,), replicas=(0, 1, 2), observers=(5,))
+    for i in range(4):
+        produce(leader, i, acks=1)
+    make_durable(leader)
+    follower_fetch(leader, 5, 0, now_ms=10)  # an observer: never a holder
+    assert leader.high_watermark == 4  # 1 and 2 have not fetched in this epoch
 
 
 def test_observer_never_joins_isr() -> None:
