@@ -60,6 +60,7 @@ from raylog.storage.objectstore import (
     StoredObject,
     validate_key,
     validate_prefix,
+    validate_range,
 )
 
 _MAGIC = b"raylog-object 1 "
@@ -107,6 +108,20 @@ class LocalObjectStore(ObjectStore):
         except OSError as e:
             raise ObjectStoreError(f"cannot read {key!r} from {self._root}: {e}") from e
         return _decode(data, path)
+
+    def get_range(self, key: str, start: int, length: int) -> bytes | None:
+        path = self._path(key)
+        validate_range(start, length)
+        try:
+            with open(path, "rb") as f:  # a rename replaces the file whole: one version read
+                head = f.read(len(_MAGIC) + _ETAG_LENGTH_MAX + 1)
+                body_at = _body_start(head, path)
+                f.seek(body_at + start)
+                return f.read(length)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise ObjectStoreError(f"cannot read {key!r} from {self._root}: {e}") from e
 
     def list(self, prefix: str = "") -> list[str]:
         validate_prefix(prefix)
@@ -244,9 +259,15 @@ class LocalObjectStore(ObjectStore):
             os.close(fd)
 
 
-def _decode(data: bytes, path: Path) -> StoredObject:
+def _body_start(data: bytes, path: Path) -> int:
+    """Where the body starts in an object file beginning with ``data`` (its header at least)."""
     newline = data.find(b"\n", len(_MAGIC), len(_MAGIC) + _ETAG_LENGTH_MAX + 1)
     if not data.startswith(_MAGIC) or newline < 0:
         raise ObjectStoreError(f"corrupt object file {path}: bad header")
-    etag = data[len(_MAGIC) : newline].decode("ascii", errors="replace")
-    return StoredObject(body=data[newline + 1 :], etag=etag)
+    return newline + 1
+
+
+def _decode(data: bytes, path: Path) -> StoredObject:
+    body_at = _body_start(data, path)
+    etag = data[len(_MAGIC) : body_at - 1].decode("ascii", errors="replace")
+    return StoredObject(body=data[body_at:], etag=etag)

@@ -12,7 +12,9 @@ missing key counts as a lost ``If-Match``. Any other failure (timeout, connectio
 :class:`~raylog.storage.errors.ObjectStoreError`, after which the outcome of a write is unknown.
 
 ``get`` returns ``None`` for a missing key rather than raising: absence is an expected state
-(the lease before anyone took it, a topic that does not exist), not a failure.
+(the lease before anyone took it, a topic that does not exist), not a failure. ``get_range``
+reads a byte range of an object (GetObject with ``Range``), at most ``RANGE_LENGTH_MAX`` bytes:
+what tiered storage serves a fetch from without reading a whole segment.
 
 ETags are opaque strings, compared only for equality and only against the same store. Two
 implementations: :mod:`raylog.storage.s3store` (boto3; ETag = MD5 of the content, so rewriting
@@ -37,6 +39,8 @@ from raylog.storage.errors import ObjectStoreUnsupportedError, PreconditionFaile
 # store percent-encodes a key into one file name (at most 255 bytes), hence the modest length.
 KEY_LENGTH_MAX = 200
 LIST_KEYS_MAX = 100_000  # list() refuses to return more; metadata prefixes hold far fewer
+# get_range() refuses a longer range: two of the largest batches a log holds (64 MiB each).
+RANGE_LENGTH_MAX = 128 << 20
 
 _FORBIDDEN_KEY_CHARS = frozenset("\x00\\")
 
@@ -69,6 +73,15 @@ def validate_key(key: str) -> str:
     return key
 
 
+def validate_range(start: int, length: int) -> None:
+    """Raise ``ValueError`` unless ``start >= 0`` and ``0 < length <= RANGE_LENGTH_MAX``."""
+    if start < 0 or not 0 < length <= RANGE_LENGTH_MAX:
+        raise ValueError(
+            f"byte range start {start}, length {length}: need start >= 0 and "
+            f"0 < length <= {RANGE_LENGTH_MAX}"
+        )
+
+
 def validate_prefix(prefix: str) -> str:
     """Return ``prefix`` if it is a valid listing prefix ('' lists everything)."""
     if prefix == "":
@@ -89,6 +102,12 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     def get(self, key: str) -> StoredObject | None:
         """The current content and ETag of ``key``, or ``None`` if it does not exist."""
+
+    @abc.abstractmethod
+    def get_range(self, key: str, start: int, length: int) -> bytes | None:
+        """Bytes ``[start, start + length)`` of ``key``, fewer where the object ends first (b""
+        from its end on), or ``None`` if it does not exist. ``length`` is at most
+        ``RANGE_LENGTH_MAX`` (ValueError otherwise, and for a negative ``start``)."""
 
     @abc.abstractmethod
     def put(self, key: str, body: bytes) -> str:

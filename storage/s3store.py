@@ -42,6 +42,7 @@ from raylog.storage.objectstore import (
     StoredObject,
     validate_key,
     validate_prefix,
+    validate_range,
 )
 
 
@@ -122,6 +123,24 @@ class S3ObjectStore(ObjectStore):
         except BotoCoreError as e:
             raise _failure("GetObject", full, e) from e
         return StoredObject(body=body, etag=response["ETag"])
+
+    def get_range(self, key: str, start: int, length: int) -> bytes | None:
+        full = self._full(key)
+        validate_range(start, length)
+        try:
+            response = self._reads.get_object(
+                Bucket=self._bucket, Key=full, Range=f"bytes={start}-{start + length - 1}"
+            )
+            body = response["Body"].read(length)  # bounded even if a server ignores Range
+        except ClientError as e:
+            if _status(e) == 404 or _code(e) in ("NoSuchKey", "404"):
+                return None
+            if _status(e) == 416 or _code(e) == "InvalidRange":
+                return b""  # the range starts at or past the object's end
+            raise _failure("GetObject Range", full, e) from e
+        except BotoCoreError as e:
+            raise _failure("GetObject Range", full, e) from e
+        return bytes(body)
 
     def list(self, prefix: str = "") -> list[str]:
         full = self._prefix + validate_prefix(prefix)

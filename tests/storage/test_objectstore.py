@@ -1,11 +1,11 @@
 """The object-store contract, proved once and run against both implementations.
 
 One conformance suite, parametrized over the local directory store and the S3 store (against
-moto's real S3 server): conditional create/replace/delete answer 412 exactly when they must, keys
-are validated alike, listing is by prefix. Then what is specific to each: the local store's ETags
-never repeat (no ABA) and its conditional writes stay exclusive across racing processes; the S3
-store retries 409 a bounded number of times, maps errors, times out, and its start-up probe
-refuses a backend that ignores conditions.
+moto's real S3 server): conditional create/replace/delete answer 412 exactly when they must,
+keys are validated alike, listing is by prefix, byte ranges read what they name and are bounded.
+Then what is specific to each: the local store's ETags never repeat (no ABA) and its conditional
+writes stay exclusive across racing processes; the S3 store retries 409 a bounded number of
+times, maps errors, times out, and its start-up probe refuses a backend that ignores conditions.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from raylog.storage.errors import (
     PreconditionFailedError,
 )
 from raylog.storage.localstore import LocalObjectStore
-from raylog.storage.objectstore import ObjectStore, StoredObject
+from raylog.storage.objectstore import RANGE_LENGTH_MAX, ObjectStore, StoredObject
 from raylog.storage.s3store import S3ObjectStore
 
 
@@ -115,6 +115,26 @@ def test_invalid_keys_are_refused(store: ObjectStore, key: str) -> None:
 def test_rewrite_with_new_content_changes_etag(store: ObjectStore) -> None:
     etags = [store.put("k", b"a"), store.put("k", b"b"), store.put("k", b"a")]
     assert etags[0] != etags[1] and etags[1] != etags[2]
+
+
+def test_get_range_reads_a_byte_range(store: ObjectStore) -> None:
+    body = bytes(range(256)) * 4
+    store.put("seg/log", body)
+    assert store.get_range("seg/log", 0, 10) == body[:10]
+    assert store.get_range("seg/log", 300, 200) == body[300:500]
+    assert store.get_range("seg/log", 1000, 100) == body[1000:]  # the object ends first
+    assert store.get_range("seg/log", len(body), 5) == b""
+    assert store.get_range("seg/log", len(body) + 7, 5) == b""
+    assert store.get_range("seg/missing", 0, 5) is None
+    store.put("seg/empty", b"")
+    assert store.get_range("seg/empty", 0, 5) == b""
+
+
+@pytest.mark.parametrize("start, length", [(-1, 5), (0, 0), (0, -3), (0, RANGE_LENGTH_MAX + 1)])
+def test_get_range_is_bounded(store: ObjectStore, start: int, length: int) -> None:
+    store.put("k", b"value")
+    with pytest.raises(ValueError):
+        store.get_range("k", start, length)
 
 
 def test_probe_accepts_both(store: ObjectStore) -> None:

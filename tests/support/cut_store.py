@@ -25,6 +25,10 @@ class CutStore(ObjectStore):
         self._check()
         return self.inner.get(key)
 
+    def get_range(self, key: str, start: int, length: int) -> bytes | None:
+        self._check()
+        return self.inner.get_range(key, start, length)
+
     def put(self, key: str, body: bytes) -> str:
         self._check()
         return self.inner.put(key, body)
