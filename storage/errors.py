@@ -19,6 +19,7 @@ rather than defining exceptions of their own.
 | UnsupportedCompressionTypeError   | UNSUPPORTED_COMPRESSION_TYPE   |   76 |
 | InvalidRecordError                | INVALID_RECORD                 |   87 |
 | ObjectStoreError                  | KAFKA_STORAGE_ERROR            |   56 |
+| CorruptRemoteObjectError          | KAFKA_STORAGE_ERROR            |   56 |
 | PreconditionFailedError           | UNKNOWN_SERVER_ERROR (internal)|   -1 |
 | ObjectStoreUnsupportedError       | UNKNOWN_SERVER_ERROR (start-up)|   -1 |
 | UnknownTopicOrPartitionError      | UNKNOWN_TOPIC_OR_PARTITION     |    3 |
@@ -140,6 +141,17 @@ class ObjectStoreError(KafkaStorageError):
     A subclass of :class:`KafkaStorageError` (56) because it is the same kind of fault, storage
     that failed us, and clients that see it retry after refreshing metadata. The outcome of a
     write that raised this is unknown: it may or may not have been applied.
+    """
+
+    error_code = 56
+
+
+class CorruptRemoteObjectError(KafkaStorageError):
+    """A tiered-storage object whose bytes fail their CRC-32C (a record batch, an index, a
+    manifest, the remote log metadata): reported, never served.
+
+    KAFKA_STORAGE_ERROR (56), as a corrupt local segment is: corrupt stored bytes are a storage
+    fault, not bad client input (CORRUPT_MESSAGE is fatal to some clients).
     """
 
     error_code = 56

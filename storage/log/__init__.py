@@ -54,6 +54,7 @@ from raylog.storage.log.log import Log, wall_clock_ms
 from raylog.storage.log.reads import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, Extents, TimestampOffset
 from raylog.storage.log.rewrite import RewriteJob, RewriteRunner, Rewritten, rewrite_segments
 from raylog.storage.log.segment import CLEANED_SUFFIX
+from raylog.storage.log.segment_list import ClosedSegment
 from raylog.storage.log.state import LogStats
 from raylog.storage.log.txnindex import AbortedTxn
 
@@ -71,6 +72,7 @@ __all__ = [
     "AbortedTxn",
     "AppendInfo",
     "CleanResult",
+    "ClosedSegment",
     "EpochEntry",
     "Extents",
     "Log",

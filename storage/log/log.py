@@ -56,7 +56,7 @@ from raylog.storage.log.reads import (
 )
 from raylog.storage.log.recovery import recover
 from raylog.storage.log.rewrite import RewriteRunner, Rewritten, rewrite_segments
-from raylog.storage.log.segment_list import SegmentList
+from raylog.storage.log.segment_list import ClosedSegment, SegmentList
 from raylog.storage.log.state import LogState, LogStats
 from raylog.storage.log.txnindex import AbortedTxn
 
@@ -463,6 +463,17 @@ class Log:
                 snapshots.delete(self.directory, offset)
             except OSError as exc:
                 raise KafkaStorageError(f"snapshot of {self.directory}: {exc}") from exc
+
+    def closed_segments(self) -> list[ClosedSegment]:
+        """The closed segments, oldest first, with their files (what tiered storage copies)."""
+        with self._lock:
+            self._check_usable()
+            return self._state.segments.closed()
+
+    @property
+    def active_segment_size_bytes(self) -> int:
+        with self._lock:
+            return self._state.segments.active.size
 
     @property
     def active_segment_base_offset(self) -> int:

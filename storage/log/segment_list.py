@@ -11,14 +11,28 @@ released first. Not thread-safe: the Log calls it under its lock.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 from raylog.storage.log.segment import Segment, fsync_directory
 
 # Inactive segments with open descriptors and loaded indexes at once (LRU).
 MAX_OPEN_INACTIVE_SEGMENTS = 8
+
+
+class ClosedSegment(NamedTuple):
+    """A closed (inactive) segment as :meth:`Log.closed_segments` describes it: its files do
+    not change until retention, compaction or a truncation removes or replaces them."""
+
+    base_offset: int
+    next_offset: int  # the next segment's base offset
+    size_bytes: int
+    max_timestamp_ms: int
+    log_path: Path
+    txnindex_path: Path
 
 
 class SegmentList:
@@ -41,6 +55,16 @@ class SegmentList:
 
     def __getitem__(self, i: int) -> Segment:
         return self._segments[i]
+
+    def closed(self) -> list[ClosedSegment]:
+        """Every segment but the active one, oldest first."""
+        segs = self._segments
+        return [
+            ClosedSegment(
+                s.base_offset, n.base_offset, s.size, s.max_timestamp, s.log_path, s.txnindex_path
+            )
+            for s, n in itertools.pairwise(segs)
+        ]
 
     def head(self, count: int) -> list[Segment]:
         """The first ``count`` segments."""

@@ -29,19 +29,6 @@ from raylog.storage.localstore import LocalObjectStore
 from raylog.storage.objectstore import RANGE_LENGTH_MAX, ObjectStore, StoredObject
 from raylog.storage.s3store import S3ObjectStore
 
-
-@pytest.fixture(params=["local", "s3"])
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ObjectStore]:
-    if request.param == "local":
-        yield LocalObjectStore(tmp_path / "store")
-        return
-    kwargs: dict[str, Any] = request.getfixturevalue("s3_client_kwargs")
-    bucket = request.getfixturevalue("create_bucket")()
-    s3 = S3ObjectStore(bucket, prefix="cluster-1", **kwargs)  # runs the probe
-    yield s3
-    s3.close()
-
-
 # -- conformance: both implementations -------------------------------------------------------
 
 
