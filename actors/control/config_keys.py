@@ -20,6 +20,9 @@ Rules followed from Kafka:
   fails acks=all produce requests with NOT_ENOUGH_REPLICAS, so raylog does the same;
 - ``min.compaction.lag.ms`` must not exceed ``max.compaction.lag.ms`` (Kafka's
   ``LogConfig.validateValues``, with its message);
+- with ``remote.storage.enable=true``: no ``compact`` in ``cleanup.policy``, and
+  ``local.retention.ms`` / ``local.retention.bytes`` (-2: follow the total) within
+  ``retention.ms`` / ``retention.bytes`` (Kafka's validateValues, with its messages);
 - topic configs Kafka has but raylog does not implement (``compression.type``,
   ``file.delete.delay.ms``, ...) are unknown keys here, refused rather than silently ignored.
 """
@@ -70,6 +73,9 @@ class TopicConfig(msgspec.Struct, frozen=True, kw_only=True):
     min_cleanable_dirty_ratio: float
     min_compaction_lag_ms: int
     max_compaction_lag_ms: int
+    remote_storage_enable: bool
+    local_retention_ms: int  # -2 = follow retention.ms
+    local_retention_bytes: int  # -2 = follow retention.bytes
 
     @property
     def compact(self) -> bool:
@@ -216,6 +222,33 @@ TOPIC_CONFIG_DEFS: tuple[ConfigDef, ...] = (
         doc="Compacted topics: the longest a record may stay uncompacted; a partition holding "
         "one this old is cleaned whatever its dirty ratio.",
     ),
+    ConfigDef(
+        name="remote.storage.enable",
+        type="boolean",
+        default="false",
+        doc="Tiered storage (KIP-405): copy closed segments to the object store and serve "
+        "offsets below the local log start from there. Refused for compacted topics.",
+        note="Accepted and validated; the copying and the serving from the object store are "
+        "not wired to replicas yet, so the topic keeps every segment locally.",
+    ),
+    ConfigDef(
+        name="local.retention.ms",
+        type="long",
+        default="-2",
+        minimum=-2,
+        doc="With remote.storage.enable: how long a copied segment stays on local disk; -2 "
+        "follows retention.ms. At most retention.ms.",
+        note="Accepted and validated; not applied yet (see remote.storage.enable).",
+    ),
+    ConfigDef(
+        name="local.retention.bytes",
+        type="long",
+        default="-2",
+        minimum=-2,
+        doc="With remote.storage.enable: the most bytes a partition keeps on local disk; -2 "
+        "follows retention.bytes. At most retention.bytes.",
+        note="Accepted and validated; not applied yet (see remote.storage.enable).",
+    ),
 )
 
 
@@ -235,7 +268,36 @@ def _compaction_lags_in_order(reg: ConfigRegistry, given: Mapping[str, str]) -> 
         )
 
 
-TOPIC_CONFIGS = ConfigRegistry(TOPIC_CONFIG_DEFS, TopicConfig, checks=(_compaction_lags_in_order,))
+def _remote_storage_rules(reg: ConfigRegistry, given: Mapping[str, str]) -> None:
+    """Kafka's LogConfig.validateValues for a topic with remote.storage.enable=true: no
+    compaction, and local retention within total retention (-2 follows it)."""
+    if given.get("remote.storage.enable", reg.defs["remote.storage.enable"].default) != "true":
+        return
+    policy = given.get("cleanup.policy", reg.defs["cleanup.policy"].default)
+    if "compact" in cleanup_policies(policy):
+        raise invalid(
+            "cleanup.policy", policy, "Remote log storage is unsupported for the compacted topics"
+        )
+    for local_key, total_key in (
+        ("local.retention.ms", "retention.ms"),
+        ("local.retention.bytes", "retention.bytes"),
+    ):
+        local, total = _resolved_int(reg, given, local_key), _resolved_int(reg, given, total_key)
+        if total == -1 or local == -2:
+            continue
+        if local == -1:
+            raise invalid(
+                local_key, local, f"Value must not be -1 as {total_key} value is set as {total}."
+            )
+        if local > total:
+            raise invalid(
+                local_key, local, f"Value must not be more than {total_key} property value: {total}"
+            )
+
+
+TOPIC_CONFIGS = ConfigRegistry(
+    TOPIC_CONFIG_DEFS, TopicConfig, checks=(_compaction_lags_in_order, _remote_storage_rules)
+)
 
 
 def validate(overrides: Mapping[str, str]) -> dict[str, str]:

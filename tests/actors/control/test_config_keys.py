@@ -4,8 +4,8 @@ Proves: defaults are Kafka's (or raylog's documented ones), values are parsed an
 way Kafka parses them (doubles as Java reads and writes them), every bad value and unknown key
 raises INVALID_CONFIG naming key and value, DescribeConfigs rows say which values are defaults
 and give each key's Kafka type, cleanup.policy takes compact, delete and both in one stored
-spelling, and the cross-key rules (compaction lags, broker session) hold. A replica's log
-settings and flush policy come from the registry's parsing, with its errors.
+spelling, and the cross-key rules (compaction lags, broker session, tiered storage) hold. A
+replica's log settings and flush policy come from the registry's parsing, with its errors.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ def test_topic_defaults() -> None:
     assert c.min_cleanable_dirty_ratio == 0.5
     assert c.min_compaction_lag_ms == 0
     assert c.max_compaction_lag_ms == 2**63 - 1
+    assert c.remote_storage_enable is False
+    assert (c.local_retention_ms, c.local_retention_bytes) == (-2, -2)  # follow the totals
 
 
 def test_broker_defaults() -> None:
@@ -242,6 +244,35 @@ def test_min_compaction_lag_must_not_exceed_max() -> None:
         config_keys.apply_incremental(
             {"min.compaction.lag.ms": "60000"}, {"max.compaction.lag.ms": "1000"}
         )
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"cleanup.policy": "compact"}, "unsupported for the compacted topics"),
+        ({"cleanup.policy": "compact,delete"}, "unsupported for the compacted topics"),
+        ({"local.retention.ms": "604800001"}, "not be more than retention.ms"),
+        ({"retention.ms": "1000", "local.retention.ms": "-1"}, "must not be -1"),
+        ({"retention.bytes": "1000", "local.retention.bytes": "1001"}, "retention.bytes"),
+        ({"local.retention.bytes": "-3"}, "at least -2"),
+    ],
+)
+def test_tiered_storage_rules_are_kafkas(overrides: dict[str, str], message: str) -> None:
+    with pytest.raises(InvalidConfigError, match=message):
+        config_keys.validate({"remote.storage.enable": "true", **overrides})
+
+
+def test_tiered_storage_accepts_kafkas_valid_combinations() -> None:
+    for overrides in (
+        {},
+        {"local.retention.ms": "1000", "local.retention.bytes": "1"},
+        {"retention.ms": "-1", "local.retention.ms": "-1"},  # unlimited total: anything goes
+        {"retention.bytes": "500", "local.retention.bytes": "500"},
+    ):
+        assert config_keys.effective({"remote.storage.enable": "true", **overrides})
+    # Without remote storage the local keys are not checked against the totals, as in Kafka,
+    # and a compacted topic is fine.
+    assert config_keys.validate({"cleanup.policy": "compact", "local.retention.ms": "9"})
 
 
 def test_unknown_keys_are_refused() -> None:
