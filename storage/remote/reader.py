@@ -142,7 +142,10 @@ class RemoteReader:
                 chunks[i] = chunk
         joined = b"".join(chunks[i] for i in range(first, last + 1))
         skip = start - first * READ_CHUNK_BYTES
-        return joined[skip : skip + length]
+        out = joined[skip : skip + length]
+        if len(out) != length:
+            self._corrupt(key, f"ends inside the {length} bytes at byte {start}")
+        return out
 
     # -- the small objects ----------------------------------------------------------------------
 

@@ -2,9 +2,9 @@
 
 Proves: a flipped byte in a remote batch, index or manifest is detected by its CRC-32C and
 reported (CorruptRemoteObjectError, KAFKA_STORAGE_ERROR), never served, and not kept in the
-cache (once the object is whole again it reads); reads respect max_bytes and max_offset as a
-local read does; a segment deleted under a read answers OffsetOutOfRange; repeated reads come
-from the cache, whose bytes stay within its bound.
+cache (once the object is whole again it reads); so is a truncated log object; reads respect
+max_bytes and max_offset as a local read does; a segment deleted under a read answers
+OffsetOutOfRange; repeated reads come from the cache, whose bytes stay within its bound.
 """
 
 from __future__ import annotations
@@ -62,6 +62,16 @@ def test_a_corrupt_object_is_reported_never_served(
     store.put(key, original)  # repaired: the corrupt bytes were not cached
     whole = b"".join(reader.read(partition, seg, seg.base_offset, 1 << 20))
     assert whole == tiered_log.read(seg.base_offset, len(whole))
+
+
+def test_a_truncated_log_object_is_reported(
+    store: ObjectStore, partition: RemotePartition, tiered_log: Log
+) -> None:
+    seg = _copied(store, partition, tiered_log)[0]
+    key = partition.object_key(seg, fmt.LOG)
+    store.put(key, store.get(key).body[:-10])  # type: ignore[union-attr]
+    with pytest.raises(CorruptRemoteObjectError):
+        RemoteReader(store, ByteLRU()).read(partition, seg, seg.base_offset, 1 << 20)
 
 
 def test_reads_respect_max_bytes_and_max_offset(
