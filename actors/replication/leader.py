@@ -11,7 +11,8 @@ high and low watermarks) and ``delete_records``.
 Decisions:
 - Offsets: a client batch goes at the leader's log end, in its epoch.
 - Acks: a result is only ever produced after the data it acknowledges is durable (acks 0/1:
-  locally; acks=all: on every member of the ISR, i.e. the HW covers it). A committed shrink
+  locally; acks=all: on every member of the ISR, i.e. the HW covers it, and on the destination
+  of every in-sync synchronous cluster link: ``sync_links``). A committed shrink
   below min.insync.replicas fails every pending acks=all request at once with
   NOT_ENOUGH_REPLICAS_AFTER_APPEND (Kafka gives that code at completion time; with a frozen HW
   those requests could otherwise only time out).
@@ -57,6 +58,7 @@ from typing import Any
 
 from raylog.actors.replication import delete_records
 from raylog.actors.replication import isr as isr_rules
+from raylog.actors.replication import sync_links as sync_link_rules
 from raylog.actors.replication.isr import FollowerState
 from raylog.actors.replication.messages import (
     CONSUMER_REPLICA_ID,
@@ -213,10 +215,25 @@ class LeaderSide(ReplicaState):
 
     def _acks_hold(self, acks: int, end_offset: int) -> bool:
         """Whether what lies below ``end_offset`` is already acknowledged under ``acks``
-        (acks=all: the HW covers it; acks 0/1: it is durable here)."""
+        (acks=all: the HW covers it, and every in-sync sync link's destination holds it:
+        ``sync_links``; acks 0/1: it is durable here)."""
         if acks == -1:
-            return end_offset <= self.log.high_watermark
+            return end_offset <= self.log.high_watermark and self._sync_links_hold(end_offset)
         return acks == 0 or end_offset <= self.log.durable_end_offset
+
+    def _sync_links_hold(self, end_offset: int) -> bool:
+        """Whether every in-sync sync link's destination durably holds what lies below
+        ``end_offset`` (KIP-986 sync mode)."""
+        return not sync_link_rules.holding(self.sync_links, end_offset)
+
+    def _complete_acks_all(self) -> None:
+        """Answer the acks=all requests whose acks now hold (the HW moved, a sync link
+        reported progress or stopped holding)."""
+        done = [
+            p for p in self.pending.values() if p.acks == -1 and self._acks_hold(-1, p.end_offset)
+        ]
+        for p in done:
+            self._complete(p, NONE, "")
 
     def _push_appended(self, base_offset: int) -> None:
         """Push mode: send the batches appended from ``base_offset`` to every follower that
@@ -600,9 +617,7 @@ class LeaderSide(ReplicaState):
         if new_hw <= self.log.high_watermark:
             return
         self._set_high_watermark(new_hw)
-        done = [p for p in self.pending.values() if p.acks == -1 and p.end_offset <= new_hw]
-        for p in done:
-            self._complete(p, NONE, "")
+        self._complete_acks_all()
         self._answer_parked(0, only_expired=False)  # parked fetchers learn the new HW at once
 
     def _tick_leader(self, now_ms: int) -> None:

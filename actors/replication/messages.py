@@ -225,6 +225,15 @@ class ReplicateAck(msgspec.Struct, frozen=True):
 # --- replica ↔ controller ---------------------------------------------------------------------
 
 
+class SyncLinkRef(msgspec.Struct, frozen=True):
+    """One synchronous cluster link (KIP-986 sync mode) whose destination copies this
+    partition: its name, and its id (a link deleted and created again under the same name is
+    another link, whose destination holds nothing of its predecessor's)."""
+
+    name: str
+    link_id: str
+
+
 class BecomeLeader(msgspec.Struct, frozen=True):
     """Controller command: lead ``leader_epoch`` with this committed ISR.
 
@@ -232,6 +241,11 @@ class BecomeLeader(msgspec.Struct, frozen=True):
     active ("" for a normal topic): the leader then appends the source's batches
     (:class:`MirrorAppendRequest`) and refuses clients' writes. Disconnecting the link is a
     new leader epoch with ``mirror_link`` "", which fences mirror appends still in flight.
+
+    ``sync_links``: the synchronous links that copy this partition to their destinations and
+    hold its acks=all acknowledgements while in sync (``raylog.actors.replication.sync_links``),
+    as of ``sync_links_version`` (the metadata epoch that last changed the set; a
+    :class:`SyncLinksChanged` changes it within the epoch).
     """
 
     controller_epoch: int
@@ -241,6 +255,33 @@ class BecomeLeader(msgspec.Struct, frozen=True):
     replicas: tuple[int, ...]
     observers: tuple[int, ...] = ()
     mirror_link: str = ""
+    sync_links: tuple[SyncLinkRef, ...] = ()
+    sync_links_version: int = -1
+
+
+class SyncLinksChanged(msgspec.Struct, frozen=True):
+    """Controller command: the synchronous links of this partition are now ``sync_links``,
+    without a new leader epoch (creating or deleting a link must not move leadership).
+    Applied by the leader of ``leader_epoch`` only, and only if ``version`` (the metadata epoch
+    that made the change) is above the one it holds: a late or repeated command changes
+    nothing."""
+
+    controller_epoch: int
+    leader_epoch: int
+    version: int
+    sync_links: tuple[SyncLinkRef, ...]
+
+
+class SyncLinkProgress(msgspec.Struct, frozen=True):
+    """A synchronous link's destination reports how far it holds this partition durably
+    (through the source cluster's gateway): ``durable_end_offset`` is the offset its link
+    fetches from next, which it fetches only once everything below was appended with acks=all
+    on its mirror's ISR. Delivered late, twice or out of order, it must change nothing wrong
+    (``raylog.actors.replication.sync_links``)."""
+
+    link: str
+    link_id: str
+    durable_end_offset: int
 
 
 class BecomeFollower(msgspec.Struct, frozen=True):
@@ -338,6 +379,8 @@ InboundMessage = (
     | BecomeFollower
     | BecomeObserver
     | StopReplica
+    | SyncLinksChanged
+    | SyncLinkProgress
     | AlterPartitionResponse
     | LocalAppendDurable
     | LocalLogStartAdvanced

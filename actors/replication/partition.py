@@ -38,6 +38,8 @@ Where the decisions are (each module's docstring states its own):
 - ``leader``: produce and acks, idempotent producers, serving fetches (long poll, KIP-320 on
   the leader), pushes, the ISR proposals and the HW as the leader moves them, DeleteRecords;
 - ``mirror``: a mirror topic's leader appending a source cluster's batches (KIP-986 links);
+- ``sync_links`` (rules) and ``sync_link_side`` (handlers): a source leader's synchronous
+  links, which hold acks=all acknowledgements until their destinations have the writes;
 - ``follower``: fetching, divergence and out-of-range truncation, taking pushes;
 - ``isr``: the rules for followers' progress, the ISR, the high and low watermarks;
 - ``delete_records``: DeleteRecords' waiting requests and the log start rules;
@@ -76,6 +78,8 @@ from raylog.actors.replication.messages import (
     ReplicateAck,
     ReplicateRequest,
     StopReplica,
+    SyncLinkProgress,
+    SyncLinksChanged,
 )
 from raylog.actors.replication.mirror import MirrorSide
 from raylog.actors.replication.ready import (
@@ -92,6 +96,7 @@ from raylog.actors.replication.ready import (
     check_invariant,
 )
 from raylog.actors.replication.replica_state import MAX_REPLICAS, NONE
+from raylog.actors.replication.sync_link_side import SyncLinkSide, SyncLinkStatus, check_refs
 from raylog.storage.errors import (
     FencedLeaderEpochError,
     InvalidUpdateVersionError,
@@ -110,11 +115,12 @@ __all__ = [
     "SendFetchData",
     "SendPushData",
     "SendToReplica",
+    "SyncLinkStatus",
     "TruncateTo",
 ]
 
 
-class PartitionReplica(MirrorSide, FollowerSide):
+class PartitionReplica(SyncLinkSide, MirrorSide, FollowerSide):
     """One replica's replication state machine. See the module docstring for the contract."""
 
     # --- public API ---------------------------------------------------------------------------
@@ -171,11 +177,15 @@ class PartitionReplica(MirrorSide, FollowerSide):
         check_invariant(self.replica_id in msg.isr, "the controller elects only an ISR member")
         check_invariant(self.replica_id not in msg.observers, "an observer is never elected")
         check_invariant(len(msg.replicas) + len(msg.observers) <= MAX_REPLICAS, "too many replicas")
+        check_refs(msg.sync_links)
         if msg.leader_epoch == self.leader_epoch:
-            # Same epoch: only an ISR change decided by the controller can be new.
+            # Same epoch: only an ISR change decided by the controller, or a newer set of sync
+            # links, can be new.
             if self.role is Role.LEADER and msg.partition_epoch > self.partition_epoch:
                 self.alter_in_flight = None
                 self._adopt_isr(msg.isr, msg.partition_epoch, now_ms)
+            if self.role is Role.LEADER:
+                self._change_sync_links(msg.sync_links, msg.sync_links_version)
             return
         # Checked before anything changes: a refused command leaves this replica as it was.
         self.log.drop_empty_epochs()
@@ -218,6 +228,7 @@ class PartitionReplica(MirrorSide, FollowerSide):
         self.fetch_in_flight = None
         self.push_active = False
         self.push_ack_owed = False
+        self._start_sync_links(msg.sync_links, msg.sync_links_version, now_ms)
         if not resuming:
             # KIP-101: the new epoch starts at our log end; followers truncate against it.
             self.log.start_epoch(msg.leader_epoch)
@@ -267,6 +278,7 @@ class PartitionReplica(MirrorSide, FollowerSide):
         self.leader_id = msg.leader_id
         self.leader_epoch = msg.leader_epoch
         self.mirror_link = ""
+        self.sync_links = {}
         self.partition_epoch = msg.partition_epoch
         self.isr = ()
         self.followers = {}
@@ -286,6 +298,7 @@ class PartitionReplica(MirrorSide, FollowerSide):
         self._answer_parked_with_error(NotLeaderOrFollowerError.error_code)
         self.role = Role.STOPPED
         self.mirror_link = ""
+        self.sync_links = {}
         self.leader_epoch = msg.leader_epoch
         self.partition_epoch = msg.partition_epoch
         self.leader_id = -1
@@ -379,6 +392,8 @@ class PartitionReplica(MirrorSide, FollowerSide):
         BecomeFollower: "_on_become_follower",
         BecomeObserver: "_on_become_observer",
         StopReplica: "_on_stop",
+        SyncLinksChanged: "_on_sync_links_changed",
+        SyncLinkProgress: "_on_sync_link_progress",
         AlterPartitionResponse: "_on_alter_partition_response",
         LocalAppendDurable: "_on_local_append_durable",
         LocalLogStartAdvanced: "_on_log_start_advanced",

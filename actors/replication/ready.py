@@ -76,6 +76,10 @@ class ReplicaConfig(msgspec.Struct, frozen=True):
     fetch_backoff_ms: int = 100  # replica.fetch.backoff.ms, after an error
     push_idle_fetch_ms: int = 500  # push mode: fetch if no push arrived for this long
     alter_partition_timeout_ms: int = 5_000  # resend an unanswered AlterPartition
+    # link.sync.lag.time.max.ms (KIP-986 sync mode): a synchronous link not caught up with
+    # the HW for this long stops holding acks=all acknowledgements (replica.lag.time.max.ms's
+    # rule for the ISR, applied to the link's destination).
+    link_sync_lag_time_max_ms: int = 30_000
 
     def validate(self) -> None:
         if self.replication_mode not in ("pull", "push"):
@@ -92,6 +96,7 @@ class ReplicaConfig(msgspec.Struct, frozen=True):
             "fetch_timeout_ms": self.fetch_timeout_ms,
             "push_idle_fetch_ms": self.push_idle_fetch_ms,
             "alter_partition_timeout_ms": self.alter_partition_timeout_ms,
+            "link.sync.lag.time.max.ms": self.link_sync_lag_time_max_ms,
         }
         for key, value in positive.items():
             if value < 1:

@@ -42,6 +42,7 @@ from raylog.actors.replication.ready import (
     check_invariant,
 )
 from raylog.actors.replication.replica_log import ReplicaLog
+from raylog.actors.replication.sync_links import SyncLinkState
 from raylog.actors.replication.txn_state import TxnTable
 
 if TYPE_CHECKING:
@@ -119,6 +120,10 @@ class ReplicaState:
         self.pending_acks_all = 0
         self.deletes = DeleteRecordsQueue()
         self.parked: dict[int, ParkedFetch] = {}
+        # Synchronous cluster links (KIP-986 sync mode; ``sync_links``) that hold acks=all
+        # acknowledgements, by link name, as of the controller's ``sync_links_version``.
+        self.sync_links: dict[str, SyncLinkState] = {}
+        self.sync_links_version = -1
         # Follower state.
         self.fetch_in_flight: FetchRequest | None = None
         self.fetch_sent_ms = 0
