@@ -72,6 +72,13 @@ Links (runs of links.LinkSimulation, whose partition mirrors a source's; links.p
    where the source has one or had deleted the batches; consumers pass only such gaps.
 18. Healed, the mirror ends where the source does and holds every batch the source retains.
 19. Its producer state, transactions and LSO equal a rebuild from its batches, and Kafka's.
+
+Sync links (runs of sync_links.SyncLinkSimulation, whose partition is a synchronous link's
+source; sync_links.py says more):
+20. Every acks=all write a leader acknowledges while it counts the link in sync is, at that
+   moment, in the durable log of that link's destination (unless deleted at the source before
+   the link fetched it).
+21. Healed, the link is back in sync on the leader, its destination holding all below the HW.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from raylog.actors.replication.messages import (
     LocalAppendDurable,
     ProduceRequest,
     RecordBatch,
+    SyncLinkProgress,
 )
 from raylog.actors.replication.partition import PartitionReplica
 from raylog.actors.replication.producer_state import APPEND, Verdict
@@ -343,3 +344,40 @@ class FetcherPipelinesAppends(LinkSimulation):
         if batches:
             fetcher.waiting = ""
             fetcher.position = batches[-1].meta.next_offset
+
+
+class IgnoresSyncLinksForAcks(PartitionReplica):
+    """Known bug (sync links): the leader acknowledges acks=all once the HW covers a write,
+    whatever its in-sync sync links hold (checker 20)."""
+
+    def _sync_links_hold(self, end_offset: int) -> bool:
+        return True
+
+
+class CountsACaughtUpLinkAtTheHw(PartitionReplica):
+    """Known bug (sync links): a report whose end reaches the HW of the link's previous report
+    (Kafka's rule: caught up as of then) is counted as the link holding everything below the
+    HW now, so a late or repeated report carries the link's end past the destination's
+    (checker 20)."""
+
+    def _on_sync_link_progress(self, msg: SyncLinkProgress, now_ms: int) -> None:
+        state = self.sync_links.get(msg.link)
+        if (
+            state is not None
+            and msg.durable_end_offset >= state.progress.last_fetch_leader_log_end_offset >= 0
+        ):
+            end = max(msg.durable_end_offset, self.high_watermark)
+            msg = msgspec.structs.replace(msg, durable_end_offset=end)
+        super()._on_sync_link_progress(msg, now_ms)
+
+
+class TakesReportsOfARecreatedLink(PartitionReplica):
+    """Known bug (sync links): reports are matched to links by name alone, so the reports of a
+    deleted link's destination (late, or from its gateway that has not heard) count for the
+    link created again under its name, whose destination starts empty (checker 20)."""
+
+    def _on_sync_link_progress(self, msg: SyncLinkProgress, now_ms: int) -> None:
+        state = self.sync_links.get(msg.link)
+        if state is not None:
+            msg = msgspec.structs.replace(msg, link_id=state.link_id)
+        super()._on_sync_link_progress(msg, now_ms)

@@ -67,7 +67,8 @@ class Scenario:
     controller_class: type[SimController] = SimController
     reconciler_class: type[Reconciler] = Reconciler
     # The simulation that runs it: cluster.Simulation when None; links.LinkSimulation makes
-    # the partition a mirror of a simulated source cluster's.
+    # the partition a mirror of a simulated source cluster's, sync_links.SyncLinkSimulation
+    # the source of a synchronous link.
     simulation_class: type[Any] | None = None
     # What ``from_seed`` was given on top of the seed's mix: a failure's replay command names
     # them (seeds.replay_command).

@@ -11,8 +11,8 @@ sets of seeds:
 
 Environment:
 - ``RAYLOG_SIM_SEEDS`` (or ``--sim-seeds``), ``RAYLOG_SIM_LOG_FAILURE_SEEDS``,
-  ``RAYLOG_SIM_TXN_SEEDS``, ``RAYLOG_SIM_UNCLEAN_SEEDS``, ``RAYLOG_SIM_LINK_SEEDS``: how many
-  fresh seeds each kind runs;
+  ``RAYLOG_SIM_TXN_SEEDS``, ``RAYLOG_SIM_UNCLEAN_SEEDS``, ``RAYLOG_SIM_LINK_SEEDS``,
+  ``RAYLOG_SIM_SYNC_LINK_SEEDS``: how many fresh seeds each kind runs;
 - ``RAYLOG_SIM_SEED_BASE``: the first fresh seed (to re-run the seeds of another run);
 - ``RAYLOG_SIM_SEED``, ``RAYLOG_SIM_OVERRIDES`` (JSON, as a failure prints it),
   ``RAYLOG_SIM_TRACE``: what ``test_replay`` runs, and whether it prints every event.

@@ -49,6 +49,14 @@ duplicated and late link messages and stale fetchers: the mirror's log is the so
 (checkers 17-19). Fetchers with known bugs (one that remembers its position, one that does not
 wait for an append's answer) are caught.
 
+Sync links (``SyncLinkSimulation``, their own seeds; tests/sim/sync_links.py): the partition is
+the source of a synchronous link whose modelled destination reads below the HW, appends
+durably after a delay, reports its durable end over the lossy network (late reports too),
+stalls past the lag time and is re-created: every acks=all write acknowledged while the leader
+counted the link in sync is on its destination, and the link is back in sync once healed
+(checkers 20-21). Leaders with known bugs (acks ignoring the links, a caught-up link counted at
+the HW, a re-created link taking its predecessor's reports) are caught.
+
 Seeds (seeds.py): each kind of run takes fixed seeds and fresh ones derived from the commit;
 a failing seed prints the command that replays it with its scenario
 (``RAYLOG_SIM_SEED=1234 RAYLOG_SIM_OVERRIDES='{...}' pytest tests/sim/test_sim.py::test_replay``);
@@ -75,6 +83,7 @@ from .mutants import (
     AcksMarkersBeforeReplication,
     AnswersDeleteRecordsAtOnce,
     AppendsRetriesAgain,
+    CountsACaughtUpLinkAtTheHw,
     CountsFailedPushesAsApplied,
     DropsLogStartAdvances,
     DropsTruncations,
@@ -84,6 +93,7 @@ from .mutants import (
     ForgetsAppendsDuringAnFsync,
     IgnoresFollowersHighWatermark,
     IgnoresOfflineReplicas,
+    IgnoresSyncLinksForAcks,
     LeadsBeforeTheStepDown,
     LeaseBeforeApplying,
     LsoIgnoresOpenTransactions,
@@ -93,9 +103,11 @@ from .mutants import (
     ReportsTheEndAtCompletion,
     SkipsTruncation,
     StaysAboveALeaderThatEndsBelowIt,
+    TakesReportsOfARecreatedLink,
     TruncationReopensNoTransaction,
 )
 from .seeds import SEED_BASE, SeedKind, chunk_id, fresh_seed_base
+from .sync_links import SyncLinkSimulation
 
 pytestmark = pytest.mark.sim
 
@@ -138,6 +150,16 @@ KINDS = {
         fresh_default=20,
         fresh_offset=400_000_000,
         chunk=50,
+    ),
+    # Sync links (sync_links.py): the partition is a sync link's source; every checker, 20-21
+    # too.
+    "sync_link_seeds": SeedKind(
+        overrides={"simulation_class": SyncLinkSimulation},
+        fixed=range(SEED_BASE, SEED_BASE + 300),
+        fresh_env="RAYLOG_SIM_SYNC_LINK_SEEDS",
+        fresh_default=100,
+        fresh_offset=500_000_000,
+        chunk=200,
     ),
     # Unclean elections: checker 10 and the state machine's invariants.
     "unclean_seeds": SeedKind(
@@ -590,6 +612,39 @@ def test_checkers_catch_link_bugs(bug: type[LinkSimulation]) -> None:
             run_seed(seed, Scenario.from_seed(seed, simulation_class=bug))
         except SimViolation as e:
             if "the source" in str(e):
+                return
+        except AssertionError:
+            continue
+    pytest.fail(f"{bug.__name__} was not caught within {max_seeds} seeds")
+
+
+def test_sync_links_hold_acks_until_the_destination_has_them(sync_link_seeds: range) -> None:
+    """Checkers 20-21 (and every other) hold while the partition is a sync link's source, and
+    the runs do what they claim: writes acknowledged with the link in sync and out of sync,
+    stalls past the lag time, re-created links, late reports, restarts at a log start."""
+    totals = run_seeds(sync_link_seeds, KINDS["sync_link_seeds"].overrides)
+    count = len(sync_link_seeds)
+    assert totals["sync_acks_held"] > 5 * count, totals
+    assert totals["sync_acks_out_of_sync"] > count, totals
+    assert totals["sync_stalls"] > count // 2 and totals["sync_recreated"] > count // 5, totals
+    assert totals["sync_reports_late"] > count // 5, totals
+    assert totals["sync_restarts"] > count // 5 and totals["elections"] > count, totals
+
+
+@pytest.mark.parametrize(
+    "bug",
+    [IgnoresSyncLinksForAcks, CountsACaughtUpLinkAtTheHw, TakesReportsOfARecreatedLink],
+)
+def test_checkers_catch_sync_link_bugs(bug: type[PartitionReplica]) -> None:
+    """A source leader with a known sync-link bug fails checker 20 within a bounded number of
+    seeds."""
+    max_seeds = 60
+    for seed in range(max_seeds):
+        scenario = Scenario.from_seed(seed, simulation_class=SyncLinkSimulation, replica_class=bug)
+        try:
+            run_seed(seed, scenario)
+        except SimViolation as e:
+            if "with link" in str(e) and "in sync" in str(e):
                 return
         except AssertionError:
             continue
