@@ -1,11 +1,12 @@
 """A whole `raylog up` crashed and started again while an idempotent producer keeps producing.
 
-A `raylog up` subprocess (3 brokers), a topic with 2 partitions, RF=3, min.insync.replicas=2.
-confluent-kafka with ``enable.idempotence=true``, acks=all and a message timeout longer than the
-outage produces to both partitions in a thread of its own, throughout: while the cluster runs,
-while every process of it is SIGKILLed (the `up` process and its whole Ray cluster, by PID: a
-crash of the machine), and while a second `raylog up` starts on the same data dir, object store
-and ports, until records are acknowledged by the restarted cluster.
+The session's shared `raylog up` (3 brokers; the later modules share it restarted), a topic with
+2 partitions, RF=3, min.insync.replicas=2. confluent-kafka with ``enable.idempotence=true``,
+acks=all and a message timeout longer than the outage produces to both partitions in a thread of
+its own, throughout: while the cluster runs, while every process of it is SIGKILLed (the `up`
+process and its whole Ray cluster, by PID: a crash of the machine), and while a second `raylog
+up` starts on the same data dir, object store and ports, until records are acknowledged by the
+restarted cluster.
 
 Proves (issue 31): a starting broker never tells the client that the topic does not exist:
 every record is delivered, none fails (_UNKNOWN_PARTITION, _UNKNOWN_TOPIC or any other error),
@@ -17,14 +18,12 @@ in the log once and in order all the same).
 
 from __future__ import annotations
 
-import itertools
 import threading
-from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-from support.cluster import UpProcess, started_up
+from support.cluster import UpProcess
 from support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -109,18 +108,18 @@ def _acked_at_least(producing: Producing, count: int) -> bool:
     return len(producing.acked) >= count
 
 
-def test_an_idempotent_producer_loses_nothing_across_a_crash_and_restart(tmp_path: Path) -> None:
-    attempts = itertools.count()
-    first = started_up(lambda: tmp_path / f"data-{next(attempts)}")
+def test_an_idempotent_producer_loses_nothing_across_a_crash_and_restart(
+    shared_up: UpProcess,
+) -> None:
+    up = shared_up
     producing: Producing | None = None
-    second: UpProcess | None = None
     try:
-        created = first.raylog(
+        created = up.raylog(
             "topics", "create", TOPIC, "--partitions", str(PARTITIONS),
             "--replication-factor", "3", "--config", "min.insync.replicas=2",
         )  # fmt: skip
         assert created.returncode == 0, created.stderr
-        producing = Producing(first.bootstrap)
+        producing = Producing(up.bootstrap)
         producing.start()
         wait_until(
             lambda: _acked_at_least(producing, ACKED_BEFORE),
@@ -128,11 +127,12 @@ def test_an_idempotent_producer_loses_nothing_across_a_crash_and_restart(tmp_pat
             interval_s=0.1,
             message="records acknowledged before the crash",
         )
-        first.crash()
+        bootstrap = up.bootstrap
+        up.crash()
         sent_at_crash = producing.sent
-        # The same data dir, object store (in it) and ports: the bootstrap the client has.
-        second = UpProcess(first.data_dir, port=first.port)
-        assert second.start() == first.bootstrap
+        # The same data dir, object store (in it) and ports: the bootstrap the client has. The
+        # session's later modules share the restarted cluster.
+        assert up.start() == bootstrap
         assert producing.sent > sent_at_crash, "the producer kept producing while down"
         wait_until(
             lambda: _acked_at_least(producing, sent_at_crash + ACKED_AFTER),
@@ -148,13 +148,10 @@ def test_an_idempotent_producer_loses_nothing_across_a_crash_and_restart(tmp_pat
         sent = producing.sent
         assert len(producing.acked) == sent, "every record is acknowledged"
         wanted = {p: list(range(p, sent, PARTITIONS)) for p in range(PARTITIONS)}
-        log = _read_back(second.bootstrap, {p: len(wanted[p]) for p in wanted})
+        log = _read_back(up.bootstrap, {p: len(wanted[p]) for p in wanted})
     finally:
         if producing is not None:
             producing.halt.set()
-        for up in (second, first):
-            if up is not None:
-                up.__exit__(None, None, None)
     for p, records in log.items():
         assert [offset for offset, _ in records] == list(range(len(wanted[p]))), "dense offsets"
         assert [int(value) for _, value in records] == wanted[p], (
