@@ -70,7 +70,8 @@ Transactions (runs with ``Scenario.transactions``; transactions.py writes them):
 Links (runs of links.LinkSimulation, whose partition mirrors a source's; links.py says more):
 17. Every replica's log below its HW is the source's batches at the same offsets, with gaps only
    where the source has one or had deleted the batches; consumers pass only such gaps.
-18. Healed, the mirror ends where the source does and holds every batch the source retains.
+18. Healed, the mirror ends where the source does and holds every batch the source retains
+   (or holds nothing, when the source retains nothing above its end).
 19. Its producer state, transactions and LSO equal a rebuild from its batches, and Kafka's.
 
 Sync links (runs of sync_links.SyncLinkSimulation, whose partition is a synchronous link's

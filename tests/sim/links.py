@@ -34,7 +34,9 @@ Checkers (checkers.py):
    the batch after the gap. Consumers (a read_committed one too: checkers 13-15) pass only such
    gaps; a client's write is never acknowledged.
 18. Healed (checker 10's settling): the mirror ends where the source does and holds every batch
-   the source retains.
+   the source retains; when the source retains no batch above the mirror's end (its log start
+   is its end), the mirror's log holds nothing on every replica instead (it never starts over
+   above its HW: its end moves up with the source's next batch).
 19. Then every replica's producer state, open transactions, aborted list and LSO equal a
    rebuild from its batches, and the aborted list and LSO a model of Kafka's rules over them.
 """
@@ -492,8 +494,10 @@ class LinkSimulation(Simulation):
         """Checker 18 once the partition converged ("": the mirror caught up), then 19."""
         leader = self.nodes[self.leader]
         source = self.source
-        if leader.disk.end_offset != source.end:
-            return f"the mirror ends at {leader.disk.end_offset}, the source at {source.end}"
+        logs = {n.node_id: (n.disk.log_start, n.disk.end_offset) for n in self.nodes.values()}
+        behind = mirror_behind(source.log_start, source.end, leader.node_id, logs)
+        if behind:
+            return behind
         held = {b.meta.base_offset for b in leader.disk.batches}
         retained = source.batches[source._index(source.log_start) : source.visible]
         missing = [b.meta.base_offset for b in retained if b.meta.base_offset not in held]
@@ -504,15 +508,39 @@ class LinkSimulation(Simulation):
         return ""
 
 
+def mirror_behind(
+    source_start: int, source_end: int, leader: int, logs: dict[int, tuple[int, int]]
+) -> str:
+    """Checker 18's ends ("": caught up) for the replicas' logs ``logs`` (id -> (log start, log
+    end)): the leader's log ends where the source's does. A source that retains no batch (its
+    log start is its end) above the mirror's end is the exception: the leader never starts its
+    log over above its HW (``actors/replication/mirror.py``), so the mirror's log stays at its
+    own end, holding nothing (every record of it is gone at the source) on every replica, until
+    the source's next batch lands above the gap."""
+    end = logs[leader][1]
+    if end == source_end:
+        return ""
+    if not source_start == source_end > end:
+        return f"the mirror ends at {end}, the source at {source_end}"
+    holding = sorted(i for i, (first, last) in logs.items() if first < last)
+    if holding:
+        return (
+            f"the source retains nothing from {source_start} on, and replicas {holding} of the "
+            f"mirror ending at {end} still hold records"
+        )
+    return ""
+
+
 def same_txns(live: tuple[Any, ...], other: tuple[Any, ...], log_start: int) -> bool:
     """Whether a replica's (open transactions, aborted list, LSO) is what ``other`` (a rebuild
     from its remaining log, or Kafka's rules over it) says, up to where transactions that began
     below the log start begin: the live state knows their first offset, a rebuild only their
-    first batch left (both keep them, and Kafka clamps them to the log start); the live LSO is
-    then at most the rebuild's."""
+    first batch left, which may itself begin below the log start when the log start lies inside
+    it (both keep them, and Kafka clamps them to the log start); the live LSO is then at most
+    the rebuild's."""
 
     def first_ok(mine: int, theirs: int) -> bool:
-        return mine == theirs or (mine < log_start and max(mine, log_start) <= theirs)
+        return mine == theirs or mine < min(log_start, theirs + 1)
 
     (open_a, aborted_a, lso_a), (open_b, aborted_b, lso_b) = live, other
     if open_a.keys() != open_b.keys() or len(aborted_a) != len(aborted_b):
