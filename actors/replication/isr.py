@@ -31,9 +31,13 @@ Decisions:
   to the time of the previous fetch if this fetch reaches the leader's log end as it was then.
   An ISR member is out of sync when its end differs from the leader's and it has not caught up
   for longer than ``replica.lag.time.max.ms``. A non-ISR follower joins once its end reaches
-  both the HW and the start offset of the current leader epoch, and its log start reaches ours
-  (raylog's rule, not Kafka's: an acknowledged DeleteRecords then holds on every replica a
-  clean election can pick). Observers never join.
+  both the HW and the start offset of the current leader epoch, and its log start reaches the
+  highest log start a DeleteRecords (or a mirror's emptied log) set while we lead, or ours when
+  we became leader (raylog's rule, not Kafka's: an acknowledged DeleteRecords then holds on
+  every replica a clean election can pick; a DeleteRecords acknowledged under an earlier
+  leader is at or below our log start, since we were in its ISR). Log starts moved by
+  retention or by a mirror following its source do not count: a follower learns ours one
+  fetch later, and under a steady churn it would never join. Observers never join.
 - A replica re-created from its log (its broker replaced the actor, not the machine) is told
   again to lead the epoch it led, and resumes it at its log end. Its predecessor may have
   proposed adding a follower, which the controller may commit after sending the command, and
@@ -141,15 +145,15 @@ def may_join_isr(
     state: FollowerState,
     high_watermark: int,
     leader_epoch_start_offset: int,
-    log_start_offset: int,
+    join_log_start: int,
 ) -> bool:
     """A follower's log reaches what an ISR member must hold: the HW, the start of the current
-    leader epoch, and our log start (it adopts ours from the answer to the fetch that got it
-    here, and reports it in the next one: at most one more round)."""
+    leader epoch, and ``join_log_start`` (it adopts our log start from the answer to the fetch
+    that got it here, and reports it in the next one: at most one more round)."""
     return (
         state.log_end_offset >= high_watermark
         and state.log_end_offset >= leader_epoch_start_offset
-        and state.log_start_offset >= log_start_offset
+        and state.log_start_offset >= join_log_start
     )
 
 

@@ -347,6 +347,7 @@ class LeaderSide(ReplicaState):
             return
         if offset > self.log.log_start_offset:
             self._advance_log_start(offset)
+            self.isr_join_log_start = max(self.isr_join_log_start, offset)
             # Followers learn the new start from the answers to their parked fetches now.
             self._answer_parked(now_ms, only_expired=False)
         self.deletes.add(msg.request_id, offset, now_ms + max(0, msg.timeout_ms))
@@ -577,7 +578,7 @@ class LeaderSide(ReplicaState):
             state,
             self.log.high_watermark,
             self.leader_epoch_start_offset,
-            self.log.log_start_offset,
+            self.isr_join_log_start,
         ):
             self._propose_isr((*self.isr, replica_id), now_ms)
 

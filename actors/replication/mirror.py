@@ -151,6 +151,7 @@ class MirrorSide(LeaderSide):
                 return False
             if self.log.log_start_offset < end:
                 self._advance_log_start(end)
+                self.isr_join_log_start = max(self.isr_join_log_start, end)
                 self._answer_parked(now_ms, only_expired=False)  # followers learn it now
             # Every ISR member's log emptied too (its open transactions with it), before
             # anything lands above the gap.

@@ -237,6 +237,7 @@ class PartitionReplica(SyncLinkSide, MirrorSide, FollowerSide):
         # and a follower whose end reached only that must not rejoin the ISR: it may lack
         # committed batches. Our log end holds every one of them, so it is the bar.
         self.leader_epoch_start_offset = self.log.log_end_offset
+        self.isr_join_log_start = self.log.log_start_offset
         self.isr_unconfirmed = may_resume
         if may_resume:
             # Our predecessor may have proposed adding a follower that the controller has not

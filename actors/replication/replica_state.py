@@ -109,6 +109,9 @@ class ReplicaState:
         self.observers: tuple[int, ...] = ()
         self.followers: dict[int, FollowerState] = {}
         self.leader_epoch_start_offset = UNDEFINED_OFFSET
+        # The log start a follower must hold to join the ISR (isr.may_join_isr): ours when we
+        # became leader, raised by each DeleteRecords we apply.
+        self.isr_join_log_start = 0
         self.alter_in_flight: AlterPartitionRequest | None = None
         # A leader resumed in a new process: its predecessor's last AlterPartition may still be
         # committed, so every replica counts towards the HW until a newer partition epoch is

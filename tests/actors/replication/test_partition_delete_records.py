@@ -34,6 +34,7 @@ from raylog.actors.replication.messages import (
     EpochEndOffset,
     FetchRequest,
     FetchResponse,
+    LocalLogStartAdvanced,
     RecordBatch,
     ReplicateAck,
     ReplicateRequest,
@@ -302,6 +303,25 @@ def test_a_follower_joins_the_isr_only_once_its_log_start_reaches_the_leaders() 
     delete(leader, 2, 8)
     assert answers(fetch_reporting(leader, 1, 8, 4)) == {1: DeleteRecordsResult(1, 0, 6)}
     assert answers(fetch_reporting(leader, 2, 8, 5)) == {2: DeleteRecordsResult(2, 0, 8)}
+
+
+def test_a_log_start_moved_by_retention_does_not_keep_a_follower_out_of_the_isr() -> None:
+    # Retention moves the leader's log start every round; the follower learns it from each
+    # answer and reports it in its next fetch, one round behind. Only a log start set by a
+    # DeleteRecords must be held to join (tests above): this follower joins.
+    leader = make_leader(isr=(0, 1), replicas=(0, 1, 2))
+    produce(leader, 1, acks=1, count=10)
+    make_durable(leader)
+    follower_fetch(leader, 1, 10, 1)
+    reported_start = 0
+    for round_ in range(1, 4):
+        leader.step(LocalLogStartAdvanced(round_), 10 * round_)
+        ready = follower_fetch(leader, 2, 10, 10 * round_ + 1, log_start_offset=reported_start)
+        reported_start = leader.log_start_offset
+        if ready.alter_partition:
+            break
+    assert [p.new_isr for p in ready.alter_partition] == [(0, 1, 2)]
+    assert reported_start < 4 and leader.log_start_offset > 0
 
 
 def test_a_follower_whose_log_diverged_below_the_leaders_log_start_starts_over_there() -> None:
