@@ -113,7 +113,7 @@ def test_window_features_exactly_once_across_a_restart(
     spark: Any, embedded: Any, tmp_path: Path
 ) -> None:
     topic = "feature-events"
-    create_topic(embedded, topic, 2)
+    create_topic(embedded, topic, 2, replication_factor=1)
     events = _events()
     half = EVENTS // 2
     out = tmp_path / "features"
@@ -162,7 +162,7 @@ def test_window_features_exactly_once_across_a_restart(
 
 def test_generate_produces_json_events(spark: Any, embedded: Any) -> None:
     topic = "generated"
-    create_topic(embedded, topic, 2)
+    create_topic(embedded, topic, 2, replication_factor=1)
     done = subprocess.run(
         [
             *RAYLOG, "pipeline", "generate", "--topic", topic, "--rate", "400",

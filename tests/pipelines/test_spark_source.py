@@ -143,7 +143,7 @@ def test_assign_and_pattern_select_partitions(
 
 def test_more_ranges_than_task_slots_are_packed(spark: Any, embedded: Any) -> None:
     topic, partitions = "packed", 5
-    create_topic(embedded, topic, partitions)
+    create_topic(embedded, topic, partitions, replication_factor=1)
     by_partition = {p: [record(n, seed=100 + p) for n in range(30 + 10 * p)] for p in range(5)}
     produced = sorted(
         produce(embedded.bootstrap, topic, by_partition),

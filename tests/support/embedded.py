@@ -67,9 +67,14 @@ def spark_session(name: str) -> Iterator[Any]:
         session.stop()
 
 
-def create_topic(up: UpProcess, name: str, partitions: int, *configs: str) -> None:
+def create_topic(
+    up: UpProcess, name: str, partitions: int, *configs: str, replication_factor: int = 3
+) -> None:
+    """A topic on ``up``; a test that does not exercise replication asks for one replica (each
+    replica is a process to start: seconds of CPU on a 2-core machine)."""
     extra = [a for c in configs for a in ("--config", c)]
-    done = up.raylog("topics", "create", name, "--partitions", str(partitions), *extra)
+    rf = ("--replication-factor", str(replication_factor))
+    done = up.raylog("topics", "create", name, "--partitions", str(partitions), *rf, *extra)
     assert done.returncode == 0, done.stderr
 
 
