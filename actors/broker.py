@@ -70,6 +70,7 @@ from raylog.actors.control.listeners import Endpoint
 from raylog.actors.control.reconciler import LEADERS, ReplicaSpec
 from raylog.actors.controller import SESSION_GUARD_FRACTION, HeartbeatReply, RegisterReply
 from raylog.actors.replica import ReplicaActor
+from raylog.actors.replica_tiering import RemoteStoreLocation
 from raylog.actors.replication.messages import AlterPartitionRequest, BecomeLeader
 from raylog.actors.replication.ready import ReplicaConfig
 from raylog.storage.errors import (
@@ -229,6 +230,9 @@ class BrokerActor:
         self._stopping = False
         self._node_id = ray.get_runtime_context().get_node_id()
         self._leaf: LeafCertificate | None = None  # replication channels' TLS certificate
+        # The cluster's object store, from the controller at registration: replicas of topics
+        # with remote.storage.enable tier their closed segments there.
+        self._remote_store: RemoteStoreLocation | None = None
         if auto_start:
             # Also after Ray restarts this actor: the new incarnation registers by itself.
             call_self_after_init("start")
@@ -296,6 +300,8 @@ class BrokerActor:
                     self.endpoints,
                 )
                 self._broker_epoch = reply.broker_epoch
+                if reply.store_url:
+                    self._remote_store = RemoteStoreLocation(reply.store_url, reply.s3_endpoint)
                 self._controller_epoch = max(self._controller_epoch, reply.controller_epoch)
                 log.info("broker %d registered, epoch %d", self.broker_id, reply.broker_epoch)
                 return
@@ -681,6 +687,8 @@ class BrokerActor:
             retention_check_interval_ms=self._config.log_retention_check_interval_ms,
             cleaner_backoff_ms=self._config.log_cleaner_backoff_ms,
             tls=self._leaf,
+            topic_id=spec.topic_id,
+            remote_store=self._remote_store,
         )
 
     def _replica_config(self, configs: dict[str, str]) -> ReplicaConfig:

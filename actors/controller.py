@@ -124,8 +124,13 @@ SESSION_GUARD_FRACTION = 0.1  # of broker.session.timeout.ms; see the module doc
 
 
 class RegisterReply(msgspec.Struct, frozen=True):
+    """``store_url`` / ``s3_endpoint``: the cluster's object store, where the broker's replicas
+    of topics with remote.storage.enable copy their segments (tiered storage)."""
+
     broker_epoch: int
     controller_epoch: int
+    store_url: str = ""
+    s3_endpoint: str | None = None
 
 
 class HeartbeatReply(msgspec.Struct, frozen=True):
@@ -186,6 +191,7 @@ class ControllerActor(AdminRequests, LinkRequests):
         self.controller_id = controller_id
         self._cluster_id = cluster_id
         self._store = open_object_store(store_url, endpoint_url=s3_endpoint)
+        self._store_location = (store_url, s3_endpoint)  # told to brokers (tiered storage)
         self._mstore = MetadataStore(self._store)
         self._lease_args = {"lease_ms": lease_ms, "renew_ms": renew_ms, "poll_ms": poll_ms}
         self._broker_config = config_keys.broker_config(broker_configs)
@@ -417,7 +423,7 @@ class ControllerActor(AdminRequests, LinkRequests):
         reg = md.brokers[broker_id]
         self._attach(broker_id, incarnation_id, handle, sentinel, md.metadata_epoch)
         assert self._epoch is not None
-        return RegisterReply(reg.broker_epoch, self._epoch)
+        return RegisterReply(reg.broker_epoch, self._epoch, *self._store_location)
 
     def _attach(
         self,

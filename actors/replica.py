@@ -51,6 +51,11 @@ from raylog.actors.control import config_keys
 from raylog.actors.producer_snapshots import SnapshotTaker, start_state
 from raylog.actors.replica_mirror import ReplicaMirror
 from raylog.actors.replica_port import CHANNEL_START_S, RayReplicaPort
+from raylog.actors.replica_tiering import (
+    REMOTE_LOG_MANAGER_TASK_INTERVAL_MS_DEFAULT,
+    RemoteStoreLocation,
+    TieredReplica,
+)
 from raylog.actors.replication.executor import ReadyExecutor
 from raylog.actors.replication.messages import (
     CONSUMER_REPLICA_ID,
@@ -131,7 +136,7 @@ def _log_and_flush_configs(configs: dict[str, str] | None) -> tuple[LogConfig, i
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000)
-class ReplicaActor(ReplicaMirror):
+class ReplicaActor(ReplicaMirror, TieredReplica):
     """One partition replica: a state machine, its log, and the Ray plumbing between them."""
 
     _loop: asyncio.AbstractEventLoop  # the actor's event loop, known from the first call
@@ -149,6 +154,10 @@ class ReplicaActor(ReplicaMirror):
         replication_channel: bool = True,
         cleaner_backoff_ms: int = CLEANER_BACKOFF_MS_DEFAULT,
         tls: LeafCertificate | None = None,
+        topic_id: str = "",
+        remote_store: RemoteStoreLocation | None = None,
+        remote_log_manager_interval_ms: int = REMOTE_LOG_MANAGER_TASK_INTERVAL_MS_DEFAULT,
+        remote_store_factory: Any = None,
     ) -> None:
         self.topic = topic
         # Kafka's internal topics: only raylog's coordinators write them (the gateway refuses
@@ -163,6 +172,7 @@ class ReplicaActor(ReplicaMirror):
         self.replica_id = replica_id
         log_config, flush_messages, flush_ms = _log_and_flush_configs(topic_config)
         self._max_message_bytes = log_config.max_message_bytes
+        self._topic_config = config_keys.effective(topic_config or {})
         # Recovery happens here, also when Ray restarts a killed actor.
         self._log = Log.open(Path(log_dir), log_config)
         snapshot, tail = start_state(self._log)
@@ -221,6 +231,11 @@ class ReplicaActor(ReplicaMirror):
         self._channel_address: asyncio.Future[ChannelAddress | None] | None = None
         self._arenas = ArenaViews()  # same-host gateways' produce arenas (transport/arena.py)
         self.shared_produces = 0  # batches appended straight from a gateway's arena
+        # Tiered storage (replica_tiering.py): the store is opened at the first round of a
+        # topic with remote.storage.enable; ``remote_store_factory`` (tests) opens it instead.
+        self._init_tiering(
+            topic_id or topic, remote_store, remote_log_manager_interval_ms, remote_store_factory
+        )
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -296,6 +311,7 @@ class ReplicaActor(ReplicaMirror):
                     self._snapshots.take(self._sm.log)
                 await self._maybe_checkpoint_hw()
                 self._maybe_enforce_retention()
+                self._maybe_tier(now_ms())
                 self._maybe_clean()
             except Exception as exc:
                 log.exception(
@@ -307,9 +323,13 @@ class ReplicaActor(ReplicaMirror):
     def _maybe_enforce_retention(self) -> None:
         """Every ``log.retention.check.interval.ms``: delete whole segments past retention.ms /
         retention.bytes, only below the high watermark, and tell the state machine where the
-        log starts now. Each replica applies retention to its own log, as Kafka's do."""
+        log starts now. Each replica applies retention to its own log, as Kafka's do. A
+        tiered topic's (remote.storage.enable) local segments go only once copied: see
+        replica_tiering.py."""
         now = now_ms()
         if now - self._retention_checked_ms < self._retention_interval_ms:
+            return
+        if self._tiering_enabled():
             return
         self._retention_checked_ms = now
         try:
@@ -428,6 +448,7 @@ class ReplicaActor(ReplicaMirror):
         log_config, flush_messages, flush_ms = _log_and_flush_configs(topic_config)
         self._sm.reconfigure(replica_config)  # validates before it changes anything
         self._log.reconfigure(log_config)
+        self._topic_config = config_keys.effective(topic_config)
         self._max_message_bytes = log_config.max_message_bytes
         self._executor.set_flush_policy(flush_messages, flush_ms)
         return True

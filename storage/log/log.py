@@ -123,7 +123,8 @@ class Log:
     def log_start_offset(self) -> int:
         """The first offset served (see retention.py); may lie inside a segment. Offsets below
         it are never served (OffsetOutOfRangeError), even where their bytes still sit in the
-        first segment."""
+        first segment. With tiered storage, the first offset held locally (Kafka's
+        localLogStartOffset); the offsets below it may be remote."""
         return self._state.log_start_offset
 
     @property
@@ -525,6 +526,16 @@ class Log:
         with self._lock:
             self._check_usable()
             return retention.enforce_retention(self._state, now_ms, high_watermark)
+
+    def delete_local_segments(self, count: int, high_watermark: int) -> int:
+        """Tiered storage: delete the ``count`` oldest closed segments (fewer when one is not
+        wholly below ``high_watermark``), which the caller found copied to the object store
+        and past local retention; returns how many were deleted. The log start offset (here
+        the local one, Kafka's localLogStartOffset: see retention.py) moves to the base
+        offset of the first segment left, as after retention."""
+        with self._lock:
+            self._check_usable()
+            return retention.delete_local_segments(self._state, count, high_watermark)
 
     def advance_log_start(self, offset: int, high_watermark: int) -> int:
         """Move the log start offset up to ``offset`` (Kafka's maybeIncrementLogStartOffset:

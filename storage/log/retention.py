@@ -12,6 +12,13 @@ follower learning its leader's), to any offset up to the high watermark, also in
 segment. Invariants: first segment's base offset <= log start offset <= log end offset, and no
 segment lies wholly below the log start offset (the next segment's base offset is above it).
 
+Tiered storage (KIP-405): for a topic whose closed segments are copied to the object store,
+the log holds the local tier only, and its log start offset is Kafka's localLogStartOffset
+(the first offset held locally); the partition's log start (Kafka's logStartOffset, the
+remote one) is its owner's. :meth:`Log.delete_local_segments` deletes the oldest segments
+its owner found copied and past local retention, as retention does (same order, same
+invariants): the log starts at the next segment's base offset.
+
 Only a value set by :meth:`Log.advance_log_start` (or a truncation that lowers it) is
 checkpointed. Order of an advance, for a crash at any point: 1. the checkpoint (atomic,
 fsync'd): from here on the offsets below are gone, whatever files remain (recovery takes the
@@ -49,6 +56,20 @@ def enforce_retention(state: LogState, now_ms: int, high_watermark: int | None) 
     deleted = delete_retained_segments(state.segments, state.config, now_ms, high_watermark)
     state.log_start_offset = max(state.log_start_offset, state.segments[0].base_offset)
     if deleted:
+        _after_head_deleted(state, deleted)
+    return deleted
+
+
+def delete_local_segments(state: LogState, count: int, high_watermark: int) -> int:
+    """:meth:`Log.delete_local_segments`; returns how many segments were deleted."""
+    deleted = 0
+    while deleted < count and len(state.segments) > 1:
+        if state.segments[1].base_offset > high_watermark:
+            break  # uncommitted data is never deleted
+        _delete_first(state.segments)
+        deleted += 1
+    if deleted:
+        state.log_start_offset = max(state.log_start_offset, state.segments[0].base_offset)
         _after_head_deleted(state, deleted)
     return deleted
 

@@ -198,3 +198,28 @@ def test_a_full_truncation_may_start_below_the_log_start(small_log_dir: Path) ->
 @pytest.fixture
 def small_log_dir(tmp_path: Path) -> Path:
     return tmp_path / "topic-0"
+
+
+def test_delete_local_segments_moves_the_local_start_below_the_high_watermark_only(
+    tmp_path: Path,
+) -> None:
+    """Tiered storage's local deletion: the oldest ``count`` segments go, never one holding
+    offsets at or above the high watermark; reads below the new start are out of range, and
+    a reopen finds the same start (the first segment's base)."""
+    log = Log.open(tmp_path / "t-0", SMALL)
+    fill(log, 60)
+    before = bases(log)
+    assert len(before) >= 5
+    assert log.delete_local_segments(2, high_watermark=log.log_end_offset) == 2
+    assert log.log_start_offset == before[2] and bases(log) == before[2:]
+    with pytest.raises(OffsetOutOfRangeError):
+        log.read(before[2] - 1, 1 << 20)
+    assert offsets(log.read(before[2], 100))[0][0] == before[2]
+    # The high watermark inside the fourth segment: only the third may go.
+    assert log.delete_local_segments(10, high_watermark=before[3] + 1) == 1
+    assert log.log_start_offset == before[3]
+    assert log.delete_local_segments(0, high_watermark=log.log_end_offset) == 0
+    log.close()
+    reopened = Log.open(tmp_path / "t-0", SMALL)
+    assert reopened.log_start_offset == before[3]
+    reopened.close()

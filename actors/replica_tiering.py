@@ -1,0 +1,288 @@
+"""Tiered storage on a replica (KIP-405's RemoteLogManager tasks), mixed into
+:class:`raylog.actors.replica.ReplicaActor`.
+
+For a topic with ``remote.storage.enable=true``, every ``remote.log.manager.task.interval.ms``
+(Kafka's broker config; :data:`REMOTE_LOG_MANAGER_TASK_INTERVAL_MS_DEFAULT` here) one round
+runs, in a thread (the object store's I/O never blocks the actor's event loop), one round at
+a time:
+
+- on the leader: once per leadership (leader epoch) :func:`~raylog.storage.remote.clean_up`
+  (orphaned copies a crashed or fenced leader left); then the closed segments wholly below
+  the last stable offset are copied one at a time from the next offset to copy of this
+  leader's epoch lineage (:func:`~raylog.storage.remote.metadata.plan_copy`), at most
+  ``COPIES_PER_ROUND_MAX`` per round; then remote retention (retention.ms / retention.bytes
+  over both tiers: :func:`~raylog.storage.remote.metadata.remote_segments_past_retention`);
+- on every replica, the leader and its followers alike: the oldest local segments that the
+  remote metadata lists as copied (within this replica's own epoch lineage, so a follower
+  never deletes offsets its leader's copies do not hold) and that local retention
+  (local.retention.ms / local.retention.bytes, -2 following the totals) passes, are
+  deleted; the round only counts them, the deletion itself runs on the event loop, as
+  retention's does, and moves the log's (local) log start offset. Followers never copy.
+
+Fencing is the metadata's: a copy started under an older leader epoch cannot finish once a
+newer leader wrote (FencedLeaderEpochError), and a new leader continues from the last offset
+copied in its own lineage. An unreachable object store (or any failure of a round) stops
+copying and local deletion alike: nothing is deleted locally unless the metadata was read in
+that round; the error is logged and kept (:meth:`TieredReplica.tiering_stats`) and the next
+round tries again.
+
+Not here: reads below the local log start (fetch and ListOffsets served from the object
+store) and DeleteRecords below the local log start.
+
+The host class provides ``_log``, ``_sm``, ``_loop``, ``_step``, ``_go_offline``, ``topic``
+and ``partition``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+from raylog.actors.control import config_keys
+from raylog.actors.replication.messages import LocalLogStartAdvanced
+from raylog.actors.replication.ready import Role
+from raylog.storage.errors import KafkaStorageError, RaylogError
+from raylog.storage.log import Log
+from raylog.storage.log.epochs import EpochEntry
+from raylog.storage.log.segment_list import ClosedSegment
+from raylog.storage.objectstore import ObjectStore, open_object_store
+from raylog.storage.remote import clean_up, copy_segment, delete_segments, metadata_store
+from raylog.storage.remote import metadata as rmeta
+from raylog.storage.remote.format import RemotePartition
+
+log = logging.getLogger(__name__)
+
+REMOTE_LOG_MANAGER_TASK_INTERVAL_MS_DEFAULT = 30_000  # remote.log.manager.task.interval.ms
+COPIES_PER_ROUND_MAX = 16  # bound on the segments one round copies (the rest: next round)
+
+
+class RemoteStoreLocation(NamedTuple):
+    """Where the cluster's object store is: its URL and the S3 endpoint (None: AWS's)."""
+
+    url: str
+    s3_endpoint: str | None = None
+
+    def open(self) -> ObjectStore:
+        return open_object_store(self.url, endpoint_url=self.s3_endpoint)
+
+
+class RoundInputs(NamedTuple):
+    """What a round needs from the state machine, read on the event loop before it starts."""
+
+    leader_epoch: int  # -1: not the leader (no copy, no clean-up, no remote retention)
+    lineage: Sequence[EpochEntry]
+    log_end_offset: int
+    last_stable_offset: int
+    high_watermark: int
+    now_ms: int  # wall clock, as segment timestamps
+
+
+class RoundResult(NamedTuple):
+    copied: int
+    remote_deleted: int
+    local_deletable: int  # the oldest local segments the event loop deletes
+
+
+class TieredReplica:
+    """The tiering task of one replica (see the module docstring)."""
+
+    _log: Log
+    _sm: Any
+    _loop: asyncio.AbstractEventLoop
+    _step: Callable[[Any], None]
+    _go_offline: Callable[[str], None]
+    _topic_config: config_keys.TopicConfig  # the host keeps it current (reconfigure)
+    topic: str
+    partition: int
+
+    def _init_tiering(
+        self,
+        topic_id: str,
+        location: RemoteStoreLocation | None,
+        interval_ms: int,
+        store_factory: Callable[[], ObjectStore] | None = None,
+    ) -> None:
+        """``store_factory`` opens the store (default: ``location.open``; tests give one
+        that can be cut off). The store is opened at the first round of a tiered topic."""
+        self._tier_partition = RemotePartition(topic_id, self.partition)
+        self._tier_open = store_factory or (location.open if location is not None else None)
+        self._tier_store: ObjectStore | None = None
+        self._tier_interval_ms = max(1, interval_ms)
+        self._tier_checked_ms = 0
+        self._tier_task: asyncio.Task[None] | None = None
+        self._tier_cleaned_epoch = -1  # the leader epoch whose clean_up ran
+        self._tier_stats: dict[str, Any] = {
+            "rounds": 0,
+            "segments_copied": 0,
+            "remote_segments_deleted": 0,
+            "local_segments_deleted": 0,
+            "orphans_removed": 0,
+            "last_error": "",
+        }
+
+    def _tiering_enabled(self) -> bool:
+        return bool(self._topic_config.remote_storage_enable)
+
+    def _maybe_tier(self, monotonic_ms: int) -> None:
+        """From the tick: start a round when one is due (see the module docstring)."""
+        if self._tier_task is not None or not self._tiering_enabled():
+            return
+        if monotonic_ms - self._tier_checked_ms < self._tier_interval_ms:
+            return
+        self._tier_checked_ms = monotonic_ms
+        sm = self._sm
+        if sm.role not in (Role.LEADER, Role.FOLLOWER):
+            return
+        inputs = RoundInputs(
+            leader_epoch=sm.leader_epoch if sm.role is Role.LEADER else -1,
+            lineage=self._log.epoch_entries,
+            log_end_offset=self._log.log_end_offset,
+            last_stable_offset=sm.last_stable_offset,
+            high_watermark=sm.high_watermark,
+            now_ms=time.time_ns() // 1_000_000,
+        )
+        self._tier_task = self._loop.create_task(self._tier(inputs))
+
+    async def _tier(self, inputs: RoundInputs) -> None:
+        try:
+            result = await asyncio.to_thread(self._tier_round, inputs)
+        except (RaylogError, OSError, ValueError) as exc:
+            # An unreachable store, a fenced copy, a copy that would not tile: nothing was
+            # deleted locally; the next round tries again.
+            self._tier_stats["last_error"] = f"{type(exc).__name__}: {exc}"
+            log.warning(
+                "replica %s-%d: tiered storage round failed: %s",
+                self.topic,
+                self.partition,
+                self._tier_stats["last_error"],
+            )
+            return
+        finally:
+            self._tier_task = None
+            self._tier_stats["rounds"] += 1
+        self._tier_stats["last_error"] = ""
+        self._tier_stats["segments_copied"] += result.copied
+        self._tier_stats["remote_segments_deleted"] += result.remote_deleted
+        if result.local_deletable:
+            try:
+                deleted = self._log.delete_local_segments(
+                    result.local_deletable, min(inputs.high_watermark, self._sm.high_watermark)
+                )
+            except KafkaStorageError as exc:  # a failed log dir: this replica goes offline
+                self._go_offline(str(exc))
+                return
+            if deleted:
+                self._tier_stats["local_segments_deleted"] += deleted
+                self._step(LocalLogStartAdvanced(self._log.log_start_offset))
+
+    async def tiering_stats(self) -> dict[str, Any]:
+        """What tiered storage did on this replica: rounds, segments copied, remote segments
+        deleted by retention, local segments deleted, orphans removed, the last round's
+        error ("" when it succeeded), and the remote log's first and next offsets (-1: none
+        copied, or not read yet)."""
+        stats = dict(self._tier_stats)
+        stats.setdefault("remote_log_start_offset", -1)
+        stats.setdefault("remote_next_offset", -1)
+        return stats
+
+    # -- the round, in a thread -------------------------------------------------------------------
+
+    def _tier_round(self, inputs: RoundInputs) -> RoundResult:
+        if self._tier_open is None:
+            raise KafkaStorageError(
+                "remote.storage.enable is set but this broker knows no object store"
+            )
+        if self._tier_store is None:
+            self._tier_store = self._tier_open()
+        store, partition = self._tier_store, self._tier_partition
+        copied = remote_deleted = 0
+        if inputs.leader_epoch >= 0:
+            if self._tier_cleaned_epoch != inputs.leader_epoch:
+                self._tier_stats["orphans_removed"] += clean_up(
+                    store, partition, inputs.leader_epoch
+                )
+                self._tier_cleaned_epoch = inputs.leader_epoch
+            copied = self._copy_closed(store, inputs)
+            remote_deleted = self._remote_retention(store, inputs)
+        meta, _ = metadata_store.read(store, partition)
+        finished = meta.finished()
+        self._tier_stats["remote_log_start_offset"] = finished[0].base_offset if finished else -1
+        self._tier_stats["remote_next_offset"] = finished[-1].next_offset if finished else -1
+        closed = self._log.closed_segments()
+        cfg = self._topic_config
+        local = rmeta.local_segments_deletable(
+            closed,
+            self._log.active_segment_size_bytes,
+            _highest_copied(meta, inputs),
+            inputs.now_ms,
+            rmeta.effective_local_retention(cfg.local_retention_ms, cfg.retention_ms),
+            rmeta.effective_local_retention(cfg.local_retention_bytes, cfg.retention_bytes),
+        )
+        return RoundResult(copied, remote_deleted, local)
+
+    def _copy_closed(self, store: ObjectStore, inputs: RoundInputs) -> int:
+        """Copy the closed segments below the last stable offset, one at a time."""
+        copied = 0
+        while copied < COPIES_PER_ROUND_MAX:
+            meta, _ = metadata_store.read(store, self._tier_partition)
+            closed = self._log.closed_segments()
+            plan = rmeta.plan_copy(
+                meta,
+                inputs.lineage,
+                inputs.log_end_offset,
+                self._log.log_start_offset,
+                closed,
+                inputs.last_stable_offset,
+            )
+            if plan is None:
+                return copied
+            files = closed[plan.segment]
+            copy_segment(
+                store,
+                self._tier_partition,
+                files,
+                from_offset=plan.from_offset,
+                leader_epoch=inputs.leader_epoch,
+                index_interval_bytes=self._log.config.index_interval_bytes,
+                producer_snapshot=self._snapshot_for(files),
+            )
+            copied += 1
+        return copied
+
+    def _snapshot_for(self, files: ClosedSegment) -> tuple[int, bytes] | None:
+        """The newest producer-state snapshot inside the segment's offsets (up to its next
+        offset), uploaded with it; None when there is none there."""
+        for offset in self._log.producer_snapshot_offsets():  # newest first
+            if files.base_offset < offset <= files.next_offset:
+                data = self._log.read_producer_snapshot(offset)
+                return None if data is None else (offset, data)
+            if offset <= files.base_offset:
+                return None
+        return None
+
+    def _remote_retention(self, store: ObjectStore, inputs: RoundInputs) -> int:
+        """Delete the remote segments past retention.ms / retention.bytes over both tiers."""
+        meta, _ = metadata_store.read(store, self._tier_partition)
+        highest = _highest_copied(meta, inputs)
+        local_only = self._log.active_segment_size_bytes + sum(
+            s.size_bytes
+            for s in self._log.closed_segments()
+            if highest is None or s.next_offset - 1 > highest
+        )
+        cfg = self._topic_config
+        gone = rmeta.remote_segments_past_retention(
+            meta, inputs.now_ms, cfg.retention_ms, cfg.retention_bytes, local_only
+        )
+        if gone:
+            ids = [s.segment_id for s in gone]
+            delete_segments(store, self._tier_partition, ids, inputs.leader_epoch)
+        return len(gone)
+
+
+def _highest_copied(meta: rmeta.RemoteLogMetadata, inputs: RoundInputs) -> int | None:
+    """The highest offset copied within this replica's own epoch lineage (None: none)."""
+    start = rmeta.next_copy_offset(meta, inputs.lineage, inputs.log_end_offset).offset
+    return None if start is None else start - 1

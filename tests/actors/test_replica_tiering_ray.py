@@ -1,0 +1,309 @@
+"""Tiered storage on real ReplicaActors (real Ray, real WALs), the test as controller, with the
+object store a local directory and S3 (moto's server):
+
+- the leader copies each closed segment below the last stable offset; every replica, leader
+  and follower, deletes local segments once they are copied and past local.retention.bytes,
+  so its log start offset moves up while every offset stays readable, byte for byte, from
+  one tier or the other (the remote segments read back with RemoteReader, the rest fetched);
+- a leader change in the middle: the new leader continues from the last offset copied in
+  its lineage (the remote segments tile from offset 0: no gap, nothing listed twice);
+- remote retention (retention.bytes over both tiers) deletes the oldest remote segments;
+- the store cut off (a TCP proxy in front of moto that resets every connection) stops
+  copying and local deletion with a clear error; restored, copying goes on.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+from support.tcp_proxy import TcpProxy
+from support.waiting import wait_until
+
+from raylog.actors.calls import NAMESPACE, replica_actor_name
+from raylog.actors.replica import ReplicaActor
+from raylog.actors.replica_tiering import RemoteStoreLocation
+from raylog.actors.replication.messages import BecomeFollower, BecomeLeader
+from raylog.actors.replication.ready import ReplicaConfig
+from raylog.storage import batch as rb
+from raylog.storage.errors import OffsetOutOfRangeError
+from raylog.storage.localstore import LocalObjectStore
+from raylog.storage.objectstore import ObjectStore
+from raylog.storage.remote import RemotePartition, RemoteReader, metadata_store
+from raylog.storage.remote.cache import ByteLRU
+from raylog.storage.remote.metadata import check_tiling
+from raylog.storage.s3store import S3ObjectStore
+
+pytestmark = pytest.mark.slow
+
+CALL_TIMEOUT_S = 30.0
+WAIT_S = 120.0
+VALUE_BYTES = 900  # with the header each batch is ~1 KiB: segment.bytes 4096 holds ~4
+TIERED = {
+    "segment.bytes": "4096",
+    "remote.storage.enable": "true",
+    "local.retention.bytes": "8192",
+}
+INTERVAL_MS = 200  # remote.log.manager.task.interval.ms of these replicas
+
+
+class Tier:
+    """Where a test's replicas tier to, and the same store opened in the test."""
+
+    def __init__(self, location: RemoteStoreLocation, store: ObjectStore, env: Any) -> None:
+        self.location, self.store, self.env = location, store, env
+
+
+def _s3_env(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "env_vars": {
+            "AWS_ACCESS_KEY_ID": kwargs["aws_access_key_id"],
+            "AWS_SECRET_ACCESS_KEY": kwargs["aws_secret_access_key"],
+            "AWS_DEFAULT_REGION": kwargs["region_name"],
+        }
+    }
+
+
+@pytest.fixture(params=["local", "s3"])
+def tier(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Tier]:
+    if request.param == "local":
+        path = tmp_path / "store"
+        yield Tier(RemoteStoreLocation(str(path)), LocalObjectStore(path), None)
+        return
+    kwargs: dict[str, Any] = request.getfixturevalue("s3_client_kwargs")
+    bucket = request.getfixturevalue("create_bucket")()
+    store = S3ObjectStore(bucket, prefix="cluster", **kwargs)
+    location = RemoteStoreLocation(f"s3://{bucket}/cluster", kwargs["endpoint_url"])
+    yield Tier(location, store, _s3_env(kwargs))
+    store.close()
+
+
+def _get(ref: Any) -> Any:
+    return ray.get(ref, timeout=CALL_TIMEOUT_S)
+
+
+def _value(i: int) -> bytes:
+    return f"record-{i:06d}-".encode() + bytes(VALUE_BYTES)
+
+
+def _produce(leader: Any, start: int, count: int) -> None:
+    now = time.time_ns() // 1_000_000
+    for i in range(start, start + count):
+        batch = rb.build_batch([rb.Record(key=b"%d" % i, value=_value(i), timestamp_ms=now)])
+        outcome = _get(leader.produce.remote(batch, -1, 10_000))
+        assert outcome.error_code == 0, outcome
+        assert outcome.base_offset == i
+
+
+def _start(
+    tmp_path: Path, topic_id: str, tier: Tier, count: int, configs: dict[str, str] | None = None
+) -> list[Any]:
+    config = ReplicaConfig(min_insync_replicas=1, fetch_max_wait_ms=100)
+    return [
+        ReplicaActor.options(  # type: ignore[attr-defined]
+            name=replica_actor_name(topic_id, 0, rid), namespace=NAMESPACE, runtime_env=tier.env
+        ).remote(
+            topic_id,
+            0,
+            rid,
+            str(tmp_path / f"replica-{rid}"),
+            configs or TIERED,
+            config,
+            topic_id=topic_id,
+            remote_store=tier.location,
+            remote_log_manager_interval_ms=INTERVAL_MS,
+        )
+        for rid in range(count)
+    ]
+
+
+def _lead(replicas: list[Any], leader: int, epoch: int) -> None:
+    everyone = tuple(range(len(replicas)))
+    calls = [
+        replicas[leader].become_leader.remote(BecomeLeader(1, epoch, epoch, everyone, everyone))
+    ]
+    calls += [
+        r.become_follower.remote(BecomeFollower(1, leader, epoch, epoch))
+        for rid, r in enumerate(replicas)
+        if rid != leader
+    ]
+    _get(calls)
+
+
+def _stats(replica: Any) -> dict[str, Any]:
+    return dict(_get(replica.tiering_stats.remote()))
+
+
+def _log_start(replica: Any) -> int:
+    return int(_get(replica.state.remote()).log_start_offset)
+
+
+def _every_value(store: ObjectStore, partition: RemotePartition, replica: Any, upto: int) -> list:
+    """(offset, value) of every record below ``upto``: the remote segments first (read back
+    with RemoteReader, every batch CRC-checked), then the replica's local log from where the
+    remote log ends. Asserts that the tiers meet with no gap: the local log start read
+    before the metadata is at most where the remote log ends (a read that a deletion
+    overtook meanwhile is made again)."""
+    return wait_until(lambda: _read_tiers(store, partition, replica, upto), timeout_s=WAIT_S)
+
+
+def _read_tiers(
+    store: ObjectStore, partition: RemotePartition, replica: Any, upto: int
+) -> list[tuple[int, bytes]] | None:
+    from kafka.record.default_records import DefaultRecordBatch
+
+    local_start = _log_start(replica)
+    meta, _ = metadata_store.read(store, partition)
+    finished = meta.finished()
+    reader = RemoteReader(store, ByteLRU())
+    batches: list[bytes] = []
+    for segment in finished:
+        offset = segment.base_offset
+        while offset <= segment.end_offset:
+            got = reader.read(partition, segment, offset, 1 << 20)
+            assert got, f"nothing at {offset} in remote segment {segment.segment_id}"
+            batches += got
+            offset = rb.parse_header(got[-1]).next_offset
+    offset = finished[-1].next_offset if finished else 0
+    assert local_start <= offset, "offsets between the tiers are in neither"
+    while offset < upto:
+        fetched = _get(replica.fetch.remote(offset, 1 << 20))
+        if fetched.error_code == OffsetOutOfRangeError.error_code:
+            return None  # copied and deleted locally since the metadata was read
+        assert fetched.error_code == 0, fetched
+        for pos, header in rb.iter_batches(fetched.records):
+            batches.append(fetched.records[pos : pos + header.size])
+            offset = header.next_offset
+    return [(r.offset, bytes(r.value)) for data in batches for r in DefaultRecordBatch(data)]
+
+
+def _local_logs(directory: Path) -> int:
+    return len(list(directory.glob("*.log")))
+
+
+def test_copies_local_deletion_and_a_leader_change(
+    ray_local: Path, tmp_path: Path, tier: Tier
+) -> None:
+    topic_id = f"tiered-{uuid.uuid4().hex[:8]}"
+    partition = RemotePartition(topic_id, 0)
+    replicas = _start(tmp_path, topic_id, tier, 2)
+    try:
+        _lead(replicas, 0, 1)
+        _produce(replicas[0], 0, 60)
+        # ~15 segments of ~4 batches; all but ~8 KiB of them copied and deleted locally, on
+        # the leader by its own round and on the follower by its own (it reads the metadata).
+        for r in replicas:
+            wait_until(lambda r=r: _log_start(r) >= 30, timeout_s=WAIT_S, message="local deletion")
+        assert _stats(replicas[0])["segments_copied"] >= 7
+        assert _stats(replicas[1])["segments_copied"] == 0, "a follower never copies"
+        assert _every_value(tier.store, partition, replicas[0], 60) == [
+            (i, _value(i)) for i in range(60)
+        ]
+
+        # A leader change: replica 1 continues from the last offset copied in its lineage.
+        _lead(replicas, 1, 2)
+        _produce(replicas[1], 60, 60)
+        wait_until(
+            lambda: _stats(replicas[1])["remote_next_offset"] >= 100,
+            timeout_s=WAIT_S,
+            message="the new leader copies",
+        )
+        wait_until(lambda: _log_start(replicas[0]) >= 90, timeout_s=WAIT_S, message="deletion")
+        meta, _ = metadata_store.read(tier.store, partition)
+        finished = meta.finished()
+        assert finished[0].base_offset == 0
+        check_tiling(meta)  # consecutive offsets: no gap, no overlap
+        assert {e for s in finished for e, _ in s.leader_epochs} == {1, 2}
+        for r in replicas:
+            assert _every_value(tier.store, partition, r, 120) == [
+                (i, _value(i)) for i in range(120)
+            ]
+        assert _local_logs(tmp_path / "replica-0") <= 5
+        assert _local_logs(tmp_path / "replica-1") <= 5
+    finally:
+        for r in replicas:
+            ray.kill(r, no_restart=True)
+
+
+def test_remote_retention_deletes_the_oldest_remote_segments(
+    ray_local: Path, tmp_path: Path
+) -> None:
+    path = tmp_path / "store"
+    tier = Tier(RemoteStoreLocation(str(path)), LocalObjectStore(path), None)
+    topic_id = f"retained-{uuid.uuid4().hex[:8]}"
+    partition = RemotePartition(topic_id, 0)
+    configs = {**TIERED, "local.retention.bytes": "4096", "retention.bytes": "16384"}
+    (replica,) = _start(tmp_path, topic_id, tier, 1, configs)
+    try:
+        _lead([replica], 0, 1)
+        _produce(replica, 0, 80)
+        wait_until(
+            lambda: _stats(replica)["remote_segments_deleted"] >= 5,
+            timeout_s=WAIT_S,
+            message="remote retention",
+        )
+
+        def bounded() -> bool:
+            meta, _ = metadata_store.read(tier.store, partition)
+            remote = sum(s.size_bytes for s in meta.finished())
+            return remote + int(_get(replica.state.remote()).log_size_bytes) < 16384 + 2 * 4096
+
+        wait_until(bounded, timeout_s=WAIT_S, message="both tiers within retention.bytes")
+        meta, _ = metadata_store.read(tier.store, partition)
+        start = meta.finished()[0].base_offset
+        assert start > 0
+        assert _stats(replica)["remote_log_start_offset"] >= start
+        values = _every_value(tier.store, partition, replica, 80)
+        assert values == [(i, _value(i)) for i in range(start, 80)]
+    finally:
+        ray.kill(replica, no_restart=True)
+
+
+def test_a_cut_off_store_stops_copying_and_local_deletion(
+    ray_local: Path, tmp_path: Path, s3_client_kwargs: dict[str, Any], create_bucket: Callable
+) -> None:
+    moto_port = int(s3_client_kwargs["endpoint_url"].rsplit(":", 1)[1])
+    proxy = TcpProxy(moto_port)
+    proxy.start()
+    bucket = create_bucket()
+    store = S3ObjectStore(bucket, prefix="cluster", **s3_client_kwargs)
+    location = RemoteStoreLocation(f"s3://{bucket}/cluster", f"http://127.0.0.1:{proxy.port}")
+    tier = Tier(location, store, _s3_env(s3_client_kwargs))
+    topic_id = f"cut-{uuid.uuid4().hex[:8]}"
+    (replica,) = _start(tmp_path, topic_id, tier, 1)
+    try:
+        _lead([replica], 0, 1)
+        _produce(replica, 0, 30)
+        wait_until(lambda: _log_start(replica) > 0, timeout_s=WAIT_S, message="first copies")
+        proxy.cut()
+        copied = _stats(replica)["segments_copied"]
+        start = _log_start(replica)
+        _produce(replica, 30, 40)
+        wait_until(
+            lambda: (
+                "ObjectStoreError" in _stats(replica)["last_error"]
+                or "unreachable" in _stats(replica)["last_error"].lower()
+            ),
+            timeout_s=WAIT_S,
+            message="a clear error",
+        )
+        rounds = _stats(replica)["rounds"]
+        wait_until(lambda: _stats(replica)["rounds"] >= rounds + 2, timeout_s=WAIT_S)
+        assert _stats(replica)["segments_copied"] <= copied + 1  # one in flight at the cut
+        assert _log_start(replica) == start, "nothing deleted locally while the store is away"
+        assert _local_logs(tmp_path / "replica-0") >= 10
+
+        proxy.restore()
+        wait_until(lambda: _log_start(replica) >= 50, timeout_s=WAIT_S, message="resumed")
+        assert _stats(replica)["last_error"] == ""
+        values = _every_value(store, RemotePartition(topic_id, 0), replica, 70)
+        assert values == [(i, _value(i)) for i in range(70)]
+    finally:
+        ray.kill(replica, no_restart=True)
+        proxy.stop()
+        store.close()
