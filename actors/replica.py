@@ -52,9 +52,11 @@ from raylog.actors.producer_snapshots import SnapshotTaker, start_state
 from raylog.actors.replica_mirror import ReplicaMirror
 from raylog.actors.replica_port import CHANNEL_START_S, RayReplicaPort
 from raylog.actors.replica_tiering import (
+    EARLIEST_LOCAL_TIMESTAMP,
     REMOTE_LOG_MANAGER_TASK_INTERVAL_MS_DEFAULT,
     RemoteStoreLocation,
     TieredReplica,
+    first_record_at,
 )
 from raylog.actors.replication.executor import ReadyExecutor
 from raylog.actors.replication.messages import (
@@ -77,7 +79,7 @@ from raylog.actors.transport.arena import ArenaError, ArenaViews
 from raylog.actors.transport.channel import ChannelAddress, ChannelServer, channel_secret
 from raylog.storage import batch as rb
 from raylog.storage import pki
-from raylog.storage.batch import first_record_without_key, records_section
+from raylog.storage.batch import first_record_without_key
 from raylog.storage.cleaner_process import run_in_child
 from raylog.storage.errors import (
     FencedLeaderEpochError,
@@ -93,7 +95,6 @@ from raylog.storage.errors import (
 )
 from raylog.storage.log import Extents, Log, LogConfig
 from raylog.storage.pki import LeafCertificate
-from raylog.storage.records import iter_records
 
 log = logging.getLogger(__name__)
 
@@ -751,6 +752,10 @@ class ReplicaActor(ReplicaMirror, TieredReplica):
         sm = self._sm
         if self._offline is not None:
             return FetchOutcome(KafkaStorageError.error_code, -1, -1, -1, b"", -1, self._offline)
+        if self._below_local(fetch_offset):  # tiered storage: from the object store
+            return await self._remote_fetch(
+                fetch_offset, max_bytes, current_leader_epoch, isolation_level
+            )
         request_id = self._new_request_id()
         waiter: asyncio.Future[tuple[FetchResponse, bytes, Extents | None]] = (
             asyncio.get_running_loop().create_future()
@@ -783,7 +788,7 @@ class ReplicaActor(ReplicaMirror, TieredReplica):
             response.error_code,
             response.high_watermark,
             response.last_stable_offset,
-            response.log_start_offset,
+            self._log_start_for_clients(response.log_start_offset),
             records,
             sm.leader_epoch,
             extents=located,
@@ -869,6 +874,8 @@ class ReplicaActor(ReplicaMirror, TieredReplica):
         if current_leader_epoch > sm.leader_epoch:
             return (UnknownLeaderEpochError.error_code, -1, -1, sm.leader_epoch)
         if timestamp == -2:
+            return (0, -1, self._log_start_for_clients(sm.log_start_offset), sm.leader_epoch)
+        if timestamp == EARLIEST_LOCAL_TIMESTAMP:
             return (0, -1, sm.log_start_offset, sm.leader_epoch)
         # Kafka's lastFetchableOffset.
         fetchable = (
@@ -877,6 +884,10 @@ class ReplicaActor(ReplicaMirror, TieredReplica):
         if timestamp == -1:
             return (0, -1, fetchable, sm.leader_epoch)
         try:
+            if self._tiering_enabled():  # the remote tier first: it holds the older offsets
+                remote = await asyncio.to_thread(self._remote_list_offset, timestamp)
+                if remote is not None:
+                    return (0, remote[0], remote[1], sm.leader_epoch)
             found = self._log.offset_for_timestamp(timestamp)
         except RaylogError as exc:
             return (exc.error_code, -1, -1, -1)
@@ -894,21 +905,10 @@ class ReplicaActor(ReplicaMirror, TieredReplica):
         self, batch_offset: int, timestamp: int, below: int
     ) -> tuple[int, int] | None:
         """``(timestamp, offset)`` of the first record at or after ``timestamp`` in the batch
-        at ``batch_offset`` (whose maxTimestamp is that late): Kafka's record precision, as its
-        LogSegment.findOffsetByTimestamp reads records inside the batch it found."""
+        at ``batch_offset`` (whose maxTimestamp is that late); ``batch_offset`` is the log
+        start offset when that lies inside the batch."""
         data = self._log.read(batch_offset, 1, max_offset=below)  # that one batch, whole
-        header = rb.parse_header(data, 0)
-        for record in iter_records(records_section(data, header), header.records_count):
-            offset = header.base_offset + record.offset_delta
-            stamp = (
-                header.max_timestamp
-                if header.is_log_append_time
-                else header.base_timestamp + record.timestamp_delta
-            )
-            # batch_offset is the log start offset when that lies inside the batch.
-            if offset >= batch_offset and stamp >= timestamp:
-                return stamp, offset
-        return None
+        return first_record_at(data, batch_offset, timestamp)
 
     # --- replica to replica ---------------------------------------------------------------------
 

@@ -26,8 +26,20 @@ copying and local deletion alike: nothing is deleted locally unless the metadata
 that round; the error is logged and kept (:meth:`TieredReplica.tiering_stats`) and the next
 round tries again.
 
-Not here: reads below the local log start (fetch and ListOffsets served from the object
-store) and DeleteRecords below the local log start.
+Reads below the local log start (Kafka's localLogStartOffset, this log's log start offset):
+a consumer fetch at or above the partition's log start (the remote one: Kafka's
+logStartOffset, ``min(remote start, local start)``) is served from the object store by
+:class:`~raylog.storage.remote.RemoteReader` in a thread (whole batches of one remote segment,
+at most ``max_bytes`` but the first; the process's bounded cache), with the aborted
+transactions it overlaps for read_committed; ListOffsets answers earliest (-2) with the
+partition's log start, earliest-local (-4, KIP-1005) with the local one, and a timestamp the
+local tier is too late for from the remote segments (the first whose max timestamp is late
+enough, then its batches and records, as a local lookup). The remote metadata is read at
+every remote read (no metadata cache). Followers replicate from the leader's local log only:
+one behind the leader's local log start truncates fully and starts there (the existing
+path: the leader reports its local log start to followers).
+
+Not here: DeleteRecords below the local log start.
 
 The host class provides ``_log``, ``_sm``, ``_loop``, ``_step``, ``_go_offline``, ``topic``
 and ``partition``.
@@ -41,19 +53,39 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from raylog.actors.calls import FetchOutcome
 from raylog.actors.control import config_keys
 from raylog.actors.replication.messages import LocalLogStartAdvanced
 from raylog.actors.replication.ready import Role
-from raylog.storage.errors import KafkaStorageError, RaylogError
+from raylog.storage import batch as rb
+from raylog.storage.batch import records_section
+from raylog.storage.errors import (
+    FencedLeaderEpochError,
+    KafkaStorageError,
+    NotLeaderOrFollowerError,
+    OffsetOutOfRangeError,
+    RaylogError,
+    UnknownLeaderEpochError,
+)
 from raylog.storage.log import Log
 from raylog.storage.log.epochs import EpochEntry
 from raylog.storage.log.segment_list import ClosedSegment
 from raylog.storage.objectstore import ObjectStore, open_object_store
-from raylog.storage.remote import clean_up, copy_segment, delete_segments, metadata_store
+from raylog.storage.records import iter_records
+from raylog.storage.remote import (
+    RemoteReader,
+    clean_up,
+    copy_segment,
+    delete_segments,
+    metadata_store,
+)
 from raylog.storage.remote import metadata as rmeta
 from raylog.storage.remote.format import RemotePartition
 
 log = logging.getLogger(__name__)
+
+READ_COMMITTED = 1  # Kafka's IsolationLevel
+EARLIEST_TIMESTAMP, EARLIEST_LOCAL_TIMESTAMP = -2, -4  # ListOffsets (KIP-1005: -4)
 
 REMOTE_LOG_MANAGER_TASK_INTERVAL_MS_DEFAULT = 30_000  # remote.log.manager.task.interval.ms
 COPIES_PER_ROUND_MAX = 16  # bound on the segments one round copies (the rest: next round)
@@ -110,6 +142,7 @@ class TieredReplica:
         self._tier_partition = RemotePartition(topic_id, self.partition)
         self._tier_open = store_factory or (location.open if location is not None else None)
         self._tier_store: ObjectStore | None = None
+        self._tier_reader: RemoteReader | None = None
         self._tier_interval_ms = max(1, interval_ms)
         self._tier_checked_ms = 0
         self._tier_task: asyncio.Task[None] | None = None
@@ -178,6 +211,116 @@ class TieredReplica:
                 self._tier_stats["local_segments_deleted"] += deleted
                 self._step(LocalLogStartAdvanced(self._log.log_start_offset))
 
+    def _log_start_for_clients(self, local_start: int) -> int:
+        """The partition's log start (Kafka's logStartOffset): the remote log's first offset
+        when it is below the local one (as last read from the metadata)."""
+        remote = int(self._tier_stats.get("remote_log_start_offset", -1))
+        if not self._tiering_enabled() or remote < 0:
+            return local_start
+        return min(remote, local_start)
+
+    def _below_local(self, offset: int) -> bool:
+        """Whether ``offset`` is for the object store to serve."""
+        return self._tiering_enabled() and 0 <= offset < self._log.log_start_offset
+
+    def _epoch_error(self, current_leader_epoch: int) -> int:
+        """A remote read's fencing, as the state machine checks a consumer fetch: 0 when it
+        may go on, else Kafka's error code."""
+        sm = self._sm
+        if sm.role not in (Role.LEADER, Role.FOLLOWER):
+            return NotLeaderOrFollowerError.error_code
+        if 0 <= current_leader_epoch < sm.leader_epoch:
+            return FencedLeaderEpochError.error_code
+        if current_leader_epoch > sm.leader_epoch:
+            return UnknownLeaderEpochError.error_code
+        return 0
+
+    async def _remote_fetch(
+        self, fetch_offset: int, max_bytes: int, current_leader_epoch: int, isolation_level: int
+    ) -> FetchOutcome:
+        """A consumer fetch below the local log start, served from the object store."""
+        sm = self._sm
+        error = self._epoch_error(current_leader_epoch)
+        if error:
+            return FetchOutcome(error, -1, -1, -1, b"", sm.leader_epoch)
+        try:
+            records, aborted = await asyncio.to_thread(
+                self._remote_read, fetch_offset, max(1, max_bytes), isolation_level
+            )
+        except RaylogError as exc:  # out of range, corrupt, the store unreachable
+            return FetchOutcome(
+                exc.error_code, -1, -1, -1, b"", sm.leader_epoch, f"remote read: {exc}"
+            )
+        return FetchOutcome(
+            0,
+            sm.high_watermark,
+            sm.last_stable_offset,
+            self._log_start_for_clients(self._log.log_start_offset),
+            records,
+            sm.leader_epoch,
+            aborted_transactions=aborted,
+        )
+
+    def _remote_list_offset(self, timestamp: int) -> tuple[int, int] | None:
+        """ListOffsets by time over the remote segments below the local log start:
+        ``(timestamp, offset)`` of the first record that late, None when the remote tier
+        holds none (the local tier is asked then)."""
+        store, partition = self._store(), self._tier_partition
+        meta = self._read_meta(store)
+        local_start = self._log.log_start_offset
+        for segment in meta.finished():
+            if segment.base_offset >= local_start:
+                return None
+            if segment.max_timestamp_ms < timestamp:
+                continue
+            offset = segment.base_offset
+            while offset <= segment.end_offset:  # bounded: each round moves on a batch
+                for data in self._reader().read(partition, segment, offset, 1 << 20):
+                    header = rb.parse_header(data)
+                    offset = header.next_offset
+                    if header.max_timestamp >= timestamp:
+                        return first_record_at(data, header.base_offset, timestamp)
+        return None
+
+    def _remote_read(
+        self, offset: int, max_bytes: int, isolation_level: int
+    ) -> tuple[bytes, tuple[tuple[int, int], ...]]:
+        store, partition = self._store(), self._tier_partition
+        segment = rmeta.segment_for_offset(self._read_meta(store), offset)
+        if segment is None:
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is below the log start offset of {self.topic}-{self.partition}"
+            )
+        batches = self._reader().read(partition, segment, offset, max_bytes)
+        aborted: tuple[tuple[int, int], ...] = ()
+        if isolation_level == READ_COMMITTED and batches:
+            upper = rb.parse_header(batches[-1]).next_offset
+            txns = self._reader().aborted_txns(partition, segment, offset, upper)
+            aborted = tuple((t.producer_id, t.first_offset) for t in txns)
+        return b"".join(batches), aborted
+
+    def _store(self) -> ObjectStore:
+        if self._tier_open is None:
+            raise KafkaStorageError(
+                "remote.storage.enable is set but this broker knows no object store"
+            )
+        if self._tier_store is None:
+            self._tier_store = self._tier_open()
+        return self._tier_store
+
+    def _reader(self) -> RemoteReader:
+        if self._tier_reader is None:
+            self._tier_reader = RemoteReader(self._store())
+        return self._tier_reader
+
+    def _read_meta(self, store: ObjectStore) -> rmeta.RemoteLogMetadata:
+        """The remote metadata, fresh; the remote log start it gives is kept."""
+        meta, _ = metadata_store.read(store, self._tier_partition)
+        finished = meta.finished()
+        self._tier_stats["remote_log_start_offset"] = finished[0].base_offset if finished else -1
+        self._tier_stats["remote_next_offset"] = finished[-1].next_offset if finished else -1
+        return meta
+
     async def tiering_stats(self) -> dict[str, Any]:
         """What tiered storage did on this replica: rounds, segments copied, remote segments
         deleted by retention, local segments deleted, orphans removed, the last round's
@@ -191,13 +334,7 @@ class TieredReplica:
     # -- the round, in a thread -------------------------------------------------------------------
 
     def _tier_round(self, inputs: RoundInputs) -> RoundResult:
-        if self._tier_open is None:
-            raise KafkaStorageError(
-                "remote.storage.enable is set but this broker knows no object store"
-            )
-        if self._tier_store is None:
-            self._tier_store = self._tier_open()
-        store, partition = self._tier_store, self._tier_partition
+        store, partition = self._store(), self._tier_partition
         copied = remote_deleted = 0
         if inputs.leader_epoch >= 0:
             if self._tier_cleaned_epoch != inputs.leader_epoch:
@@ -207,10 +344,7 @@ class TieredReplica:
                 self._tier_cleaned_epoch = inputs.leader_epoch
             copied = self._copy_closed(store, inputs)
             remote_deleted = self._remote_retention(store, inputs)
-        meta, _ = metadata_store.read(store, partition)
-        finished = meta.finished()
-        self._tier_stats["remote_log_start_offset"] = finished[0].base_offset if finished else -1
-        self._tier_stats["remote_next_offset"] = finished[-1].next_offset if finished else -1
+        meta = self._read_meta(store)
         closed = self._log.closed_segments()
         cfg = self._topic_config
         local = rmeta.local_segments_deletable(
@@ -280,6 +414,23 @@ class TieredReplica:
             ids = [s.segment_id for s in gone]
             delete_segments(store, self._tier_partition, ids, inputs.leader_epoch)
         return len(gone)
+
+
+def first_record_at(data: bytes, batch_offset: int, timestamp: int) -> tuple[int, int] | None:
+    """``(timestamp, offset)`` of the first record at or above ``batch_offset`` whose timestamp
+    is at least ``timestamp`` in the batch ``data`` (Kafka's record precision, as its
+    LogSegment.findOffsetByTimestamp reads records inside the batch it found)."""
+    header = rb.parse_header(data, 0)
+    for record in iter_records(records_section(data, header), header.records_count):
+        offset = header.base_offset + record.offset_delta
+        stamp = (
+            header.max_timestamp
+            if header.is_log_append_time
+            else header.base_timestamp + record.timestamp_delta
+        )
+        if offset >= batch_offset and stamp >= timestamp:
+            return stamp, offset
+    return None
 
 
 def _highest_copied(meta: rmeta.RemoteLogMetadata, inputs: RoundInputs) -> int | None:

@@ -31,7 +31,7 @@ from raylog.actors.replica_tiering import RemoteStoreLocation
 from raylog.actors.replication.messages import BecomeFollower, BecomeLeader
 from raylog.actors.replication.ready import ReplicaConfig
 from raylog.storage import batch as rb
-from raylog.storage.errors import OffsetOutOfRangeError
+from raylog.storage.errors import KafkaStorageError, OffsetOutOfRangeError
 from raylog.storage.localstore import LocalObjectStore
 from raylog.storage.objectstore import ObjectStore
 from raylog.storage.remote import RemotePartition, RemoteReader, metadata_store
@@ -91,10 +91,13 @@ def _value(i: int) -> bytes:
     return f"record-{i:06d}-".encode() + bytes(VALUE_BYTES)
 
 
+T0_MS = time.time_ns() // 1_000_000  # record i is stamped T0_MS + i
+
+
 def _produce(leader: Any, start: int, count: int) -> None:
-    now = time.time_ns() // 1_000_000
     for i in range(start, start + count):
-        batch = rb.build_batch([rb.Record(key=b"%d" % i, value=_value(i), timestamp_ms=now)])
+        record = rb.Record(key=b"%d" % i, value=_value(i), timestamp_ms=T0_MS + i)
+        batch = rb.build_batch([record])
         outcome = _get(leader.produce.remote(batch, -1, 10_000))
         assert outcome.error_code == 0, outcome
         assert outcome.base_offset == i
@@ -182,6 +185,31 @@ def _read_tiers(
     return [(r.offset, bytes(r.value)) for data in batches for r in DefaultRecordBatch(data)]
 
 
+def _fetch_all(replica: Any, upto: int, isolation_level: int = 0) -> list[tuple[int, bytes]]:
+    """(offset, value) of every record below ``upto`` as a consumer fetches them from 0:
+    below the local log start the replica serves them from the object store."""
+    from kafka.record.default_records import DefaultRecordBatch
+
+    out: list[tuple[int, bytes]] = []
+    offset = 0
+    while offset < upto:
+        fetched = _get(replica.fetch.remote(offset, 4096, 0, 1, -1, isolation_level))
+        assert fetched.error_code == 0, fetched
+        assert fetched.records, f"nothing at {offset}"
+        assert fetched.log_start_offset == 0  # the partition's: the remote one
+        for pos, header in rb.iter_batches(fetched.records):
+            data = fetched.records[pos : pos + header.size]
+            out += [(r.offset, bytes(r.value)) for r in DefaultRecordBatch(data)]
+            offset = header.next_offset
+    return out
+
+
+def _list_offsets(replica: Any, timestamp: int) -> tuple[int, int]:
+    code, stamp, offset, _ = _get(replica.list_offsets.remote(timestamp))
+    assert code == 0
+    return stamp, offset
+
+
 def _local_logs(directory: Path) -> int:
     return len(list(directory.glob("*.log")))
 
@@ -223,6 +251,18 @@ def test_copies_local_deletion_and_a_leader_change(
             assert _every_value(tier.store, partition, r, 120) == [
                 (i, _value(i)) for i in range(120)
             ]
+        # Consumers read everything from offset 0, below the local log start from the store,
+        # from both replicas (a follower serves consumers too, KIP-392), either isolation.
+        expected = [(i, _value(i)) for i in range(120)]
+        for r in replicas:
+            assert _fetch_all(r, 120) == expected
+        assert _fetch_all(replicas[1], 120, isolation_level=1) == expected
+        local_start = _log_start(replicas[1])
+        assert local_start > 0
+        assert _list_offsets(replicas[1], -2) == (-1, 0)  # earliest: the remote log start
+        assert _list_offsets(replicas[1], -4)[1] >= local_start  # earliest-local (KIP-1005)
+        assert _list_offsets(replicas[1], T0_MS + 3) == (T0_MS + 3, 3)  # remote, by time
+        assert _list_offsets(replicas[1], T0_MS + 119) == (T0_MS + 119, 119)  # local
         assert _local_logs(tmp_path / "replica-0") <= 5
         assert _local_logs(tmp_path / "replica-1") <= 5
     finally:
@@ -297,6 +337,10 @@ def test_a_cut_off_store_stops_copying_and_local_deletion(
         assert _stats(replica)["segments_copied"] <= copied + 1  # one in flight at the cut
         assert _log_start(replica) == start, "nothing deleted locally while the store is away"
         assert _local_logs(tmp_path / "replica-0") >= 10
+        # A read below the local log start fails with KAFKA_STORAGE_ERROR, saying why.
+        below = _get(replica.fetch.remote(0, 4096))
+        assert below.error_code == KafkaStorageError.error_code
+        assert below.message.startswith("remote read:"), below.message
 
         proxy.restore()
         wait_until(lambda: _log_start(replica) >= 50, timeout_s=WAIT_S, message="resumed")
