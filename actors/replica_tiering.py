@@ -85,7 +85,7 @@ from raylog.storage.remote.format import RemotePartition
 log = logging.getLogger(__name__)
 
 READ_COMMITTED = 1  # Kafka's IsolationLevel
-EARLIEST_TIMESTAMP, EARLIEST_LOCAL_TIMESTAMP = -2, -4  # ListOffsets (KIP-1005: -4)
+EARLIEST_LOCAL_TIMESTAMP = -4  # ListOffsets' earliest-local (KIP-1005)
 
 REMOTE_LOG_MANAGER_TASK_INTERVAL_MS_DEFAULT = 30_000  # remote.log.manager.task.interval.ms
 COPIES_PER_ROUND_MAX = 16  # bound on the segments one round copies (the rest: next round)
@@ -182,9 +182,9 @@ class TieredReplica:
     async def _tier(self, inputs: RoundInputs) -> None:
         try:
             result = await asyncio.to_thread(self._tier_round, inputs)
-        except (RaylogError, OSError, ValueError) as exc:
-            # An unreachable store, a fenced copy, a copy that would not tile: nothing was
-            # deleted locally; the next round tries again.
+        except Exception as exc:
+            # An unreachable store, a fenced copy, a copy that would not tile, a bug: nothing
+            # was deleted locally, the replica goes on serving; the next round tries again.
             self._tier_stats["last_error"] = f"{type(exc).__name__}: {exc}"
             log.warning(
                 "replica %s-%d: tiered storage round failed: %s",

@@ -1,0 +1,103 @@
+"""Tiered storage on `raylog up` (the session's shared cluster, its object store a directory in
+the data dir), driven by confluent-kafka.
+
+Proves, on an RF=3 topic with remote.storage.enable, small segments and a small
+local.retention.bytes: records produced past local retention are copied to the object store
+and every replica deletes its copied local segments; a consumer from the beginning still
+reads every record from offset 0, byte for byte (the older ones served from the object
+store), and the low watermark stays 0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from support.cluster import UpProcess
+from support.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+TOPIC = "tiered-live"
+RECORDS = 240
+VALUE_BYTES = 1000
+# One tiering round every 30 s (remote.log.manager.task.interval.ms); a few may be needed.
+TIERED_WAIT_S = 240.0
+
+
+@pytest.fixture(scope="module")
+def up(shared_up: UpProcess) -> UpProcess:
+    return shared_up
+
+
+def _value(i: int) -> bytes:
+    return (b"%06d-" % i) * (VALUE_BYTES // 7)
+
+
+def _local_segments(data_dir: Path) -> list[int]:
+    """How many .log files each replica of the topic's partition 0 holds."""
+    return [len(list(d.glob("*.log"))) for d in sorted(data_dir.glob(f"broker-*/{TOPIC}-0"))]
+
+
+def test_records_past_local_retention_are_read_from_offset_zero(up: UpProcess) -> None:
+    admin = AdminClient({"bootstrap.servers": up.bootstrap})
+    configs = {
+        "remote.storage.enable": "true",
+        "segment.bytes": "16384",
+        "local.retention.bytes": "32768",
+    }
+    futures = admin.create_topics([NewTopic(TOPIC, 1, 3, config=configs)])
+    futures[TOPIC].result(60)
+
+    producer = Producer(
+        {
+            "bootstrap.servers": up.bootstrap,
+            "acks": "all",
+            "batch.num.messages": 4,
+            "linger.ms": 20,
+            "message.timeout.ms": 120_000,
+        }
+    )
+    failed: list[KafkaError] = []
+    for i in range(RECORDS):
+        producer.produce(
+            TOPIC, key=b"k%d" % i, value=_value(i), on_delivery=lambda e, _m: e and failed.append(e)
+        )
+    assert producer.flush(120) == 0
+    assert failed == []
+
+    # ~240 KiB in segments of 16 KiB: all but ~32 KiB (plus the active segment) copied and
+    # deleted locally on every replica.
+    wait_until(
+        lambda: len(_local_segments(up.data_dir)) == 3 and max(_local_segments(up.data_dir)) <= 4,
+        timeout_s=TIERED_WAIT_S,
+        message="copied segments deleted locally on every replica",
+    )
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": up.bootstrap,
+            "group.id": "tiered-live-reader",
+            "enable.auto.commit": False,
+            "fetch.max.bytes": 65536,
+        }
+    )
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(TOPIC, 0), timeout=30)
+        assert (low, high) == (0, RECORDS)
+        consumer.assign([TopicPartition(TOPIC, 0, OFFSET_BEGINNING)])
+        seen: list[tuple[int, bytes, bytes]] = []
+
+        def read_all() -> bool:
+            message = consumer.poll(1.0)
+            if message is not None:
+                assert message.error() is None, message.error()
+                seen.append((message.offset(), message.key(), message.value()))
+            return len(seen) >= RECORDS
+
+        wait_until(read_all, timeout_s=120, message="every record from offset 0")
+        assert seen == [(i, b"k%d" % i, _value(i)) for i in range(RECORDS)]
+    finally:
+        consumer.close()
