@@ -81,7 +81,7 @@ def test_records_past_local_retention_are_read_from_offset_zero(up: UpProcess) -
             "bootstrap.servers": up.bootstrap,
             "group.id": "tiered-live-reader",
             "enable.auto.commit": False,
-            "fetch.max.bytes": 65536,
+            "max.partition.fetch.bytes": 65536,
         }
     )
     try:
