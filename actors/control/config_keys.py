@@ -228,8 +228,8 @@ TOPIC_CONFIG_DEFS: tuple[ConfigDef, ...] = (
         default="false",
         doc="Tiered storage (KIP-405): copy closed segments to the object store and serve "
         "offsets below the local log start from there. Refused for compacted topics.",
-        note="Accepted and validated; the copying and the serving from the object store are "
-        "not wired to replicas yet, so the topic keeps every segment locally.",
+        note="Not built: DeleteRecords below the local log start; a follower behind its "
+        "leader's local log start restarts there instead of rebuilding from remote segments.",
     ),
     ConfigDef(
         name="local.retention.ms",
@@ -238,7 +238,6 @@ TOPIC_CONFIG_DEFS: tuple[ConfigDef, ...] = (
         minimum=-2,
         doc="With remote.storage.enable: how long a copied segment stays on local disk; -2 "
         "follows retention.ms. At most retention.ms.",
-        note="Accepted and validated; not applied yet (see remote.storage.enable).",
     ),
     ConfigDef(
         name="local.retention.bytes",
@@ -247,7 +246,6 @@ TOPIC_CONFIG_DEFS: tuple[ConfigDef, ...] = (
         minimum=-2,
         doc="With remote.storage.enable: the most bytes a partition keeps on local disk; -2 "
         "follows retention.bytes. At most retention.bytes.",
-        note="Accepted and validated; not applied yet (see remote.storage.enable).",
     ),
 )
 
