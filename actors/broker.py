@@ -689,6 +689,7 @@ class BrokerActor:
             tls=self._leaf,
             topic_id=spec.topic_id,
             remote_store=self._remote_store,
+            remote_log_manager_interval_ms=self._config.remote_log_manager_task_interval_ms,
         )
 
     def _replica_config(self, configs: dict[str, str]) -> ReplicaConfig:

@@ -385,6 +385,7 @@ class BrokerConfig(msgspec.Struct, frozen=True, kw_only=True):
     replica_lag_time_max_ms: int
     replica_fetch_max_bytes: int
     log_retention_check_interval_ms: int
+    remote_log_manager_task_interval_ms: int
     log_cleaner_backoff_ms: int
     leader_replication_throttled_rate: int
     replica_offline_retry_backoff_ms: int
@@ -600,6 +601,15 @@ BROKER_CONFIG_DEFS: tuple[ConfigDef, ...] = (
         default="300000",
         minimum=1,
         doc="How often each replica deletes segments past retention.ms / retention.bytes.",
+    ),
+    ConfigDef(
+        name="remote.log.manager.task.interval.ms",
+        type="long",
+        default="30000",
+        minimum=1,
+        doc="Tiered storage: how often each replica of a topic with remote.storage.enable copies "
+        "closed segments (the leader), applies remote retention and deletes copied local "
+        "segments past local retention.",
     ),
     ConfigDef(
         name="log.cleaner.backoff.ms",
