@@ -335,7 +335,9 @@ class LinkRequests:
         for topic, reason in plan.skipped:
             log.warning("link %s: source topic %s not mirrored: %s", name, topic, reason)
         for s in plan.create:
-            rf = min(defaults.default_replication_factor, len(md.brokers)) or 1
+            rf = links_.mirror_replication_factor(
+                link.configs, defaults.default_replication_factor, len(md.brokers)
+            )
             configs = links_.mirrored_topic_configs(s.configs)
             topic_id = uuid.uuid4().hex
             await self._mutate(

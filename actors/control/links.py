@@ -81,6 +81,9 @@ LINK_CONFIGS: dict[str, tuple[str, str]] = {
     "link.metadata.refresh.interval.ms": ("5000", "int"),
     "link.throttle.bytes.per.sec": ("0", "int"),  # 0: unthrottled
     "link.groups.sync.interval.ms": ("5000", "int"),  # consumer-group offset sync (link_groups)
+    # The replication factor of the mirror topics the link creates; -1: the destination's
+    # default.replication.factor. Either way at most the destination's broker count.
+    "link.mirror.replication.factor": ("-1", "int"),
 }
 SECRET_CONFIGS = frozenset({"sasl.password", "sasl.jaas.config"})
 _INT_BOUNDS: dict[str, tuple[int, int]] = {
@@ -90,6 +93,7 @@ _INT_BOUNDS: dict[str, tuple[int, int]] = {
     "link.metadata.refresh.interval.ms": (100, 3_600_000),
     "link.throttle.bytes.per.sec": (0, 1 << 40),
     "link.groups.sync.interval.ms": (100, 3_600_000),
+    "link.mirror.replication.factor": (-1, 32_767),
 }
 _PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 _MECHANISMS = ("", "PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -229,6 +233,18 @@ def link_config(configs: Mapping[str, str]) -> dict[str, str]:
     if protocol.startswith("SASL") and not out.get("sasl.mechanism"):
         raise InvalidConfigError(f"security.protocol {protocol} needs sasl.mechanism")
     return out
+
+
+def mirror_replication_factor(
+    configs: Mapping[str, str], default_replication_factor: int, brokers: int
+) -> int:
+    """The replication factor of a mirror topic the link creates (never 0, never above the
+    broker count)."""
+    key = "link.mirror.replication.factor"
+    wanted = int(configs.get(key, LINK_CONFIGS[key][0]))
+    if wanted <= 0:
+        wanted = default_replication_factor
+    return max(1, min(wanted, brokers))
 
 
 def describe_configs(configs: Mapping[str, str]) -> dict[str, str]:

@@ -141,6 +141,15 @@ def test_mirror_topics_and_disconnect_bump_leader_epochs() -> None:
     assert m.decode_json(m.encode_json(whole)) == whole
 
 
+def test_mirror_replication_factor_defaults_to_the_destinations_and_fits_its_brokers() -> None:
+    assert links.mirror_replication_factor({}, 1, 3) == 1
+    three = links.link_config({"link.mirror.replication.factor": "3"})
+    assert links.mirror_replication_factor(three, 1, 3) == 3
+    assert links.mirror_replication_factor(three, 1, 2) == 2  # two brokers: at most two
+    with pytest.raises(InvalidConfigError, match=r"link\.mirror\.replication\.factor"):
+        links.link_config({"link.mirror.replication.factor": "0x3"})
+
+
 def test_alter_link_changes_and_resets_configs() -> None:
     md = lc.create_link(cluster(), link(configs={"link.fetch.max.wait.ms": "100"}))
     md2 = lc.alter_link(md, "east", configs={"link.fetch.max.wait.ms": "", "sasl.username": "u"})
