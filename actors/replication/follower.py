@@ -22,7 +22,8 @@ Decisions:
   after an unclean election); a fetch below the leader's log start starts over at it.
 - A follower's HW is min(leader's HW, own log end) and, unlike Kafka's, never moves backwards:
   a new leader may report a lower HW than its predecessor did. It adopts the leader's log start
-  from every answer and push, bounded by that HW (``delete_records``).
+  from every answer and push, bounded by that HW (``delete_records``); from an answer whose
+  batches start above its log end (a gap), before appending them, as the leader took it.
 - A follower started at a log start inside one of the leader's batches takes that whole batch
   as its first one; a follower whose log end is the leader's log start, inside the leader's
   first batch and above its own HW, starts over there (its bytes below are not the leader's,
@@ -149,6 +150,13 @@ class FollowerSide(ReplicaState):
         else:
             if self._straddles_leader_log_start(msg, request):
                 self._truncate_fully(msg.log_start_offset)
+            elif msg.batches and msg.batches[0].meta.base_offset > self.log.log_end_offset:
+                # A gap: take the leader's HW and log start as they stood at our log end first,
+                # as the leader did (a mirror's empties its log before it appends above the
+                # gap, ending its open transactions: ``mirror``). Taken after the batches, a log
+                # start at our old end would leave our log non-empty, and keep them open.
+                self._update_follower_high_watermark(msg.high_watermark)
+                self._adopt_leader_log_start(msg.log_start_offset)
             appended = self._append_from_leader(msg.batches)
             self._update_follower_high_watermark(msg.high_watermark)
             self._adopt_leader_log_start(msg.log_start_offset)

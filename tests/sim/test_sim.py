@@ -386,6 +386,11 @@ FOUND_BUGS = [
     # which checker 19 took for a wrong first offset in the aborted list (462539222).
     (1114196697, {"simulation_class": LinkSimulation}),
     (462539222, {"simulation_class": LinkSimulation}),
+    # Links: a follower outside the ISR took, in one fetch answer, the first batch above the
+    # gap and then the leader's log start at its old end (the leader had emptied its log
+    # first), kept a transaction none of whose batches was left, and its LSO stayed at the log
+    # start (txn_state: such a transaction holds nothing back, whatever the order).
+    (700000047, {"simulation_class": LinkSimulation}),
 ]
 
 
