@@ -25,7 +25,11 @@ Decisions:
   joins once its end reaches the HW; under a steady stream of appends a HW taken over the ISR
   alone runs ahead of it by one fetch round trip's appends, and it would never join. Held
   back, the HW waits for it and it joins within a fetch or two; if it stops fetching it stops
-  being caught up after ``replica.lag.time.max.ms`` and the HW moves on without it.
+  being caught up after ``replica.lag.time.max.ms`` and the HW moves on without it. One the
+  controller refused to add (INELIGIBLE_REPLICA: its broker shuts down or is fenced) holds
+  nothing until the leader proposes it again (Kafka's isReplicaIsrEligible): a replica of a
+  broker in controlled shutdown keeps fetching, and would otherwise hold every acks=all write
+  until it stopped.
 - ISR membership (Kafka's Replica.updateFetchStateOrThrow): a follower's ``last_caught_up_ms``
   advances to the time of a fetch whose offset reaches the leader's log end at that fetch, or
   to the time of the previous fetch if this fetch reaches the leader's log end as it was then.
@@ -179,13 +183,16 @@ def high_watermark_holders(
     leader_log_end_offset: int,
     now_ms: int,
     lag_time_max_ms: int,
+    refused_until_ms: Mapping[int, int],
 ) -> tuple[int, ...]:
     """The replicas whose log ends hold the HW: the maximal ISR and the followers outside it
-    that are caught up (observers never: they never join)."""
+    that are caught up and may join (observers never join; a follower whose addition the
+    controller refused, its broker shutting down or fenced, not until ``refused_until_ms``)."""
     joining = [
         rid
         for rid in replicas
         if rid in followers
+        and refused_until_ms.get(rid, -1) <= now_ms
         and followers[rid].last_caught_up_ms != NEVER
         and is_in_sync(followers[rid], leader_log_end_offset, now_ms, lag_time_max_ms)
     ]

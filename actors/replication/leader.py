@@ -611,6 +611,7 @@ class LeaderSide(ReplicaState):
             self.log.log_end_offset,
             now_ms,
             self.config.replica_lag_time_max_ms,
+            self.refused_until_ms,
         )
         new_hw = isr_rules.high_watermark_candidate(
             self.replica_id, holders, self.followers, self.log.durable_end_offset

@@ -245,6 +245,7 @@ class PartitionReplica(SyncLinkSide, MirrorSide, FollowerSide):
             # in the ISR by then: a proposal of our ISR with ``fence`` bumps the partition
             # epoch, after which none of its proposals can be committed (the ticks resend it).
             self._propose_isr(self.isr, now_ms, fence=True)
+        self.refused_until_ms = {}
         self.followers = isr_rules.reset_followers(
             self.replica_id,
             self.replicas,
@@ -342,9 +343,13 @@ class PartitionReplica(SyncLinkSide, MirrorSide, FollowerSide):
         elif answers_in_flight:
             # INELIGIBLE_REPLICA and the rest: the controller refused this proposal, so it was
             # not committed: drop it, and wait before proposing again so a refusal cannot turn
-            # into a request per tick. The HW keeps using the committed ISR.
+            # into a request per tick. The HW keeps using the committed ISR, and the followers
+            # it would have added stop holding it until then (Kafka's isReplicaIsrEligible).
             self.alter_in_flight = None
             self.alter_not_before_ms = now_ms + self.config.alter_partition_timeout_ms
+            for rid in set(in_flight.new_isr) - set(self.isr):
+                self.refused_until_ms[rid] = self.alter_not_before_ms
+            self._maybe_advance_high_watermark(now_ms)
 
     def _adopt_isr(self, isr: Iterable[int], partition_epoch: int, now_ms: int) -> None:
         new_isr = tuple(sorted(isr))

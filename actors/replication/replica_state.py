@@ -119,6 +119,9 @@ class ReplicaState:
         self.isr_unconfirmed = False
         self.alter_sent_ms = 0
         self.alter_not_before_ms = 0
+        # Followers whose addition to the ISR the controller refused (a broker shutting down or
+        # fenced: INELIGIBLE_REPLICA), until when: they hold no HW meanwhile (isr's docstring).
+        self.refused_until_ms: dict[int, int] = {}
         self.pending: dict[int, PendingProduce] = {}
         self.pending_acks_all = 0
         self.deletes = DeleteRecordsQueue()

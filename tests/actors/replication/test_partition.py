@@ -56,6 +56,7 @@ from raylog.actors.replication.partition import (
 )
 from raylog.storage.errors import (
     FencedLeaderEpochError,
+    IneligibleReplicaError,
     InvalidConfigError,
     NotEnoughReplicasAfterAppendError,
     NotEnoughReplicasError,
@@ -141,6 +142,26 @@ def test_a_caught_up_follower_outside_the_isr_holds_the_hw_until_it_lags() -> No
     assert leader.high_watermark == 2
     leader.tick(1_011)  # 1 stopped fetching more than replica.lag.time.max.ms ago
     assert leader.high_watermark == leader.log_end_offset == 3
+
+
+def test_a_follower_the_controller_refused_to_add_holds_no_hw_until_proposed_again() -> None:
+    # Broker 2 shuts down (controlled): its replica keeps fetching, caught up, and the
+    # controller refuses to add it (INELIGIBLE_REPLICA). It must not hold acks=all writes.
+    leader = make_leader(isr=(0, 1), replicas=(0, 1, 2), alter_partition_timeout_ms=100)
+    produce(leader, 1, acks=1)
+    make_durable(leader)
+    follower_fetch(leader, 1, 1, 10)
+    (proposal,) = follower_fetch(leader, 2, 1, 10).alter_partition
+    refused = IneligibleReplicaError.error_code
+    leader.step(AlterPartitionResponse(refused, EPOCH, 0, (), proposal.request_id), 20)
+    produce(leader, 2, acks=-1)
+    make_durable(leader)
+    follower_fetch(leader, 2, 1, 30)  # caught up as of its previous fetch: refused, no holder
+    ready = follower_fetch(leader, 1, 2, 40)
+    assert leader.high_watermark == 2 and results(ready)[2].error_code == 0
+    # Once the refusal's backoff is over it is proposed again when it reaches the HW.
+    assert follower_fetch(leader, 2, 2, 110).alter_partition == []  # still backing off
+    assert [p.new_isr for p in follower_fetch(leader, 2, 2, 130).alter_partition] == [(0, 1, 2)]
 
 
 def test_a_follower_that_never_caught_up_does_not_hold_the_hw() -> None:
