@@ -190,9 +190,27 @@ def ray_local() -> Iterator[Path]:
         ray.shutdown()
 
 
+# Broker configs of the shared cluster: Kafka's defaults except the periods of background tasks
+# the modules sharing it wait for. None changes what a client sees; each task runs sooner (the
+# tasks' own tests cover the defaults). group.initial.rebalance.delay.ms stays 3 s: at 0, a
+# kafka-python group leader can compute its assignment before its metadata has the topic.
+SHARED_BROKER_CONFIGS = {
+    # One tiering round (copy, then local deletion) every 30 s; test_tiered_storage_live waits
+    # for a few of them.
+    "remote.log.manager.task.interval.ms": "1000",
+    # How often a compacted topic's replica checks whether a cleaning pass is due (15 s):
+    # test_compaction_live waits for a pass.
+    "log.cleaner.backoff.ms": "1000",
+    # How often a transaction coordinator aborts transactions past their timeout (10 s):
+    # test_transactions_failover's read_committed read waits for its abandoned transaction.
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
+}
+
+
 @pytest.fixture(scope="session")
 def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """One `raylog up` (3 brokers, default settings) for every module that can share it.
+    """One `raylog up` (3 brokers, Kafka's default settings but SHARED_BROKER_CONFIGS) for every
+    module that can share it.
 
     Starting a cluster costs 20-40 s on a loaded 2-core machine, so the modules that need
     nothing special share this one, each through a module fixture that calls ``heal()`` first
@@ -202,7 +220,8 @@ def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """
     from support.cluster import started_up
 
-    up = started_up(lambda: tmp_path_factory.mktemp("shared-up"))
+    configs = [a for k, v in SHARED_BROKER_CONFIGS.items() for a in ("--broker-config", f"{k}={v}")]
+    up = started_up(lambda: tmp_path_factory.mktemp("shared-up"), *configs)
     try:
         yield up
     finally:

@@ -23,7 +23,8 @@ pytestmark = pytest.mark.slow
 TOPIC = "tiered-live"
 RECORDS = 240
 VALUE_BYTES = 1000
-# One tiering round every 30 s (remote.log.manager.task.interval.ms); a few may be needed.
+# One tiering round every remote.log.manager.task.interval.ms (30 s by default, 1 s on the shared
+# cluster: SHARED_BROKER_CONFIGS in tests/conftest.py); a few may be needed.
 TIERED_WAIT_S = 240.0
 
 

@@ -57,7 +57,9 @@ TXNS_MAX = 500  # per producer: the bound of its loop
 CALL_ATTEMPTS_MAX = 8  # tries of one retriable librdkafka call
 CLIENT_TIMEOUT_S = 60.0
 TXN_TIMEOUT_MS = 60_000  # the producers' transaction.timeout.ms: longer than any failover here
-ABANDONED_TIMEOUT_MS = 5_000  # the abandoned transaction's (aborted after at most this + 10 s)
+# The abandoned transaction's, aborted within this plus the coordinator's
+# transaction.abort.timed.out.transaction.cleanup.interval.ms (1 s on the shared cluster).
+ABANDONED_TIMEOUT_MS = 5_000
 RUN_DEADLINE_S = 150.0
 TXN_STATE = "__transaction_state"
 PREPARED = (TransactionStatus.PREPARE_COMMIT, TransactionStatus.PREPARE_ABORT)
