@@ -7,15 +7,14 @@ Proves, on the session's shared `raylog up` cluster (3 brokers) and one 4-partit
 (b) confluent-kafka: a consumer commits part-way and closes; a new consumer of the same group
     resumes from the committed offsets: every record is seen exactly once across the two.
 (c) aiokafka: a group consumer reads every record and commits; OffsetFetch returns the ends.
-(d) coordinator failover (last: it kills a broker): a group commits offsets of its own; the
-    broker leading the group's ``__consumer_offsets`` partition has its replica actors and
-    broker actor hard-killed; once another broker leads and has loaded the partition,
-    OffsetFetch still returns those offsets.
-(e) confluent-kafka static membership (KIP-345, ``group.instance.id``): of two static members,
+(d) confluent-kafka static membership (KIP-345, ``group.instance.id``): of two static members,
     one is closed (no LeaveGroup) and a new consumer with its instance id starts within the
     session timeout: it gets the same partitions under a new member id and the other member
     sees no revoke or assign; DescribeGroups names both instance ids. Once the new consumer is
     closed too, its (shorter) session expires and the other member is given every partition.
+
+Committed offsets through a failover of their coordinator (another broker loads the group's
+``__consumer_offsets`` partition) are test_group_admin.py's (c), which kills that broker.
 
 Also: ``__consumer_offsets`` exists once a group request was made (the first FindCoordinator
 creates it), is internal in Metadata, and has Kafka's configs (compacted, 100 MiB segments).
@@ -24,20 +23,14 @@ creates it), is internal in Metadata, and has Kafka's configs (compacted, 100 Mi
 from __future__ import annotations
 
 import asyncio
-import re
-import subprocess
-import sys
 import threading
-import time
 from collections.abc import Callable
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
-from support.cluster import UpProcess, cli_env
+from support.cluster import UpProcess
 from support.embedded import produce_values
 from support.waiting import wait_until
-
-from raylog.gateway.internal_topic import partition_for
 
 pytestmark = pytest.mark.slow
 
@@ -45,9 +38,7 @@ TOPIC = "grouped"
 PARTITIONS = 4
 RECORDS = 40
 CLIENT_TIMEOUT_S = 90.0
-KILL_TIMEOUT_S = 120.0
 RESUME_GROUP = "resume-group"
-FAILOVER_GROUP = "failover-group"
 
 
 @pytest.fixture(scope="module")
@@ -196,6 +187,24 @@ def test_confluent_commit_close_and_resume(cluster: UpProcess) -> None:
     assert sorted(values) == sorted(_all_values())
 
 
+def _committed(bootstrap: str, group: str) -> dict[int, int]:
+    consumer = _confluent_consumer(bootstrap, group)
+    try:
+        found = consumer.committed(
+            [TopicPartition(TOPIC, p) for p in range(PARTITIONS)], timeout=10
+        )
+    finally:
+        consumer.close()
+    return {tp.partition: tp.offset for tp in found}
+
+
+def _committed_or_none(bootstrap: str, group: str) -> dict[int, int] | None:
+    try:
+        return _committed(bootstrap, group)
+    except Exception:  # KafkaException while the coordinator is created, loads or moves
+        return None
+
+
 def test_offsets_topic_is_internal_and_created_once(cluster: UpProcess) -> None:
     from kafka import KafkaAdminClient
     from kafka.admin import ConfigResource, ConfigResourceType
@@ -256,7 +265,7 @@ def test_aiokafka_group_consume_and_commit(cluster: UpProcess) -> None:
     assert committed == dict.fromkeys(range(PARTITIONS), RECORDS // PARTITIONS)
 
 
-# --- (e) confluent-kafka static membership -----------------------------------------------------
+# --- (d) confluent-kafka static membership -----------------------------------------------------
 
 STATIC_GROUP = "static-group"
 
@@ -355,115 +364,3 @@ def test_confluent_static_member_restarts_without_a_rebalance(cluster: UpProcess
     finally:
         for member in members:
             member.consumer.close()
-
-
-# --- (d) coordinator failover -------------------------------------------------------------------
-
-KILL_SCRIPT = r"""
-import sys
-from pathlib import Path
-
-from raylog.actors import raycluster
-
-data_dir, broker = Path(sys.argv[1]), int(sys.argv[2])
-info = raycluster.read_cluster_info(data_dir)
-raycluster.apply_ray_env(data_dir)
-import ray
-
-from raylog.actors.calls import (
-    NAMESPACE, broker_actor_name, controller_actor_name, replica_actor_name,
-)
-
-ray.init(address=info.ray_address, namespace=NAMESPACE, logging_level="WARNING",
-         log_to_driver=False)
-md = None
-for i in range(2):
-    handle = ray.get_actor(controller_actor_name(i), namespace=NAMESPACE)
-    if ray.get(handle.status.remote(), timeout=10).active:
-        md = ray.get(handle.metadata.remote(), timeout=10)
-assert md is not None, "no active controller"
-killed = []
-for name, topic in md.topics.items():
-    for p in topic.partitions:
-        if broker in p.replicas:
-            actor = replica_actor_name(name, p.partition, broker)
-            try:
-                ray.kill(ray.get_actor(actor, namespace=NAMESPACE), no_restart=True)
-                killed.append(actor)
-            except ValueError:
-                pass
-# The broker process "crashes": Ray restarts the broker actor, which rejoins as a follower.
-ray.kill(ray.get_actor(broker_actor_name(broker), namespace=NAMESPACE), no_restart=False)
-print("killed", len(killed))
-"""
-
-
-def _offsets_leader(up: UpProcess, partition: int) -> int:
-    """The leader of ``__consumer_offsets``-``partition`` from `raylog topics describe`."""
-    done = up.raylog("topics", "describe", "__consumer_offsets")
-    assert done.returncode == 0, done.stderr
-    for line in done.stdout.splitlines():
-        # "Topic: T<TAB>Partition: P<TAB>Leader: L ..." (Kafka's layout) or "T P L ..." columns.
-        found = re.search(r"Partition:\s*(\d+)\s+Leader:\s*(-?\d+)", line)
-        fields = line.split()
-        if found is None and len(fields) >= 3 and fields[0] == "__consumer_offsets":
-            found = re.match(r"(\d+) (-?\d+)$", f"{fields[1]} {fields[2]}")
-        if found is not None and int(found.group(1)) == partition:
-            return int(found.group(2))
-    raise AssertionError(done.stdout)
-
-
-def _committed(bootstrap: str, group: str) -> dict[int, int]:
-    consumer = _confluent_consumer(bootstrap, group)
-    try:
-        found = consumer.committed(
-            [TopicPartition(TOPIC, p) for p in range(PARTITIONS)], timeout=10
-        )
-    finally:
-        consumer.close()
-    return {tp.partition: tp.offset for tp in found}
-
-
-def _committed_or_none(bootstrap: str, group: str) -> dict[int, int] | None:
-    try:
-        return _committed(bootstrap, group)
-    except Exception:  # KafkaException while the coordinator is created, loads or moves
-        return None
-
-
-def test_coordinator_failover_keeps_committed_offsets(cluster: UpProcess) -> None:
-    everything = {p: RECORDS // PARTITIONS - p for p in range(PARTITIONS)}
-    committer = _confluent_consumer(cluster.bootstrap, FAILOVER_GROUP)
-    try:
-        wanted = [TopicPartition(TOPIC, p, offset) for p, offset in everything.items()]
-        committer.commit(offsets=wanted, asynchronous=False)
-    finally:
-        committer.close()
-    assert _committed(cluster.bootstrap, FAILOVER_GROUP) == everything
-    partition = partition_for(FAILOVER_GROUP, 3)
-    old = _offsets_leader(cluster, partition)
-    killed_at = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-c", KILL_SCRIPT, str(cluster.data_dir), str(old)],
-        capture_output=True,
-        text=True,
-        timeout=KILL_TIMEOUT_S,
-        env=cli_env(),
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "killed" in done.stdout
-    wait_until(
-        lambda: _offsets_leader(cluster, partition) not in (old, -1),
-        timeout_s=KILL_TIMEOUT_S,
-        interval_s=0.5,
-        message="a new leader of the group's __consumer_offsets partition",
-    )
-
-    wait_until(
-        lambda: _committed_or_none(cluster.bootstrap, FAILOVER_GROUP) == everything,
-        timeout_s=CLIENT_TIMEOUT_S,
-        interval_s=0.5,
-        message="offsets back",
-    )
-    # A figure for the report (pytest -s): kill (a Ray call in a subprocess) to offsets back.
-    print(f"coordinator failover: offsets back {time.monotonic() - killed_at:.1f} s after kill")
