@@ -18,6 +18,12 @@ certs issue`. Proves:
   a certificate's subject): a prefixed READ lets a user consume, a literal DENY on WRITE beats a
   prefixed ALLOW (TOPIC_AUTHORIZATION_FAILED, nothing written), and removing the DENY with
   `raylog acls remove` lets the same producer write within the gateways' refresh.
+
+The cluster also runs with ``auto.create.topics.enable=true`` (``num.partitions=2``,
+``default.replication.factor=2``), so it proves Metadata auto-creation too: a producer (alice's)
+writing to an unknown topic creates it with those defaults, while a producer with
+``allow.auto.create.topics=false`` gets UNKNOWN_TOPIC_OR_PART and creates nothing. (The default,
+off, is proven in ``test_admin_clients.py``.)
 """
 
 from __future__ import annotations
@@ -46,6 +52,11 @@ TOPIC = "secure"
 TIMEOUT_S = 60.0
 STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 KAFKAJS_DIR = Path(__file__).resolve().parent / "kafkajs"
+AUTO_CREATE = (  # not Kafka's defaults (1 and 1), so that the test sees them applied
+    *("--broker-config", "auto.create.topics.enable=true"),
+    *("--broker-config", "num.partitions=2"),
+    *("--broker-config", f"default.replication.factor={BROKERS}"),
+)
 
 
 @dataclass
@@ -75,6 +86,7 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secure]:
         "--broker-config", "ssl.client.auth=required",
         "--broker-config", f"authorizer.class.name={STANDARD_AUTHORIZER}",
         "--broker-config", "super.users=User:alice",
+        *AUTO_CREATE,
         brokers=BROKERS,
         port=port,
     )  # fmt: skip
@@ -486,3 +498,40 @@ def test_acls_decide_for_authenticated_principals(secure: Secure) -> None:
         message="carol's WRITE allowed once the DENY is gone",
     )
     assert "carol-allowed" in confluent_roundtrip_read(carol, "carol-allowed")
+
+
+def _produce_to(config: dict[str, str], topic: str, **extra: Any) -> list[Any]:
+    """Produce one record to ``topic``; the delivery errors."""
+    from confluent_kafka import Producer
+
+    producer = Producer(
+        {
+            **config,
+            "acks": "all",
+            "message.timeout.ms": 120000,  # a new topic's replicas may be slow to start
+            "topic.metadata.propagation.max.ms": 1000,
+            **extra,
+        }
+    )
+    errors: list[Any] = []
+    producer.produce(topic, b"v", on_delivery=lambda err, _m: errors.append(err))
+    assert producer.flush(180) == 0
+    return [e for e in errors if e is not None]
+
+
+def test_metadata_auto_creation(secure: Secure) -> None:
+    from confluent_kafka import KafkaError
+    from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+
+    alice = _sasl(secure, "SCRAM-SHA-512")  # a super user: CREATE on the cluster
+    admin = AdminClient(alice)
+    resource = ConfigResource(ResourceType.BROKER, "1")
+    entries = admin.describe_configs([resource])[resource].result(timeout=TIMEOUT_S)
+    assert entries["auto.create.topics.enable"].value == "true"
+    refused = _produce_to(alice, "not-made", **{"allow.auto.create.topics": False})
+    assert [e.code() for e in refused] == [KafkaError.UNKNOWN_TOPIC_OR_PART]
+    assert _produce_to(alice, "auto-made") == []
+    topics = admin.list_topics(timeout=TIMEOUT_S).topics
+    assert "not-made" not in topics
+    assert sorted(topics["auto-made"].partitions) == [0, 1]
+    assert all(len(p.replicas) == BROKERS for p in topics["auto-made"].partitions.values())

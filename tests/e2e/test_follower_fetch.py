@@ -17,11 +17,7 @@ and with a real client:
 Without Ray, the Fetch handler passes ``rack_id`` to the backend from v11 only (None before),
 and answers at once when a partition names a preferred read replica.
 
-The cluster also runs with ``--broker-config auto.create.topics.enable=true`` (and
-``num.partitions=2``, ``default.replication.factor=3``), so it proves Metadata auto-creation
-too: a producer writing to an unknown topic creates it with those defaults, while a producer
-with ``allow.auto.create.topics=false`` gets UNKNOWN_TOPIC_OR_PART and creates nothing. (The
-default, off, is proven in ``test_admin_clients.py``.)
+On the session's shared `raylog up` (tests/conftest.py), whose brokers sit in those racks.
 """
 
 from __future__ import annotations
@@ -31,13 +27,11 @@ import json
 import socket
 import struct
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.protocol.consumer import FetchRequest, FetchResponse
 from kafka.protocol.metadata import MetadataRequest, MetadataResponse
 from kafka.protocol.producer import ProduceRequest, ProduceResponse
@@ -54,31 +48,26 @@ TOPIC = "near"
 RECORDS = 50
 TIMEOUT_S = 60.0
 LEADER, FOLLOWER = 1, 2  # brokers in racks a and b
-AUTO_CREATE = (
-    *("--broker-config", "auto.create.topics.enable=true"),
-    *("--broker-config", "num.partitions=2"),
-    *("--broker-config", "default.replication.factor=3"),
-)
 
 
 @pytest.fixture(scope="module")
-def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[UpProcess]:
-    with UpProcess(Path(tmp_path_factory.mktemp("follower")), *AUTO_CREATE) as cluster:
-        admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
-        topic = NewTopic(TOPIC, num_partitions=1, replica_assignment=[[LEADER, FOLLOWER, 3]])
-        admin.create_topics([topic], operation_timeout=30)[TOPIC].result(timeout=TIMEOUT_S)
-        # The new topic's replica actors may take a while to start on a loaded machine; the
-        # producer retries NOT_LEADER_OR_FOLLOWER meanwhile.
-        producer = Producer(
-            {"bootstrap.servers": cluster.bootstrap, "acks": "all", "message.timeout.ms": 120000}
+def up(shared_up: UpProcess) -> UpProcess:
+    """The shared cluster with topic ``near`` (deleted by ``shared_up`` at the end)."""
+    admin = AdminClient({"bootstrap.servers": shared_up.bootstrap})
+    topic = NewTopic(TOPIC, num_partitions=1, replica_assignment=[[LEADER, FOLLOWER, 3]])
+    admin.create_topics([topic], operation_timeout=30)[TOPIC].result(timeout=TIMEOUT_S)
+    # The new topic's replica actors may take a while to start on a loaded machine; the
+    # producer retries NOT_LEADER_OR_FOLLOWER meanwhile.
+    producer = Producer(
+        {"bootstrap.servers": shared_up.bootstrap, "acks": "all", "message.timeout.ms": 120000}
+    )
+    failed: list[Any] = []
+    for i in range(RECORDS):
+        producer.produce(
+            TOPIC, str(i).encode(), on_delivery=lambda err, _m: err and failed.append(err)
         )
-        failed: list[Any] = []
-        for i in range(RECORDS):
-            producer.produce(
-                TOPIC, str(i).encode(), on_delivery=lambda err, _m: err and failed.append(err)
-            )
-        assert producer.flush(180) == 0 and not failed, failed
-        yield cluster
+    assert producer.flush(180) == 0 and not failed, failed
+    return shared_up
 
 
 def _port(up: UpProcess, broker_id: int) -> int:
@@ -215,37 +204,6 @@ def test_rack_b_consumer_reads_from_the_follower(up: UpProcess) -> None:
     values, fetches = _consume_all(up, {})
     assert values == [str(i).encode() for i in range(RECORDS)]
     assert fetches.get(FOLLOWER, 0) == 0, fetches
-
-
-def _produce_one(up: UpProcess, topic: str, extra: dict[str, Any]) -> list[Any]:
-    producer = Producer(
-        {
-            "bootstrap.servers": up.bootstrap,
-            "acks": "all",
-            "message.timeout.ms": 120000,  # a new topic's replicas may be slow to start
-            "topic.metadata.propagation.max.ms": 1000,
-            **extra,
-        }
-    )
-    errors: list[Any] = []
-    producer.produce(topic, b"v", on_delivery=lambda err, _m: errors.append(err))
-    assert producer.flush(180) == 0
-    return [e for e in errors if e is not None]
-
-
-def test_metadata_auto_creation(up: UpProcess) -> None:
-    admin = AdminClient({"bootstrap.servers": up.bootstrap})
-    resource = ConfigResource(ResourceType.BROKER, "1")
-    entries = admin.describe_configs([resource])[resource].result(timeout=TIMEOUT_S)
-    if entries["auto.create.topics.enable"].value != "true":
-        pytest.skip("raylog up does not pass --broker-config to the gateways yet")
-    refused = _produce_one(up, "not-made", {"allow.auto.create.topics": False})
-    assert [e.code() for e in refused] == [KafkaError.UNKNOWN_TOPIC_OR_PART]
-    assert _produce_one(up, "auto-made", {}) == []
-    topics = admin.list_topics(timeout=TIMEOUT_S).topics
-    assert "not-made" not in topics
-    assert sorted(topics["auto-made"].partitions) == [0, 1]
-    assert all(len(p.replicas) == 3 for p in topics["auto-made"].partitions.values())
 
 
 class _PreferringBackend:
