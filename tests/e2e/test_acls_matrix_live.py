@@ -23,11 +23,21 @@ the change seen by admin. Proves:
   OffsetCommit READ on the group and OffsetCommit READ on the topic; DescribeGroups and
   ListGroups DESCRIBE on the group; DeleteGroups DELETE on the group;
 - a literal DENY beats a prefixed ALLOW, and a prefixed ALLOW covers topics created after it;
-- the cluster-wide grants are revoked with `raylog acls remove` and refused again.
+- the cluster-wide grants are revoked with `raylog acls remove` and refused again;
+- ACLs of other principals managed by three tools at once: `raylog acls add` (PREFIXED, two
+  operations) creates ACLs that kafka-python's KafkaAdminClient and confluent-kafka's
+  AdminClient (both v1, as admin) describe alike, and that `raylog acls list --json` lists with
+  theirs; both clients create ACLs through the gateway, a CLUSTER ACL not named kafka-cluster is
+  refused (INVALID_REQUEST), and both delete by filter (DeleteAcls), answering the ACLs deleted.
+
+A DENY added and removed with the CLI stopping and then letting through a producer's writes is
+test_client_security.py's (for a SCRAM user); ``allow.everyone.if.no.acl.found`` is
+tests/actors/control/test_acls.py's and tests/gateway/test_acl_handlers.py's.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import warnings
 from collections.abc import Callable, Iterator
@@ -48,6 +58,8 @@ from confluent_kafka import (
     TopicPartition,
 )
 from confluent_kafka.admin import (
+    AclBinding,
+    AclBindingFilter,
     AdminClient,
     AlterConfigOpType,
     ConfigEntry,
@@ -56,7 +68,17 @@ from confluent_kafka.admin import (
     NewTopic,
     OffsetSpec,
 )
-from kafka.admin import KafkaAdminClient
+from kafka.admin import (
+    ACL,
+    ACLFilter,
+    ACLOperation,
+    ACLPermissionType,
+    ACLResourcePatternType,
+    KafkaAdminClient,
+    ResourcePattern,
+    ResourcePatternFilter,
+)
+from kafka.admin import ResourceType as KResourceType
 from kafka.protocol.consumer import ListOffsetsRequest
 from support.cluster import RAYLOG, UpProcess, cli_env, free_port_block, started_up
 from support.waiting import wait_until
@@ -95,6 +117,17 @@ class Live:
 
     def alice(self) -> AdminClient:
         return AdminClient(self.config("alice"))
+
+    def kafka_python(self, user: str) -> KafkaAdminClient:
+        """kafka-python's admin client as ``user``."""
+        return KafkaAdminClient(
+            bootstrap_servers=self.sasl,
+            security_protocol="SASL_PLAINTEXT",
+            sasl_mechanism="SCRAM-SHA-512",
+            sasl_plain_username=user,
+            sasl_plain_password=PASSWORDS[user],
+            request_timeout_ms=int(TIMEOUT_S * 1000),
+        )
 
     def acls(self, verb: str, *acl: str) -> None:
         """``raylog acls VERB --principal User:alice ACL``."""
@@ -305,14 +338,7 @@ def test_fetch_needs_read_on_the_topic(live: Live) -> None:
 
 def test_list_offsets_needs_describe_on_the_topic(live: Live) -> None:
     make_topic(live, "offsets-t", records=2)
-    kp = KafkaAdminClient(
-        bootstrap_servers=live.sasl,
-        security_protocol="SASL_PLAINTEXT",
-        sasl_mechanism="SCRAM-SHA-512",
-        sasl_plain_username="alice",
-        sasl_plain_password=PASSWORDS["alice"],
-        request_timeout_ms=int(TIMEOUT_S * 1000),
-    )
+    kp = live.kafka_python("alice")
     alice = live.alice()
     listed = ListOffsetsRequest.ListOffsetsTopic
     request = ListOffsetsRequest(
@@ -628,3 +654,110 @@ def test_a_prefixed_allow_covers_topics_created_after_it(live: Live) -> None:
     for topic in ("fresh-by-alice", "fresh-by-admin"):
         assert produce(alice, topic, f"{topic}-0") is None
         assert read_all(alice, topic, 1) == [f"{topic}-0"]
+
+
+# --- managing ACLs ----------------------------------------------------------------------------
+
+Listed = set[tuple[str, ...]]  # (resource type, name, pattern type, principal, operation)
+
+
+def others(listed: Listed) -> Listed:
+    """The ACLs listed but alice's (the ones this module grants her)."""
+    return {acl for acl in listed if acl[3] != "User:alice"}
+
+
+def cli_listed(live: Live) -> Listed:
+    rows = json.loads(ok(live.up.raylog("acls", "list", "--json")))
+    return {
+        (r["resource_type"], r["resource_name"], r["pattern_type"], r["principal"], r["operation"])
+        for r in rows
+    }
+
+
+def kp_listed(kp: KafkaAdminClient) -> Listed:
+    everything = ACLFilter(
+        principal=None,
+        host=None,
+        operation=ACLOperation.ANY,
+        permission_type=ACLPermissionType.ANY,
+        resource_pattern=ResourcePatternFilter(KResourceType.ANY, None, ACLResourcePatternType.ANY),
+    )
+    found, error = kp.describe_acls(everything)
+    assert error.errno == 0
+    return {
+        (
+            a.resource_pattern.resource_type.name,
+            a.resource_pattern.resource_name,
+            a.resource_pattern.pattern_type.name,
+            a.principal,
+            a.operation.name,
+        )
+        for a in found
+    }
+
+
+def ck_listed(admin: AdminClient) -> Listed:
+    everything = AclBindingFilter("ANY", None, "ANY", None, None, "ANY", "ANY")
+    found = admin.describe_acls(everything, request_timeout=TIMEOUT_S).result(timeout=TIMEOUT_S)
+    return {
+        (b.restype.name, b.name, b.resource_pattern_type.name, b.principal, b.operation.name)
+        for b in found
+    }
+
+
+def test_cli_and_both_clients_manage_the_same_acls(live: Live) -> None:
+    ok(live.up.raylog("acls", "add", "--principal", "User:bob", "--operation", "READ",
+                      "--operation", "DESCRIBE", "--topic", "orders-", "--prefixed"))  # fmt: skip
+    kp = live.kafka_python("admin")
+    admin = live.admin
+    try:
+        carol = ACL(
+            principal="User:carol",
+            host="*",
+            operation=ACLOperation.READ,
+            permission_type=ACLPermissionType.ALLOW,
+            resource_pattern=ResourcePattern(
+                KResourceType.GROUP, "billing", ACLResourcePatternType.LITERAL
+            ),
+        )
+        created = kp.create_acls([carol])
+        assert (len(created["succeeded"]), created["failed"]) == (1, [])
+        dave = AclBinding("TOPIC", "ledger", "LITERAL", "User:dave", "*", "WRITE", "ALLOW")
+        # A CLUSTER ACL must name kafka-cluster (Kafka's check, on the broker); confluent-kafka
+        # calls resource type 4 BROKER.
+        bad = AclBinding("BROKER", "other", "LITERAL", "User:dave", "*", "ALTER", "ALLOW")
+        futures = admin.create_acls([dave, bad], request_timeout=TIMEOUT_S)
+        futures[dave].result(timeout=TIMEOUT_S)
+        with pytest.raises(KafkaException) as bad_refused:
+            futures[bad].result(timeout=TIMEOUT_S)
+        assert bad_refused.value.args[0].code() == KafkaError.INVALID_REQUEST
+
+        expected = {
+            ("TOPIC", "orders-", "PREFIXED", "User:bob", "READ"),
+            ("TOPIC", "orders-", "PREFIXED", "User:bob", "DESCRIBE"),
+            ("GROUP", "billing", "LITERAL", "User:carol", "READ"),
+            ("TOPIC", "ledger", "LITERAL", "User:dave", "WRITE"),
+        }
+        assert others(cli_listed(live)) == expected
+        assert others(kp_listed(kp)) == expected
+        assert others(ck_listed(admin)) == expected
+
+        carol_filter = ACLFilter(
+            principal="User:carol",
+            host=None,
+            operation=ACLOperation.ANY,
+            permission_type=ACLPermissionType.ANY,
+            resource_pattern=ResourcePatternFilter(
+                KResourceType.ANY, None, ACLResourcePatternType.ANY
+            ),
+        )
+        [(_, deleted, error)] = kp.delete_acls([carol_filter])
+        assert error.errno == 0 and [a.principal for a in deleted] == ["User:carol"]
+        dave_filter = AclBindingFilter("TOPIC", "ledger", "MATCH", None, None, "ANY", "ANY")
+        gone = admin.delete_acls([dave_filter], request_timeout=TIMEOUT_S)[dave_filter]
+        assert [b.principal for b in gone.result(timeout=TIMEOUT_S)] == ["User:dave"]
+        out = ok(live.up.raylog("acls", "remove", "--topic", "orders-", "--prefixed"))
+        assert "Removed 2 ACL(s)." in out
+        assert others(cli_listed(live)) == set() and others(ck_listed(admin)) == set()
+    finally:
+        kp.close()

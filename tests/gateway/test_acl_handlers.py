@@ -21,7 +21,9 @@ Proves:
   id WRITE on it (53); Describe/AlterUserScramCredentials DESCRIBE / ALTER on the cluster (31);
 - super users pass every check; a context without a session is User:ANONYMOUS from its peer's
   host; without an authorizer everything is allowed; ``Authorization`` swaps its authorizer when
-  the polled ACLs change and stays None when ``authorizer.class.name`` is empty.
+  the polled ACLs change and stays None when ``authorizer.class.name`` is empty; with
+  ``allow.everyone.if.no.acl.found=true`` in the broker configs it allows anyone (User:ANONYMOUS
+  too) whatever no ACL names, and only what the ACLs grant where one does.
 """
 
 from __future__ import annotations
@@ -549,6 +551,25 @@ def test_authorization_swaps_its_authorizer_when_the_acls_change() -> None:
     assert second.authorize(ALICE, "h", Op.READ, TOPIC, "a")
     on.update(bindings)
     assert on.authorizer is second  # unchanged ACLs: the same authorizer
+
+
+def test_authorization_allows_everyone_where_no_acl_names_the_resource_when_configured() -> None:
+    configs = {"authorizer.class.name": acls.STANDARD_AUTHORIZER}
+    strict = Authorization.from_broker_configs(configs)
+    lenient = Authorization.from_broker_configs(
+        {**configs, "allow.everyone.if.no.acl.found": "true"}
+    )
+    bindings = tuple(allow(TOPIC, "named", Op.READ))
+    for authorization in (strict, lenient):
+        authorization.update(bindings)
+    assert strict.authorizer is not None and lenient.authorizer is not None
+    anonymous = "User:ANONYMOUS"
+    assert not strict.authorizer.authorize(anonymous, "h", Op.ALTER, CLUSTER, acls.CLUSTER_NAME)
+    assert lenient.authorizer.authorize(anonymous, "h", Op.ALTER, CLUSTER, acls.CLUSTER_NAME)
+    assert lenient.authorizer.authorize(anonymous, "h", Op.WRITE, TOPIC, "unnamed")
+    # An ACL names the topic: only what it grants, to whom it grants it.
+    assert not lenient.authorizer.authorize(anonymous, "h", Op.READ, TOPIC, "named")
+    assert lenient.authorizer.authorize(ALICE, "h", Op.READ, TOPIC, "named")
 
 
 def test_a_context_without_a_session_is_anonymous_from_the_peer_host() -> None:
