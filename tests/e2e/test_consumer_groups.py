@@ -1,6 +1,6 @@
 """Consumer groups through the gateway, with real clients against a real embedded cluster.
 
-Proves, on the session's shared `raylog up` cluster (3 brokers) and one 4-partition RF=3 topic:
+Proves, on the session's shared `raylog up` cluster (3 brokers) and one 4-partition RF=1 topic:
 
 (a) kafka-python: two KafkaConsumers of one group split the 4 partitions between them; when one
     closes, the other is given all 4.
@@ -43,9 +43,10 @@ RESUME_GROUP = "resume-group"
 
 @pytest.fixture(scope="module")
 def cluster(shared_up: UpProcess) -> UpProcess:
-    """The session's shared cluster (tests/conftest.py) with this module's topic."""
+    """The session's shared cluster (tests/conftest.py) with this module's topic: one replica
+    per partition, as no broker fails here (each replica is a process to start)."""
     done = shared_up.raylog(
-        "topics", "create", TOPIC, "--partitions", str(PARTITIONS), "--replication-factor", "3"
+        "topics", "create", TOPIC, "--partitions", str(PARTITIONS), "--replication-factor", "1"
     )
     assert done.returncode == 0, done.stderr
     _produce(shared_up.bootstrap)

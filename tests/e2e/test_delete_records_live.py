@@ -9,9 +9,9 @@ On the session's shared embedded cluster (three brokers). Proves, on an RF=3 top
   OFFSET_END) moves it to the high watermark;
 - every replica's log starts there: leadership is moved to each replica in turn (a re-ordering
   reassignment and a preferred election) and the new leader reports the same low watermark;
-- errors, as Kafka gives them: an offset above the high watermark is OFFSET_OUT_OF_RANGE, a
-  compacted topic POLICY_VIOLATION, a request sent to a broker that does not lead the partition
-  NOT_LEADER_OR_FOLLOWER, an unknown topic UNKNOWN_TOPIC_OR_PARTITION;
+- errors, as Kafka gives them (on one-replica topics): an offset above the high watermark is
+  OFFSET_OUT_OF_RANGE, a compacted topic POLICY_VIOLATION, a request sent to a broker that does
+  not lead the partition NOT_LEADER_OR_FOLLOWER, an unknown topic UNKNOWN_TOPIC_OR_PARTITION;
 - a follower that was down while the log start moved past its log end inside one batch comes
   back: it starts its log over at the leader's log start, takes that whole batch, rejoins the
   ISR, and as leader serves from the same low watermark (last: it stops and starts a broker).
@@ -198,8 +198,9 @@ def test_delete_records_errors(up: UpProcess, admin: AdminClient) -> None:
     from kafka import TopicPartition as KTopicPartition
     from kafka.errors import NotLeaderForPartitionError, UnknownTopicOrPartitionError
 
-    admin.create_topics([NewTopic("trim-errors", 1, 3)])["trim-errors"].result(timeout=TIMEOUT_S)
-    compacted = NewTopic("trim-compacted", 1, 3, config={"cleanup.policy": "compact"})
+    # One replica each (a replica is a process to start): the errors are the leader's.
+    admin.create_topics([NewTopic("trim-errors", 1, 1)])["trim-errors"].result(timeout=TIMEOUT_S)
+    compacted = NewTopic("trim-compacted", 1, 1, config={"cleanup.policy": "compact"})
     admin.create_topics([compacted])["trim-compacted"].result(timeout=TIMEOUT_S)
     _produce(up.bootstrap, "trim-errors", 10)
     _produce(up.bootstrap, "trim-compacted", 10)
@@ -212,13 +213,11 @@ def test_delete_records_errors(up: UpProcess, admin: AdminClient) -> None:
     assert _low_watermark(up.bootstrap, "trim-compacted") == 0
 
     leader = _describe(up, "trim-errors")["leader"]
-    follower = next(b for b in (1, 2, 3) if b != leader)
+    other = next(b for b in (1, 2, 3) if b != leader)
     client = KafkaAdminClient(bootstrap_servers=up.bootstrap, request_timeout_ms=30_000)
     try:
         with pytest.raises(NotLeaderForPartitionError):
-            client.delete_records(
-                {KTopicPartition("trim-errors", 0): 5}, partition_leader_id=follower
-            )
+            client.delete_records({KTopicPartition("trim-errors", 0): 5}, partition_leader_id=other)
         with pytest.raises(UnknownTopicOrPartitionError):
             client.delete_records({KTopicPartition("never-made", 0): 5}, partition_leader_id=leader)
     finally:
