@@ -10,10 +10,10 @@ Proves: every ``raylog`` node gets a broker, registered with its rack and its no
 created with ``raylog topics create`` and read every record back; a node added later gets a
 broker (``raylog up`` prints that it joined, ``raylog brokers list`` shows three) and
 ``raylog reassign --rebalance`` moves replicas onto it; a node killed hard (SIGKILL to all its
-processes) loses leadership to a live replica, `raylog up` prints that its broker left,
-`raylog brokers start` of that broker fails with a one-line reason, and every record is still
-read back; SIGINT stops
-`raylog up` with exit 0.
+processes) has its broker fenced and loses leadership to a live replica, `raylog up` prints
+that its broker left, `raylog brokers start` of that broker fails with a one-line reason, and
+every record is still read back; SIGINT stops `raylog up` with exit 0. (The node watcher and
+supervisor behind `raylog up --address` are proven here, on real `ray start` nodes.)
 
 Why the worker nodes run with ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1`` and join
 ``[::ffff:127.0.0.1]:PORT``: ``ray start`` refuses to join a cluster without it, and rewrites a
@@ -299,6 +299,8 @@ def test_raylog_up_address_runs_a_broker_per_raylog_node(cluster: Cluster) -> No
             message=f"new leaders after node {victim} (broker {victim_id}) died",
         )
         assert after[0]["leader"] != before[0]["leader"]
+        states = {row["id"]: row["state"] for row in _brokers(up)}
+        assert states[victim_id] == "fenced", states  # by the controller, the node being gone
         assert up.lines is not None
         up.lines.wait_for(f"broker {victim_id} left", TIMEOUT_S)  # `raylog up` says so
         restart = up.raylog("brokers", "start", str(victim_id))
