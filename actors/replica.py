@@ -498,6 +498,12 @@ class ReplicaActor(ReplicaMirror, TieredReplica):
         start = self._sm.log_start_offset
         refused = self._refuse_leader_write()
         if refused is not None:
+            with contextlib.suppress(RaylogError):  # no header: no producer to hold back
+                h = rb.parse_header(batch)
+                if h.producer_id >= 0:
+                    self._sm.refused_batches.record(
+                        h.producer_id, h.producer_epoch, h.base_sequence, refused[0], now_ms()
+                    )
             return ProduceOutcome(refused[0], -1, start, refused[1])
         try:
             header = rb.validate_client_batch(

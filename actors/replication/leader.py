@@ -19,7 +19,10 @@ Decisions:
 - Idempotent producers (``producer_state``, Kafka's rules): the leader checks a client batch's
   producer id, epoch and sequence before appending it; a retry of one of the producer's last
   five batches is answered with the ORIGINAL offsets once this request's acks hold for the
-  original batch (acks=all: the HW covers it), and nothing is appended.
+  original batch (acks=all: the HW covers it), and nothing is appended. A batch of a producer
+  behind one the leader refused with a retriable error (nothing appended) gets that error
+  too, not OUT_OF_ORDER_SEQUENCE_NUMBER (``refused_batches``: librdkafka answers that 45 with
+  an epoch bump that duplicates records whose answers were lost).
 - Transactions (``txn_state``, Kafka's rules): after the idempotent checks (a retried batch is
   a duplicate first, as in Kafka), the leader refuses a non-transactional batch of a producer
   with an open transaction (INVALID_TXN_STATE), a zombie's epoch (INVALID_PRODUCER_EPOCH),
@@ -129,7 +132,7 @@ class LeaderSide(ReplicaState):
         if msg.request_id in self.pending:
             return  # a duplicate delivery of a request still in progress: answered once
         if self.role is not Role.LEADER:
-            self._result(msg.request_id, NotLeaderOrFollowerError.error_code, "not the leader")
+            self._refuse(msg, NotLeaderOrFollowerError.error_code, "not the leader", now_ms)
             return
         if self.mirror_link:
             # Clients' batches and our coordinator's transaction markers alike: the source's
@@ -141,10 +144,17 @@ class LeaderSide(ReplicaState):
             return
         refused = self._admission_error(msg.acks)
         if refused is not None:
-            self._result(msg.request_id, *refused)
+            self._refuse(msg, *refused, now_ms)
             return
-        # 1. Idempotent producers: a duplicate of a recent batch completes with that batch's
-        # offsets under this request's acks; a sequence or epoch error refuses the batch.
+        # 1. Idempotent producers: a batch behind one refused here waits with it
+        # (``refused_batches``).
+        held = self._held_back(msg, now_ms)
+        if held is not None:
+            self._result(msg.request_id, *held)
+            return
+        # A duplicate of a recent batch a duplicate of a recent batch completes with that batch's
+        # completes with that batch's offsets under this request's acks; a sequence or epoch
+        # error refuses the batch.
         # Then the transaction checks.
         verdict = self._producer_verdict(msg)
         if verdict.kind == ERROR:
@@ -180,6 +190,38 @@ class LeaderSide(ReplicaState):
         self._push_appended(batch.base_offset)
         # 4. Parked fetches (pull mode, and observers in push mode) now have data.
         self._answer_parked(now_ms, only_expired=False)
+
+    def _refuse(self, msg: ProduceRequest, error_code: int, message: str, now_ms: int) -> None:
+        """Answer ``msg`` with an error, nothing appended; a retriable one is remembered for the
+        producer's batches behind it (``refused_batches``)."""
+        if msg.producer_id >= 0 and msg.control_type == NOT_CONTROL:
+            self.refused_batches.record(
+                msg.producer_id, msg.producer_epoch, msg.base_sequence, error_code, now_ms
+            )
+        self._result(msg.request_id, error_code, message)
+
+    def _held_back(self, msg: ProduceRequest, now_ms: int) -> tuple[int, str] | None:
+        """The error a batch behind one of its producer's refused batches shares, as (error
+        code, message); None: go on (``refused_batches``)."""
+        if msg.producer_id < 0 or msg.control_type != NOT_CONTROL:
+            return None
+        entry = self.log.producers.entry(msg.producer_id)
+        last = (
+            entry.last_sequence
+            if entry is not None and entry.producer_epoch == msg.producer_epoch
+            else None
+        )
+        refusal = self.refused_batches.held_back(
+            msg.producer_id, msg.producer_epoch, msg.base_sequence, last, now_ms
+        )
+        if refusal is None:
+            return None
+        return (
+            refusal.error_code,
+            f"producer {msg.producer_id}: sequence {msg.base_sequence} follows "
+            f"{refusal.base_sequence}, refused here with error {refusal.error_code}: retry "
+            "after it",
+        )
 
     def _read_only(self) -> str:
         return read_only_message("this topic", self.mirror_link)

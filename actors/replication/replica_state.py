@@ -41,6 +41,7 @@ from raylog.actors.replication.ready import (
     SendToReplica,
     check_invariant,
 )
+from raylog.actors.replication.refused_batches import RefusedBatches
 from raylog.actors.replication.replica_log import ReplicaLog
 from raylog.actors.replication.sync_links import SyncLinkState
 from raylog.actors.replication.txn_state import TxnTable
@@ -123,6 +124,9 @@ class ReplicaState:
         # fenced: INELIGIBLE_REPLICA), until when: they hold no HW meanwhile (isr's docstring).
         self.refused_until_ms: dict[int, int] = {}
         self.pending: dict[int, PendingProduce] = {}
+        # Idempotent batches refused without an append, which the producer's later batches
+        # wait behind (``refused_batches``).
+        self.refused_batches: RefusedBatches[int] = RefusedBatches()
         self.pending_acks_all = 0
         self.deletes = DeleteRecordsQueue()
         self.parked: dict[int, ParkedFetch] = {}

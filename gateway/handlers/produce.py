@@ -21,7 +21,14 @@ Rules kept here, each Kafka's:
    does, and one batch's replication round trip does not hold back the next. Transactional
    batches are the exception: each is answered before the next of its connection and
    partition goes (rule 4 may send one back for verification, and the one sent again must not
-   be overtaken).
+   be overtaken). An idempotent batch refused with a retriable error and nothing appended
+   (not the leader, no leader, ISR below min.insync.replicas, timed out) makes the later
+   batches of its producer on the partition fail with the same error for up to
+   ``GATEWAY_HOLD_MS`` (until the refused one is appended), instead of reaching the leader:
+   there they would be answered OUT_OF_ORDER_SEQUENCE_NUMBER (or appended out of order, for a
+   producer the leader has no state of), and librdkafka answers that 45 with an epoch bump
+   that appends again the records whose answers were lost (the replica keeps the same rule
+   for its own refusals: ``raylog.actors.replication.refused_batches``).
 4. Transactional batches need the request's ``transactional_id``, else
    TRANSACTIONAL_ID_AUTHORIZATION_FAILED (53), Kafka's answer. The leader replica tracks the
    producer's open transaction from them, and the coordinator's markers end it. A batch that
@@ -53,12 +60,14 @@ partition.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from kafka.protocol.producer import ProduceResponse
 
 from raylog.actors.control.acls import AclOperation, ResourceType
+from raylog.actors.replication.refused_batches import RefusedBatches
 from raylog.gateway.backend import DataBackend, ProduceResult
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.groups.coordinator import OFFSETS_TOPIC
@@ -80,6 +89,10 @@ _Partition = _Topic.PartitionProduceResponse
 # partition per connection with appends in flight (bounded by the connection's max_in_flight).
 _OrderKey = tuple[int, str, int]
 _tails: dict[_OrderKey, asyncio.Future[None]] = {}
+# Rule 3's refused batches, by (topic, partition, producer id): the refusals answered here,
+# which the replica never sees (it keeps its own).
+GATEWAY_HOLD_MS = 10_000  # the batches pipelined behind a refused one arrive within it
+_refusals: RefusedBatches[tuple[str, int, int]] = RefusedBatches(GATEWAY_HOLD_MS)
 
 
 async def handle(context: RequestContext, request: Request) -> Any:
@@ -166,7 +179,48 @@ async def _produce_one(
             return ProduceResult(error, -1, -1, result.log_start_offset)
         return await backend.produce(topic, partition, records, body.acks, body.timeout_ms)
 
-    return await _in_order((id(context), topic, partition), append)
+    async def append_behind_refusals(sent: Callable[[], None]) -> ProduceResult:
+        held = _held_back(topic, partition, header)
+        if held:
+            return ProduceResult(held, -1, -1, -1, "follows a batch refused with this error")
+        result = await append(sent)
+        _note_refusal(topic, partition, header, result)
+        return result
+
+    return await _in_order((id(context), topic, partition), append_behind_refusals)
+
+
+def _held_back(topic: str, partition: int, header: rb.BatchHeader | None) -> int:
+    """Rule 3: the error of the producer's refused batch this one follows, else 0."""
+    if header is None or header.producer_id < 0:
+        return ErrorCode.NONE
+    refusal = _refusals.held_back(
+        (topic, partition, header.producer_id),
+        header.producer_epoch,
+        header.base_sequence,
+        None,
+        int(time.monotonic() * 1000),
+    )
+    return refusal.error_code if refusal is not None else ErrorCode.NONE
+
+
+def _note_refusal(
+    topic: str, partition: int, header: rb.BatchHeader | None, result: ProduceResult
+) -> None:
+    """Rule 3: remember a batch refused with nothing appended; forget it once appended."""
+    if header is None or header.producer_id < 0:
+        return
+    producer = (topic, partition, header.producer_id)
+    if result.error_code == ErrorCode.NONE:
+        _refusals.forget(producer, header.base_sequence)
+    elif result.base_offset < 0:
+        _refusals.record(
+            producer,
+            header.producer_epoch,
+            header.base_sequence,
+            result.error_code,
+            int(time.monotonic() * 1000),
+        )
 
 
 async def _verified(
