@@ -18,13 +18,18 @@ in the log once and in order all the same).
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections import deque
+from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from support.cluster import UpProcess
 from support.waiting import wait_until
+
+from raylog.storage.batch import iter_batches
 
 pytestmark = pytest.mark.slow
 
@@ -38,14 +43,34 @@ PACE_S = 0.005  # the producer's poll between records (its pacing, and its deliv
 READ_DEADLINE_S = 120.0
 
 
+class _EosLog(logging.Handler):
+    """librdkafka's idempotence log lines (epoch bumps, sequence errors), kept for a failure
+    message: the last ``limit`` lines, without the outage's connection refusals."""
+
+    def __init__(self, limit: int = 300) -> None:
+        super().__init__()
+        self.lines: deque[str] = deque(maxlen=limit)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        line = record.getMessage()
+        if "Connect to" not in line:
+            self.lines.append(line)
+
+
 class Producing(threading.Thread):
     """Produces record i (value ``%07d``) to partition ``i % PARTITIONS`` until stopped."""
 
     def __init__(self, bootstrap: str) -> None:
         super().__init__(name="producing", daemon=True)
+        self.eos_log = _EosLog()
+        logger = logging.getLogger("crash-restart-producer")
+        logger.addHandler(self.eos_log)
+        logger.setLevel(logging.DEBUG)
         self.producer = Producer(
             {
                 "bootstrap.servers": bootstrap,
+                "debug": "eos",
+                "logger": logger,
                 "enable.idempotence": True,
                 "acks": "all",
                 "linger.ms": 5,
@@ -103,6 +128,23 @@ def _read_back(bootstrap: str, ends: dict[int, int]) -> dict[int, list[tuple[int
     return {p: sorted(records.items()) for p, records in got.items()}
 
 
+def _batches(data_dir: Path, partition: int) -> list[str]:
+    """Every replica's batch headers of ``partition`` (offsets, producer id, epoch, sequence,
+    leader epoch): what a failure message shows to tell a retry appended twice from an epoch
+    bump that re-sent persisted records."""
+    lines = []
+    for replica in sorted(data_dir.glob(f"broker-*/{TOPIC}-{partition}")):
+        lines.append(f"{replica.parent.name}:")
+        for segment in sorted(replica.glob("*.log")):
+            for _, h in iter_batches(segment.read_bytes(), verify=False):
+                lines.append(
+                    f"  {h.base_offset}-{h.last_offset} pid={h.producer_id} "
+                    f"epoch={h.producer_epoch} seq={h.base_sequence} "
+                    f"leader_epoch={h.partition_leader_epoch}"
+                )
+    return lines
+
+
 def _acked_at_least(producing: Producing, count: int) -> bool:
     assert not producing.errors, producing.errors[:3]
     return len(producing.acked) >= count
@@ -156,6 +198,10 @@ def test_an_idempotent_producer_loses_nothing_across_a_crash_and_restart(
         if producing is not None:
             producing.halt.set()
     for p, records in log.items():
+        if [int(value) for _, value in records] != wanted[p]:
+            for q in log:
+                print(f"partition {q}:\n" + "\n".join(_batches(up.data_dir, q)))
+            print("librdkafka eos log:\n" + "\n".join(producing.eos_log.lines))
         assert [offset for offset, _ in records] == list(range(len(wanted[p]))), "dense offsets"
         assert [int(value) for _, value in records] == wanted[p], (
             f"partition {p}: duplicates, gaps or reordering"
