@@ -150,9 +150,12 @@ def _acked_at_least(producing: Producing, count: int) -> bool:
     return len(producing.acked) >= count
 
 
-# Open bug, kept visible: in one of three runs on the shared cluster the log held two records
-# more than were produced (idempotence across a whole-cluster crash); under investigation.
-@pytest.mark.xfail(reason="two duplicate records once in three runs (open)", strict=False)
+# Not strict until repeated runs confirm the cause is gone: about one run in ten found one
+# record appended twice, under the producer's epoch 0 and again under epoch 1, after librdkafka
+# bumped its epoch on an OUT_OF_ORDER_SEQUENCE_NUMBER answered to a batch behind a refused one
+# (what actors/replication/refused_batches.py and the gateway's rule 3 hold back). A failure
+# prints every replica's batch headers and librdkafka's idempotence log.
+@pytest.mark.xfail(reason="a record appended twice in about one run in ten", strict=False)
 def test_an_idempotent_producer_loses_nothing_across_a_crash_and_restart(
     shared_up: UpProcess,
 ) -> None:
