@@ -64,6 +64,7 @@ class AdminRequests:
     _leader_rebalance_due: tuple[int, int] | None  # (controller epoch, due ms)
     _links: dict[int, Any]  # broker id -> its link (``handle``)
     _reconciler: Reconciler | None  # while active
+    _store_location: tuple[str, str | None]  # the object store's URL and S3 endpoint
 
     # Provided by the host class (see the module docstring).
     _ensure_started: Callable[[], None]
@@ -435,6 +436,14 @@ class AdminRequests:
         self._ensure_started()
         block = await self._mutate(md_.allocate_producer_ids)
         return block.start, len(block)
+
+    # --- tiered storage, for pipeline readers -------------------------------------------------
+
+    async def store_location(self) -> tuple[str, str | None]:
+        """The cluster's object store: its URL and S3 endpoint (None: AWS's), as brokers learn
+        it at registration. Pipeline readers read remote segments there themselves, with their
+        own credentials (none cross Ray). A standby answers too: the store is fixed."""
+        return self._store_location
 
     # --- the cluster CA, for Kafka clients (`raylog certs`) ----------------------------------
 

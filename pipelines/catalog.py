@@ -27,16 +27,22 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+REMOTE_STORAGE_ENABLE = "remote.storage.enable"  # Kafka's topic config (KIP-405)
+
 
 @dataclass(frozen=True)
 class PartitionInfo:
-    """One partition as a reader needs it. ``leader_id`` is -1 when the partition has none."""
+    """One partition as a reader needs it. ``leader_id`` is -1 when the partition has none.
+    ``remote_topic_id``: the topic's id when it has remote.storage.enable (its remote
+    segments are under that id in the object store, :mod:`raylog.pipelines.remote_ranges`),
+    else ""."""
 
     topic: str
     partition: int
     leader_id: int
     isr: tuple[int, ...] = ()
     replica_ids: tuple[int, ...] = field(default=())
+    remote_topic_id: str = ""
 
     def __post_init__(self) -> None:
         if self.partition < 0:
@@ -124,7 +130,8 @@ def catalog_from_metadata(metadata: Any) -> StaticCatalog:
     """A catalog of the controller's ``ClusterMetadata`` (:mod:`raylog.actors.control.metadata`).
 
     Replica ids are broker ids; a partition without a leader has ``leader`` -1 (NO_LEADER),
-    which :func:`read_order` then skips.
+    which :func:`read_order` then skips. A topic with remote.storage.enable gives its
+    partitions its topic id.
     """
     return StaticCatalog(
         PartitionInfo(
@@ -133,10 +140,16 @@ def catalog_from_metadata(metadata: Any) -> StaticCatalog:
             leader_id=p.leader,
             isr=tuple(p.isr),
             replica_ids=tuple(p.replicas),
+            remote_topic_id=topic.topic_id if _tiered(topic.configs) else "",
         )
         for name, topic in metadata.topics.items()
         for p in topic.partitions
     )
+
+
+def _tiered(configs: Mapping[str, str]) -> bool:
+    # The controller stores validated values: a boolean is "true" or "false".
+    return configs.get(REMOTE_STORAGE_ENABLE, "false") == "true"
 
 
 def read_order(info: PartitionInfo) -> list[int]:

@@ -18,7 +18,7 @@ import ray.data
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
-from raylog.pipelines import reading, records
+from raylog.pipelines import reading, records, remote_ranges
 from raylog.pipelines.catalog import Catalog, PartitionInfo
 
 # Arrow bytes per record beyond key and value (offset, timestamp, type, partition, topic).
@@ -61,7 +61,7 @@ class RaylogDatasource(Datasource):
         # them with no call (reading.locate); only where this process is in Ray.
         located: list[reading.Located | None] = [None] * len(self._ranges)
         if ray.is_initialized():
-            located = reading.locate(self._ranges, isolation_level)
+            located = remote_ranges.locate(self._ranges, isolation_level)
         tasks = []
         for r, at in zip(self._ranges, located, strict=True):
 
@@ -69,7 +69,7 @@ class RaylogDatasource(Datasource):
                 r: reading.OffsetRange = r, at: reading.Located | None = at
             ) -> Iterable[pa.Table]:
                 rows = 0
-                for batch in reading.read_range(
+                for batch in remote_ranges.read_range(
                     r,
                     include_headers=include_headers,
                     fail_on_data_loss=fail_on_data_loss,
@@ -140,16 +140,20 @@ def read_topic(
     if catalog is None:
         catalog = reading.controller_catalog()
     chosen = reading.select_partitions(catalog, subscribe=topics)
-    bounds = reading.fetch_bounds(chosen, level)
+    local_bounds = reading.fetch_bounds(chosen, level)
+    tiers = remote_ranges.learn(chosen, local_bounds, level)
+    bounds = tiers.bounds(local_bounds)  # log starts of tiered topics: the remote ones
     starting = _spec(start, topics, "start")
     ending = _spec(end, topics, "end")
-    ranges = reading.plan(
-        chosen,
-        bounds,
-        _by_time(chosen, bounds, "start_timestamp", start_timestamp, starting, level),
-        _by_time(chosen, bounds, "end_timestamp", end_timestamp, ending, level),
-        min_partitions=min_partitions,
-        fail_on_data_loss=fail_on_data_loss,
+    ranges = tiers.split(
+        reading.plan(
+            chosen,
+            bounds,
+            _by_time(chosen, bounds, "start_timestamp", start_timestamp, starting, level),
+            _by_time(chosen, bounds, "end_timestamp", end_timestamp, ending, level),
+            min_partitions=min_partitions,
+            fail_on_data_loss=fail_on_data_loss,
+        )
     )
     source = RaylogDatasource(
         ranges,

@@ -208,9 +208,13 @@ def controller_catalog(timeout_s: float = CONTROLLER_WAIT_S) -> StaticCatalog:
     """Topics, partitions, leaders and ISR from the active controller's ``metadata()``.
 
     Asked again on every call (a streaming query re-plans every trigger, and leaders move);
-    only the controller's handle is cached. A controller that is a standby, dead or slow is
-    skipped; the other one is asked, until ``timeout_s``.
-    """
+    only the controller's handle is cached."""
+    return catalog_from_metadata(ask_controller("metadata", timeout_s))
+
+
+def ask_controller(method: str, timeout_s: float = CONTROLLER_WAIT_S) -> Any:
+    """The answer of the active controller's ``method()`` (no arguments). A controller that
+    is a standby, dead or slow is skipped; the other one is asked, until ``timeout_s``."""
     global _controller
     import ray
 
@@ -225,12 +229,12 @@ def controller_catalog(timeout_s: float = CONTROLLER_WAIT_S) -> StaticCatalog:
                 errors.append(str(exc))
         for handle in candidates:
             try:
-                metadata = ray.get(handle.metadata.remote(), timeout=CALL_TIMEOUT_S)
+                answer = ray.get(getattr(handle, method).remote(), timeout=CALL_TIMEOUT_S)
             except (ray.exceptions.RayError, TimeoutError) as exc:  # standby, dead or slow
                 errors.append(repr(exc).splitlines()[0])
                 continue
             _controller = handle
-            return catalog_from_metadata(metadata)
+            return answer
         _controller = None
         if time.monotonic() >= deadline:
             raise RuntimeError(

@@ -98,7 +98,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from raylog.pipelines import reading, stream_offsets
+from raylog.pipelines import reading, remote_ranges, stream_offsets
 from raylog.pipelines.catalog import Catalog, PartitionInfo
 
 log = logging.getLogger(__name__)
@@ -322,7 +322,7 @@ def _range_partitions(
     files. Every Spark task costs the JVM tens of milliseconds before it reads a row, and
     tasks beyond the slots only wait for one."""
     target_json = target.to_json()
-    reads = list(zip(ranges, reading.locate(ranges, isolation_level), strict=True))
+    reads = list(zip(ranges, remote_ranges.locate(ranges, isolation_level), strict=True))
     if task_slots is None or min_partitions or len(reads) <= task_slots:
         return [RangePartition((read,), target_json) for read in reads]
     groups = pack([r.size for r in ranges], task_slots)
@@ -393,7 +393,7 @@ def _read(
         return
     _join(reading.ClusterTarget.from_json(partition.target_json))
     for offset_range, located in partition.reads:
-        for batch in reading.read_range(
+        for batch in remote_ranges.read_range(
             offset_range,
             include_headers=options.include_headers,
             fail_on_data_loss=options.fail_on_data_loss,
@@ -419,14 +419,18 @@ class RaylogBatchReader(DataSourceReader):
         o = self.options
         _join(self.target)
         chosen = o.select(reading.controller_catalog())
-        bounds = reading.fetch_bounds(chosen, o.isolation_level)
-        ranges = reading.plan(
-            chosen,
-            bounds,
-            o.starting_offsets(chosen, bounds),
-            o.ending_offsets(chosen, bounds),
-            min_partitions=o.min_partitions,
-            fail_on_data_loss=o.fail_on_data_loss,
+        local_bounds = reading.fetch_bounds(chosen, o.isolation_level)
+        tiers = remote_ranges.learn(chosen, local_bounds, o.isolation_level)
+        bounds = tiers.bounds(local_bounds)  # log starts of tiered topics: the remote ones
+        ranges = tiers.split(
+            reading.plan(
+                chosen,
+                bounds,
+                o.starting_offsets(chosen, bounds),
+                o.ending_offsets(chosen, bounds),
+                min_partitions=o.min_partitions,
+                fail_on_data_loss=o.fail_on_data_loss,
+            )
         )
         return _range_partitions(
             ranges,

@@ -192,11 +192,15 @@ class ObjectStore(abc.ABC):
         raise ObjectStoreUnsupportedError(message)
 
 
-def open_object_store(url: str, *, endpoint_url: str | None = None) -> ObjectStore:
+def open_object_store(
+    url: str, *, endpoint_url: str | None = None, probe: bool = True
+) -> ObjectStore:
     """Opens the store a URL names, and proves it enforces conditional writes (``probe``).
 
     ``s3://bucket/prefix`` opens S3 (or any S3-compatible store at ``endpoint_url``); a
     ``file://`` URL or a plain path opens a local directory. Anything else raises ValueError.
+    ``probe=False``: no probe (its writes), for a process that only reads objects others
+    wrote (a pipeline reading remote segments).
     """
     if url.startswith("s3://"):
         from raylog.storage.s3store import S3ObjectStore
@@ -204,11 +208,12 @@ def open_object_store(url: str, *, endpoint_url: str | None = None) -> ObjectSto
         bucket, _, prefix = url[len("s3://") :].partition("/")
         if not bucket:
             raise ValueError(f"object store URL {url!r} names no bucket")
-        return S3ObjectStore(bucket, prefix=prefix, endpoint_url=endpoint_url)
+        return S3ObjectStore(bucket, prefix=prefix, endpoint_url=endpoint_url, probe=probe)
     if "://" in url and not url.startswith("file://"):
         raise ValueError(f"object store URL {url!r}: use s3://bucket/prefix or a local path")
     from raylog.storage.localstore import LocalObjectStore
 
     store = LocalObjectStore(url.removeprefix("file://"))
-    store.probe()
+    if probe:
+        store.probe()
     return store

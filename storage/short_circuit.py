@@ -37,14 +37,16 @@ def enabled() -> bool:
 class ReadStats:
     """How a reader's fetches were answered: bytes read from the segment files on this node
     (short-circuit), bytes the replica sent (through Ray or a socket), short-circuit reads
-    that did not hold and were asked again, those that had to wait for the disk, and bytes
-    read from what a planner located ahead of the reader (with no call to the replica)."""
+    that did not hold and were asked again, those that had to wait for the disk, bytes
+    read from what a planner located ahead of the reader (with no call to the replica), and
+    bytes read from the object store (remote segments of tiered topics)."""
 
     local_bytes: int = 0
     ray_bytes: int = 0
     fallbacks: int = 0
     disk_reads: int = 0
     planned_bytes: int = 0
+    remote_bytes: int = 0
 
 
 _nowait_supported = True  # False once a filesystem refused RWF_NOWAIT
