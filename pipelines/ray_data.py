@@ -4,7 +4,8 @@ One read task per committed offset range (the same planning as the Spark source,
 :mod:`raylog.pipelines.reading`), rows with the same columns as Spark's Kafka source
 (:func:`raylog.pipelines.records.schema`). Read tasks run as Ray tasks in the cluster that
 holds the replicas, so they need no connection of their own; the driver must have joined it
-(``cluster`` joins it when this process has not).
+(``cluster`` joins it when this process has not). A tiered topic's remote segments are read
+straight from the object store, one task each (:mod:`raylog.pipelines.remote_ranges`).
 """
 
 from __future__ import annotations

@@ -185,16 +185,12 @@ def aborted_within(
 # ---------------------------------------------------------------------------------------------
 # 1. Learning the remote tier.
 
-_store_location: StoreLocation | None = None  # the cluster's, once asked (it never changes)
-
 
 def store_location() -> StoreLocation:
-    """The cluster's object store, from the controller (asked once per process)."""
-    global _store_location
-    if _store_location is None:
-        url, endpoint = reading.ask_controller("store_location")
-        _store_location = StoreLocation(url, endpoint)
-    return _store_location
+    """The cluster's object store, from the controller (asked at every plan that reads a
+    tiered topic: one call, and a process may plan reads of a cluster started again)."""
+    url, endpoint = reading.ask_controller("store_location")
+    return StoreLocation(url, endpoint)
 
 
 @functools.cache

@@ -58,7 +58,10 @@ Where partitions live comes from the active controller's metadata
 (:func:`~raylog.pipelines.reading.controller_catalog`), asked when Spark plans a read (and at
 every micro-batch of a streaming query, so new partitions and moved leaders are seen). Each
 range is read from an in-sync follower when there is one, else the leader, and from the next
-replica when one fails (:func:`~raylog.pipelines.catalog.read_order`).
+replica when one fails (:func:`~raylog.pipelines.catalog.read_order`). A batch read of a topic
+with remote.storage.enable reads what lies below a partition's local log start straight from
+the object store, one range per remote segment (:mod:`~raylog.pipelines.remote_ranges`; the
+Python workers open the store with their own credentials).
 
 Options are checked when the DataFrame is defined (``schema()``), so an unknown or conflicting
 option fails before any task runs; a topic that does not exist fails a batch read when Spark

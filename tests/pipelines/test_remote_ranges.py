@@ -290,19 +290,24 @@ def test_span_checks() -> None:
         check_span([], seg, 16, None)
 
 
-def test_a_segment_entry_that_lies_about_its_end_serves_nothing(copied: Copied) -> None:
-    seg = copied.segments[0]
-    short = msgspec.structs.replace(seg, end_offset=seg.end_offset - 1)
-    r = RemoteRange(
+def _whole(copied: Copied, segment: RemoteSegment) -> RemoteRange:
+    """All of ``segment``, as a remote range of the copied partition."""
+    return RemoteRange(
         TOPIC,
         0,
-        seg.base_offset,
-        short.next_offset,
+        segment.base_offset,
+        segment.next_offset,
         (),
         store=STORE,
         topic_id=copied.partition.topic_id,
-        segment=short,
+        segment=segment,
     )
+
+
+def test_a_segment_entry_that_lies_about_its_end_serves_nothing(copied: Copied) -> None:
+    seg = copied.segments[0]
+    short = msgspec.structs.replace(seg, end_offset=seg.end_offset - 1)
+    r = _whole(copied, short)
     # The manifest names another segment than the entry (RemoteReader's check).
     with pytest.raises(CorruptRemoteObjectError, match="another segment"):
         _read(copied, [r], False)
@@ -314,16 +319,7 @@ def test_a_corrupt_batch_fails_its_crc(copied: Copied) -> None:
     data = bytearray(copied.store.get(key).body)  # type: ignore[union-attr]
     data[-3] ^= 0x10
     copied.store.put(key, bytes(data))
-    rr = RemoteRange(
-        TOPIC,
-        0,
-        seg.base_offset,
-        seg.next_offset,
-        (),
-        store=STORE,
-        topic_id=copied.partition.topic_id,
-        segment=seg,
-    )
+    rr = _whole(copied, seg)
     with pytest.raises(CorruptRemoteObjectError, match="CRC"):
         _read(copied, [rr], False)
 
@@ -332,16 +328,7 @@ def test_a_deleted_segment_is_data_loss(copied: Copied) -> None:
     seg = copied.segments[1]
     for key in copied.store.list(copied.partition.segment_prefix(seg.base_offset, seg.segment_id)):
         copied.store.delete(key)
-    rr = RemoteRange(
-        TOPIC,
-        0,
-        seg.base_offset,
-        seg.next_offset,
-        (),
-        store=STORE,
-        topic_id=copied.partition.topic_id,
-        segment=seg,
-    )
+    rr = _whole(copied, seg)
     with pytest.raises(DataLossError, match="failOnDataLoss"):
         _read(copied, [rr], False)
     assert _read(copied, [rr], False, fail_on_data_loss=False) == []
