@@ -86,15 +86,16 @@ def free_port_block(count: int) -> int:
 
 
 @contextlib.contextmanager
-def raylog_up(data_dir: Path, brokers: int = 3) -> Iterator[str]:
-    """`raylog up` in a subprocess; yields the bootstrap servers; SIGINT (by PID) at the end."""
+def raylog_up(data_dir: Path, brokers: int = 3, extra: tuple[str, ...] = ()) -> Iterator[str]:
+    """`raylog up` in a subprocess (``extra``: more flags); yields the bootstrap servers;
+    SIGINT (by PID) at the end."""
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)
     # the gateways, then the metrics endpoint (raylog up's default: the port after them)
     port = free_port_block(brokers + 1)
     proc = subprocess.Popen(
         [*RAYLOG, "up", "--brokers", str(brokers), "--port", str(port),
-         "--data-dir", str(data_dir)],
+         "--data-dir", str(data_dir), *extra],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
