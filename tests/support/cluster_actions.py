@@ -9,6 +9,8 @@
   with headers (from ``start_timestamp`` START_TS when given, with ``isolation_level`` LEVEL,
   read_committed or read_uncommitted, when given), written to the Parquet file OUT; one read
   per OUT, in one process (joining Ray and starting Ray Data cost seconds each time).
+  Also returns ``remote_ranges``: how many ranges of an earliest-to-latest plan of the topic
+  are read from the object store (tiered topics; 0 otherwise).
 
 A separate process because Ray reads its token when it is imported: the test process belongs
 to its own Ray session, this one joins the cluster of DATA_DIR (``reading.connect``).
@@ -77,7 +79,18 @@ def read_topic(topic: str, *outs: str) -> dict[str, Any]:
         table = pa.concat_tables(ray.get(ds.to_arrow_refs()))
         pq.write_table(table, out)
         rows.append(table.num_rows)
-    return {"rows": rows}
+    return {"rows": rows, "remote_ranges": _remote_ranges(topic)}
+
+
+def _remote_ranges(topic: str) -> int:
+    from raylog.pipelines import remote_ranges
+
+    chosen = _catalog().partitions(topic)
+    local_bounds = reading.fetch_bounds(chosen)
+    tiers = remote_ranges.learn(chosen, local_bounds)
+    bounds = tiers.bounds(local_bounds)
+    planned = tiers.split(reading.plan(chosen, bounds, reading.EARLIEST, reading.LATEST))
+    return sum(isinstance(r, remote_ranges.RemoteRange) for r in planned)
 
 
 RESULT = "cluster-action-result: "  # Ray Data prints progress to stdout too

@@ -93,8 +93,10 @@ def produce(
     topic: str,
     by_partition: dict[int, list[dict[str, Any]]],
     compression: str = "none",
+    batch_records: int = 10_000,
 ) -> list[dict[str, Any]]:
-    """Produce ``by_partition``'s records with acks=all; returns the expected reader rows."""
+    """Produce ``by_partition``'s records with acks=all, at most ``batch_records`` a batch
+    (librdkafka's batch.num.messages); returns the expected reader rows."""
     from confluent_kafka import Producer
 
     producer = Producer(
@@ -104,6 +106,7 @@ def produce(
             "linger.ms": 20,
             "compression.type": compression,
             "enable.idempotence": False,
+            "batch.num.messages": batch_records,
         }
     )
     rows: list[dict[str, Any]] = []
