@@ -355,15 +355,11 @@ def check_span(
         raise RemoteSpanError(f"no batch at offset {offset} of remote segment {segment.segment_id}")
     for i, data in enumerate(batches):
         header = rb.parse_header(data)
-        if i == 0:
-            holds = header.base_offset <= offset < header.next_offset
-            if not holds or header.base_offset < segment.base_offset:
-                raise RemoteSpanError(
-                    f"a read at offset {offset} began with the batch at {header.base_offset}"
-                )
-            if expected is not None and header.base_offset != expected:
-                raise RemoteSpanError(f"a batch at offset {header.base_offset}, {expected} due")
-        elif header.base_offset != expected:
+        if i == 0 and not segment.base_offset <= header.base_offset <= offset < header.next_offset:
+            raise RemoteSpanError(
+                f"a read at offset {offset} began with the batch at {header.base_offset}"
+            )
+        if expected is not None and header.base_offset != expected:
             raise RemoteSpanError(f"a batch at offset {header.base_offset}, {expected} due")
         if header.last_offset > segment.end_offset:
             raise RemoteSpanError(
