@@ -43,15 +43,23 @@ segment the Log keeps a few integers only.
 from raylog.storage.log.appends import AppendInfo
 from raylog.storage.log.checkpoints import (
     CLEANER_CHECKPOINT,
+    DAMAGE_CHECKPOINT,
     HIGH_WATERMARK_CHECKPOINT,
     LEADER_EPOCH_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
+    Damage,
 )
 from raylog.storage.log.compaction import CleanResult
 from raylog.storage.log.config import MAX_BATCH_BYTES, LogConfig, cleanup_policies
 from raylog.storage.log.epochs import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET, EpochEntry
 from raylog.storage.log.log import Log, wall_clock_ms
-from raylog.storage.log.reads import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, Extents, TimestampOffset
+from raylog.storage.log.reads import (
+    EARLIEST_TIMESTAMP,
+    LATEST_TIMESTAMP,
+    DamagedBatchError,
+    Extents,
+    TimestampOffset,
+)
 from raylog.storage.log.rewrite import RewriteJob, RewriteRunner, Rewritten, rewrite_segments
 from raylog.storage.log.segment import CLEANED_SUFFIX
 from raylog.storage.log.segment_list import ClosedSegment
@@ -61,6 +69,7 @@ from raylog.storage.log.txnindex import AbortedTxn
 __all__ = [
     "CLEANED_SUFFIX",
     "CLEANER_CHECKPOINT",
+    "DAMAGE_CHECKPOINT",
     "EARLIEST_TIMESTAMP",
     "HIGH_WATERMARK_CHECKPOINT",
     "LATEST_TIMESTAMP",
@@ -73,6 +82,8 @@ __all__ = [
     "AppendInfo",
     "CleanResult",
     "ClosedSegment",
+    "Damage",
+    "DamagedBatchError",
     "EpochEntry",
     "Extents",
     "Log",

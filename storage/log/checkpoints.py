@@ -10,6 +10,8 @@ directory).
 | log-start-offset-checkpoint | ``0``, ``<log start offset>`` (DeleteRecords; see log.py)    |
 | cleaner-offset-checkpoint   | ``0``, ``<first dirty offset>``, ``<next delete horizon ms>``|
 |                             | (-1: no kept tombstone waits; see compaction.py)             |
+| damage-checkpoint           | ``0``, ``<cut offset>``, ``<repair offset>`` (damaged data   |
+|                             | the log drops and must re-fetch; see :class:`Damage`)        |
 
 A missing file reads as absent; an unreadable one (another version, not a number, short) is
 ignored with a warning, and the log falls back to what its segments say. Every value read is
@@ -33,6 +35,7 @@ LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 HIGH_WATERMARK_CHECKPOINT = "high-watermark-checkpoint"
 LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
 CLEANER_CHECKPOINT = "cleaner-offset-checkpoint"
+DAMAGE_CHECKPOINT = "damage-checkpoint"
 
 _T = TypeVar("_T")
 
@@ -90,3 +93,40 @@ def read_cleaner(directory: Path) -> CleanerCheckpoint:
 
 def write_cleaner(directory: Path, checkpoint: CleanerCheckpoint) -> None:
     write_checkpoint(directory, CLEANER_CHECKPOINT, [str(value) for value in checkpoint])
+
+
+class Damage(NamedTuple):
+    """Data a replica's log lost or holds damaged: everything from ``cut_offset`` on is dropped
+    when the log is next opened (recovery truncates there), and until the log ends at
+    ``repair_offset`` again (the high watermark when the damage was found: committed data)
+    the replica lacks committed records and must not lead."""
+
+    cut_offset: int
+    repair_offset: int
+
+    def merged(self, other: Damage | None) -> Damage:
+        """Both damages at once: the lower cut, the higher repair offset."""
+        if other is None:
+            return self
+        return Damage(
+            min(self.cut_offset, other.cut_offset), max(self.repair_offset, other.repair_offset)
+        )
+
+
+def read_damage(directory: Path) -> Damage | None:
+    """The damage checkpoint; None when there is none (or it is unreadable: a warning)."""
+    return read_checkpoint(
+        directory / DAMAGE_CHECKPOINT, lambda values: Damage(int(values[0]), int(values[1]))
+    )
+
+
+def write_damage(directory: Path, damage: Damage | None) -> None:
+    """Replace the damage checkpoint (None: remove it), durably; raises KafkaStorageError."""
+    if damage is not None:
+        write_checkpoint(directory, DAMAGE_CHECKPOINT, [str(value) for value in damage])
+        return
+    try:
+        (directory / DAMAGE_CHECKPOINT).unlink(missing_ok=True)
+        fsync_directory(directory)
+    except OSError as exc:
+        raise KafkaStorageError(f"{DAMAGE_CHECKPOINT} removal failed: {exc}") from exc

@@ -10,6 +10,11 @@ the active segment makes every earlier write durable. That fsync runs outside ``
 duplicate of the active segment's descriptor (a roll or truncation meanwhile cannot close it
 under the fsync), so appends go on during it; they are covered by the next flush.
 
+Damage. A read that meets a stored batch failing its checks (reads.py) raises
+:class:`DamagedBatchError` and records the damage first (the damage checkpoint, see
+checkpoints.py): the next :meth:`Log.open` cuts the log there, and :attr:`Log.damage` tells the
+owner what it must fetch again before it holds every committed record (recovery.py, step 5).
+
 Thread safety. Every operation holds ``_lock``, reads too (so a truncation never shrinks a
 file under a read); a read costs a pread and a CRC pass, never an fsync. A cleaning pass holds
 it only to plan and to swap its files in.
@@ -44,13 +49,14 @@ from raylog.storage.log import (
     txnindex,
 )
 from raylog.storage.log.appends import AppendInfo
-from raylog.storage.log.checkpoints import HIGH_WATERMARK_CHECKPOINT
+from raylog.storage.log.checkpoints import HIGH_WATERMARK_CHECKPOINT, Damage
 from raylog.storage.log.cleaner import MAX_OFFSET_MAP_ENTRIES
 from raylog.storage.log.config import LogConfig
 from raylog.storage.log.epochs import EpochEntry
 from raylog.storage.log.reads import (
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
+    DamagedBatchError,
     Extents,
     TimestampOffset,
 )
@@ -72,9 +78,13 @@ def wall_clock_ms() -> int:
 class Log:
     """One partition replica's write-ahead log in its own directory. Thread-safe."""
 
-    def __init__(self, state: LogState, clock_ms: Callable[[], int]) -> None:
+    def __init__(
+        self, state: LogState, clock_ms: Callable[[], int], damage: Damage | None = None
+    ) -> None:
         # Use Log.open().
         self._state = state
+        self._damage = damage
+        self._damage_in_log = False  # a read found damage that is still in the segments
         self._clock_ms = clock_ms
         self._lock = threading.Lock()
         self._closed = False
@@ -100,10 +110,10 @@ class Log:
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
         try:
-            state = recover(path, config or LogConfig(), fsync)
+            state, damage = recover(path, config or LogConfig(), fsync)
         except OSError as exc:
             raise KafkaStorageError(f"cannot open log {path}: {exc}") from exc
-        return cls(state, clock_ms)
+        return cls(state, clock_ms, damage)
 
     # -- state ---------------------------------------------------------------------------------
 
@@ -155,6 +165,46 @@ class Log:
     def epoch_entries(self) -> list[EpochEntry]:
         with self._lock:
             return list(self._state.epochs.entries)
+
+    @property
+    def damage(self) -> Damage | None:
+        """Data this log lost or holds damaged (recovery.py, step 5), None when it holds
+        every record it had: until :meth:`clear_damage`, the replica lacks committed records
+        below ``repair_offset`` and must not lead. A damage found by a read since the log was
+        opened is still in the log (``cut_offset`` below the log end): the log is cut there
+        when next opened."""
+        return self._damage
+
+    def record_damage(self, cut_offset: int, repair_offset: int) -> Damage:
+        """Record damaged data from ``cut_offset`` on, committed up to ``repair_offset``
+        (merged with what is recorded already), durably; returns the damage now recorded."""
+        with self._lock:
+            return self._record_damage(cut_offset, repair_offset)
+
+    def _record_damage(self, cut_offset: int, repair_offset: int) -> Damage:
+        damage = Damage(cut_offset, max(repair_offset, self._state.high_watermark))
+        damage = damage.merged(self._damage)
+        if damage != self._damage:
+            checkpoints.write_damage(self.directory, damage)
+            self._damage = damage
+        self._damage_in_log = True
+        return damage
+
+    def clear_damage(self) -> bool:
+        """Forget the damage once the log holds what it lost again: the damaged data gone
+        (cut when the log was opened) and the log ending at or above the repair offset.
+        Returns whether it is clear (False: not repaired yet)."""
+        with self._lock:
+            damage = self._damage
+            if damage is None:
+                return True
+            end = self.log_end_offset
+            if self._damage_in_log or damage.repair_offset > end:
+                return False
+            checkpoints.write_damage(self.directory, None)
+            self._damage = None
+        logger.info("log %s repaired: it holds every offset below %d", self.directory, end)
+        return True
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -300,6 +350,9 @@ class Log:
                 return nothing
             try:
                 return walk(self._state.segments, offset, max_bytes, limit)
+            except DamagedBatchError as exc:
+                self._record_damage(exc.offset, exc.offset)
+                raise
             except OSError as exc:
                 raise KafkaStorageError(f"read of {self.directory} failed: {exc}") from exc
 
@@ -321,9 +374,13 @@ class Log:
                 return TimestampOffset(-1, self.log_end_offset)
             if timestamp_ms == EARLIEST_TIMESTAMP:
                 return TimestampOffset(-1, self.log_start_offset)
-            return reads.offset_for_timestamp(
-                self._state.segments, self.log_start_offset, timestamp_ms
-            )
+            try:
+                return reads.offset_for_timestamp(
+                    self._state.segments, self.log_start_offset, timestamp_ms
+                )
+            except DamagedBatchError as exc:
+                self._record_damage(exc.offset, exc.offset)
+                raise
 
     def batch_headers(self) -> Iterator[rb.BatchHeader]:
         """Every stored batch's 61-byte header in log order, without reading record bodies.

@@ -5,7 +5,8 @@ only), the batch a timestamp falls in (ListOffsets), and header walks.
 Functions here take the log's :class:`SegmentList` and run under the Log's lock, after its
 range checks (:meth:`Log.read` states the rules a read follows). A stored batch is checked
 before it is used: a header that cannot be one (magic, length, past the file's end) or a
-CRC-32C that fails raises KafkaStorageError, so corrupt bytes are never served.
+CRC-32C that fails raises :class:`DamagedBatchError` (a KafkaStorageError naming where the
+damage starts), so corrupt bytes are never served.
 """
 
 from __future__ import annotations
@@ -26,6 +27,16 @@ EARLIEST_TIMESTAMP = -2
 HEADER_SCAN_CHUNK_BYTES = 1 << 20
 # locate() reads batch headers through a window of this size (one read per large batch).
 HEADER_WINDOW_BYTES = 16 << 10
+
+
+class DamagedBatchError(KafkaStorageError):
+    """A stored batch fails its checks: the log is damaged from ``offset`` on (the batch's
+    base offset when only its CRC-32C fails; its segment's base offset when its header cannot
+    be one, since the header's offsets cannot be trusted then)."""
+
+    def __init__(self, message: str, offset: int = -1) -> None:
+        super().__init__(message)
+        self.offset = offset
 
 
 class TimestampOffset(NamedTuple):
@@ -185,7 +196,10 @@ def offset_for_timestamp(
 
 def first_position_at_or_after(seg: Segment, offset: int) -> int:
     """Position of the first batch of ``seg`` whose last offset is >= ``offset`` (the
-    segment's size when none is)."""
+    segment's size when none is); 0 for its base offset, without reading (a truncation there
+    drops a segment whose first header may be damaged)."""
+    if offset <= seg.base_offset:
+        return 0
     pos = seg.lookup_position(offset)
     while pos < seg.size:
         header = rb.parse_header(seg.read(pos, rb.HEADER_SIZE))
@@ -230,21 +244,23 @@ def chunk_headers(
 
 
 def check_stored(seg: Segment, pos: int, header: rb.BatchHeader, offset: int) -> None:
-    """Raise KafkaStorageError unless ``header`` (at ``pos``) can be a stored batch's."""
+    """Raise DamagedBatchError unless ``header`` (at ``pos``) can be a stored batch's."""
     if (
         header.magic != rb.MAGIC
         or header.batch_length < rb.MIN_BATCH_LENGTH
         or pos + header.size > seg.size
         or header.last_offset_delta < 0
     ):
-        raise KafkaStorageError(
-            f"corrupt batch header at byte {pos} of {seg.log_path} (reading offset {offset})"
+        raise DamagedBatchError(
+            f"corrupt batch header at byte {pos} of {seg.log_path} (reading offset {offset})",
+            seg.base_offset,
         )
 
 
 def _verify_stored(seg: Segment, pos: int, buf: bytes, at: int, header: rb.BatchHeader) -> None:
     if not rb.crc_ok(buf, at, header):
-        raise KafkaStorageError(
+        raise DamagedBatchError(
             f"stored batch at byte {pos} of {seg.log_path} (offset {header.base_offset}) "
-            "fails its CRC-32C; not served"
+            "fails its CRC-32C; not served",
+            max(header.base_offset, seg.base_offset),
         )

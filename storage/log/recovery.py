@@ -5,7 +5,11 @@
    it; a cut tail may have ended the log below it); segments a crash left wholly below it
    (see :meth:`Log.advance_log_start`) are deleted;
 3. the leader-epoch cache, trimmed past a cut tail and completed from the rescanned batches;
-4. the high watermark and the cleaner checkpoint, clamped into the log.
+4. the high watermark and the cleaner checkpoint, clamped into the log;
+5. damage: a damage checkpoint (a read found a batch failing its CRC-32C, see log.py) cuts the
+   log at its cut offset, as a truncation does; a cut below the checkpointed high watermark
+   (committed data lost) writes one. Either way the log reports it (:attr:`Log.damage`) until
+   the replica has fetched its log back up to the damage's repair offset.
 
 Inactive segments were fsync'd with their index files when they rolled; they are trusted when
 those files pass cheap checks (entries increasing, and a header walk from the last entry ends
@@ -35,8 +39,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from raylog.storage.errors import KafkaStorageError
-from raylog.storage.log import checkpoints, snapshots, txnindex
-from raylog.storage.log.checkpoints import HIGH_WATERMARK_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT
+from raylog.storage.log import checkpoints, snapshots, truncation, txnindex
+from raylog.storage.log.checkpoints import (
+    HIGH_WATERMARK_CHECKPOINT,
+    LOG_START_OFFSET_CHECKPOINT,
+    Damage,
+)
 from raylog.storage.log.config import MAX_BATCH_BYTES, LogConfig
 from raylog.storage.log.epochs import LeaderEpochCache
 from raylog.storage.log.retention import delete_segments_below
@@ -49,9 +57,12 @@ logger = logging.getLogger(__name__)
 _SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|timeindex|txnindex)$")
 
 
-def recover(directory: Path, config: LogConfig, fsync: Callable[[int], None]) -> LogState:
-    """The state of the log in ``directory`` after steps 1-4 of the module docstring; raises
-    OSError, or KafkaStorageError when a file changes during recovery."""
+def recover(
+    directory: Path, config: LogConfig, fsync: Callable[[int], None]
+) -> tuple[LogState, Damage | None]:
+    """The state of the log in ``directory`` after steps 1-5 of the module docstring, and the
+    damage it has to repair (None: none); raises OSError, or KafkaStorageError when a file
+    changes during recovery."""
     found, cut = _recover_segments(directory, config.index_interval_bytes, fsync)
     segments = SegmentList(directory, found)
     end = segments.log_end_offset
@@ -72,7 +83,7 @@ def recover(directory: Path, config: LogConfig, fsync: Callable[[int], None]) ->
         logger.info(
             "log %s recovered: %d segment(s), offsets [%d, %d)", directory, count, start, end
         )
-    return LogState(
+    state = LogState(
         directory=directory,
         config=config,
         fsync=fsync,
@@ -81,6 +92,34 @@ def recover(directory: Path, config: LogConfig, fsync: Callable[[int], None]) ->
         log_start_offset=start,
         high_watermark=min(max(high_watermark, start), end),
         cleaner=cleaner._replace(first_dirty_offset=first_dirty),
+    )
+    damage = checkpoints.read_damage(directory)
+    if cut and high_watermark > end:
+        # The cut took committed records: fetched back from the leader, not served meanwhile.
+        damage = Damage(end, high_watermark).merged(damage)
+        checkpoints.write_damage(directory, damage)
+    if damage is not None:
+        cut_damaged(state, damage.cut_offset)
+    return state, damage
+
+
+def cut_damaged(state: LogState, offset: int) -> None:
+    """Drop every batch from the damaged one at ``offset`` on (truncation.truncate_to); the
+    whole log, starting over at its log start, when the walk to ``offset`` meets damage too."""
+    if offset >= state.log_end_offset:
+        return
+    try:
+        truncation.truncate_to(state, max(offset, state.log_start_offset))
+    except KafkaStorageError as exc:
+        if state.failure is not None:
+            raise
+        logger.warning("log %s: %s; dropping every segment", state.directory, exc)
+        truncation.truncate_fully_and_start_at(state, state.log_start_offset)
+    logger.warning(
+        "log %s: damaged data from offset %d dropped; log end offset %d, to be fetched again",
+        state.directory,
+        offset,
+        state.log_end_offset,
     )
 
 
