@@ -34,7 +34,11 @@ Decisions:
   advances to the time of a fetch whose offset reaches the leader's log end at that fetch, or
   to the time of the previous fetch if this fetch reaches the leader's log end as it was then.
   An ISR member is out of sync when its end differs from the leader's and it has not caught up
-  for longer than ``replica.lag.time.max.ms``. A non-ISR follower joins once its end reaches
+  for longer than ``replica.lag.time.max.ms``, and at once when it fetches from below the HW:
+  an ISR member's end never falls below the HW (the HW is the lowest end over the ISR, and a
+  follower truncates only above it), unless its log lost committed records (damage cut at its
+  recovery: see storage/log/recovery.py), and a clean election must not pick it then. A
+  non-ISR follower joins once its end reaches
   both the HW and the start offset of the current leader epoch, and its log start reaches the
   highest log start a DeleteRecords (or a mirror's emptied log) set while we lead, or ours when
   we became leader (raylog's rule, not Kafka's: an acknowledged DeleteRecords then holds on
@@ -128,6 +132,11 @@ def is_in_sync(
     )
 
 
+def lost_committed(state: FollowerState, high_watermark: int) -> bool:
+    """Whether the follower's log ends below the HW: it lost committed records."""
+    return UNDEFINED_OFFSET != state.log_end_offset < high_watermark
+
+
 def out_of_sync(
     replica_id: int,
     isr: Iterable[int],
@@ -135,13 +144,17 @@ def out_of_sync(
     leader_log_end_offset: int,
     now_ms: int,
     lag_time_max_ms: int,
+    high_watermark: int,
 ) -> list[int]:
     """The ISR members (other than the leader) to remove."""
     return [
         rid
         for rid in isr
         if rid != replica_id
-        and not is_in_sync(followers[rid], leader_log_end_offset, now_ms, lag_time_max_ms)
+        and (
+            not is_in_sync(followers[rid], leader_log_end_offset, now_ms, lag_time_max_ms)
+            or lost_committed(followers[rid], high_watermark)
+        )
     ]
 
 

@@ -693,6 +693,7 @@ class LeaderSide(ReplicaState):
             self.log.log_end_offset,
             now_ms,
             self.config.replica_lag_time_max_ms,
+            self.log.high_watermark,
         )
         if out_of_sync:
             self._propose_isr((r for r in self.isr if r not in out_of_sync), now_ms)
