@@ -38,8 +38,8 @@ Decisions:
   an ISR member's end never falls below the HW (the HW is the lowest end over the ISR, and a
   follower truncates only above it), unless its log lost committed records (damage cut at its
   recovery: see storage/log/recovery.py), and a clean election must not pick it then. A
-  non-ISR follower joins once its end reaches
-  both the HW and the start offset of the current leader epoch, and its log start reaches the
+  non-ISR follower joins once its end reaches both the HW and the start offset of the current
+  leader epoch, and its log start reaches the
   highest log start a DeleteRecords (or a mirror's emptied log) set while we lead, or ours when
   we became leader (raylog's rule, not Kafka's: an acknowledged DeleteRecords then holds on
   every replica a clean election can pick; a DeleteRecords acknowledged under an earlier
