@@ -175,6 +175,11 @@ class Log:
         when next opened."""
         return self._damage
 
+    @property
+    def holds_damage(self) -> bool:
+        """Whether a read found damage still in the segments (cut when the log is reopened)."""
+        return self._damage_in_log
+
     def record_damage(self, cut_offset: int, repair_offset: int) -> Damage:
         """Record damaged data from ``cut_offset`` on, committed up to ``repair_offset``
         (merged with what is recorded already), durably; returns the damage now recorded."""
@@ -694,6 +699,9 @@ class Log:
                 # Bytes the cleaner cannot read (reads of them fail too): as Kafka marks such a
                 # partition uncleanable, this log is not cleaned again until it is reopened.
                 self._uncleanable = str(exc)
+                if isinstance(exc, KafkaStorageError):  # damaged on disk, somewhere it read
+                    with self._lock:
+                        self._record_damage(plan.targets[0].base_offset, 0)
                 logger.error("log %s is uncleanable until it is reopened: %s", self.directory, exc)
                 return None
             except FileNotFoundError:

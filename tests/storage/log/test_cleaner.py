@@ -453,6 +453,8 @@ def test_corrupt_bytes_make_the_log_uncleanable_not_offline(
             assert log.clean(now_ms=10_000, high_watermark=log.log_end_offset) is None
         assert log.uncleanable and "CRC" in log.uncleanable
         assert "uncleanable" in caplog.text
+        assert log.holds_damage and log.damage is not None  # cut and fetched again once reopened
+        assert log.damage.cut_offset == 0
         assert not log.cleaning_due(10_000, log.log_end_offset)
         # Still serving: appends, and reads of intact batches.
         end = log.log_end_offset
