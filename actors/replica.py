@@ -24,6 +24,8 @@ controller only has to create actors and send commands.
 A failed log (full disk, failed fsync) takes the replica offline, as Kafka does with an offline
 log directory: every call then answers KAFKA_STORAGE_ERROR until the actor is re-created, which
 recovers the log from disk. A killed actor restarted by Ray does exactly that in ``__init__``.
+A damaged log (a batch failing its CRC, committed records cut at recovery) is handled by
+:class:`raylog.actors.replica_damage.DamagedReplica`, mixed in.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from raylog.actors.calls import (
 )
 from raylog.actors.control import config_keys
 from raylog.actors.producer_snapshots import SnapshotTaker, start_state
+from raylog.actors.replica_damage import DamagedReplica
 from raylog.actors.replica_mirror import ReplicaMirror
 from raylog.actors.replica_port import CHANNEL_START_S, RayReplicaPort
 from raylog.actors.replica_tiering import (
@@ -93,7 +96,7 @@ from raylog.storage.errors import (
     RequestTimedOutError,
     UnknownLeaderEpochError,
 )
-from raylog.storage.log import Extents, Log, LogConfig
+from raylog.storage.log import DamagedBatchError, Extents, Log, LogConfig
 from raylog.storage.pki import LeafCertificate
 
 log = logging.getLogger(__name__)
@@ -137,7 +140,7 @@ def _log_and_flush_configs(configs: dict[str, str] | None) -> tuple[LogConfig, i
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000)
-class ReplicaActor(ReplicaMirror, TieredReplica):
+class ReplicaActor(ReplicaMirror, TieredReplica, DamagedReplica):
     """One partition replica: a state machine, its log, and the Ray plumbing between them."""
 
     _loop: asyncio.AbstractEventLoop  # the actor's event loop, known from the first call
@@ -314,6 +317,7 @@ class ReplicaActor(ReplicaMirror, TieredReplica):
                 self._maybe_enforce_retention()
                 self._maybe_tier(now_ms())
                 self._maybe_clean()
+                self._check_damage()
             except Exception as exc:
                 log.exception(
                     "replica %s-%d@%d: tick failed", self.topic, self.partition, self.replica_id
@@ -479,6 +483,7 @@ class ReplicaActor(ReplicaMirror, TieredReplica):
         # Peers may have been re-created under their names since we looked them up (a restarted
         # broker): look them up again, or a fetch sent to a dead handle waits fetch_timeout_ms.
         self._port.forget_peers()
+        self._refuse_damaged_leadership(command)
         self._step(command)
         return await self.state()
 
@@ -785,6 +790,8 @@ class ReplicaActor(ReplicaMirror, TieredReplica):
         )
         try:
             response, records, located = await asyncio.wait_for(waiter, timeout=10)
+        except KafkaStorageError as exc:  # the read failed (damage): this replica is offline
+            return FetchOutcome(KafkaStorageError.error_code, -1, -1, -1, b"", -1, str(exc))
         except TimeoutError:
             self._port.fetch_waiters.pop(request_id, None)
             self._port.extent_requests.discard(request_id)
@@ -895,13 +902,12 @@ class ReplicaActor(ReplicaMirror, TieredReplica):
                 if remote is not None:
                     return (0, remote[0], remote[1], sm.leader_epoch)
             found = self._log.offset_for_timestamp(timestamp)
-        except RaylogError as exc:
-            return (exc.error_code, -1, -1, -1)
-        if found is None or found.offset >= fetchable:
-            return (0, -1, -1, sm.leader_epoch)
-        try:
+            if found is None or found.offset >= fetchable:
+                return (0, -1, -1, sm.leader_epoch)
             record = self._first_record_at(found.offset, timestamp, fetchable)
         except RaylogError as exc:
+            if isinstance(exc, DamagedBatchError):
+                self._on_storage_error(exc)
             return (exc.error_code, -1, -1, -1)
         # A batch whose maxTimestamp no record reaches (a client set it so): the batch's own.
         stamp, offset = record if record is not None else (found.timestamp, found.offset)
@@ -946,7 +952,7 @@ class ReplicaActor(ReplicaMirror, TieredReplica):
         try:
             self._executor.step(message, now_ms())
         except KafkaStorageError as exc:
-            self._go_offline(str(exc))
+            self._on_storage_error(exc)
 
     def _flushed(self, end_offset: int, generation: int) -> None:
         """An fsync the executor started completed (called on the event loop)."""
