@@ -422,7 +422,18 @@ class InternalTopic(Generic[P, R]):
 
     async def append_at(self, partition: int, owned: P, batch: bytes) -> tuple[int, int]:
         """:meth:`append`, also returning the base offset the batch got (-1 on an error)."""
+        return await self.append_built(partition, owned, lambda: batch)
+
+    async def append_built(
+        self, partition: int, owned: P, build: Callable[[], bytes | None]
+    ) -> tuple[int, int]:
+        """:meth:`append_at` of the batch ``build`` returns once the partition's earlier writes
+        are done (None: nothing to write, answered ``(0, -1)``): a coordinator that batches
+        records decided while a write was in flight takes them in the order of the writes."""
         async with owned.write_lock:
+            batch = build()
+            if batch is None:
+                return ErrorCode.NONE, -1
             result = await self._backend.produce(
                 self.topic, partition, batch, -1, APPEND_TIMEOUT_MS
             )

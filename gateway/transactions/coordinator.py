@@ -27,13 +27,18 @@ plans it returns (that module's docstring, "How the coordinator carries out a Pl
    writes them again (a marker twice is harmless). After a ``__consumer_offsets`` partition's
    marker, the group coordinator leading it is told (``complete_offsets``), so the
    transaction's offsets become visible (commit) or vanish (abort).
-4. EndTxn answers once the transaction is complete (every marker written, the Complete state
-   appended), not as soon as the Prepare state is written as Kafka does: a client's
-   ``commit_transaction()`` then returns with its records readable by read_committed consumers,
-   and its next transaction starts without being refused CONCURRENT_TRANSACTIONS while the
-   markers are written. A transaction that cannot complete within ``END_TXN_WAIT_MS`` (a
-   partition offline) is answered NONE at that point anyway: its outcome is durable in the
-   Prepare state and the markers go on in the background.
+4. EndTxn answers once the transaction is complete (every marker written), not as soon as the
+   Prepare state is written as Kafka does: a client's ``commit_transaction()`` then returns
+   with its records readable by read_committed consumers, and its next transaction starts
+   without being refused CONCURRENT_TRANSACTIONS while the markers are written. A transaction
+   that cannot complete within ``END_TXN_WAIT_MS`` (a partition offline) is answered NONE at
+   that point anyway: its outcome is durable in the Prepare state and the markers go on in the
+   background. The Complete state is not written on its own: it goes in the same batch as the
+   id's next write (the next transaction's Ongoing state, so back-to-back transactions cost one
+   serial acks=all write fewer), or as any other write of the partition, or at the next tick.
+   Until it is written the log holds the Prepare state, and a coordinator that takes the
+   partition over writes the markers again (harmless, above); the records of one id keep their
+   order because a batch is built under the partition's write lock.
 5. Timers: every ``transaction.abort.timed.out.transaction.cleanup.interval.ms`` Ongoing
    transactions past their ``transaction.timeout.ms`` are aborted under a bumped epoch (the
    producer is fenced); every ``transaction.remove.expired.transaction.cleanup.interval.ms``
@@ -131,6 +136,9 @@ class _Partition:
     write_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # Transactional id -> its completion (markers, then the Complete state) in progress.
     completing: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    # Transactional id -> its Complete state's record, decided but not yet appended (step 4).
+    unwritten: dict[str, tuple[bytes, bytes | None]] = field(default_factory=dict)
+    flushing: asyncio.Task[None] | None = None  # the tick's write of ``unwritten``
 
 
 class _Replay:
@@ -399,13 +407,29 @@ class TransactionCoordinator:
                 self._start_completion(owned, done)
         return plan.error
 
-    async def _append(self, owned: _Partition, record: tuple[bytes, bytes | None]) -> int:
+    async def _append(self, owned: _Partition, record: tuple[bytes, bytes | None] | None) -> int:
+        """Append ``record`` after every unwritten Complete state of the partition, in one
+        batch (step 4); ``record`` None: those alone. A failed write leaves them unwritten."""
         partition = next((p for p, o in self._topic.owned.items() if o is owned), None)
         if partition is None:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
-        key, value = record
-        batch = rb.build_batch([rb.Record(key, value, self._wall())])
-        return await self._topic.append(partition, owned, batch)
+        taken: dict[str, tuple[bytes, bytes | None]] = {}
+
+        def batch() -> bytes | None:
+            # Under the write lock: what is taken here is written before any later batch.
+            taken.update(owned.unwritten)
+            owned.unwritten.clear()
+            records = [*taken.values(), *([record] if record is not None else [])]
+            if not records:
+                return None
+            now = self._wall()
+            return rb.build_batch([rb.Record(key, value, now) for key, value in records])
+
+        error, _ = await self._topic.append_built(partition, owned, batch)
+        if error:
+            for tid, unwritten in taken.items():
+                owned.unwritten.setdefault(tid, unwritten)
+        return error
 
     def _start_completion(self, owned: _Partition, meta: ts.TransactionMetadata) -> None:
         tid = meta.transactional_id
@@ -414,22 +438,37 @@ class TransactionCoordinator:
         task.add_done_callback(lambda t: _forget(owned.completing, tid, t))
 
     async def _complete(self, owned: _Partition, transactional_id: str) -> None:
-        """Step 3 of the module docstring, then the Complete state; retried while this broker
-        holds the partition."""
+        """Step 3 of the module docstring, then the Complete state, which the id's next write
+        (or the tick) appends (step 4)."""
         meta = owned.txns[transactional_id]
         plan = ts.plan_complete(meta, self._wall())
-        assert plan.markers is not None
+        assert plan.markers is not None and plan.write is not None and plan.pending is not None
         await self._write_markers(owned, plan.markers)
-        while self._holds(owned):
-            async with self._lock(transactional_id):
-                current = owned.txns.get(transactional_id)
-                if current is None or not current.needs_markers:
-                    return
-                error = await self._carry_out(owned, transactional_id, plan)
-            if not error:
+        if not self._holds(owned):
+            return
+        async with self._lock(transactional_id):
+            current = owned.txns.get(transactional_id)
+            if current is None or not current.needs_markers:
                 return
-            log.info("%s: completion not written (error %d); again", transactional_id, error)
-            await asyncio.sleep(MARKER_BACKOFF_MS[1] / 1000)
+            done = ts.complete_write(plan.pending, plan.write)
+            assert done is not None  # a Complete state, never a tombstone
+            owned.txns[transactional_id] = done
+            owned.unwritten[transactional_id] = ts.to_record(plan.write)
+
+    def _flush_unwritten(self) -> None:
+        """Step 4: append the Complete states no other write took, one write per partition."""
+        for owned in self._topic.owned.values():
+            if (
+                owned.loaded
+                and owned.unwritten
+                and (owned.flushing is None or owned.flushing.done())
+            ):
+                owned.flushing = asyncio.get_running_loop().create_task(self._flush(owned))
+
+    async def _flush(self, owned: _Partition) -> None:
+        error = await self._append(owned, None)
+        if error:  # left unwritten: the next tick tries again
+            log.info("complete states not written (error %d); again at the next tick", error)
 
     async def _write_markers(self, owned: _Partition, markers: ts.TxnMarkers) -> None:
         await asyncio.gather(
@@ -570,11 +609,14 @@ class TransactionCoordinator:
     def _unloaded(self, partition: int, owned: _Partition) -> None:
         for task in owned.completing.values():
             task.cancel()
+        if owned.flushing is not None:
+            owned.flushing.cancel()
         owned.txns = {}
         self._lock.prune(self._known)
 
     async def _tick(self) -> None:
         await self._topic.refresh()
+        self._flush_unwritten()
         self._maybe_run_timers()
 
     def _maybe_run_timers(self) -> None:

@@ -159,13 +159,45 @@ def test_a_committed_transaction_writes_its_markers_then_completes() -> None:
         # EndTxn answered once complete: both markers written, with the partition's epoch.
         assert sorted(backend.markers) == [(DATA, 0, 7000, 1, 4, True), (DATA, 1, 7000, 1, 4, True)]
         assert c.describe(TXN).state == "CompleteCommit"
-        states = backend.states()
-        assert states[-2:] == [
+        # The Complete state waits for the id's next write: the log ends at PrepareCommit.
+        assert backend.states()[-1] == ts.TransactionState.PREPARE_COMMIT
+        batches = len(backend.logs[PARTITION])
+        # The next transaction starts at once (no CONCURRENT_TRANSACTIONS), and its Ongoing
+        # state goes in one batch behind the previous transaction's Complete state.
+        assert await c.add_partitions(TXN, 7000, 1, parts[:1]) == ErrorCode.NONE
+        assert len(backend.logs[PARTITION]) == batches + 1
+        assert backend.states()[-3:] == [
             ts.TransactionState.PREPARE_COMMIT,
             ts.TransactionState.COMPLETE_COMMIT,
+            ts.TransactionState.ONGOING,
         ]
-        # The next transaction starts at once: no CONCURRENT_TRANSACTIONS.
-        assert await c.add_partitions(TXN, 7000, 1, parts[:1]) == ErrorCode.NONE
+        await c.stop()
+
+    asyncio.run(run())
+
+
+def test_a_complete_state_no_write_takes_is_appended_at_the_tick_and_kept_on_failure() -> None:
+    async def run() -> None:
+        backend = TxnBackend()
+        c = coordinator(backend)
+        await loaded(c)
+        await c.init_producer_id(TXN, 60_000)
+        assert await c.add_partitions(TXN, 7000, 0, [(DATA, 0)]) == ErrorCode.NONE
+        assert await c.end_txn(TXN, 7000, 0, False) == ErrorCode.NONE
+        assert c.describe(TXN).state == "CompleteAbort"
+        assert backend.states()[-1] == ts.TransactionState.PREPARE_ABORT
+        backend.produce_error = ErrorCode.NOT_ENOUGH_REPLICAS
+        await c._tick()
+        await asyncio.wait_for(c._topic.owned[PARTITION].flushing, 5)  # type: ignore[arg-type]
+        assert backend.states()[-1] == ts.TransactionState.PREPARE_ABORT  # kept for later
+        backend.produce_error = 0
+        await c._tick()
+        await asyncio.wait_for(c._topic.owned[PARTITION].flushing, 5)  # type: ignore[arg-type]
+        assert backend.states()[-1] == ts.TransactionState.COMPLETE_ABORT
+        # Replaying the log gives what the coordinator holds.
+        replay = _Replay()
+        replay.apply(b"".join(backend.logs[PARTITION]), 0)
+        assert replay.transactions()[TXN].state == ts.TransactionState.COMPLETE_ABORT
         await c.stop()
 
     asyncio.run(run())
