@@ -245,7 +245,31 @@ def shared_up(shared_cluster: Any) -> Iterator[Any]:
         assert done.returncode == 0, done.stderr[-2000:]
 
 
+# The session's security cluster while it runs (stopped after its last user's teardown).
+_secure: Any = None
+
+
+@pytest.fixture(scope="session")
+def secure_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One `raylog up` with TLS and SASL listeners and the StandardAuthorizer for the modules
+    that need them (tests/support/secure_cluster.py says what it runs): a cluster start less
+    than one each. Stopped once the last test using it is torn down
+    (:func:`pytest_runtest_teardown`), so that it does not load the machine under later modules.
+    """
+    from support.secure_cluster import start_secure_cluster
+
+    global _secure
+    cluster = start_secure_cluster(lambda: tmp_path_factory.mktemp("secure-up"))
+    _secure = cluster.up
+    try:
+        yield cluster
+    finally:
+        cluster.up.__exit__(None, None, None)  # stops it (SIGINT, then kill) unless stopped
+        _secure = None
+
+
 _last_ray_local_user: str | None = None  # node id of the last test that uses ``ray_local``
+_last_secure_user: str | None = None  # and of the last one that uses ``secure_cluster``
 
 TESTS_ROOT = Path(__file__).resolve().parent
 # The layer each folder of tests exercises, as a marker (``pytest -m "storage or replication"``);
@@ -265,7 +289,7 @@ LAYER_MARKERS = {
     "project": "project",
 }
 # Fixtures that start a Ray cluster: tests using them also get the ``ray`` marker.
-RAY_FIXTURES = ("ray_local", "shared_cluster", "shared_up", "embedded")
+RAY_FIXTURES = ("ray_local", "shared_cluster", "shared_up", "embedded", "secure_cluster")
 
 
 def _layer_marker(path: Path) -> str | None:
@@ -282,7 +306,7 @@ def pytest_collection_modifyitems(
     after them; before either, the tests of the local Ray (``ray_local``), which stops after
     the last of them (:func:`pytest_runtest_teardown`). Session fixtures stay up until the
     session ends, and would load the machine under every later module's own clusters."""
-    global _last_ray_local_user
+    global _last_ray_local_user, _last_secure_user
 
     def uses(item: pytest.Item, fixture: str) -> bool:
         return fixture in getattr(item, "fixturenames", ())
@@ -305,14 +329,19 @@ def pytest_collection_modifyitems(
     )
     users = [item.nodeid for item in items if item.path in on_ray_local]
     _last_ray_local_user = users[-1] if users else None
+    secure = [item.nodeid for item in items if uses(item, "secure_cluster")]
+    _last_secure_user = secure[-1] if secure else None
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """Once the last test of the local Ray is torn down (its module's fixtures with it), stop
     that Ray: its processes (raylet, GCS, log monitor, agents) and any actor a module left
-    would otherwise take CPU from every later module until the session ends."""
+    would otherwise take CPU from every later module until the session ends. The security
+    cluster likewise after its last test."""
     yield
+    if item.nodeid == _last_secure_user and _secure is not None:
+        _secure.__exit__(None, None, None)
     if item.nodeid == _last_ray_local_user and "ray" in sys.modules:
         import ray
 

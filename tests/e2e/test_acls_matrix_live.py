@@ -1,13 +1,15 @@
 """Kafka's ACL matrix on a live `raylog up`: each API a SASL user drives through a real client is
 refused without its permission, changes nothing, and works once `raylog acls add` grants it.
 
-One broker of its own with PLAINTEXT and SASL_PLAINTEXT on loopback, the StandardAuthorizer,
-``super.users=User:admin`` and two SCRAM-SHA-512 users, ``admin`` and ``alice``. alice may
-DESCRIBE the groups named ``alice-*`` (so her consumers find their coordinator) and nothing else
-until a test grants it. Each test drives one API as alice with confluent-kafka (a raw
-ListOffsets request through kafka-python's client, as the clients' own list_offsets stop at
-Metadata; Produce, Fetch and DeleteRecords with DESCRIBE on the topic granted first, for the same
-reason):
+On the session's security cluster (tests/support/secure_cluster.py; shared with
+test_client_security.py): two brokers, the StandardAuthorizer, ``super.users=User:admin``; the
+clients use its SASL_PLAINTEXT listener on loopback, as the super user ``admin`` and as
+``alice``, a SCRAM-SHA-512 user this module creates. alice may DESCRIBE the groups named
+``alice-*`` (so her consumers find their coordinator) and nothing else until a test grants it.
+Every topic has one replica; the module deletes its topics at the end. Each test drives one
+API as alice with confluent-kafka (a raw ListOffsets request through kafka-python's client, as
+the clients' own list_offsets stop at Metadata; Produce, Fetch and DeleteRecords with DESCRIBE
+on the topic granted first, for the same reason):
 Kafka's error first (TOPIC_AUTHORIZATION_FAILED, GROUP_AUTHORIZATION_FAILED,
 CLUSTER_AUTHORIZATION_FAILED) with admin seeing nothing changed (no record written, no topic
 created or deleted, configs, partitions, committed offsets, records and groups as they were),
@@ -18,7 +20,7 @@ the change seen by admin. Proves:
   describe is left out of the list of all topics), CreateTopics CREATE on the topic or on the
   cluster, DeleteTopics DELETE, CreatePartitions ALTER, DescribeConfigs DESCRIBE_CONFIGS (topic;
   CLUSTER_AUTHORIZATION_FAILED for a broker), AlterConfigs and IncrementalAlterConfigs
-  ALTER_CONFIGS, DeleteRecords DELETE, ElectLeaders ALTER on the cluster (one broker: the
+  ALTER_CONFIGS, DeleteRecords DELETE, ElectLeaders ALTER on the cluster (one replica: the
   election allowed finds nothing to elect, the one refused moves nothing); JoinGroup and
   OffsetCommit READ on the group and OffsetCommit READ on the topic; DescribeGroups and
   ListGroups DESCRIBE on the group; DeleteGroups DELETE on the group;
@@ -27,8 +29,9 @@ the change seen by admin. Proves:
 - ACLs of other principals managed by three tools at once: `raylog acls add` (PREFIXED, two
   operations) creates ACLs that kafka-python's KafkaAdminClient and confluent-kafka's
   AdminClient (both v1, as admin) describe alike, and that `raylog acls list --json` lists with
-  theirs; both clients create ACLs through the gateway, a CLUSTER ACL not named kafka-cluster is
-  refused (INVALID_REQUEST), and both delete by filter (DeleteAcls), answering the ACLs deleted.
+  theirs (beside the ACLs the cluster held before); both clients create ACLs through the
+  gateway, a CLUSTER ACL not named kafka-cluster is refused (INVALID_REQUEST), and both delete
+  by filter (DeleteAcls), answering the ACLs deleted.
 
 A DENY added and removed with the CLI stopping and then letting through a producer's writes is
 test_client_security.py's (for a SCRAM user); ``allow.everyone.if.no.acl.found`` is
@@ -37,6 +40,7 @@ tests/actors/control/test_acls.py's and tests/gateway/test_acl_handlers.py's.
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import warnings
@@ -80,10 +84,9 @@ from kafka.admin import (
 )
 from kafka.admin import ResourceType as KResourceType
 from kafka.protocol.consumer import ListOffsetsRequest
-from support.cluster import RAYLOG, UpProcess, cli_env, free_port_block, started_up
+from support.cluster import UpProcess
+from support.secure_cluster import SUPER_PASSWORD, SUPER_USER, SecureCluster, create_user
 from support.waiting import wait_until
-
-from raylog.actors.control.acls import STANDARD_AUTHORIZER
 
 pytestmark = pytest.mark.slow
 
@@ -93,7 +96,7 @@ POLL_S = 0.2
 TOPIC_DENIED = KafkaError.TOPIC_AUTHORIZATION_FAILED
 GROUP_DENIED = KafkaError.GROUP_AUTHORIZATION_FAILED
 CLUSTER_DENIED = KafkaError.CLUSTER_AUTHORIZATION_FAILED
-PASSWORDS = {"admin": "admin-Matrix-Passw0rd", "alice": "alice-Matrix-Passw0rd"}
+PASSWORDS = {SUPER_USER: SUPER_PASSWORD, "alice": "alice-Matrix-Passw0rd"}
 
 
 @dataclass
@@ -104,7 +107,7 @@ class Live:
     @cached_property
     def admin(self) -> AdminClient:
         """As User:admin, a super user."""
-        return AdminClient(self.config("admin"))
+        return AdminClient(self.config(SUPER_USER))
 
     def config(self, user: str) -> dict[str, str]:
         return {
@@ -140,35 +143,17 @@ def ok(proc: subprocess.CompletedProcess[str]) -> str:
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    port = free_port_block(3)  # PLAINTEXT, metrics, SASL_PLAINTEXT
-    up = started_up(
-        lambda: tmp_path_factory.mktemp("acl-matrix"),
-        "--broker-config", f"listeners=PLAINTEXT://127.0.0.1:{port},"
-                           f"SASL_PLAINTEXT://127.0.0.1:{port + 2}",
-        "--broker-config", f"authorizer.class.name={STANDARD_AUTHORIZER}",
-        "--broker-config", "super.users=User:admin",
-        "--broker-config", "group.initial.rebalance.delay.ms=0",
-        "--broker-config", "default.replication.factor=1",
-        "--broker-config", "offsets.topic.replication.factor=1",
-        brokers=1,
-        port=port,
-    )  # fmt: skip
-    try:
-        for user, password in PASSWORDS.items():
-            ok(
-                subprocess.run(
-                    [*RAYLOG, "users", "create", user, "--mechanism", "SCRAM-SHA-512",
-                     "--password-stdin", "--data-dir", str(up.data_dir)],
-                    input=password, capture_output=True, text=True, timeout=TIMEOUT_S,
-                    env=cli_env(),
-                )
-            )  # fmt: skip
-        live = Live(up, f"127.0.0.1:{port + 2}")
-        live.acls("add", "--operation", "DESCRIBE", "--group", "alice-", "--prefixed")
-        yield live
-    finally:
-        up.__exit__(None, None, None)
+def live(secure_cluster: SecureCluster) -> Iterator[Live]:
+    up = secure_cluster.up
+    before = up.topics()
+    create_user(up, "alice", PASSWORDS["alice"], "SCRAM-SHA-512")
+    live = Live(up, secure_cluster.sasl_plaintext)
+    live.acls("add", "--operation", "DESCRIBE", "--group", "alice-", "--prefixed")
+    yield live
+    # The next module on the cluster does not hold this one's replicas (a process each).
+    created = sorted(up.topics() - before - {"__consumer_offsets", "__transaction_state"})
+    if created:
+        ok(up.raylog("topics", "delete", *created))
 
 
 # --- outcomes ---------------------------------------------------------------------------------
@@ -229,7 +214,8 @@ def make_topic(live: Live, name: str, records: int = 0, partitions: int = 1) -> 
     new = NewTopic(name, num_partitions=partitions, replication_factor=1)
     assert outcome(only(live.admin.create_topics([new], operation_timeout=TIMEOUT_S))) is None
     if records:
-        assert produce(live.config("admin"), name, *(f"admin-{i}" for i in range(records))) is None
+        values = (f"admin-{i}" for i in range(records))
+        assert produce(live.config(SUPER_USER), name, *values) is None
 
 
 def produce(config: dict[str, str], topic: str, *values: str) -> KafkaError | None:
@@ -317,7 +303,7 @@ def test_produce_needs_write_on_the_topic(live: Live) -> None:
     assert offsets(live, "produce-t") == (0, 1)
     granted(live, "Produce", lambda: produce(alice, "produce-t", "written"), TOPIC_DENIED,
             "--operation", "WRITE", "--topic", "produce-t")  # fmt: skip
-    assert read_all(live.config("admin"), "produce-t", 2) == ["admin-0", "written"]
+    assert read_all(live.config(SUPER_USER), "produce-t", 2) == ["admin-0", "written"]
 
 
 def test_fetch_needs_read_on_the_topic(live: Live) -> None:
@@ -352,10 +338,14 @@ def test_list_offsets_needs_describe_on_the_topic(live: Live) -> None:
         ],
     )
 
+    # The partition's leader: another broker would answer NOT_LEADER_OR_FOLLOWER.
+    leader = live.admin.list_topics("offsets-t", timeout=TIMEOUT_S).topics["offsets-t"]
+    to_leader = functools.partial(kp._manager.send, node_id=leader.partitions[0].leader)
+
     def list_offsets() -> KafkaError | None:
         # The request itself, to the broker: the clients' own list_offsets stop at Metadata,
         # which hides the topic from alice just as well.
-        [topic] = kp._manager.run(kp._manager.send, request).topics
+        [topic] = kp._manager.run(to_leader, request).topics
         [partition] = topic.partitions
         if partition.error_code:
             return KafkaError(partition.error_code)
@@ -469,7 +459,7 @@ def test_describe_configs_needs_describe_configs(live: Live) -> None:
     def describe(resource: ConfigResource) -> KafkaError | None:
         return outcome(only(alice.describe_configs([resource])))
 
-    [broker_id] = live.admin.list_topics(timeout=TIMEOUT_S).brokers
+    broker_id = min(live.admin.list_topics(timeout=TIMEOUT_S).brokers)
     broker = ConfigResource("BROKER", str(broker_id))
     refused("DescribeConfigs of a broker", lambda: describe(broker), CLUSTER_DENIED)
     topic = ConfigResource("TOPIC", "described-t")
@@ -583,7 +573,7 @@ def test_joining_a_group_and_committing_need_read_on_the_group_and_the_topic(liv
 def admins_group(live: Live, group: str, topic: str) -> None:
     """A group of admin's, empty, with an offset of ``topic`` committed."""
     make_topic(live, topic, records=1)
-    consumer = Consumer({**live.config("admin"), "group.id": group, "enable.auto.commit": False})
+    consumer = Consumer({**live.config(SUPER_USER), "group.id": group, "enable.auto.commit": False})
     try:
         consumer.commit(offsets=[TopicPartition(topic, 0, 1)], asynchronous=False)
     finally:
@@ -661,9 +651,10 @@ def test_a_prefixed_allow_covers_topics_created_after_it(live: Live) -> None:
 Listed = set[tuple[str, ...]]  # (resource type, name, pattern type, principal, operation)
 
 
-def others(listed: Listed) -> Listed:
-    """The ACLs listed but alice's (the ones this module grants her)."""
-    return {acl for acl in listed if acl[3] != "User:alice"}
+def others(listed: Listed, held: Listed) -> Listed:
+    """The ACLs listed but alice's (the ones this module grants her) and those ``held`` (the
+    cluster's before the test: the other module's on it)."""
+    return {acl for acl in listed - held if acl[3] != "User:alice"}
 
 
 def cli_listed(live: Live) -> Listed:
@@ -706,13 +697,14 @@ def ck_listed(admin: AdminClient) -> Listed:
 
 
 def test_cli_and_both_clients_manage_the_same_acls(live: Live) -> None:
+    held = cli_listed(live)
     ok(live.up.raylog("acls", "add", "--principal", "User:bob", "--operation", "READ",
                       "--operation", "DESCRIBE", "--topic", "orders-", "--prefixed"))  # fmt: skip
-    kp = live.kafka_python("admin")
+    kp = live.kafka_python(SUPER_USER)
     admin = live.admin
     try:
-        carol = ACL(
-            principal="User:carol",
+        grace = ACL(
+            principal="User:grace",
             host="*",
             operation=ACLOperation.READ,
             permission_type=ACLPermissionType.ALLOW,
@@ -720,7 +712,7 @@ def test_cli_and_both_clients_manage_the_same_acls(live: Live) -> None:
                 KResourceType.GROUP, "billing", ACLResourcePatternType.LITERAL
             ),
         )
-        created = kp.create_acls([carol])
+        created = kp.create_acls([grace])
         assert (len(created["succeeded"]), created["failed"]) == (1, [])
         dave = AclBinding("TOPIC", "ledger", "LITERAL", "User:dave", "*", "WRITE", "ALLOW")
         # A CLUSTER ACL must name kafka-cluster (Kafka's check, on the broker); confluent-kafka
@@ -735,15 +727,15 @@ def test_cli_and_both_clients_manage_the_same_acls(live: Live) -> None:
         expected = {
             ("TOPIC", "orders-", "PREFIXED", "User:bob", "READ"),
             ("TOPIC", "orders-", "PREFIXED", "User:bob", "DESCRIBE"),
-            ("GROUP", "billing", "LITERAL", "User:carol", "READ"),
+            ("GROUP", "billing", "LITERAL", "User:grace", "READ"),
             ("TOPIC", "ledger", "LITERAL", "User:dave", "WRITE"),
         }
-        assert others(cli_listed(live)) == expected
-        assert others(kp_listed(kp)) == expected
-        assert others(ck_listed(admin)) == expected
+        assert others(cli_listed(live), held) == expected
+        assert others(kp_listed(kp), held) == expected
+        assert others(ck_listed(admin), held) == expected
 
-        carol_filter = ACLFilter(
-            principal="User:carol",
+        grace_filter = ACLFilter(
+            principal="User:grace",
             host=None,
             operation=ACLOperation.ANY,
             permission_type=ACLPermissionType.ANY,
@@ -751,13 +743,13 @@ def test_cli_and_both_clients_manage_the_same_acls(live: Live) -> None:
                 KResourceType.ANY, None, ACLResourcePatternType.ANY
             ),
         )
-        [(_, deleted, error)] = kp.delete_acls([carol_filter])
-        assert error.errno == 0 and [a.principal for a in deleted] == ["User:carol"]
+        [(_, deleted, error)] = kp.delete_acls([grace_filter])
+        assert error.errno == 0 and [a.principal for a in deleted] == ["User:grace"]
         dave_filter = AclBindingFilter("TOPIC", "ledger", "MATCH", None, None, "ANY", "ANY")
         gone = admin.delete_acls([dave_filter], request_timeout=TIMEOUT_S)[dave_filter]
         assert [b.principal for b in gone.result(timeout=TIMEOUT_S)] == ["User:dave"]
         out = ok(live.up.raylog("acls", "remove", "--topic", "orders-", "--prefixed"))
         assert "Removed 2 ACL(s)." in out
-        assert others(cli_listed(live)) == set() and others(ck_listed(admin)) == set()
+        assert others(cli_listed(live), held) == set() == others(ck_listed(admin), held)
     finally:
         kp.close()

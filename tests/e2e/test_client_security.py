@@ -1,10 +1,11 @@
 """Client security on a real `raylog up`: SASL_SSL and SSL listeners beside PLAINTEXT, used by
 every client of the compatibility suite without changes.
 
-One cluster of two brokers with three listeners (PLAINTEXT on loopback for raylog's own tools,
-SASL_SSL, and SSL with ``ssl.client.auth=required``), a SCRAM user made with `raylog users
-create`, the CA exported with `raylog certs ca` and a client certificate issued with `raylog
-certs issue`. Proves:
+On the session's security cluster (tests/support/secure_cluster.py; shared with
+test_acls_matrix_live.py): two brokers with PLAINTEXT on loopback for raylog's own tools,
+SASL_SSL, and SSL with ``ssl.client.auth=required`` (and SASL_PLAINTEXT, the ACL matrix's), the
+super user ``admin`` made with `raylog users create`, the CA exported with `raylog certs ca` and
+a client certificate issued with `raylog certs issue`. Proves:
 
 - confluent-kafka, kafka-python, aiokafka, kcat (librdkafka 2.0, whose SCRAM repeats its nonce)
   and kafkajs produce and consume over SASL_SSL with SCRAM-SHA-512 and with PLAIN (most with
@@ -20,8 +21,8 @@ certs issue`. Proves:
   `raylog acls remove` lets the same producer write within the gateways' refresh.
 
 The cluster also runs with ``auto.create.topics.enable=true`` (``num.partitions=2``,
-``default.replication.factor=2``), so it proves Metadata auto-creation too: a producer (alice's)
-writing to an unknown topic creates it with those defaults, while a producer with
+``default.replication.factor=2``), so it proves Metadata auto-creation too: a producer (the
+super user's) writing to an unknown topic creates it with those defaults, while a producer with
 ``allow.auto.create.topics=false`` gets UNKNOWN_TOPIC_OR_PART and creates nothing. (The default,
 off, is proven in ``test_admin_clients.py``.)
 """
@@ -38,7 +39,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.cluster import RAYLOG, UpProcess, cli_env, free_port_block, started_up
+from support.cluster import UpProcess
+from support.secure_cluster import (
+    BROKERS,
+    SUPER_PASSWORD,
+    SUPER_USER,
+    SecureCluster,
+    create_user,
+)
 from support.waiting import wait_until
 
 from raylog.actors import raycluster
@@ -46,17 +54,10 @@ from raylog.storage import pki
 
 pytestmark = pytest.mark.slow
 
-BROKERS = 2
-PASSWORD = "s3cure-e2e-Passw0rd"
+PASSWORD = SUPER_PASSWORD
 TOPIC = "secure"
 TIMEOUT_S = 60.0
-STANDARD_AUTHORIZER = "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
 KAFKAJS_DIR = Path(__file__).resolve().parent / "kafkajs"
-AUTO_CREATE = (  # not Kafka's defaults (1 and 1), so that the test sees them applied
-    *("--broker-config", "auto.create.topics.enable=true"),
-    *("--broker-config", "num.partitions=2"),
-    *("--broker-config", f"default.replication.factor={BROKERS}"),
-)
 
 
 @dataclass
@@ -75,52 +76,36 @@ def _ok(proc: subprocess.CompletedProcess[str]) -> str:
 
 
 @pytest.fixture(scope="module")
-def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Secure]:
-    port = free_port_block(7)  # PLAINTEXT x2, metrics, SASL_SSL x2, SSL x2
-    listeners = (
-        f"PLAINTEXT://127.0.0.1:{port},SASL_SSL://127.0.0.1:{port + 3},SSL://127.0.0.1:{port + 5}"
+def secure(
+    secure_cluster: SecureCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Secure]:
+    up = secure_cluster.up
+    before = up.topics()
+    work = tmp_path_factory.mktemp("secure-client")
+    _ok(up.raylog("certs", "ca", "--out", str(work / "ca.pem")))
+    _ok(up.raylog("certs", "issue", "bob", "--out-dir", str(work / "certs")))
+    stranger = pki.CertificateAuthority.generate("another cluster").issue("bob", server=False)
+    (work / "certs" / "stranger.pem").write_bytes(stranger.cert_pem)
+    (work / "certs" / "stranger.key").write_bytes(stranger.key_pem)
+    _ok(up.raylog("topics", "create", TOPIC, "--partitions", "2", "--replication-factor", "2"))
+    # bob (his certificate's principal) may do anything with the topic; admin is a super
+    # user; nobody else may do anything (no allow.everyone.if.no.acl.found).
+    _ok(up.raylog("acls", "add", "--principal", "User:CN=bob", "--operation", "ALL",
+                  "--topic", TOPIC))  # fmt: skip
+    _ok(up.raylog("acls", "add", "--principal", "User:CN=bob", "--operation", "READ",
+                  "--group", "g-", "--prefixed"))  # fmt: skip
+    yield Secure(
+        up,
+        sasl_ssl=secure_cluster.sasl_ssl,
+        ssl=secure_cluster.ssl,
+        plaintext=secure_cluster.plaintext,
+        ca=work / "ca.pem",
+        certs=work / "certs",
     )
-    up = started_up(
-        lambda: tmp_path_factory.mktemp("secure"),
-        "--broker-config", f"listeners={listeners}",
-        "--broker-config", "ssl.client.auth=required",
-        "--broker-config", f"authorizer.class.name={STANDARD_AUTHORIZER}",
-        "--broker-config", "super.users=User:alice",
-        *AUTO_CREATE,
-        brokers=BROKERS,
-        port=port,
-    )  # fmt: skip
-    try:
-        work = tmp_path_factory.mktemp("secure-client")
-        _ok(
-            subprocess.run(
-                [*RAYLOG, "users", "create", "alice", "--password-stdin", "--data-dir",
-                 str(up.data_dir)],
-                input=PASSWORD, capture_output=True, text=True, timeout=TIMEOUT_S, env=cli_env(),
-            )
-        )  # fmt: skip
-        _ok(up.raylog("certs", "ca", "--out", str(work / "ca.pem")))
-        _ok(up.raylog("certs", "issue", "bob", "--out-dir", str(work / "certs")))
-        stranger = pki.CertificateAuthority.generate("another cluster").issue("bob", server=False)
-        (work / "certs" / "stranger.pem").write_bytes(stranger.cert_pem)
-        (work / "certs" / "stranger.key").write_bytes(stranger.key_pem)
-        _ok(up.raylog("topics", "create", TOPIC, "--partitions", "2", "--replication-factor", "2"))
-        # bob (his certificate's principal) may do anything with the topic; alice is a super
-        # user; nobody else may do anything (no allow.everyone.if.no.acl.found).
-        _ok(up.raylog("acls", "add", "--principal", "User:CN=bob", "--operation", "ALL",
-                      "--topic", TOPIC))  # fmt: skip
-        _ok(up.raylog("acls", "add", "--principal", "User:CN=bob", "--operation", "READ",
-                      "--group", "g-", "--prefixed"))  # fmt: skip
-        yield Secure(
-            up,
-            sasl_ssl=f"127.0.0.1:{port + 3},127.0.0.1:{port + 4}",
-            ssl=f"127.0.0.1:{port + 5},127.0.0.1:{port + 6}",
-            plaintext=f"127.0.0.1:{port},127.0.0.1:{port + 1}",
-            ca=work / "ca.pem",
-            certs=work / "certs",
-        )
-    finally:
-        up.__exit__(None, None, None)
+    # The next module on the cluster does not hold this one's replicas (a process each).
+    created = sorted(up.topics() - before - {"__consumer_offsets", "__transaction_state"})
+    if created:
+        _ok(up.raylog("topics", "delete", *created))
 
 
 def _confluent(secure: Secure, protocol: str, **extra: str) -> dict[str, str]:
@@ -129,7 +114,7 @@ def _confluent(secure: Secure, protocol: str, **extra: str) -> dict[str, str]:
     return config
 
 
-def _sasl(secure: Secure, mechanism: str, user: str = "alice", password: str = PASSWORD) -> Any:
+def _sasl(secure: Secure, mechanism: str, user: str = SUPER_USER, password: str = PASSWORD) -> Any:
     return _confluent(
         secure,
         "SASL_SSL",
@@ -262,7 +247,7 @@ def test_kafka_python_over_sasl_ssl(secure: Secure, mechanism: str) -> None:
         bootstrap_servers=secure.sasl_ssl,
         security_protocol="SASL_SSL",
         sasl_mechanism=mechanism,
-        sasl_plain_username="alice",
+        sasl_plain_username=SUPER_USER,
         sasl_plain_password=PASSWORD,
         ssl_cafile=str(secure.ca),
     )
@@ -292,7 +277,7 @@ def test_aiokafka_over_tls(secure: Secure, mechanism: str) -> None:
         "bootstrap_servers": secure.sasl_ssl,
         "security_protocol": "SASL_SSL",
         "sasl_mechanism": mechanism,
-        "sasl_plain_username": "alice",
+        "sasl_plain_username": SUPER_USER,
         "sasl_plain_password": PASSWORD,
     }
     certificate: dict[str, str] = {}
@@ -363,7 +348,7 @@ def test_kcat_over_tls(secure: Secure, security: tuple[str, ...]) -> None:
     for setting in settings:
         args += ["-X", setting.format(certs=secure.certs)]
     if protocol == "SASL_SSL":
-        args += ["-X", "sasl.username=alice", "-X", f"sasl.password={PASSWORD}"]
+        args += ["-X", f"sasl.username={SUPER_USER}", "-X", f"sasl.password={PASSWORD}"]
     tag = f"kcat-{uuid.uuid4().hex[:8]}"
     values = [f"{tag}-{i}" for i in range(10)]
     produced = _kcat(secure, *args, "-P", "-t", TOPIC, "-p", "0", stdin="\n".join(values) + "\n")
@@ -384,7 +369,7 @@ def test_kafkajs_over_tls(secure: Secure, kafkajs: Path, mechanism: str) -> None
             str(secure.certs / "bob.key"),
         ]
     else:
-        who = [secure.sasl_ssl, TOPIC, mechanism, "alice", PASSWORD]
+        who = [secure.sasl_ssl, TOPIC, mechanism, SUPER_USER, PASSWORD]
     run = subprocess.run(
         [str(kafkajs), "secure.mjs", *who, str(secure.ca)],
         cwd=KAFKAJS_DIR, capture_output=True, text=True, timeout=TIMEOUT_S * 2,
@@ -438,16 +423,6 @@ def test_gateways_log_refusals_without_the_password(secure: Secure) -> None:
             assert PASSWORD not in path.read_text(errors="replace"), path
 
 
-def _users_create(secure: Secure, name: str, password: str) -> None:
-    _ok(
-        subprocess.run(
-            [*RAYLOG, "users", "create", name, "--password-stdin", "--data-dir",
-             str(secure.up.data_dir)],
-            input=password, capture_output=True, text=True, timeout=TIMEOUT_S, env=cli_env(),
-        )
-    )  # fmt: skip
-
-
 def _visible_topics(config: dict[str, str]) -> set[str]:
     from confluent_kafka.admin import AdminClient
 
@@ -468,7 +443,7 @@ def _produce_one(config: dict[str, str], value: str) -> Any:
 def test_acls_decide_for_authenticated_principals(secure: Secure) -> None:
     from confluent_kafka import KafkaError
 
-    _users_create(secure, "carol", "carol-" + PASSWORD)
+    create_user(secure.up, "carol", "carol-" + PASSWORD)
     carol = _sasl(secure, "SCRAM-SHA-512", user="carol", password="carol-" + PASSWORD)
     acl = ("--principal", "User:carol")
     # The DENY first: a gateway that has seen the ALLOW has seen it too (one metadata history).
@@ -483,8 +458,8 @@ def test_acls_decide_for_authenticated_principals(secure: Secure) -> None:
     )
     error = _produce_one(carol, "carol-denied")
     assert error is not None and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, error
-    # The prefixed READ holds: carol reads alice's records, and hers was not written.
-    tag = "by-alice"
+    # The prefixed READ holds: carol reads admin's records, and hers was not written.
+    tag = "by-admin"
     confluent_roundtrip(_sasl(secure, "SCRAM-SHA-512"), tag, count=5)
     read = confluent_roundtrip_read(carol, "")
     assert {f"{tag}-{i}" for i in range(5)} <= set(read)
@@ -523,14 +498,14 @@ def test_metadata_auto_creation(secure: Secure) -> None:
     from confluent_kafka import KafkaError
     from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
-    alice = _sasl(secure, "SCRAM-SHA-512")  # a super user: CREATE on the cluster
-    admin = AdminClient(alice)
+    super_user = _sasl(secure, "SCRAM-SHA-512")  # CREATE on the cluster
+    admin = AdminClient(super_user)
     resource = ConfigResource(ResourceType.BROKER, "1")
     entries = admin.describe_configs([resource])[resource].result(timeout=TIMEOUT_S)
     assert entries["auto.create.topics.enable"].value == "true"
-    refused = _produce_to(alice, "not-made", **{"allow.auto.create.topics": False})
+    refused = _produce_to(super_user, "not-made", **{"allow.auto.create.topics": False})
     assert [e.code() for e in refused] == [KafkaError.UNKNOWN_TOPIC_OR_PART]
-    assert _produce_to(alice, "auto-made") == []
+    assert _produce_to(super_user, "auto-made") == []
     topics = admin.list_topics(timeout=TIMEOUT_S).topics
     assert "not-made" not in topics
     assert sorted(topics["auto-made"].partitions) == [0, 1]
