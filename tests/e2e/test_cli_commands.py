@@ -5,8 +5,11 @@ Proves: `topics list|describe` (kafka-topics.sh lines, `--under-replicated-parti
 `status` (`--json`); `topics create` past its `--timeout` exits 3 saying the topic was created, what
 is pending and how to follow it, and the topic then serves acks=all writes; `topics delete` removes
 a topic and its replicas' data and refuses the internal topic; `brokers kill` is a crash: `topics
-describe` then shows a new leader and the shrunk ISR, and the broker reads fenced; `brokers start`
-brings it back with the same id and port and the ISR expands again; `leader-election --preferred`
+describe` then shows a new leader and the shrunk ISR, and the broker reads fenced (and the
+metrics endpoint counts those partitions under-replicated, the ISR shrinks, a clean leader
+election and the fenced broker); `brokers start` brings it back with the same id and port
+and the ISR expands again (the metrics count the expansions, no partition under-replicated and
+three brokers alive); `leader-election --preferred`
 moves leadership back; `brokers stop` is a controlled shutdown (the broker reads shutdown, leads
 nothing) and `brokers start` undoes it; `brokers start` replaces a broker whose actor died for good
 (Ray will not restart it) and refuses one that runs; a failing command exits 1 with one line.
@@ -22,12 +25,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import Producer
-from support.cluster import RAYLOG, UpProcess, cli_env
+from support.cluster import RAYLOG, Samples, UpProcess, cli_env, scrape
 from support.waiting import wait_until
 
 from raylog.actors import raycluster
@@ -218,6 +222,24 @@ def test_failures_are_one_line_and_exit_1(up: UpProcess) -> None:
     assert "already running" in failure_line(up.raylog("brokers", "start", "2"))
 
 
+def metric(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+def grew(samples: Samples, before: Samples, name: str) -> float:
+    return metric(samples, name) - metric(before, name)
+
+
+def metrics_when(up: UpProcess, condition: Callable[[Samples], bool]) -> Samples:
+    """The first scrape of the metrics endpoint for which ``condition`` holds (a deadline)."""
+
+    def scraped() -> Samples | None:
+        samples = scrape(up.metrics_url)
+        return samples if condition(samples) else None
+
+    return wait_until(scraped, timeout_s=WAIT_S, interval_s=0.2, message="the metrics")
+
+
 def test_kill_shrinks_the_isr_and_start_expands_it(up: UpProcess, others: Described) -> None:
     produce(up.bootstrap)
     led_by_1 = [p["partition"] for p in partitions(up) if p["leader"] == 1]
@@ -231,6 +253,7 @@ def test_kill_shrinks_the_isr_and_start_expands_it(up: UpProcess, others: Descri
         if 1 in p["replicas"] and len(p["replicas"]) > 1
     }
 
+    before = scrape(up.metrics_url)
     ok(up.raylog("brokers", "kill", "1"))
 
     def shrunk() -> Described | None:
@@ -253,10 +276,21 @@ def test_kill_shrinks_the_isr_and_start_expands_it(up: UpProcess, others: Descri
     assert (under_rows, len(under)) == (on_1, len(on_1))
     assert brokers(up)[1]["state"] == "fenced"
     assert js(up, "status")["under_replicated_partitions"] == len(on_1)
+    crashed = metrics_when(up, lambda s: metric(s, "raylog_under_replicated_partitions") > 0)
+    assert metric(crashed, "raylog_under_replicated_partitions") == len(on_1)
+    alone_on_1 = sum(p["replicas"] == [1] for ps in others.values() for p in ps)
+    assert metric(crashed, "raylog_offline_partitions_count") == alone_on_1
+    assert grew(crashed, before, "raylog_isr_shrinks_total") >= PARTITIONS
+    assert grew(crashed, before, "raylog_leader_elections_total") >= 1
+    assert grew(crashed, before, "raylog_unclean_leader_elections_total") == 0
+    assert metric(crashed, "raylog_brokers", state="fenced") == 1
 
     ok(up.raylog("brokers", "start", "1"))
     wait_until(lambda: all_in_sync(up), timeout_s=WAIT_S, message="broker 1 back in every ISR")
     assert all(sorted(p["isr"]) == [1, 2, 3] for p in partitions(up))
+    healed = metrics_when(up, lambda s: metric(s, "raylog_under_replicated_partitions") == 0)
+    assert grew(healed, before, "raylog_isr_expands_total") >= PARTITIONS
+    assert metric(healed, "raylog_brokers", state="alive") == 3
     listed = brokers(up)[1]
     assert (listed["state"], listed["port"], listed["rack"]) == ("alive", up.port, "a")
 
