@@ -12,8 +12,10 @@ broker (``raylog up`` prints that it joined, ``raylog brokers list`` shows three
 ``raylog reassign --rebalance`` moves replicas onto it; a node killed hard (SIGKILL to all its
 processes) has its broker fenced and loses leadership to a live replica, `raylog up` prints
 that its broker left, `raylog brokers start` of that broker fails with a one-line reason, and
-every record is still read back; SIGINT stops `raylog up` with exit 0. (The node watcher and
-supervisor behind `raylog up --address` are proven here, on real `ray start` nodes.)
+every record is still read back; SIGINT stops `raylog up` with exit 0. The commands name the
+head's data dir (`raylog up` runs them) and one names the Ray address instead. (The node
+watcher and supervisor behind `raylog up --address` are proven here, on real `ray start`
+nodes.)
 
 Why the worker nodes run with ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1`` and join
 ``[::ffff:127.0.0.1]:PORT``: ``ray start`` refuses to join a cluster without it, and rewrites a
@@ -27,7 +29,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -36,7 +37,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
-from support.cluster import RAYLOG, ClusterUp, RayNode, cli_env, free_port_block
+from support.cluster import ClusterUp, RayNode, cli_env, free_port_block
 from support.waiting import wait_until
 
 from raylog.actors import raycluster
@@ -245,14 +246,11 @@ def test_raylog_up_address_runs_a_broker_per_raylog_node(cluster: Cluster) -> No
                 line = up.wait_joined(row["id"], TIMEOUT_S)
                 assert f"joined at {joined} (rack {rack})" in line, line
         progress("both brokers alive")
-        # Other commands find the cluster from the head's data dir too (its cluster.json names
-        # the Ray cluster's own token, not one in the data dir).
-        by_dir = subprocess.run(
-            [*RAYLOG, "brokers", "list", "--json", "--data-dir", str(up.data_dir)],
-            capture_output=True, text=True, timeout=120, env=dict(cluster.env),
-        )  # fmt: skip
-        assert by_dir.returncode == 0, by_dir.stderr
-        assert {row["id"] for row in _json(by_dir)} == {row["id"] for row in alive.values()}
+        # Commands reach the cluster through the head's data dir (`raylog up` runs them: its
+        # cluster.json names the Ray cluster's own token, not one in the data dir), and by the
+        # Ray address too, joining Ray themselves.
+        by_address = up.raylog_by_address("brokers", "list", "--json", timeout_s=120)
+        assert {row["id"] for row in _json(by_address)} == {row["id"] for row in alive.values()}
         bootstrap = ",".join(f"{r['host']}:{r['port']}" for r in alive.values())
         created = up.raylog(
             "topics", "create", TOPIC, "--partitions", str(PARTITIONS),

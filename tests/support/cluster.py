@@ -15,7 +15,7 @@
 - ``RayNode``: one ``ray start --block`` node (head or worker) in a process group of its own, so
   that the test can crash the whole node (SIGKILL to the group) or stop it, by that group's id.
 - ``ClusterUp``: ``raylog up --address`` on such a cluster (cluster mode); collects the
-  gateways it announces.
+  gateways it announces; CLI commands reach it as an operator's do, through its data dir.
 """
 
 from __future__ import annotations
@@ -412,7 +412,9 @@ class RayNode:
 
 
 class ClusterUp:
-    """``raylog up --address`` against a running Ray cluster; CLI commands use ``--address``."""
+    """``raylog up --address`` against a running Ray cluster. CLI commands name its data dir:
+    `raylog up` runs them (actors/cli/server.py), where ``--address`` would join Ray as a
+    driver for each one; :meth:`raylog_by_address` runs one that way."""
 
     def __init__(
         self, data_dir: Path, address: str, port: int, env: dict[str, str], *extra: str
@@ -454,13 +456,18 @@ class ClusterUp:
     def raylog(
         self, *args: str, timeout_s: float = CLI_TIMEOUT_S
     ) -> subprocess.CompletedProcess[str]:
-        """Run ``raylog ARGS --address A`` against this cluster."""
+        """Run ``raylog ARGS --data-dir D`` against this cluster."""
+        return self._run([*args, "--data-dir", str(self.data_dir)], timeout_s)
+
+    def raylog_by_address(
+        self, *args: str, timeout_s: float = CLI_TIMEOUT_S
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``raylog ARGS --address A``: the command joins Ray itself."""
+        return self._run([*args, "--address", self.address], timeout_s)
+
+    def _run(self, args: list[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [*RAYLOG, *args, "--address", self.address],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            env=self.env,
+            [*RAYLOG, *args], capture_output=True, text=True, timeout=timeout_s, env=self.env
         )
 
     def stop(self) -> int:
