@@ -137,7 +137,8 @@ def test_leader_failover_during_a_query_loses_and_duplicates_nothing(
     try:
         values = _round(embedded, topic, "before")
         _wait_for(spark, out, query, values)
-        leader = cluster_action(embedded.data_dir, "leader", topic, "0")["leader"]
+        [described] = embedded.document("topics", "describe", topic)
+        leader = described["partitions"][0]["leader"]
         killed = cluster_action(embedded.data_dir, "kill-broker", str(leader))["killed"]
         assert f"replica:{topic}:0:{leader}" in killed
         for r in range(2):

@@ -2,7 +2,6 @@
 
 ``python cluster_actions.py DATA_DIR ACTION ARGS``; prints one line: RESULT and JSON.
 
-- ``leader TOPIC PARTITION``: the partition's leader and ISR from the active controller;
 - ``kill-broker BROKER``: hard-kills the broker's replica actors and the broker actor itself
   (``ray.kill``: no graceful shutdown; Ray restarts the broker, which starts new replicas);
 - ``read-topic TOPIC OUT[@START_TS][+LEVEL]...``: ``raylog.pipelines.read_topic`` (Ray Data)
@@ -27,13 +26,6 @@ from raylog.pipelines import reading
 
 def _catalog() -> Any:
     return reading.controller_catalog()
-
-
-def leader(topic: str, partition: str) -> dict[str, Any]:
-    for info in _catalog().partitions(topic):
-        if info.partition == int(partition):
-            return {"leader": info.leader_id, "isr": list(info.isr)}
-    raise SystemExit(f"no partition {topic}-{partition}")
 
 
 def kill_broker(broker: str) -> dict[str, Any]:
@@ -94,7 +86,7 @@ def _remote_ranges(topic: str) -> int:
 
 
 RESULT = "cluster-action-result: "  # Ray Data prints progress to stdout too
-ACTIONS = {"leader": leader, "kill-broker": kill_broker, "read-topic": read_topic}
+ACTIONS = {"kill-broker": kill_broker, "read-topic": read_topic}
 
 
 def main(argv: list[str]) -> int:
