@@ -488,6 +488,11 @@ class GatewayActor:
                 self._backend = None
             self._server = None
 
+    async def wait_forever(self) -> None:
+        """Never returns: the supervisor keeps one such call on every gateway, and its failure
+        is the gateway's death (Ray has no push notification of an actor's death)."""
+        await asyncio.Event().wait()
+
     async def status(self) -> dict[str, Any]:
         view = self._view
         return {

@@ -22,6 +22,14 @@ Lifecycle of one broker, as the supervisor sees it:
 - ``lost``: (cluster mode) the Ray node it was pinned to died, and both actors with it; the
   node watcher adds it again (:meth:`SupervisorActor.add_broker`) when the node comes back.
 
+A gateway whose process dies alone (a crash, the OOM killer) while its broker runs is
+re-created and started again, the same spec, at once and then every ``GATEWAY_RESTART_BACKOFF_S``
+while it fails: the broker still leads its partitions, and without its gateway no client could
+reach them. The supervisor learns of the death from a call it keeps waiting on every gateway it
+started (``wait_forever``), as the controller learns of a broker's from its session sentinel.
+Clients see their connections reset, reconnect once the gateway listens again, and resend what
+was in flight (idempotent producers' sequences make that exactly once).
+
 On a real Ray cluster (``raylog up --address``) the supervisor starts no broker by itself: the
 node watcher (``raylog.actors.cluster.node_watcher``) finds the Ray nodes that carry the ``raylog``
 resource and asks :meth:`SupervisorActor.add_broker` for a broker and a gateway pinned to each
@@ -57,6 +65,7 @@ REGISTER_TIMEOUT_S = 60.0  # a started broker registered with the controller
 NAME_FREE_TIMEOUT_S = 10.0  # a killed actor's name is released shortly after its death
 POLL_S = 0.05
 STATUS_TIMEOUT_MS = 5_000  # a running broker answers status() in this long unless restarting
+GATEWAY_RESTART_BACKOFF_S = 1.0  # between tries to re-create a gateway that died alone
 
 Lifecycle = Literal["running", "stopped", "killed", "lost"]
 
@@ -105,6 +114,7 @@ class SupervisorActor:
         self._running: dict[int, _Running] = {}
         self._lifecycle: dict[int, Lifecycle] = {}
         self._locks: dict[int, asyncio.Lock] = {}
+        self._watches: dict[int, asyncio.Task[None]] = {}  # on each started gateway
 
     def _lock(self, broker_id: int) -> asyncio.Lock:
         if broker_id not in self._specs:
@@ -296,7 +306,17 @@ class SupervisorActor:
             broker_configs=spec.broker_configs,
             endpoints=tuple(listener.endpoint() for listener in spec.listeners),
         )
-        gateway = GatewayActor.options(  # type: ignore[attr-defined]
+        self._running[broker_id] = _Running(broker, self._new_gateway(broker_id))
+        self._lifecycle[broker_id] = "running"
+
+    def _new_gateway(self, broker_id: int) -> Any:
+        spec = self._specs[broker_id]
+        placement: dict[str, Any] = {}
+        if spec.node_id is not None:
+            placement["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                spec.node_id, soft=False
+            )
+        return GatewayActor.options(  # type: ignore[attr-defined]
             name=gateway_actor_name(broker_id), namespace=NAMESPACE, **placement
         ).remote(
             broker_id,
@@ -307,8 +327,6 @@ class SupervisorActor:
             broker_configs=spec.broker_configs,
             listeners=spec.listeners,
         )
-        self._running[broker_id] = _Running(broker, gateway)
-        self._lifecycle[broker_id] = "running"
 
     async def _start_gateway(self, broker_id: int) -> None:
         gateway = self._running[broker_id].gateway
@@ -316,6 +334,59 @@ class SupervisorActor:
             await ray_call(gateway.start.remote(), GATEWAY_START_TIMEOUT_MS)
         except Exception as exc:
             raise SupervisorError(f"gateway of broker {broker_id}: {one_line(exc)}") from None
+        self._watch(broker_id, gateway)
+
+    def _watch(self, broker_id: int, gateway: Any) -> None:
+        previous = self._watches.pop(broker_id, None)
+        if previous is not None and previous is not asyncio.current_task():
+            previous.cancel()
+        self._watches[broker_id] = asyncio.get_running_loop().create_task(
+            self._on_gateway_death(broker_id, gateway)
+        )
+
+    async def _on_gateway_death(self, broker_id: int, gateway: Any) -> None:
+        """Wait for ``gateway`` to die; if its broker still runs with it, start a new one
+        (module docstring). Ends when the broker is stopped, killed or lost meanwhile."""
+        try:
+            await gateway.wait_forever.remote()
+        except ray.exceptions.ActorDiedError:
+            pass
+        except ray.exceptions.RayError as exc:  # unreachable, not known dead: a new watch
+            log.warning("gateway of broker %d: watch failed (%s); watching again", broker_id, exc)
+        while True:  # bounded by the broker's lifecycle: it ends once the pair is ended
+            async with self._lock(broker_id):
+                running = self._running.get(broker_id)
+                if running is None or running.gateway is not gateway:
+                    return  # ended on purpose, or replaced
+                if not await self._gone_for_good_gateway(gateway):
+                    self._watch(broker_id, gateway)
+                    return
+                log.warning("gateway of broker %d died; starting a new one", broker_id)
+                try:
+                    await self._wait_name_free(gateway_actor_name(broker_id))
+                    fresh = self._new_gateway(broker_id)
+                    self._running[broker_id] = _Running(running.broker, fresh)
+                    gateway = fresh
+                    await self._start_gateway(broker_id)  # and watches the new one
+                    return
+                except SupervisorError as exc:
+                    log.warning("gateway of broker %d not restarted: %s", broker_id, exc)
+                    # One that did not start (its port still taken, say) is ended, so that
+                    # the next try finds it dead and starts another.
+                    with contextlib.suppress(Exception):
+                        ray.kill(gateway, no_restart=True)
+            await asyncio.sleep(GATEWAY_RESTART_BACKOFF_S)
+
+    @staticmethod
+    async def _gone_for_good_gateway(gateway: Any) -> bool:
+        """Whether a gateway is dead for good (gateways are never restarted by Ray)."""
+        try:
+            await ray_status(gateway, STATUS_TIMEOUT_MS)
+        except ray.exceptions.ActorDiedError:
+            return True
+        except (ray.exceptions.RayError, TimeoutError):
+            return False  # slow or unreachable: not known dead
+        return False
 
     async def _wait_registered(self, broker_id: int) -> None:
         deadline = time.monotonic() + REGISTER_TIMEOUT_S
@@ -327,17 +398,21 @@ class SupervisorActor:
 
     async def _wait_names_free(self, broker_id: int) -> None:
         """A dead actor keeps its name for a moment; a new one with that name fails until then."""
-        names = (broker_actor_name(broker_id), gateway_actor_name(broker_id))
         deadline = time.monotonic() + NAME_FREE_TIMEOUT_S
-        for name in names:
-            while True:
-                try:
-                    await asyncio.to_thread(ray.get_actor, name, namespace=NAMESPACE)
-                except ValueError:
-                    break  # free
-                if time.monotonic() >= deadline:
-                    raise SupervisorError(f"actor name {name} still taken; try again")
-                await asyncio.sleep(POLL_S)
+        for name in (broker_actor_name(broker_id), gateway_actor_name(broker_id)):
+            await self._wait_name_free(name, deadline)
+
+    @staticmethod
+    async def _wait_name_free(name: str, deadline: float | None = None) -> None:
+        deadline = deadline if deadline is not None else time.monotonic() + NAME_FREE_TIMEOUT_S
+        while True:
+            try:
+                await asyncio.to_thread(ray.get_actor, name, namespace=NAMESPACE)
+            except ValueError:
+                return  # free
+            if time.monotonic() >= deadline:
+                raise SupervisorError(f"actor name {name} still taken; try again")
+            await asyncio.sleep(POLL_S)
 
     # --- stop and kill --------------------------------------------------------------------------
 
@@ -368,6 +443,9 @@ class SupervisorActor:
             self._end(broker_id, "killed")
 
     def _end(self, broker_id: int, how: Lifecycle) -> None:
+        watch = self._watches.pop(broker_id, None)
+        if watch is not None:
+            watch.cancel()
         running = self._running.pop(broker_id)
         for handle in (running.broker, running.gateway):
             with contextlib.suppress(Exception):

@@ -21,7 +21,9 @@ Shape:
   as one user on one machine: the channel's same-host check), read-only, and checks the
   random nonce the gateway wrote at its start, so a reused pid or fd number never maps
   something else. Mappings are cached (a few per replica) and stay alive while a view of
-  them does.
+  them does; the mappings of gateways whose process is gone are dropped whenever another
+  arena is opened (a restarted gateway opens its new one), so a dead gateway's memfd does not
+  stay pinned by its replicas.
 - A gateway first asks each replica's link to open the arena (``open_arena``), and hands it
   blocks (``produce_shared``) only once that worked: a replica that cannot open it (another
   machine, a hardened ``/proc``) gets the batches in the call's frame, as before. Produce
@@ -64,6 +66,16 @@ class ArenaError(Exception):
 
 def enabled() -> bool:
     return os.environ.get(ARENA_ENV, "1") != "0" and hasattr(os, "memfd_create")
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, another user's (a reused pid)
+    return True
 
 
 def _address(view: memoryview) -> int:
@@ -211,6 +223,7 @@ class ArenaViews:
         if whole is not None:
             self._maps.move_to_end(ref)
             return whole
+        self.drop_dead()
         pid, fd, nonce_hex = ref
         try:
             nonce = bytes.fromhex(nonce_hex)
@@ -230,6 +243,17 @@ class ArenaViews:
         while len(self._maps) > self._max:
             self._maps.popitem(last=False)  # unmapped once no view of it is left
         return whole
+
+    def drop_dead(self) -> int:
+        """Forget the mappings of arenas whose gateway process is gone (each is unmapped once
+        no view of it is left); returns how many."""
+        dead = [ref for ref in self._maps if not _process_alive(ref[0])]
+        for ref in dead:
+            del self._maps[ref]
+        return len(dead)
+
+    def mapped(self) -> list[ArenaRef]:
+        return list(self._maps)
 
     def view(self, ref: ArenaRef, offset: int, length: int) -> memoryview:
         """Read-only view of ``length`` bytes at ``offset`` in arena ``ref``."""

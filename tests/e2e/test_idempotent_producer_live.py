@@ -9,6 +9,11 @@ back with an assigned consumer. The same again with the leader replica's log fai
 a full disk (its next append fails with EFBIG; the broker stays up): the clients get
 KAFKA_STORAGE_ERROR, refresh their metadata and go on with the leader the controller elects.
 
+Then the leader's gateway process alone is SIGKILLed while an idempotent producer and a consumer
+have requests in flight: the supervisor starts a new gateway on the same port, the broker keeps
+leading (no election), both clients reconnect, and the producer's records are each in the log
+once, in order, as the consumer reads them.
+
 Proves: every record of both producers is acknowledged; the log holds each exactly once (no
 duplicate from the retries that crossed the failover), in send order, with no gap; and each
 acknowledgement's offset is where the record really is (a retry answered as a duplicate gets
@@ -23,6 +28,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -166,5 +173,94 @@ def test_idempotent_producers_lose_and_duplicate_nothing_across_a_failed_leader(
         assert not wrong, f"{prefix!r}: acked offsets that are not the real ones: {wrong}"
     # Gone now rather than at the module's end: with its failed replica out of the ISR until the
     # broker re-creates it (60 s), the other case's heal() would wait for it.
+    deleted = up.raylog("topics", "delete", topic)
+    assert deleted.returncode == 0, deleted.stderr
+
+
+def test_a_gateway_that_dies_alone_is_replaced_and_its_clients_recover(
+    shared_up: UpProcess,
+) -> None:
+    up = shared_up
+    up.heal()
+    topic = "gateway-death"
+    created = up.raylog(
+        "topics", "create", topic, "--partitions", "1", "--replication-factor", "3",
+        "--config", "min.insync.replicas=2",
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+
+    def partition_state() -> dict[str, Any]:
+        described = up.raylog("topics", "describe", topic, "--json")
+        assert described.returncode == 0, described.stderr
+        return dict(json.loads(described.stdout)[0]["partitions"][0])
+
+    before = partition_state()
+    producer = Producer(
+        {
+            "bootstrap.servers": up.bootstrap,
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "message.timeout.ms": int(CLIENT_TIMEOUT_S * 1000),
+        }
+    )
+    acked: dict[bytes, int | None] = {}
+    errors: list[str] = []
+
+    def delivered(err: Any, msg: Any) -> None:
+        if err is not None:
+            errors.append(str(err))
+        else:
+            acked[msg.value()] = msg.offset()
+
+    # A consumer fetching throughout: its fetches are in flight when the gateway dies.
+    seen: list[bytes] = []
+    stop = threading.Event()
+    consumer = Consumer(
+        {"bootstrap.servers": up.bootstrap, "group.id": "unused", "enable.auto.commit": False}
+    )
+    consumer.assign([TopicPartition(topic, 0, 0)])
+
+    def consume() -> None:
+        deadline = time.monotonic() + 3 * CLIENT_TIMEOUT_S
+        while not stop.is_set() and len(seen) < RECORDS and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=500, timeout=0.2):
+                if msg.error() is None:
+                    seen.append(msg.value())
+
+    reader = threading.Thread(target=consume, daemon=True)
+    reader.start()
+    i = 0
+    while i < RECORDS // 3:
+        producer.produce(topic, value=b"gw-%05d" % i, partition=0, on_delivery=delivered)
+        producer.poll(0)
+        i += 1
+    assert producer.flush(CLIENT_TIMEOUT_S) == 0 and not errors, errors[:3]
+    killer = _kill_leader(up.data_dir, topic, "--kill-gateway")
+    while i < 2 * RECORDS // 3 and killer.poll() is None:
+        producer.produce(topic, value=b"gw-%05d" % i, partition=0, on_delivery=delivered)
+        i += 1
+        producer.poll(0.02)
+    out, err = killer.communicate(timeout=KILL_TIMEOUT_S)
+    assert killer.returncode == 0 and "killed:" in out, (out, err[-2000:])
+    while i < RECORDS:
+        producer.produce(topic, value=b"gw-%05d" % i, partition=0, on_delivery=delivered)
+        producer.poll(0)
+        i += 1
+    try:
+        assert producer.flush(CLIENT_TIMEOUT_S) == 0 and not errors, errors[:3]
+        reader.join(timeout=CLIENT_TIMEOUT_S)
+    finally:
+        stop.set()
+        reader.join(timeout=CLIENT_TIMEOUT_S)
+        consumer.close()
+    after = partition_state()
+    # The broker kept leading: only its gateway died, and a new one took its port.
+    assert (after["leader"], after["leader_epoch"]) == (before["leader"], before["leader_epoch"])
+    expected = [b"gw-%05d" % n for n in range(RECORDS)]
+    assert seen == expected, "the consumer read every record once, in order, across the death"
+    log = _read_partition(up.bootstrap, topic, RECORDS)
+    assert [offset for offset, _ in log] == list(range(RECORDS)), "offsets are dense"
+    assert [v for _, v in log] == expected, "duplicates, gaps or reordering"
+    assert acked.keys() == set(expected), "every record is acknowledged"
     deleted = up.raylog("topics", "delete", topic)
     assert deleted.returncode == 0, deleted.stderr

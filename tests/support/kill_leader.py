@@ -12,6 +12,10 @@ instead, as a full disk would: the replica's process may no longer grow a file p
 active segment's end (RLIMIT_FSIZE, set with prlimit), so its next append fails with EFBIG.
 Nothing is killed; it prints ``failed: {"leader": id, "pid": pid, "segment": path}``.
 
+``--kill-gateway`` SIGKILLs the process of the leader's gateway actor alone (its broker and
+replicas go on), as a crash of that process would; it prints ``killed: {"leader": id,
+"gateway_pid": pid}``.
+
 ``--kill-on-stdin`` and ``--crash-on-stdin`` do the slow part first (joining Ray, finding the
 leader and the actors to kill), print ``ready: {"leader": id}``, and act once a line arrives on
 stdin (EOF too; at most ``GO_WAIT_S`` later): a test times the kill to the moment it wants,
@@ -25,8 +29,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import resource
 import select
+import signal
 import sys
 import time
 from pathlib import Path
@@ -89,6 +95,8 @@ def main(data_dir: str, topic: str, partition: str, mode: str = "--kill") -> int
         return _fail_disk(ray, root, topic, int(partition), leader)
     if mode == "--crash-on-stdin":
         return _crash(ray, leader)
+    if mode == "--kill-gateway":
+        return _kill_gateway(ray, leader)
     replicas = []
     for name, t in md.topics.items():
         for p in t.partitions:
@@ -108,6 +116,16 @@ def main(data_dir: str, topic: str, partition: str, mode: str = "--kill") -> int
             pass  # gone meanwhile
     ray.kill(broker, no_restart=False)
     print("killed: " + json.dumps({"leader": leader, "replicas": killed}), flush=True)
+    return 0
+
+
+def _kill_gateway(ray: Any, leader: int) -> int:
+    from raylog.actors.calls import NAMESPACE, gateway_actor_name
+
+    gateway = ray.get_actor(gateway_actor_name(leader), namespace=NAMESPACE)
+    pid = ray.get(gateway.__ray_call__.remote(lambda _: os.getpid()), timeout=CALL_TIMEOUT_S)
+    os.kill(pid, signal.SIGKILL)  # a process of the cluster this test started
+    print("killed: " + json.dumps({"leader": leader, "gateway_pid": pid}), flush=True)
     return 0
 
 

@@ -143,3 +143,40 @@ def test_the_hand_off_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv(ar.ARENA_MIB_ENV, "2")
     pool = ar.ArenaPool()
     assert pool.current is not None and pool.current.size == 2 << 20
+
+
+def test_a_dead_gateways_arena_is_dropped_when_another_is_opened() -> None:
+    """A gateway process that died leaves its memfd pinned by the replicas that map it: the
+    next arena a replica opens (a restarted gateway's) drops the mappings of dead processes;
+    views taken before stay readable until released."""
+    read_end, write_end = os.pipe()
+    go_read, go_write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the "gateway": an arena, its ref to the parent, then exit when told
+        try:
+            os.close(read_end)
+            gateway_arena = ar.Arena(SIZE)
+            block = gateway_arena.allocate(5)
+            assert block is not None
+            block.view[:] = b"hello"
+            pid, fd, nonce = gateway_arena.ref
+            os.write(write_end, f"{pid} {fd} {nonce} {block.offset}".encode())
+            os.read(go_read, 1)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    fields = os.read(read_end, 200).decode().split()
+    dead_ref: ar.ArenaRef = (int(fields[0]), int(fields[1]), fields[2])
+    offset = int(fields[3])
+    views = ar.ArenaViews()
+    seen = views.view(dead_ref, offset, 5)
+    assert bytes(seen) == b"hello"
+    assert views.drop_dead() == 0  # alive: kept
+    os.write(go_write, b"x")
+    os.waitpid(child, 0)
+    fresh = ar.Arena(SIZE)
+    views.open(fresh.ref)
+    assert views.mapped() == [fresh.ref]  # the dead gateway's mapping is gone
+    assert bytes(seen) == b"hello"  # a view taken before is still readable
+    for fd in (read_end, go_read, go_write):
+        os.close(fd)
