@@ -220,13 +220,18 @@ class SupervisorActor:
     async def _gone_for_good(self, broker_id: int) -> bool:
         """Whether a running broker's actor is dead for good (Ray gave up restarting it, or it
         was killed without restart): it answers nothing, ever."""
-        running = self._running[broker_id]
+        return await self._dead(self._running[broker_id].broker)
+
+    @staticmethod
+    async def _dead(actor: Any) -> bool:
+        """Whether ``actor`` is dead for good; slow, or being restarted by Ray
+        (ActorUnavailableError), is not dead."""
         try:
-            await ray_status(running.broker, STATUS_TIMEOUT_MS)
+            await ray_status(actor, STATUS_TIMEOUT_MS)
         except ray.exceptions.ActorDiedError:
             return True
         except (ray.exceptions.RayError, TimeoutError):
-            return False  # slow, or Ray is restarting it (ActorUnavailableError): not gone
+            return False
         return False
 
     async def _registered(self, broker_id: int) -> bool | None:
@@ -346,47 +351,59 @@ class SupervisorActor:
 
     async def _on_gateway_death(self, broker_id: int, gateway: Any) -> None:
         """Wait for ``gateway`` to die; if its broker still runs with it, start a new one
-        (module docstring). Ends when the broker is stopped, killed or lost meanwhile."""
+        (module docstring)."""
         try:
             await gateway.wait_forever.remote()
         except ray.exceptions.ActorDiedError:
             pass
-        except ray.exceptions.RayError as exc:  # unreachable, not known dead: a new watch
-            log.warning("gateway of broker %d: watch failed (%s); watching again", broker_id, exc)
-        while True:  # bounded by the broker's lifecycle: it ends once the pair is ended
+        except ray.exceptions.RayError as exc:  # unreachable, not known dead: looked at below
+            log.warning("gateway of broker %d: watch failed (%s)", broker_id, exc)
+        while True:  # bounded by the pair's lifecycle: ends once it is ended or replaced
             async with self._lock(broker_id):
                 running = self._running.get(broker_id)
                 if running is None or running.gateway is not gateway:
                     return  # ended on purpose, or replaced
-                if not await self._gone_for_good_gateway(gateway):
-                    self._watch(broker_id, gateway)
+                if not await self._dead(gateway):
+                    self._watch(broker_id, gateway)  # alive after all
                     return
-                log.warning("gateway of broker %d died; starting a new one", broker_id)
-                try:
-                    await self._wait_name_free(gateway_actor_name(broker_id))
-                    fresh = self._new_gateway(broker_id)
-                    self._running[broker_id] = _Running(running.broker, fresh)
-                    gateway = fresh
-                    await self._start_gateway(broker_id)  # and watches the new one
-                    return
-                except SupervisorError as exc:
-                    log.warning("gateway of broker %d not restarted: %s", broker_id, exc)
-                    # One that did not start (its port still taken, say) is ended, so that
-                    # the next try finds it dead and starts another.
-                    with contextlib.suppress(Exception):
-                        ray.kill(gateway, no_restart=True)
+                # A broker that does not answer is down too (its node died, say): that path
+                # restarts the pair (node_lost, `brokers start`), not this one.
+                if await self._answers(running.broker):
+                    replaced = await self._replace_gateway(broker_id, running)
+                    if replaced is None:
+                        return
+                    gateway = replaced
             await asyncio.sleep(GATEWAY_RESTART_BACKOFF_S)
 
-    @staticmethod
-    async def _gone_for_good_gateway(gateway: Any) -> bool:
-        """Whether a gateway is dead for good (gateways are never restarted by Ray)."""
+    async def _replace_gateway(self, broker_id: int, running: _Running) -> Any | None:
+        """Start a new gateway for a running broker whose gateway died (the caller holds the
+        broker's lock): None once it listens (and is watched), else the gateway actor that is
+        now the pair's, dead or ended, for the next try."""
+        log.warning("gateway of broker %d died; starting a new one", broker_id)
         try:
-            await ray_status(gateway, STATUS_TIMEOUT_MS)
-        except ray.exceptions.ActorDiedError:
-            return True
+            await self._wait_name_free(gateway_actor_name(broker_id))
+        except SupervisorError as exc:
+            log.warning("gateway of broker %d not restarted yet: %s", broker_id, exc)
+            return running.gateway
+        fresh = self._new_gateway(broker_id)
+        self._running[broker_id] = _Running(running.broker, fresh)
+        try:
+            await self._start_gateway(broker_id)
+        except SupervisorError as exc:
+            log.warning("gateway of broker %d not restarted yet: %s", broker_id, exc)
+            # Ended (its port still taken, say), so the next try finds it dead.
+            with contextlib.suppress(Exception):
+                ray.kill(fresh, no_restart=True)
+            return fresh
+        return None
+
+    @staticmethod
+    async def _answers(actor: Any) -> bool:
+        try:
+            await ray_status(actor, STATUS_TIMEOUT_MS)
         except (ray.exceptions.RayError, TimeoutError):
-            return False  # slow or unreachable: not known dead
-        return False
+            return False
+        return True
 
     async def _wait_registered(self, broker_id: int) -> None:
         deadline = time.monotonic() + REGISTER_TIMEOUT_S
