@@ -380,6 +380,10 @@ class SupervisorActor:
         broker's lock): None once it listens (and is watched), else the gateway actor that is
         now the pair's, dead or ended, for the next try."""
         log.warning("gateway of broker %d died; starting a new one", broker_id)
+        # Ray keeps the name of an actor whose process died (rather than one it was told to
+        # kill) taken while its owner lives: killing it through Ray releases the name.
+        with contextlib.suppress(Exception):
+            ray.kill(running.gateway, no_restart=True)
         try:
             await self._wait_name_free(gateway_actor_name(broker_id))
         except SupervisorError as exc:
