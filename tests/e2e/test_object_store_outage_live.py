@@ -487,3 +487,4 @@ def test_store_cut_then_slow_under_load(cluster: UpProcess, store_proxy: TcpProx
         for name, t in sorted(MARKS.items(), key=lambda kv: kv[1]):
             print(f"{t - started:7.2f}s {name}")
         print(_timeline(watch, started))
+        print(f"{len(consuming.commit_errors)} commits failed: {consuming.commit_errors[:2]}")
