@@ -11,8 +11,9 @@ Proves, with the store cut for longer than the controller lease plus the brokers
 lease: never two controllers active; none active from the lease deadline on; the producer's
 records stop being acknowledged once the brokers' leases lapse, while a consumer still reads
 what was acknowledged before; restored, a controller is active again and writes resume. With
-every request to the store slowed (seconds each way), a controller stays or becomes active and
-writes go on. At the end: every acknowledged record is in the log exactly once, in send order,
+every request to the store taking a second, a controller stays active and writes go on; with
+every request taking 4 s (longer than the lease's renewals bear), never two controllers active.
+At the end: every acknowledged record is in the log exactly once, in send order,
 at the offset its acknowledgement gave; the group's offset committed before the outage is
 still committed (or a later one); every replica's log holds the same bytes below the high
 watermark; each leader epoch was led by one replica only and leader epochs never go down along
@@ -50,7 +51,7 @@ OUTAGE_S = LEASE_S + SESSION_S + 3.0  # the store cut this long: past both lease
 # A slow store: each request's bytes held this long each way. A controller renews its lease
 # one request after another, each from the answer to the one before: the lease holds while a
 # request takes under half of lease - guard (2.7 s).
-SLOW_EACH_WAY_S = 0.75
+SLOW_EACH_WAY_S = 0.5
 SLOW_FOR_S = 15.0
 TOO_SLOW_EACH_WAY_S = 2.0
 TOO_SLOW_FOR_S = LEASE_S + 4.0
@@ -391,7 +392,8 @@ def _cut(up: UpProcess, proxy: TcpProxy, watch: ControllerWatch, producing: Prod
 
 def _slow(proxy: TcpProxy, watch: ControllerWatch, producing: Producing) -> None:
     """(3) Every request to the store slow, within what the lease bears: a controller stays
-    active and writes go on. Slower than that: never two controllers active."""
+    active and writes go on. Slower than that: never two controllers active; fast again: a
+    controller is active and writes go on."""
     slow_at = MARKS["slow"] = time.monotonic()
     proxy.delay(SLOW_EACH_WAY_S, SLOW_EACH_WAY_S)
     _observe(SLOW_FOR_S, lambda: _one_controller_at_most(watch))
@@ -400,6 +402,20 @@ def _slow(proxy: TcpProxy, watch: ControllerWatch, producing: Producing) -> None
     _observe(TOO_SLOW_FOR_S, lambda: _one_controller_at_most(watch))
     proxy.delay(0.0, 0.0)
     fast_at = MARKS["fast again"] = time.monotonic()
+    acked_when_fast = len(producing.acked)
+    again = wait_until(
+        lambda: [r["sent"] for r in watch.rounds() if r["sent"] >= fast_at and r["active"]],
+        timeout_s=WAIT_S,
+        interval_s=0.2,
+        message="a controller active once the store is fast again",
+    )
+    MARKS["active again after slow"] = again[0]
+    wait_until(
+        lambda: len(producing.acked) >= acked_when_fast + 100,
+        timeout_s=WAIT_S,
+        interval_s=0.1,
+        message="writes going on once the store is fast again",
+    )
 
     for start, end, each_way in (
         (slow_at, too_slow_at, SLOW_EACH_WAY_S),
