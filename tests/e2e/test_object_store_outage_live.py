@@ -32,10 +32,9 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from support.cluster import UpProcess, cli_env, started_up
 from support.controller_watch import ControllerWatch
+from support.read_back import batch_headers, read_back, replica_batches
 from support.tcp_proxy import TcpProxy
 from support.waiting import wait_until
-
-from raylog.storage.batch import iter_batches
 
 pytestmark = pytest.mark.slow
 
@@ -215,27 +214,6 @@ class Consuming(threading.Thread):
             self.committed.update({tp.partition: tp.offset for tp in done})
 
 
-def _read_back(bootstrap: str, ends: dict[int, int]) -> dict[int, list[tuple[int, bytes]]]:
-    """(offset, value) of every record below ``ends[p]`` of each partition: assign, no group."""
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "unused", "enable.auto.commit": False}
-    )
-    got: dict[int, dict[int, bytes]] = {p: {} for p in ends}
-    try:
-        consumer.assign([TopicPartition(TOPIC, p, 0) for p in ends])
-
-        def all_read() -> bool:
-            for msg in consumer.consume(num_messages=1000, timeout=0.5):
-                if msg.error() is None and msg.offset() < ends[msg.partition()]:
-                    got[msg.partition()][msg.offset()] = msg.value()
-            return all(len(got[p]) >= end for p, end in ends.items())
-
-        wait_until(all_read, timeout_s=WAIT_S, message=f"records below {ends} read")
-    finally:
-        consumer.close()
-    return {p: sorted(records.items()) for p, records in got.items()}
-
-
 def _committed(bootstrap: str) -> dict[int, int]:
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": GROUP})
     try:
@@ -245,29 +223,6 @@ def _committed(bootstrap: str) -> dict[int, int]:
     finally:
         consumer.close()
     return {tp.partition: tp.offset for tp in found}
-
-
-def _batches(replica_dir: Path) -> list[tuple[Any, bytes]]:
-    """(header, bytes) of every batch of one replica's log, in offset order."""
-    out = []
-    for segment in sorted(replica_dir.glob("*.log")):
-        data = segment.read_bytes()
-        for pos, h in iter_batches(data, verify=False):
-            out.append((h, data[pos : pos + h.size]))
-    return out
-
-
-def _headers(data_dir: Path) -> str:
-    lines = []
-    for replica in sorted(data_dir.glob(f"broker-*/{TOPIC}-*")):
-        lines.append(f"{replica.parent.name}/{replica.name}:")
-        for h, _ in _batches(replica):
-            lines.append(
-                f"  {h.base_offset}-{h.last_offset} pid={h.producer_id} "
-                f"epoch={h.producer_epoch} seq={h.base_sequence} "
-                f"leader_epoch={h.partition_leader_epoch} ctl={h.is_control}"
-            )
-    return "\n".join(lines)
 
 
 def _in_sync(watch: ControllerWatch) -> dict[tuple[str, int], int] | None:
@@ -294,7 +249,7 @@ def _check_replica_logs(data_dir: Path, hws: dict[tuple[str, int], int]) -> None
     never go down along a log."""
     for (topic, partition), hw in sorted(hws.items()):
         logs = {
-            d.parent.name: [(h, b) for h, b in _batches(d) if h.last_offset < hw]
+            d.parent.name: [(h, b) for h, b in replica_batches(d) if h.last_offset < hw]
             for d in sorted(data_dir.glob(f"broker-*/{topic}-{partition}"))
         }
         assert len(logs) == 3, f"{topic}-{partition}: replica dirs {sorted(logs)}"
@@ -355,7 +310,7 @@ def _cut(up: UpProcess, proxy: TcpProxy, watch: ControllerWatch, producing: Prod
     _observe(LEASE_S + 1.0, lambda: _one_controller_at_most(watch))
     # Each partition's records are acknowledged in order: those acked are its first ones.
     ends = {p: sum(1 for v in acked_before if int(v) % PARTITIONS == p) for p in range(PARTITIONS)}
-    read_during = _read_back(up.bootstrap, ends)
+    read_during = read_back(up.bootstrap, TOPIC, ends, WAIT_S)
     assert all(len(read_during[p]) == ends[p] for p in ends)
     MARKS["read back in the outage"] = time.monotonic()
     _observe(max(0.0, cut_at + OUTAGE_S - time.monotonic()), lambda: _one_controller_at_most(watch))
@@ -469,7 +424,7 @@ def test_store_cut_then_slow_under_load(cluster: UpProcess, store_proxy: TcpProx
         sent = producing.sent
         assert len(producing.acked) == sent, "every record is acknowledged"
         wanted = {p: list(range(p, sent, PARTITIONS)) for p in range(PARTITIONS)}
-        log = _read_back(up.bootstrap, {p: len(wanted[p]) for p in wanted})
+        log = read_back(up.bootstrap, TOPIC, {p: len(wanted[p]) for p in wanted}, WAIT_S)
         for p, records in log.items():
             assert [offset for offset, _ in records] == list(range(len(wanted[p])))
             assert [int(value) for _, value in records] == wanted[p], (
@@ -490,11 +445,13 @@ def test_store_cut_then_slow_under_load(cluster: UpProcess, store_proxy: TcpProx
         hws = wait_until(
             lambda: _in_sync(watch), timeout_s=WAIT_S, interval_s=0.5, message="replicas in sync"
         )
+        ends = {p: hws[(TOPIC, p)] for p in range(PARTITIONS)}
+        assert ends == {p: len(wanted[p]) for p in wanted}, "nothing more in the log"
         _check_replica_logs(up.data_dir, hws)
         shared = {k: v for k, v in _leaders_by_epoch(watch).items() if len(v) > 1}
         assert not shared, f"leader epochs led by more than one replica: {shared}"
     except AssertionError:
-        print(_headers(up.data_dir))
+        print("\n".join(batch_headers(up.data_dir, TOPIC)))
         raise
     finally:
         producing.stop()
