@@ -72,37 +72,29 @@ def store_proxy(moto_server: str) -> Iterator[TcpProxy]:
         proxy.stop()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def cluster(
     tmp_path_factory: pytest.TempPathFactory,
     store_proxy: TcpProxy,
-    moto_server: str,
+    s3_client_kwargs: dict[str, Any],
+    create_bucket: Callable[..., str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[UpProcess]:
     """`raylog up` on a fresh bucket of the session's moto server, through ``store_proxy``."""
-    import boto3
-    from conftest import MOTO_CREDENTIALS, MOTO_REGION
-
-    bucket = f"store-outage-{time.monotonic_ns()}"
-    boto3.client(
-        "s3", endpoint_url=moto_server, region_name=MOTO_REGION, **MOTO_CREDENTIALS
-    ).create_bucket(Bucket=bucket)
-    mp = pytest.MonkeyPatch()
-    mp.setenv("AWS_ACCESS_KEY_ID", MOTO_CREDENTIALS["aws_access_key_id"])
-    mp.setenv("AWS_SECRET_ACCESS_KEY", MOTO_CREDENTIALS["aws_secret_access_key"])
-    mp.setenv("AWS_DEFAULT_REGION", MOTO_REGION)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_client_kwargs["aws_access_key_id"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_client_kwargs["aws_secret_access_key"])
+    monkeypatch.setenv("AWS_DEFAULT_REGION", s3_client_kwargs["region_name"])
+    up = started_up(
+        lambda: tmp_path_factory.mktemp("store-outage"),
+        "--object-store", f"s3://{create_bucket()}/c",
+        "--s3-endpoint", f"http://{store_proxy.address}",
+    )  # fmt: skip
     try:
-        up = started_up(
-            lambda: tmp_path_factory.mktemp("store-outage"),
-            "--object-store", f"s3://{bucket}/c", "--s3-endpoint", f"http://{store_proxy.address}",
-        )  # fmt: skip
-        try:
-            yield up
-        finally:
-            store_proxy.restore()
-            store_proxy.delay(0.0, 0.0)
-            up.__exit__(None, None, None)
+        yield up
     finally:
-        mp.undo()
+        store_proxy.restore()
+        store_proxy.delay(0.0, 0.0)
+        up.__exit__(None, None, None)
 
 
 class Producing(threading.Thread):
