@@ -408,6 +408,12 @@ class LeaseLogic:
         return self._send(Renew(encode_record(record), self._etag), now_ms)
 
     def _next_contender_action(self, now_ms: int, wall_ms: int) -> Action:
+        if self._uncertain is not None:
+            # A write of unknown outcome: read what is there before writing again (after a
+            # pause, as the store is failing).
+            if now_ms < self._next_read_ms:
+                return Wait(self._next_read_ms)
+            return self._send(Read(), now_ms)
         observed = self._observed
         if observed is not None:
             # Expiry is judged only by our own clock since we first saw this ETag.
@@ -445,18 +451,22 @@ class LeaseLogic:
         attempt = self._uncertain
         if attempt is None or attempt.sent_ms != sent_ms:  # checked with -O too
             raise AssertionError(f"result for a write sent at {sent_ms} but tracking {attempt!r}")
-        self._observed, self._absent_seen = None, False
         if isinstance(result, Written):
+            self._observed, self._absent_seen = None, False
             self._uncertain = None
             if attempt.sent_ms + self.lease_ms - self.guard_ms <= now_ms:
                 self._next_read_ms = now_ms  # won, but answered too late to hold: let it expire
                 return
             self._become_holder(now_ms, attempt, result.etag)
         elif isinstance(result, Conflict):
+            self._observed, self._absent_seen = None, False
             self._uncertain = None  # someone else won; read who
             self._next_read_ms = now_ms
         elif isinstance(result, Failed):
-            self._next_read_ms = now_ms + self.poll_ms  # keep _uncertain: the read will tell
+            # Keep _uncertain: the next read tells whether it landed. Keep the observation too:
+            # a read still showing the version first seen at ``first_seen_ms`` is the same
+            # version, expired by then, and is taken over at once rather than counted afresh.
+            self._next_read_ms = now_ms + self.poll_ms
         else:
             raise RuntimeError(f"unexpected result {result!r} for {action!r}")
 

@@ -21,15 +21,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaException, Producer
 from support.cluster import UpProcess
+from support.read_back import batch_headers, read_back
 from support.waiting import wait_until
-
-from raylog.storage.batch import iter_batches
 
 pytestmark = pytest.mark.slow
 
@@ -107,44 +105,6 @@ class Producing(threading.Thread):
             self.producer.poll(PACE_S)
 
 
-def _read_back(bootstrap: str, ends: dict[int, int]) -> dict[int, list[tuple[int, bytes]]]:
-    """(offset, value) of every record below ``ends[p]`` of each partition: assign, no group."""
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "unused", "enable.auto.commit": False}
-    )
-    got: dict[int, dict[int, bytes]] = {p: {} for p in ends}
-    try:
-        consumer.assign([TopicPartition(TOPIC, p, 0) for p in ends])
-
-        def all_read() -> bool:
-            for msg in consumer.consume(num_messages=1000, timeout=0.5):
-                if msg.error() is None:
-                    got[msg.partition()][msg.offset()] = msg.value()
-            return all(len(got[p]) >= end for p, end in ends.items())
-
-        wait_until(all_read, timeout_s=READ_DEADLINE_S, message="every record consumed")
-    finally:
-        consumer.close()
-    return {p: sorted(records.items()) for p, records in got.items()}
-
-
-def _batches(data_dir: Path, partition: int) -> list[str]:
-    """Every replica's batch headers of ``partition`` (offsets, producer id, epoch, sequence,
-    leader epoch): what a failure message shows to tell a retry appended twice from an epoch
-    bump that re-sent persisted records."""
-    lines = []
-    for replica in sorted(data_dir.glob(f"broker-*/{TOPIC}-{partition}")):
-        lines.append(f"{replica.parent.name}:")
-        for segment in sorted(replica.glob("*.log")):
-            for _, h in iter_batches(segment.read_bytes(), verify=False):
-                lines.append(
-                    f"  {h.base_offset}-{h.last_offset} pid={h.producer_id} "
-                    f"epoch={h.producer_epoch} seq={h.base_sequence} "
-                    f"leader_epoch={h.partition_leader_epoch}"
-                )
-    return lines
-
-
 def _acked_at_least(producing: Producing, count: int) -> bool:
     assert not producing.errors, producing.errors[:3]
     return len(producing.acked) >= count
@@ -196,14 +156,14 @@ def test_an_idempotent_producer_loses_nothing_across_a_crash_and_restart(
         sent = producing.sent
         assert len(producing.acked) == sent, "every record is acknowledged"
         wanted = {p: list(range(p, sent, PARTITIONS)) for p in range(PARTITIONS)}
-        log = _read_back(up.bootstrap, {p: len(wanted[p]) for p in wanted})
+        log = read_back(up.bootstrap, TOPIC, {p: len(wanted[p]) for p in wanted}, READ_DEADLINE_S)
     finally:
         if producing is not None:
             producing.halt.set()
     for p, records in log.items():
         if [int(value) for _, value in records] != wanted[p]:
             for q in log:
-                print(f"partition {q}:\n" + "\n".join(_batches(up.data_dir, q)))
+                print("\n".join(batch_headers(up.data_dir, TOPIC, q)))
             print("librdkafka eos log:\n" + "\n".join(producing.eos_log.lines))
         assert [offset for offset, _ in records] == list(range(len(wanted[p]))), "dense offsets"
         assert [int(value) for _, value in records] == wanted[p], (

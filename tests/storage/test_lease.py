@@ -191,6 +191,55 @@ def test_takeover_lost_to_another_contender_rereads() -> None:
     assert not lease.is_holder(LEASE_MS)
 
 
+def test_failed_takeover_reads_then_takes_over_an_unchanged_version_at_once() -> None:
+    """A takeover that failed (the store unreachable) is followed by a read, never by a blind
+    second write; a read still showing the version first seen long ago is that same expired
+    version, taken over at once, not counted again from the read (a whole lease after the
+    store comes back)."""
+    lease = logic("b")
+    lease.next_action(0, 0)
+    lease.on_result(0, Found(foreign(epoch=3), "x1"))  # first seen at 0
+    assert isinstance(lease.next_action(LEASE_MS, 0), TakeOver)
+    lease.on_result(LEASE_MS + 100, Failed("connection reset"))
+    assert lease.next_action(LEASE_MS + 100, 0) == Wait(LEASE_MS + 100 + POLL_MS)
+    now = LEASE_MS + 100 + POLL_MS
+    assert lease.next_action(now, 0) == Read()
+    lease.on_result(now, Failed("connection reset"))  # the store still gone: read again later
+    now += POLL_MS
+    assert lease.next_action(now, 0) == Read()
+    lease.on_result(now, Found(foreign(epoch=3), "x1"))  # back, and not taken by anyone
+    action = lease.next_action(now, 0)
+    assert isinstance(action, TakeOver) and action.etag == "x1" and action.epoch == 4
+    lease.on_result(now + 10, Written("x2"))
+    assert lease.next_action(now + 10, 0) == Elected(4)
+
+
+def test_failed_takeover_that_landed_is_adopted_and_a_new_version_counted_afresh() -> None:
+    lease = logic("b")
+    lease.next_action(0, 0)
+    lease.on_result(0, Found(foreign(epoch=3), "x1"))
+    takeover = lease.next_action(LEASE_MS, 0)
+    assert isinstance(takeover, TakeOver)
+    lease.on_result(LEASE_MS + 100, Failed("read timeout"))
+    now = LEASE_MS + 100 + POLL_MS
+    assert lease.next_action(now, 0) == Read()
+    lease.on_result(now, Found(takeover.body, "x2"))  # it had landed
+    assert lease.next_action(now, 0) == Elected(4)
+    assert lease.hold_until_ms == LEASE_MS + LEASE_MS - GUARD_MS  # from its send time
+
+    other = logic("c")
+    other.next_action(0, 0)
+    other.on_result(0, Found(foreign(epoch=3), "x1"))
+    assert isinstance(other.next_action(LEASE_MS, 0), TakeOver)
+    other.on_result(LEASE_MS, Failed("read timeout"))
+    assert other.next_action(LEASE_MS + POLL_MS, 0) == Read()
+    other.on_result(LEASE_MS + POLL_MS, Found(foreign(epoch=4), "x3"))  # someone else won
+    assert other.next_action(LEASE_MS + POLL_MS, 0) == Wait(LEASE_MS + 2 * POLL_MS)
+    assert other.next_action(2 * LEASE_MS, 0) == Read()
+    other.on_result(2 * LEASE_MS, Found(foreign(epoch=4), "x3"))
+    assert isinstance(other.next_action(2 * LEASE_MS + POLL_MS, 0), TakeOver)
+
+
 def test_released_marker_is_taken_over_at_once() -> None:
     lease = logic("b")
     lease.next_action(0, 0)
