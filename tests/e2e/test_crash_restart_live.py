@@ -115,7 +115,6 @@ def _acked_at_least(producing: Producing, count: int) -> bool:
 # bumped its epoch on an OUT_OF_ORDER_SEQUENCE_NUMBER answered to a batch behind a refused one
 # (what actors/replication/refused_batches.py and the gateway's rule 3 hold back). A failure
 # prints every replica's batch headers and librdkafka's idempotence log.
-@pytest.mark.xfail(reason="a record appended twice in about one run in ten", strict=False)
 def test_an_idempotent_producer_loses_nothing_across_a_crash_and_restart(
     shared_up: UpProcess,
 ) -> None:
