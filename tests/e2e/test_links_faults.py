@@ -121,7 +121,8 @@ def mirrored(up: UpProcess) -> list[dict[str, Any]]:
 
 
 def mirrored_end(up: UpProcess) -> int:
-    return sum(max(0, p["log_end_offset"]) for p in mirrored(up))
+    # A partition is listed before its fetcher's first report, which carries its end.
+    return sum(max(0, p.get("log_end_offset", -1)) for p in mirrored(up))
 
 
 def grows(up: UpProcess, by: int = 20) -> None:

@@ -34,7 +34,9 @@ from raylog.gateway.routing import MetadataView
 pytestmark = pytest.mark.slow
 
 PREFIX = "create-topics-test"
-BROKER_CONFIGS = {"broker.heartbeat.interval.ms": "100", "broker.session.timeout.ms": "3000"}
+# Heartbeats every 100 ms carry role commands fast; the session is Kafka's default (9 s): a
+# 3 s one lapsed a broker's lease while a wide creation's replica processes started on 2 cores.
+BROKER_CONFIGS = {"broker.heartbeat.interval.ms": "100", "broker.session.timeout.ms": "9000"}
 VIEW_POLL_S = 0.05
 SERVE_WAIT_S = 120.0
 
