@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -44,7 +45,6 @@ from kafka_clients import (
     percentiles,
     produce_records,
     rate,
-    tansu_broker,
     with_broker_cpu,
 )
 from spark_read import RAYLOG, raylog_up
@@ -157,6 +157,10 @@ def transactions_case(root: Path, args: argparse.Namespace, value: bytes) -> dic
         # environment: Ray's temp dir lies in this run's data dir.
         pids = [pid for pid, _ in cluster_cpu_seconds(str(data_dir).encode())]
         raylog = runs(bootstrap, args, value, pids)
+    # The helper the tests share (one copy), in tests/support.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from support.tansu import tansu_broker
+
     with tansu_broker(root, TOPIC) as (bootstrap, pid):
         try:
             tansu = runs(bootstrap, args, value, [pid])
