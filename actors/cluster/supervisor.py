@@ -291,16 +291,18 @@ class SupervisorActor:
             if s.node_id is not None and self._lifecycle.get(b) != "lost"
         }
 
+    def _placement(self, broker_id: int) -> dict[str, Any]:
+        """Where a broker's actors go: pinned to its node, if it has one. Hard: a broker belongs
+        to its node's disk; if the node dies, so does the pair."""
+        node_id = self._specs[broker_id].node_id
+        if node_id is None:
+            return {}
+        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
+
     def _create_broker(self, broker_id: int) -> None:
         spec = self._specs[broker_id]
-        placement: dict[str, Any] = {}
-        if spec.node_id is not None:
-            # Hard: a broker belongs to its node's disk; if the node dies, so does the pair.
-            placement["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-                spec.node_id, soft=False
-            )
         broker = BrokerActor.options(  # type: ignore[attr-defined]
-            name=broker_actor_name(broker_id), namespace=NAMESPACE, **placement
+            name=broker_actor_name(broker_id), namespace=NAMESPACE, **self._placement(broker_id)
         ).remote(
             broker_id,
             spec.data_dir,
@@ -316,13 +318,8 @@ class SupervisorActor:
 
     def _new_gateway(self, broker_id: int) -> Any:
         spec = self._specs[broker_id]
-        placement: dict[str, Any] = {}
-        if spec.node_id is not None:
-            placement["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-                spec.node_id, soft=False
-            )
         return GatewayActor.options(  # type: ignore[attr-defined]
-            name=gateway_actor_name(broker_id), namespace=NAMESPACE, **placement
+            name=gateway_actor_name(broker_id), namespace=NAMESPACE, **self._placement(broker_id)
         ).remote(
             broker_id,
             spec.cluster_id,

@@ -19,13 +19,11 @@ in the log once and in order all the same).
 from __future__ import annotations
 
 import logging
-import threading
 from collections import deque
-from typing import Any
 
 import pytest
-from confluent_kafka import KafkaException, Producer
 from support.cluster import UpProcess
+from support.producing import Producing
 from support.read_back import batch_headers, read_back
 from support.waiting import wait_until
 
@@ -55,54 +53,14 @@ class _EosLog(logging.Handler):
             self.lines.append(line)
 
 
-class Producing(threading.Thread):
-    """Produces record i (value ``%07d``) to partition ``i % PARTITIONS`` until stopped."""
-
-    def __init__(self, bootstrap: str) -> None:
-        super().__init__(name="producing", daemon=True)
-        self.eos_log = _EosLog()
-        logger = logging.getLogger("crash-restart-producer")
-        logger.addHandler(self.eos_log)
-        logger.setLevel(logging.DEBUG)
-        self.producer = Producer(
-            {
-                "bootstrap.servers": bootstrap,
-                "debug": "eos",
-                "logger": logger,
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": 5,
-                "message.timeout.ms": int(MESSAGE_TIMEOUT_S * 1000),
-            }
-        )
-        self.sent = 0
-        self.acked: dict[bytes, int | None] = {}
-        self.errors: list[str] = []
-        self.halt = threading.Event()
-
-    def _delivered(self, err: Any, msg: Any) -> None:
-        if err is not None:
-            self.errors.append(f"{msg.value()!r}: {err}")
-        else:
-            self.acked[msg.value()] = msg.offset()
-
-    def run(self) -> None:
-        while not self.halt.is_set():  # bounded: the test stops it, or an error does
-            try:
-                self.producer.produce(
-                    TOPIC,
-                    value=b"%07d" % self.sent,
-                    partition=self.sent % PARTITIONS,
-                    on_delivery=self._delivered,
-                )
-            except BufferError:  # the client's queue is full (the cluster is down): wait
-                self.producer.poll(0.1)
-                continue
-            except KafkaException as exc:  # e.g. _UNKNOWN_TOPIC: what issue 31 was
-                self.errors.append(f"produce() raised {exc}")
-                return
-            self.sent += 1
-            self.producer.poll(PACE_S)
+def _producing(bootstrap: str) -> tuple[Producing, _EosLog]:
+    """The producer, with librdkafka's idempotence log kept for a failure message."""
+    eos_log = _EosLog()
+    logger = logging.getLogger("crash-restart-producer")
+    logger.addHandler(eos_log)
+    logger.setLevel(logging.DEBUG)
+    settings = {"debug": "eos", "logger": logger}
+    return Producing(bootstrap, TOPIC, PARTITIONS, MESSAGE_TIMEOUT_S, PACE_S, settings), eos_log
 
 
 def _acked_at_least(producing: Producing, count: int) -> bool:
@@ -126,7 +84,7 @@ def test_an_idempotent_producer_loses_nothing_across_a_crash_and_restart(
             "--replication-factor", "3", "--config", "min.insync.replicas=2",
         )  # fmt: skip
         assert created.returncode == 0, created.stderr
-        producing = Producing(up.bootstrap)
+        producing, eos_log = _producing(up.bootstrap)
         producing.start()
         wait_until(
             lambda: _acked_at_least(producing, ACKED_BEFORE),
@@ -163,7 +121,7 @@ def test_an_idempotent_producer_loses_nothing_across_a_crash_and_restart(
         if [int(value) for _, value in records] != wanted[p]:
             for q in log:
                 print("\n".join(batch_headers(up.data_dir, TOPIC, q)))
-            print("librdkafka eos log:\n" + "\n".join(producing.eos_log.lines))
+            print("librdkafka eos log:\n" + "\n".join(eos_log.lines))
         assert [offset for offset, _ in records] == list(range(len(wanted[p]))), "dense offsets"
         assert [int(value) for _, value in records] == wanted[p], (
             f"partition {p}: duplicates, gaps or reordering"

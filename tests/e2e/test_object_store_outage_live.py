@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from support.cluster import UpProcess, cli_env, started_up
 from support.controller_watch import ControllerWatch
+from support.producing import Producing
 from support.read_back import batch_headers, read_back, replica_batches
 from support.tcp_proxy import TcpProxy
 from support.waiting import wait_until
@@ -95,60 +96,6 @@ def cluster(
         store_proxy.restore()
         store_proxy.delay(0.0, 0.0)
         up.__exit__(None, None, None)
-
-
-class Producing(threading.Thread):
-    """Produces record i (value ``%07d``) to partition ``i % PARTITIONS`` until halted; keeps
-    each acknowledgement's offset and when it arrived."""
-
-    def __init__(self, bootstrap: str) -> None:
-        super().__init__(name="producing", daemon=True)
-        self.producer = Producer(
-            {
-                "bootstrap.servers": bootstrap,
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": 5,
-                "message.timeout.ms": int(MESSAGE_TIMEOUT_S * 1000),
-            }
-        )
-        self.sent = 0
-        self.acked: dict[bytes, tuple[int | None, float]] = {}
-        self.errors: list[str] = []
-        self.halt = threading.Event()
-
-    def _delivered(self, err: Any, msg: Any) -> None:
-        if err is not None:
-            self.errors.append(f"{msg.value()!r}: {err}")
-        else:
-            self.acked[msg.value()] = (msg.offset(), time.monotonic())
-
-    def stop(self) -> None:
-        """Halts the thread (its records still queued stay queued: ``producer.flush()``)."""
-        self.halt.set()
-        if self.is_alive():
-            self.join(timeout=WAIT_S)
-
-    def ack_times(self) -> list[float]:
-        return sorted(t for _, t in list(self.acked.values()))
-
-    def run(self) -> None:
-        while not self.halt.is_set():  # bounded: the test halts it
-            try:
-                self.producer.produce(
-                    TOPIC,
-                    value=b"%07d" % self.sent,
-                    partition=self.sent % PARTITIONS,
-                    on_delivery=self._delivered,
-                )
-            except BufferError:  # the client's queue is full: wait
-                self.producer.poll(0.1)
-                continue
-            except KafkaException as exc:
-                self.errors.append(f"produce() raised {exc}")
-                return
-            self.sent += 1
-            self.producer.poll(PACE_S)
 
 
 class Consuming(threading.Thread):
@@ -390,7 +337,10 @@ def test_store_cut_then_slow_under_load(cluster: UpProcess, store_proxy: TcpProx
     )  # fmt: skip
     assert created.returncode == 0, created.stderr
     watch = ControllerWatch(up.data_dir, cli_env()).start()
-    producing, consuming = Producing(up.bootstrap), Consuming(up.bootstrap)
+    producing, consuming = (
+        Producing(up.bootstrap, TOPIC, PARTITIONS, MESSAGE_TIMEOUT_S, PACE_S),
+        Consuming(up.bootstrap),
+    )
     MARKS.clear()
     started = time.monotonic()
     try:
@@ -407,7 +357,7 @@ def test_store_cut_then_slow_under_load(cluster: UpProcess, store_proxy: TcpProx
         _slow(proxy, watch, producing)
 
         # (4) Stop producing; check everything.
-        producing.stop()
+        producing.stop(WAIT_S)
         assert not producing.is_alive(), "the producer thread did not stop"
         assert producing.producer.flush(WAIT_S) == 0
         consuming.stop()
@@ -423,9 +373,9 @@ def test_store_cut_then_slow_under_load(cluster: UpProcess, store_proxy: TcpProx
                 f"partition {p}: duplicates, gaps or reordering"
             )
             wrong = {
-                v: (producing.acked[v][0], o)
+                v: (producing.acked[v], o)
                 for o, v in records
-                if producing.acked[v][0] not in (o, None)
+                if producing.acked[v] not in (o, None)
             }
             assert not wrong, f"partition {p}: acknowledged offsets not the real ones: {wrong}"
 
@@ -446,7 +396,7 @@ def test_store_cut_then_slow_under_load(cluster: UpProcess, store_proxy: TcpProx
         print("\n".join(batch_headers(up.data_dir, TOPIC)))
         raise
     finally:
-        producing.stop()
+        producing.stop(WAIT_S)
         consuming.stop()
         watch.stop()
         for name, t in sorted(MARKS.items(), key=lambda kv: kv[1]):
