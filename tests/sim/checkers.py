@@ -80,13 +80,18 @@ source; sync_links.py says more):
    moment, in the durable log of that link's destination (unless deleted at the source before
    the link fetched it).
 21. Healed, the link is back in sync on the leader, its destination holding all below the HW.
+
+The ISR at the acknowledgement (node.py, in runs that fsync every write and lose no data):
+22. Every acks=all write a leader acknowledges is, at that moment, durable on the disk of every
+   replica of its maximal ISR (or below that disk's log start): what the HW counts is what the
+   replicas have fsync'd, not what they have fetched.
 """
 
 from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -290,4 +295,20 @@ class Checkers:
             raise SimViolation(
                 f"read_committed passed the COMMIT marker of transaction {txn} without "
                 f"delivering its acknowledged {missing}"
+            )
+
+
+def check_durable_on_isr(
+    leader: int, members: Iterable[int], base: int, end: int, disks: Mapping[int, Any]
+) -> None:
+    """Checker 22, as ``leader`` acknowledges acks=all [``base``, ``end``): ``disks`` are the
+    replicas' SimDisks."""
+    for member in members:
+        disk = disks[member]
+        count = disk.durable_count
+        durable_end = disk.batches[count - 1].meta.next_offset if count else disk.log_start
+        if durable_end < end and disk.log_start < end:
+            raise SimViolation(
+                f"leader {leader} acknowledged acks=all [{base}, {end}) while replica {member} "
+                f"of its ISR {tuple(members)} is durable only up to {durable_end}"
             )

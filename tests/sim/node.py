@@ -42,7 +42,7 @@ from raylog.actors.replication.ready import (
     SendFetchData,
 )
 
-from .checkers import SimViolation
+from .checkers import SimViolation, check_durable_on_isr
 from .controller import ApplyAnswer, ApplyRequest
 from .disk import SimDisk
 
@@ -283,6 +283,21 @@ class SimNode:
         self.sim._send(self.node_id, CLIENT, response, client=True)
 
     def complete_produce(self, result: ProduceResult) -> None:
+        written = self.sim.produce_requests.get(result.request_id)
+        if (
+            written is not None
+            and written[0] == -1
+            and result.error_code == 0
+            and not self.sim.checkers.lossy
+            and self.sim.scenario.flush_messages == 1
+        ):
+            check_durable_on_isr(
+                self.node_id,
+                self.replica.maximal_isr(),
+                result.base_offset,
+                result.base_offset + written[2],
+                {n: node.disk for n, node in self.sim.nodes.items()},
+            )
         answer: Any = result
         if result.request_id >= MIRROR_REQUEST_IDS:
             answer = MirrorAnswer(result, self.replica.log_end_offset)
