@@ -17,7 +17,7 @@ $(PY):
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel
 
 # Reinstall only when the project's dependencies change.
-$(STAMP): pyproject.toml | $(PY)
+$(STAMP): pyproject.toml storage/_record_scan.c | $(PY)
 	$(PY) -m pip install --quiet -e '.[test]'
 	@touch $(STAMP)
 

@@ -514,6 +514,7 @@ class ReplicaActor(ReplicaMirror, TieredReplica, DamagedReplica):
             header = rb.validate_client_batch(
                 batch, self._max_message_bytes, coordinator_writes=self._internal_topic
             )
+            rb.check_client_records(batch, header)
             # Kafka's LogValidator: compaction keeps the latest record of each key, so a record
             # without one has no place in a compacted log. Decodes (and decompresses) the batch.
             keyless = first_record_without_key(batch) if self._log.config.compact else None

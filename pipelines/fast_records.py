@@ -42,7 +42,7 @@ from raylog.storage.batch import BatchHeader
 from raylog.storage.errors import CorruptRecordError
 
 try:
-    from raylog.pipelines import _record_scan  # type: ignore[attr-defined]
+    from raylog.storage import _record_scan  # type: ignore[attr-defined]
 except ImportError:  # the C extension is optional (no compiler at install time)
     _record_scan = None
 

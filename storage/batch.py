@@ -58,7 +58,7 @@ from raylog.storage.errors import (
     RecordTooLargeError,
     UnsupportedCompressionTypeError,
 )
-from raylog.storage.records import encode_record, iter_decoded, iter_records
+from raylog.storage.records import check_records, encode_record, iter_decoded, iter_records
 
 Buffer = bytes | bytearray | memoryview
 
@@ -226,6 +226,24 @@ def validate_client_batch(
             f"producerId {header.producer_id} with negative baseSequence {header.base_sequence}"
         )
     return header
+
+
+# The most a produced batch may inflate to while its records are checked: Kafka's default
+# max.message.bytes caps a batch at 1 MiB compressed, and 64 MiB of records from it is far more
+# than real data compresses to; a batch that inflates further is refused, not held in memory.
+PRODUCE_INFLATE_MAX = 64 << 20
+PRODUCE_INFLATE_RATIO_MAX = 64  # ... or 64 times its own size, whichever is more
+
+
+def check_client_records(batch: Buffer, header: BatchHeader) -> None:
+    """Kafka's LogValidator over one client batch (``validate_client_batch`` passed it): its
+    records decompress and parse (``records.check_records``), so that no consumer meets a
+    batch it cannot read. Raises CorruptRecordError."""
+    body = memoryview(batch).cast("B")[HEADER_SIZE : header.size]
+    if header.compression != CODEC_NONE:
+        limit = max(PRODUCE_INFLATE_MAX, PRODUCE_INFLATE_RATIO_MAX * header.size)
+        body = memoryview(decompress(header.compression, body, limit))
+    check_records(body, header.records_count)
 
 
 def records_section(batch: Buffer, header: BatchHeader) -> bytes | memoryview:

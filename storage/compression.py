@@ -57,12 +57,12 @@ _INT32 = struct.Struct(">i")
 # Decompression.
 
 
-def _snappy_raw(block: Buffer) -> bytes:
+def _snappy_raw(block: Buffer, limit: int) -> bytes:
     """One raw snappy block; its uncompressed length is the leading unsigned varint."""
     import pyarrow as pa
 
     size, _ = read_uvarint(block, 0, len(block), max_bytes=5)  # a 32-bit varint: 5 bytes
-    if size > DECOMPRESSED_SIZE_MAX:
+    if size > limit:
         raise CorruptRecordError(f"snappy block claims {size} uncompressed bytes")
     try:
         return pa.decompress(block, decompressed_size=size, codec="snappy", asbytes=True)
@@ -70,10 +70,10 @@ def _snappy_raw(block: Buffer) -> bytes:
         raise CorruptRecordError(f"snappy block does not decompress: {exc}") from exc
 
 
-def _snappy(data: Buffer) -> bytes:
+def _snappy(data: Buffer, limit: int) -> bytes:
     view = memoryview(data)
     if bytes(view[:8]) != _XERIAL_MAGIC or len(view) < _XERIAL_HEADER_SIZE:
-        return _snappy_raw(view)
+        return _snappy_raw(view, limit)
     # Xerial framing (Java clients): blocks of int32 length + raw snappy after the header.
     out = []
     pos = _XERIAL_HEADER_SIZE
@@ -85,9 +85,9 @@ def _snappy(data: Buffer) -> bytes:
         pos += 4
         if length < 0 or length > len(view) - pos:
             raise CorruptRecordError(f"xerial snappy block of {length} bytes at byte {pos}")
-        chunk = _snappy_raw(view[pos : pos + length])
+        chunk = _snappy_raw(view[pos : pos + length], limit)
         total += len(chunk)
-        if total > DECOMPRESSED_SIZE_MAX:
+        if total > limit:
             raise CorruptRecordError("xerial snappy stream decompresses beyond the size limit")
         out.append(chunk)
         pos += length
@@ -97,7 +97,7 @@ def _snappy(data: Buffer) -> bytes:
 _GZIP_MEMBERS_MAX = 1024  # Java and librdkafka write one member; a few is plausible
 
 
-def _gzip(data: Buffer) -> bytes:
+def _gzip(data: Buffer, limit: int) -> bytes:
     """gzip members, concatenated, decompressed with a bound on the output (no zip bombs)."""
     out: list[bytes] = []
     total = 0
@@ -105,11 +105,11 @@ def _gzip(data: Buffer) -> bytes:
     for _ in range(_GZIP_MEMBERS_MAX):
         d = zlib.decompressobj(16 + zlib.MAX_WBITS)
         try:
-            chunk = d.decompress(rest, DECOMPRESSED_SIZE_MAX + 1 - total)
+            chunk = d.decompress(rest, limit + 1 - total)
         except zlib.error as exc:
             raise CorruptRecordError(f"gzip data does not decompress: {exc}") from exc
         total += len(chunk)
-        if total > DECOMPRESSED_SIZE_MAX or d.unconsumed_tail:
+        if total > limit or d.unconsumed_tail:
             raise CorruptRecordError("gzip data decompresses beyond the size limit")
         if not d.eof:
             raise CorruptRecordError("gzip data truncated")
@@ -120,30 +120,31 @@ def _gzip(data: Buffer) -> bytes:
     raise CorruptRecordError(f"gzip data has more than {_GZIP_MEMBERS_MAX} members")
 
 
-def _arrow_stream(data: Buffer, codec: str) -> bytes:
+def _arrow_stream(data: Buffer, codec: str, limit: int) -> bytes:
     """Stream-decompress a codec whose frames need not say their decompressed size."""
     import pyarrow as pa
 
     try:
         with pa.input_stream(pa.py_buffer(data), compression=codec) as stream:
-            out = stream.read(DECOMPRESSED_SIZE_MAX + 1)
+            out = stream.read(limit + 1)
     except (OSError, pa.ArrowException) as exc:
         raise CorruptRecordError(f"{codec} data does not decompress: {exc}") from exc
-    if len(out) > DECOMPRESSED_SIZE_MAX:
+    if len(out) > limit:
         raise CorruptRecordError(f"{codec} data decompresses beyond the size limit")
     return out
 
 
-def decompress(codec: int, data: Buffer) -> bytes:
-    """The records section of a batch with compression ``codec``, uncompressed."""
+def decompress(codec: int, data: Buffer, limit: int = DECOMPRESSED_SIZE_MAX) -> bytes:
+    """The records section of a batch with compression ``codec``, uncompressed: at most
+    ``limit`` bytes, else CorruptRecordError."""
     if codec == CODEC_GZIP:
-        return _gzip(data)
+        return _gzip(data, limit)
     if codec == CODEC_SNAPPY:
-        return _snappy(data)
+        return _snappy(data, limit)
     if codec == CODEC_LZ4:
-        return _arrow_stream(data, "lz4")
+        return _arrow_stream(data, "lz4", limit)
     if codec == CODEC_ZSTD:
-        return _arrow_stream(data, "zstd")
+        return _arrow_stream(data, "zstd", limit)
     raise UnsupportedCompressionTypeError(f"compression codec {codec}")
 
 

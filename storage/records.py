@@ -33,7 +33,7 @@ Who reads records with this module:
 - :func:`record_fields` walks a section and gives, for every record, where it ends and its
   fields up to the headers (:data:`RECORD_FIELDS`). The reference decoder of
   :mod:`raylog.pipelines.records` is a loop over it; the C scanner of the fast decoder
-  (``pipelines/_record_scan.c``, ``record_fields``) is the same walk in C, and tests check
+  (``storage/_record_scan.c``, ``record_fields``) is the same walk in C, and tests check
   that the two agree on every record of valid, corrupt and random sections, refusals
   included. :func:`record_ends` walks the lengths only, as the C scanner's ``record_ends``
   does (the fast decoder's Python scan, where the C one was not built).
@@ -41,6 +41,8 @@ Who reads records with this module:
   ListOffsets by timestamp): each record's deltas, key, whether its value is null, and its
   byte span, so that a kept record is copied verbatim or re-stamped
   (:func:`restamp_record`) without decoding its value or headers.
+- :func:`check_records` is the broker's check of a produced batch: every rule, in C where
+  the scanner was built.
 - :func:`iter_decoded` decodes every field, headers included (the group coordinator reading
   ``__consumer_offsets`` back).
 - :func:`encode_record` writes one record (``storage.batch.build_batch``).
@@ -56,6 +58,11 @@ from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 from raylog.storage.errors import CorruptRecordError
+
+try:
+    from raylog.storage import _record_scan  # type: ignore[attr-defined]
+except ImportError:  # the C extension is optional (no compiler at install time)
+    _record_scan = None
 
 Buffer = bytes | bytearray | memoryview
 
@@ -239,6 +246,33 @@ def record_ends(buf: bytes, counts: Sequence[int], sizes: Sequence[int]) -> list
     except IndexError:
         raise CorruptRecordError(f"a record runs past its section ending at {end}") from None
     return ends
+
+
+def check_records(section: Buffer, count: int) -> None:
+    """Kafka's check of a produced batch (``DefaultRecord.readFrom`` over every record):
+    ``count`` records fill ``section`` exactly, each by rules 1 to 4, but for header keys in
+    UTF-8 (Kafka's reader does not ask it). Raises CorruptRecordError. In C where the scanner
+    was built (``_record_scan.c``'s ``check_records``), else this module's walk."""
+    if _record_scan is not None:
+        try:
+            _record_scan.check_records(section, count)
+        except ValueError as exc:
+            raise CorruptRecordError(f"the batch's records do not parse: {exc}") from None
+        return
+    data = bytes(section)
+    for fields in record_fields(data, count):
+        end, pos = fields[0], fields[7]
+        count_of_headers, pos = read_varint(data, pos, end)
+        if count_of_headers < 0 or count_of_headers > end - pos:
+            raise CorruptRecordError(f"header count {count_of_headers} at byte {pos}")
+        for _ in range(count_of_headers):
+            for is_key in (True, False):
+                n, pos = read_varint(data, pos, end)
+                if (is_key and n < 0) or n > end - pos:
+                    raise CorruptRecordError(f"header field of {n} bytes at byte {pos}")
+                pos += max(n, 0)
+        if pos != end:
+            raise CorruptRecordError(f"{end - pos} bytes after the headers at byte {pos}")
 
 
 def read_headers(section: bytes, pos: int, end: int) -> list[tuple[str, bytes | None]]:

@@ -17,12 +17,12 @@ Proves, on the session's shared `raylog up` (tests/conftest.py):
   closing the connection when it failed (Kafka's rule);
 - nothing is lost and nothing appears that no client sent: every batch acknowledged on the
   fuzzed topics is in the log at the offset its answer gave, and every batch in the log is one
-  the fuzzer sent, whole (CRC-32C);
-- afterwards every broker answers.
-
-Known gap, held by a strict xfail: a batch whose records do not parse (or do not decompress)
-under a CRC that matches is appended, where Kafka refuses it with CORRUPT_MESSAGE; consumers
-then stop at it.
+  the fuzzer sent, whole (CRC-32C), and a confluent-kafka consumer reads both topics to their
+  ends without an error;
+- afterwards every broker answers;
+- a batch whose records do not parse, or do not decompress, or inflate past their bound, under
+  a CRC that matches, is refused with CORRUPT_MESSAGE by the leader, as Kafka refuses it:
+  appended, it would stop every consumer of the partition there.
 """
 
 from __future__ import annotations
@@ -526,6 +526,29 @@ def test_the_logs_hold_exactly_what_was_acknowledged(up: UpProcess) -> None:
             for acked_topic, p, offset, crcs in SENT.acked:
                 if (acked_topic, p) == (topic, partition):
                     assert stored.get(offset) in crcs, (topic, partition, offset)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": up.bootstrap,
+            "group.id": "fuzz-read-all",
+            "enable.auto.commit": False,
+            "check.crcs": True,
+        }
+    )
+    try:  # a consumer reads every partition to its end: no batch stops it
+        ends = {
+            (t, p): consumer.get_watermark_offsets(TopicPartition(t, p), TIMEOUT_S)[1]
+            for t, partitions in DATA_TOPICS.items()
+            for p in range(partitions)
+        }
+        consumer.assign([TopicPartition(t, p, 0) for t, p in ends])
+        positions = dict.fromkeys(ends, 0)
+        while any(positions[k] < ends[k] for k in ends):  # bounded: each poll gets a record
+            message = consumer.poll(TIMEOUT_S)
+            assert message is not None, f"no record within {TIMEOUT_S} s: at {positions}"
+            assert message.error() is None, message.error()
+            positions[message.topic(), message.partition()] = message.offset() + 1
+    finally:
+        consumer.close()
     for broker in BROKERS:  # every gateway still answers
         with socket.create_connection((HOST, _port(up, broker)), timeout=TIMEOUT_S) as sock:
             sock.sendall(api_versions_v0_frame(5))
@@ -546,12 +569,6 @@ def _gzip_that_does_not_inflate() -> bytes:
     return _with_crc(junk)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap: the leader checks a batch's header and CRC, not its records; a batch "
-    "whose records do not parse under a CRC that matches is appended, and consumers stop at "
-    "it (librdkafka waits there, kafka-python raises), where Kafka answers CORRUPT_MESSAGE",
-)
 @pytest.mark.parametrize(
     "batch",
     [_records_that_do_not_parse(), _gzip_that_does_not_inflate(), _bomb(200 << 20)],

@@ -14,15 +14,25 @@ Proves:
   CorruptRecordError and nothing else; whatever kafka-python's decoder refuses,
   ``iter_decoded`` refuses too (the group coordinator's decoding loses none of its checks),
   and where both decode, they decode the same records;
-- ``restamp_record`` changes a record's timestamp delta and nothing else.
+- ``restamp_record`` changes a record's timestamp delta and nothing else;
+- ``check_records``, the broker's check of a produced batch, passes every producer's batch
+  and refuses what ``iter_decoded`` refuses (but for header keys that are not UTF-8, which
+  Kafka's reader takes), in C and in its Python twin alike, on valid, corrupt and random
+  sections; ``check_client_records`` refuses a batch whose records do not parse under a CRC
+  that matches, one whose compressed data does not decompress, and one that inflates past
+  its bound, and passes valid batches in every codec;
+- the C scanner was built by the install (the broker would check in Python otherwise).
 """
 
 from __future__ import annotations
 
 import contextlib
+import gzip
+import struct
 from collections.abc import Callable
 from typing import Any
 
+import crc32c
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -126,6 +136,9 @@ def test_walks_give_back_what_the_producer_put_in(recs: list[dict[str, Any]]) ->
     assert decoded == [
         (i, r["timestamp"] - base, r["key"], r["value"], r["headers"]) for i, r in enumerate(recs)
     ]
+    rr.check_records(section, count)
+    with in_python():
+        rr.check_records(section, count)
     fields = rr.record_fields(section, count)
     ends = [f[0] for f in fields]
     assert rr.record_ends(section, [count], [len(section)]) == ends
@@ -166,10 +179,55 @@ WALKS: list[Callable[[bytes, int], Any]] = [
 
 
 def refused_or_walked(section: bytes, count: int) -> None:
-    """Every walk returns or raises CorruptRecordError (any other exception fails the test)."""
+    """Every walk returns or raises CorruptRecordError (any other exception fails the test),
+    and ``check_records`` (C and Python) refuses exactly what ``iter_decoded`` refuses, but
+    for header keys that are not UTF-8."""
     for walk in WALKS:
         with contextlib.suppress(CorruptRecordError):
             walk(section, count)
+    checked = [passes(lambda: rr.check_records(section, count))]
+    with in_python():
+        checked.append(passes(lambda: rr.check_records(section, count)))
+    assert checked[0] == checked[1], "the C check and its Python twin disagree"
+    decoded = passes(lambda: list(rr.iter_decoded(section, count)))
+    if decoded:
+        assert checked[0], "check_records refuses records that iter_decoded decodes"
+    elif checked[0]:
+        assert _bad_utf8_header_key(section, count), "check_records passes what is refused"
+
+
+def passes(check: Callable[[], Any]) -> bool:
+    try:
+        check()
+    except CorruptRecordError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def in_python() -> Any:
+    """``check_records`` runs its Python twin inside."""
+    scanner, rr._record_scan = rr._record_scan, None
+    try:
+        yield
+    finally:
+        rr._record_scan = scanner
+
+
+def _bad_utf8_header_key(section: bytes, count: int) -> bool:
+    """Whether the records parse but for a header key that is not UTF-8."""
+    for end, *_, pos in rr.record_fields(section, count):
+        headers, pos = rr.read_varint(section, pos, end)
+        for _ in range(headers):
+            n, pos = rr.read_varint(section, pos, end)
+            with contextlib.suppress(UnicodeDecodeError):
+                str(section[pos : pos + n], "utf-8")
+                pos += n
+                n, pos = rr.read_varint(section, pos, end)
+                pos += max(n, 0)
+                continue
+            return True
+    return False
 
 
 @SETTINGS
@@ -238,5 +296,49 @@ def test_header_rules() -> None:
         section += body
         with pytest.raises(CorruptRecordError):
             list(rr.iter_decoded(bytes(section), 1))
+        for check in ("C", "Python"):  # Kafka's reader takes a header key in any bytes
+            with in_python() if check == "Python" else contextlib.nullcontext():
+                if name == "key not UTF-8":
+                    rr.check_records(bytes(section), 1)
+                else:
+                    with pytest.raises(CorruptRecordError):
+                        rr.check_records(bytes(section), 1)
         # A walk that does not read headers leaves them unchecked, as the C scanner does.
         assert len(rr.record_fields(bytes(section), 1)) == 1, name
+
+
+def test_the_c_scanner_was_built() -> None:
+    assert rr._record_scan is not None, "pip install -e . did not build storage/_record_scan"
+
+
+def _one_batch(codec: int) -> bytes:
+    return kafka_batch(
+        [{"key": b"k", "value": b"v" * 100, "timestamp": BASE_TS, "headers": []}], codec
+    )
+
+
+def _with_body(batch: bytes, body: bytes, codec: int) -> bytes:
+    """``batch``'s header over ``body``, with the codec, length and CRC made to match."""
+    out = bytearray(batch[: rb.HEADER_SIZE]) + body
+    struct.pack_into(">i", out, 8, len(out) - rb.LOG_OVERHEAD)
+    struct.pack_into(">h", out, 21, codec)
+    struct.pack_into(">I", out, 17, crc32c.crc32c(bytes(out[21:])))
+    return bytes(out)
+
+
+@pytest.mark.parametrize("codec", range(5), ids=["none", "gzip", "snappy", "lz4", "zstd"])
+def test_client_batches_are_checked_to_their_records(codec: int) -> None:
+    batch = _one_batch(codec)
+    rb.check_client_records(batch, rb.validate_client_batch(batch, 1 << 20))
+    refused = {
+        "records that do not parse": _with_body(batch, b"\x99 not records", 0),
+        "data that does not decompress": _with_body(batch, b"not compressed", codec or 1),
+        "a bomb": _with_body(batch, gzip.compress(bytes(rb.PRODUCE_INFLATE_MAX + 1)), 1),
+    }
+    for name, bad in refused.items():
+        header = rb.validate_client_batch(bad, 1 << 20)  # header and CRC are fine
+        try:
+            rb.check_client_records(bad, header)
+        except CorruptRecordError:
+            continue
+        pytest.fail(f"{name} passed the check")

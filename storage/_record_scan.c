@@ -31,6 +31,13 @@
      offsets (native int32, one more than the fields) where each starts. The buffers of an
      Arrow binary array. Raises ValueError for a field outside blob or 2 GiB or more of data.
 
+   check_records(section, count) -> None
+
+     The walk of record_fields over one records section, headers included (a count that is
+     not negative, keys that are not null, every header inside its record, the headers ending
+     it); raises ValueError saying what is not well formed. The broker's check of a produced
+     batch (storage/records.py's check_records, which has its Python twin).
+
    Every byte is read at an index checked against its section's end (never past blob). */
 
 #define PY_SSIZE_T_CLEAN
@@ -309,7 +316,85 @@ done:
     return result;
 }
 
+/* Why the count records of one records section are not well formed (NULL: they are): the
+   walk of walk_fields, and then each record's headers: a count that is not negative, keys
+   that are not null, values null or inside the record, and the headers ending it. */
+static const char *check_walk(const uint8_t *blob, Py_ssize_t size, Py_ssize_t count) {
+    Py_ssize_t pos = 0;
+    const char *error;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_ssize_t p, end;
+        int64_t value, length, headers;
+        if ((error = next_record(blob, pos, size, &p, &end)) != NULL) {
+            return error;
+        }
+        p += 1; /* attributes: unused */
+        if (p > end) {
+            return "field past its record";
+        }
+        if ((error = read_varint(blob, &p, end, &value)) != NULL || /* timestampDelta */
+            (error = read_varint(blob, &p, end, &value)) != NULL || /* offsetDelta */
+            (error = read_varint(blob, &p, end, &length)) != NULL || /* key */
+            (error = skip_field(&p, length, end)) != NULL ||
+            (error = read_varint(blob, &p, end, &length)) != NULL || /* value */
+            (error = skip_field(&p, length, end)) != NULL ||
+            (error = read_varint(blob, &p, end, &headers)) != NULL) {
+            return error;
+        }
+        if (headers < 0 || headers > (int64_t)(end - p)) { /* a header takes two bytes or more */
+            return "header count out of range";
+        }
+        for (int64_t h = 0; h < headers; h++) {
+            if ((error = read_varint(blob, &p, end, &length)) != NULL) {
+                return error;
+            }
+            if (length < 0) {
+                return "null header key";
+            }
+            if ((error = skip_field(&p, length, end)) != NULL ||
+                (error = read_varint(blob, &p, end, &length)) != NULL ||
+                (error = skip_field(&p, length, end)) != NULL) {
+                return error;
+            }
+        }
+        if (p != end) {
+            return "bytes after the headers";
+        }
+        pos = end;
+    }
+    if (pos != size) {
+        return "records do not end their section";
+    }
+    return NULL;
+}
+
+static PyObject *check_records(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer section;
+    Py_ssize_t count;
+    if (!PyArg_ParseTuple(args, "y*n", &section, &count)) {
+        return NULL;
+    }
+    const char *error = NULL;
+    if (count < 0 || count > section.len) { /* a record takes two bytes or more */
+        error = "more records than the section holds";
+    } else {
+        Py_BEGIN_ALLOW_THREADS;
+        error = check_walk((const uint8_t *)section.buf, section.len, count);
+        Py_END_ALLOW_THREADS;
+    }
+    PyBuffer_Release(&section);
+    if (error != NULL) {
+        PyErr_SetString(PyExc_ValueError, error);
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"check_records", check_records, METH_VARARGS,
+     "check_records(section, count) -> None: ValueError unless count well-formed records fill "
+     "the records section, headers included."},
     {"record_ends", record_ends, METH_VARARGS,
      "record_ends(blob, counts, sizes) -> bytes: the end of every record, as native int64."},
     {"record_fields", record_fields, METH_VARARGS,
