@@ -23,6 +23,9 @@ LINK_QUEUE_BYTES_MAX = 64 << 20  # queued on one connection: messages dropped, c
 WRITE_BUFFER_HIGH = 256 << 10  # a transport holding more is drained before the next frame
 READ_QUEUE_BYTES_MAX = 8 << 20  # decoded frames waiting on a connection before it stops reading
 HANDSHAKE_READ_BYTES = 4096
+# A peer that started a frame and sent no byte of it for this long is gone or stuck: the
+# connection is closed rather than holding the frame's buffer (up to the frame limit) forever.
+FRAME_STALL_S = 30.0
 
 
 class WritableProtocol(asyncio.BufferedProtocol):
@@ -104,9 +107,14 @@ class Connection(WritableProtocol):
     paused. Reading stops while more than ``READ_QUEUE_BYTES_MAX`` of decoded frames wait.
     """
 
-    def __init__(self, on_connect: Callable[[Connection], None] | None = None) -> None:
+    def __init__(
+        self,
+        on_connect: Callable[[Connection], None] | None = None,
+        frame_stall_s: float = FRAME_STALL_S,
+    ) -> None:
         super().__init__()
         self._on_connect = on_connect
+        self._frame_stall_s = frame_stall_s
         self._parser: FrameParser | None = None  # set by start_frames(), after the handshake
         self._raw = bytearray()  # bytes before start_frames()
         self._raw_buffer = bytearray(HANDSHAKE_READ_BYTES)
@@ -179,7 +187,8 @@ class Connection(WritableProtocol):
 
     async def read_frame(self) -> Any:
         """The next message, or None when the stream ends between two frames. Raises
-        FrameError for bytes that are not a frame, ConnectionError for a broken link."""
+        FrameError for bytes that are not a frame or a frame the peer stopped sending (no
+        byte of it for ``frame_stall_s``), ConnectionError for a broken link."""
         parser = self._parser
         assert parser is not None, "start_frames() first"
         while not parser.messages:
@@ -191,7 +200,16 @@ class Connection(WritableProtocol):
                 if self._error is not None and not isinstance(self._error, ConnectionError):
                     raise ConnectionError(f"the channel connection failed: {self._error!r}")
                 return None
-            await self._wait_readable()
+            if not parser.inside_frame:
+                await self._wait_readable()  # between frames a link may idle at will
+                continue
+            try:
+                async with asyncio.timeout(self._frame_stall_s):
+                    await self._wait_readable()
+            except TimeoutError:
+                raise FrameError(
+                    f"no byte of a started frame for {self._frame_stall_s} s"
+                ) from None
         message = parser.take()
         if parser.queued_bytes <= READ_QUEUE_BYTES_MAX // 2:
             self.resume_reading()

@@ -26,7 +26,7 @@ from raylog.actors.transport.auth import (
     server_handshake,
     widen_send_buffer,
 )
-from raylog.actors.transport.connection import Connection, Outbox
+from raylog.actors.transport.connection import FRAME_STALL_S, Connection, Outbox
 from raylog.actors.transport.frames import (
     CallReply,
     CallRequest,
@@ -48,8 +48,10 @@ class ChannelServer:
         secret: bytes,
         deliver: Callable[[Any], None],
         call: Callable[[str, msgspec.Raw], Awaitable[Any]] | None = None,
+        frame_stall_s: float = FRAME_STALL_S,
     ) -> None:
         self.name = name
+        self._frame_stall_s = frame_stall_s
         self._secret = secret
         self._deliver = deliver
         self._call = call
@@ -73,7 +75,11 @@ class ChannelServer:
         timeout = HANDSHAKE_TIMEOUT_S if tls is not None else None
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: Connection(self._accepted), host, 0, ssl=tls, ssl_handshake_timeout=timeout
+            lambda: Connection(self._accepted, self._frame_stall_s),
+            host,
+            0,
+            ssl=tls,
+            ssl_handshake_timeout=timeout,
         )
         port = self._server.sockets[0].getsockname()[1]
         local = ""
@@ -81,7 +87,7 @@ class ChannelServer:
             name = f"raylog-channel-{uuid.uuid4().hex}"
             try:
                 self._local_server = await loop.create_unix_server(
-                    lambda: Connection(self._accepted_local), "\0" + name
+                    lambda: Connection(self._accepted_local, self._frame_stall_s), "\0" + name
                 )
                 local = f"{boot_id()}/{name}"
             except OSError as exc:

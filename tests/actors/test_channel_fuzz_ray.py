@@ -10,7 +10,8 @@ as a peer would. Proves:
   limit, random bodies), encodings of replication messages with bytes flipped, messages of
   every kind with random field values, and calls of random methods with random arguments are
   each answered, refused or end the connection (or, where they announce a frame they do not
-  finish, the replica waits for its rest); never more than that: afterwards the replica still
+  finish, the replica waits for its rest, up to the channel's ``FRAME_STALL_S``); never more
+  than that: afterwards the replica still
   serves, its log (start, end, high watermark) and records are as they were, and a new link
   gets its calls answered.
 """

@@ -5,10 +5,11 @@ Proves: every replication message survives a frame round trip, also fed one byte
 garbage, unknown kinds and oversized lengths are refused with FrameError; a link delivers
 messages in order to the server of the replica it asked for; a peer with the wrong secret or
 asking for another replica's name is closed before any message gets in; a link whose server went
-away reconnects to the new address after its backoff. The link tests run over both transports:
-a same-host link goes over the server's Unix socket, and over TCP when that is turned off or
-the socket is another machine's; a process of another user is refused on the Unix socket, as
-server and as client.
+away reconnects to the new address after its backoff; a peer that stops inside a frame is cut
+off after ``frame_stall_s``, one idling between frames is not. The link tests run over both
+transports: a same-host link goes over the server's Unix socket, and over TCP when that is
+turned off or the socket is another machine's; a process of another user is refused on the
+Unix socket, as server and as client.
 """
 
 from __future__ import annotations
@@ -222,6 +223,39 @@ def test_link_reconnects_to_a_restarted_peer(transport: str) -> None:
         await _until(lambda: got == [MESSAGES[1]])
         link.close()
         second.close()
+
+    _run(test)
+
+
+def test_a_frame_the_peer_stops_sending_closes_its_connection_and_idling_does_not() -> None:
+    """A peer that announces a frame and stops sending it is cut off after ``frame_stall_s``
+    without a byte; one that idles between frames as long keeps its connection."""
+
+    async def test() -> None:
+        got: list[Any] = []
+        server = ch.ChannelServer("replica:t:0:2", b"s", got.append, frame_stall_s=0.3)
+        host, port, _ = await server.start(HOST)
+
+        async def linked() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+            reader, writer = await asyncio.open_connection(host, port)
+            nonce = await reader.readexactly(auth.NONCE_BYTES)
+            name = b"replica:t:0:2"
+            writer.write(struct.pack(">H", len(name)) + name + auth._mac(b"s", nonce, name))
+            return reader, writer
+
+        idle_reader, idle = await linked()
+        idle.write(fr.encode_frame(MESSAGES[0]))
+        stalled_reader, stalled = await linked()
+        stalled.write(struct.pack(">IB", 1000, 0) + b"\x00" * 10)  # 11 of 1,001 bytes
+        async with asyncio.timeout(DEADLINE_S):
+            assert await stalled_reader.read() == b""  # closed by the server
+        await _until(lambda: got == [MESSAGES[0]])
+        idle.write(fr.encode_frame(MESSAGES[1]))  # idled as long: still served
+        await _until(lambda: got == [MESSAGES[0], MESSAGES[1]])
+        for writer in (idle, stalled):
+            writer.close()
+        assert not idle_reader.at_eof()
+        server.close()
 
     _run(test)
 
