@@ -82,7 +82,6 @@ from raylog.actors.transport.arena import ArenaError, ArenaViews
 from raylog.actors.transport.channel import ChannelAddress, ChannelServer, channel_secret
 from raylog.storage import batch as rb
 from raylog.storage import pki
-from raylog.storage.batch import first_record_without_key
 from raylog.storage.cleaner_process import run_in_child
 from raylog.storage.errors import (
     FencedLeaderEpochError,
@@ -514,10 +513,9 @@ class ReplicaActor(ReplicaMirror, TieredReplica, DamagedReplica):
             header = rb.validate_client_batch(
                 batch, self._max_message_bytes, coordinator_writes=self._internal_topic
             )
-            rb.check_client_records(batch, header)
-            # Kafka's LogValidator: compaction keeps the latest record of each key, so a record
-            # without one has no place in a compacted log. Decodes (and decompresses) the batch.
-            keyless = first_record_without_key(batch) if self._log.config.compact else None
+            # Kafka's LogValidator: the records parse; and compaction keeps the latest record of
+            # each key, so a record without one has no place in a compacted log.
+            keyless = rb.check_client_records(batch, header, keys_required=self._log.config.compact)
         except RaylogError as exc:
             return ProduceOutcome(exc.error_code, -1, start, str(exc))
         if keyless is not None:

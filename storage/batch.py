@@ -31,11 +31,11 @@ The records section is one compressed blob when the codec is not 0
 (:mod:`raylog.storage.compression`); uncompressed, it holds the records, whose layout
 :mod:`raylog.storage.records` owns.
 
-Everything here works from the 61-byte header, except :func:`build_batch` and
-:func:`records_section` with what uses it: :func:`first_record_without_key`, the produce check
-of compacted topics, and :func:`parse_end_txn_marker`, which reads the one record of a
-transaction marker (a control batch of a few dozen bytes): the only places the produce and
-replication paths decode records.
+Everything here works from the 61-byte header, except :func:`build_batch`,
+:func:`check_client_records` (the produce check of a batch's records, and of a compacted
+topic's keys) and :func:`records_section` with :func:`parse_end_txn_marker`, which reads the
+one record of a transaction marker (a control batch of a few dozen bytes): the only places the
+produce and replication paths decode records.
 
 Transaction markers (Kafka's EndTransactionMarker): a control batch (attributes bits 4 and 5)
 of one record whose key is (version int16 0, type int16: 0 ABORT, 1 COMMIT) and whose value
@@ -235,15 +235,24 @@ PRODUCE_INFLATE_MAX = 64 << 20
 PRODUCE_INFLATE_RATIO_MAX = 64  # ... or 64 times its own size, whichever is more
 
 
-def check_client_records(batch: Buffer, header: BatchHeader) -> None:
+def check_client_records(
+    batch: Buffer, header: BatchHeader, *, keys_required: bool = False
+) -> int | None:
     """Kafka's LogValidator over one client batch (``validate_client_batch`` passed it): its
     records decompress and parse (``records.check_records``), so that no consumer meets a
-    batch it cannot read. Raises CorruptRecordError."""
+    batch it cannot read. Raises CorruptRecordError. With ``keys_required`` (a compacted
+    topic), returns the offset delta of its first record without a key, else None (from the
+    same decompression)."""
     body = memoryview(batch).cast("B")[HEADER_SIZE : header.size]
     if header.compression != CODEC_NONE:
         limit = max(PRODUCE_INFLATE_MAX, PRODUCE_INFLATE_RATIO_MAX * header.size)
         body = memoryview(decompress(header.compression, body, limit))
     check_records(body, header.records_count)
+    if keys_required and not header.is_control:
+        for record in iter_records(body, header.records_count):
+            if record.key is None:
+                return record.offset_delta
+    return None
 
 
 def records_section(batch: Buffer, header: BatchHeader) -> bytes | memoryview:
@@ -252,22 +261,6 @@ def records_section(batch: Buffer, header: BatchHeader) -> bytes | memoryview:
     if header.compression == CODEC_NONE:
         return body
     return decompress(header.compression, body)
-
-
-def first_record_without_key(batch: Buffer) -> int | None:
-    """Offset delta of the first record with a null key in one client batch, else None: the
-    produce check of compacted topics (Kafka's LogValidator), which decodes the records.
-
-    Control batches are skipped (their records are markers, not data). Raises
-    CorruptRecordError for records that do not decode.
-    """
-    header = parse_header(batch)
-    if header.is_control:
-        return None
-    for record in iter_records(records_section(batch, header), header.records_count):
-        if record.key is None:
-            return record.offset_delta
-    return None
 
 
 CONTROL_ABORT = 0  # Kafka's ControlRecordType.ABORT

@@ -27,7 +27,7 @@ from support.waiting import wait_until
 
 from raylog.pipelines import records as R
 from raylog.storage import batch as rb
-from raylog.storage.batch import Record, build_batch, first_record_without_key
+from raylog.storage.batch import Record, build_batch
 from raylog.storage.cleaner_process import run_in_child
 from raylog.storage.errors import CorruptRecordError
 from raylog.storage.log import CLEANED_SUFFIX, Log, LogConfig
@@ -348,7 +348,8 @@ def test_delete_policy_logs_are_never_cleaned_and_compact_ones_never_expire(
 def test_record_walker_rejects_corrupt_records() -> None:
     batch = build_batch([Record(b"k", b"v", 1), Record(None, b"w", 2)])
     header = rb.parse_header(batch)
-    assert first_record_without_key(batch) == 1
+    assert rb.check_client_records(batch, header, keys_required=True) == 1
+    assert rb.check_client_records(batch, header) is None
     section = bytearray(batch[rb.HEADER_SIZE :])
     with pytest.raises(CorruptRecordError):
         list(iter_records(section, header.records_count + 1))
