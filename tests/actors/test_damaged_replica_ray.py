@@ -1,7 +1,7 @@
 """A damaged follower never leads with a hole and never serves the damage (issue 31), on real
 Ray: three replica actors with their WALs on disk, the test standing in for the controller
-(a small actor takes the replicas' AlterPartition proposals and offline reports; elections are
-election.py's own rules).
+(``support.stand_in_controller`` takes the AlterPartition proposals and offline reports;
+elections are election.py's own rules).
 
 A byte is flipped in a committed batch of follower 2's segment file, then follower 2 is
 restarted (Ray restarts the killed actor from its WAL):
@@ -21,17 +21,14 @@ from typing import Any
 
 import pytest
 import ray
+from support.stand_in_controller import StandInController
 from support.waiting import wait_until
 
 from raylog.actors.calls import NAMESPACE, replica_actor_name
 from raylog.actors.control.election import decide_partition
 from raylog.actors.control.metadata import PartitionState, TopicPartition
 from raylog.actors.replica import ReplicaActor
-from raylog.actors.replication.messages import (
-    AlterPartitionResponse,
-    BecomeFollower,
-    BecomeLeader,
-)
+from raylog.actors.replication.messages import BecomeFollower, BecomeLeader
 from raylog.actors.replication.ready import ReplicaConfig
 from raylog.storage import batch as rb
 from raylog.storage.errors import KafkaStorageError
@@ -44,36 +41,6 @@ CALL_TIMEOUT_S = 30.0
 BATCHES = 60
 CONFIGS = {"segment.bytes": "4096", "min.insync.replicas": "1"}
 CONFIG = ReplicaConfig(fetch_max_wait_ms=100)
-
-
-@ray.remote(num_cpus=0)
-class _Controller:
-    """The controller's side of AlterPartition, for one partition: every proposal made at the
-    current partition epoch is committed; offline reports are kept."""
-
-    def __init__(self) -> None:
-        self.partition_epoch = 1
-        self.isr: tuple[int, ...] = REPLICAS
-        self.offline: list[str] = []
-
-    def reset(self, partition_epoch: int, isr: tuple[int, ...]) -> None:
-        self.partition_epoch, self.isr = partition_epoch, isr
-
-    def alter_partition(self, topic: str, partition: int, request: Any, replica: Any) -> None:
-        if request.partition_epoch == self.partition_epoch:
-            self.partition_epoch += 1
-            self.isr = tuple(request.new_isr)
-        replica.alter_partition_response.remote(
-            AlterPartitionResponse(
-                0, request.leader_epoch, self.partition_epoch, self.isr, request.request_id
-            )
-        )
-
-    def replica_offline(self, topic: str, partition: int, reason: str, actor_id: str) -> None:
-        self.offline.append(reason)
-
-    def state(self) -> tuple[tuple[int, ...], list[str]]:
-        return self.isr, self.offline
 
 
 def _get(ref: Any) -> Any:
@@ -138,7 +105,7 @@ def test_a_damaged_follower_is_not_elected_and_repairs_from_the_leader(
     ray_local: Path, tmp_path: Path, where: str
 ) -> None:
     topic = f"damaged-{where}"
-    controller = _Controller.remote()  # type: ignore[attr-defined]
+    controller = StandInController.remote(REPLICAS)  # type: ignore[attr-defined]
     replicas = {
         rid: ReplicaActor.options(  # type: ignore[attr-defined]
             name=replica_actor_name(topic, 0, rid), namespace=NAMESPACE
