@@ -146,6 +146,38 @@ static const char *scan(const uint8_t *blob, Py_ssize_t nsections, const Py_ssiz
 
 #define FIELDS 8
 
+/* The record at pos of a section ending at section_end: its FIELDS values into o (see
+   record_fields); returns NULL or why it is not well formed. */
+static const char *read_record(const uint8_t *blob, Py_ssize_t pos, Py_ssize_t section_end,
+                               int64_t *o) {
+    Py_ssize_t p, end;
+    const char *error;
+    if ((error = next_record(blob, pos, section_end, &p, &end)) != NULL) {
+        return error;
+    }
+    p += 1; /* attributes: unused */
+    if (p > end) {
+        return "field past its record";
+    }
+    o[0] = (int64_t)end;
+    if ((error = read_varint(blob, &p, end, &o[1])) != NULL ||  /* timestampDelta */
+        (error = read_varint(blob, &p, end, &o[2])) != NULL ||  /* offsetDelta */
+        (error = read_varint(blob, &p, end, &o[4])) != NULL) {  /* keyLength */
+        return error;
+    }
+    o[3] = (int64_t)p;
+    if ((error = skip_field(&p, o[4], end)) != NULL ||
+        (error = read_varint(blob, &p, end, &o[6])) != NULL) { /* valueLength */
+        return error;
+    }
+    o[5] = (int64_t)p;
+    if ((error = skip_field(&p, o[6], end)) != NULL) {
+        return error;
+    }
+    o[7] = (int64_t)p;
+    return NULL;
+}
+
 /* Fills out[0 .. FIELDS * sum(counts)); returns NULL or why the input is not well formed. */
 static const char *walk_fields(const uint8_t *blob, Py_ssize_t nsections, const Py_ssize_t *counts,
                                const Py_ssize_t *sizes, int64_t *out) {
@@ -155,33 +187,11 @@ static const char *walk_fields(const uint8_t *blob, Py_ssize_t nsections, const 
     for (Py_ssize_t s = 0; s < nsections; s++) {
         section_end += sizes[s]; /* the caller checked: sum(sizes) <= len(blob) */
         for (Py_ssize_t i = 0; i < counts[s]; i++) {
-            Py_ssize_t p, end;
-            if ((error = next_record(blob, pos, section_end, &p, &end)) != NULL) {
+            if ((error = read_record(blob, pos, section_end, out)) != NULL) {
                 return error;
             }
-            p += 1; /* attributes: unused */
-            if (p > end) {
-                return "field past its record";
-            }
-            int64_t *o = out;
-            o[0] = (int64_t)end;
-            if ((error = read_varint(blob, &p, end, &o[1])) != NULL ||  /* timestampDelta */
-                (error = read_varint(blob, &p, end, &o[2])) != NULL ||  /* offsetDelta */
-                (error = read_varint(blob, &p, end, &o[4])) != NULL) {  /* keyLength */
-                return error;
-            }
-            o[3] = (int64_t)p;
-            if ((error = skip_field(&p, o[4], end)) != NULL ||
-                (error = read_varint(blob, &p, end, &o[6])) != NULL) { /* valueLength */
-                return error;
-            }
-            o[5] = (int64_t)p;
-            if ((error = skip_field(&p, o[6], end)) != NULL) {
-                return error;
-            }
-            o[7] = (int64_t)p;
+            pos = (Py_ssize_t)out[0];
             out += FIELDS;
-            pos = end;
         }
         if (pos != section_end) {
             return "records do not end their section";
@@ -316,29 +326,20 @@ done:
     return result;
 }
 
-/* Why the count records of one records section are not well formed (NULL: they are): the
-   walk of walk_fields, and then each record's headers: a count that is not negative, keys
-   that are not null, values null or inside the record, and the headers ending it. */
+/* Why the count records of one records section are not well formed (NULL: they are): each
+   record read as record_fields reads it (read_record), then its headers: a count that is not
+   negative, keys that are not null, values null or inside the record, and the headers ending
+   it. */
 static const char *check_walk(const uint8_t *blob, Py_ssize_t size, Py_ssize_t count) {
     Py_ssize_t pos = 0;
     const char *error;
     for (Py_ssize_t i = 0; i < count; i++) {
-        Py_ssize_t p, end;
-        int64_t value, length, headers;
-        if ((error = next_record(blob, pos, size, &p, &end)) != NULL) {
+        int64_t fields[FIELDS], length, headers;
+        if ((error = read_record(blob, pos, size, fields)) != NULL) {
             return error;
         }
-        p += 1; /* attributes: unused */
-        if (p > end) {
-            return "field past its record";
-        }
-        if ((error = read_varint(blob, &p, end, &value)) != NULL || /* timestampDelta */
-            (error = read_varint(blob, &p, end, &value)) != NULL || /* offsetDelta */
-            (error = read_varint(blob, &p, end, &length)) != NULL || /* key */
-            (error = skip_field(&p, length, end)) != NULL ||
-            (error = read_varint(blob, &p, end, &length)) != NULL || /* value */
-            (error = skip_field(&p, length, end)) != NULL ||
-            (error = read_varint(blob, &p, end, &headers)) != NULL) {
+        Py_ssize_t end = (Py_ssize_t)fields[0], p = (Py_ssize_t)fields[7];
+        if ((error = read_varint(blob, &p, end, &headers)) != NULL) {
             return error;
         }
         if (headers < 0 || headers > (int64_t)(end - p)) { /* a header takes two bytes or more */

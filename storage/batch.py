@@ -31,11 +31,11 @@ The records section is one compressed blob when the codec is not 0
 (:mod:`raylog.storage.compression`); uncompressed, it holds the records, whose layout
 :mod:`raylog.storage.records` owns.
 
-Everything here works from the 61-byte header, except :func:`build_batch`,
-:func:`check_client_records` (the produce check of a batch's records, and of a compacted
-topic's keys) and :func:`records_section` with :func:`parse_end_txn_marker`, which reads the
-one record of a transaction marker (a control batch of a few dozen bytes): the only places the
-produce and replication paths decode records.
+Everything here works from the 61-byte header, except :func:`build_batch` and
+:func:`records_section` with what uses it: :func:`check_client_records` (the produce check of
+a batch's records, and of a compacted topic's keys) and :func:`parse_end_txn_marker`, which
+reads the one record of a transaction marker (a control batch of a few dozen bytes): the only
+places the produce and replication paths decode records.
 
 Transaction markers (Kafka's EndTransactionMarker): a control batch (attributes bits 4 and 5)
 of one record whose key is (version int16 0, type int16: 0 ABORT, 1 COMMIT) and whose value
@@ -51,7 +51,7 @@ from typing import NamedTuple
 
 import crc32c as _crc32c
 
-from raylog.storage.compression import CODEC_NONE, decompress
+from raylog.storage.compression import CODEC_NONE, DECOMPRESSED_SIZE_MAX, decompress
 from raylog.storage.errors import (
     CorruptRecordError,
     InvalidRecordError,
@@ -243,10 +243,8 @@ def check_client_records(
     batch it cannot read. Raises CorruptRecordError. With ``keys_required`` (a compacted
     topic), returns the offset delta of its first record without a key, else None (from the
     same decompression)."""
-    body = memoryview(batch).cast("B")[HEADER_SIZE : header.size]
-    if header.compression != CODEC_NONE:
-        limit = max(PRODUCE_INFLATE_MAX, PRODUCE_INFLATE_RATIO_MAX * header.size)
-        body = memoryview(decompress(header.compression, body, limit))
+    limit = max(PRODUCE_INFLATE_MAX, PRODUCE_INFLATE_RATIO_MAX * header.size)
+    body = records_section(batch, header, limit)
     check_records(body, header.records_count)
     if keys_required and not header.is_control:
         for record in iter_records(body, header.records_count):
@@ -255,12 +253,15 @@ def check_client_records(
     return None
 
 
-def records_section(batch: Buffer, header: BatchHeader) -> bytes | memoryview:
-    """The records of one whole batch (``batch`` starts at its header), uncompressed."""
+def records_section(
+    batch: Buffer, header: BatchHeader, limit: int = DECOMPRESSED_SIZE_MAX
+) -> bytes | memoryview:
+    """The records of one whole batch (``batch`` starts at its header), uncompressed (at most
+    ``limit`` bytes of them, else CorruptRecordError)."""
     body = memoryview(batch).cast("B")[HEADER_SIZE : header.size]
     if header.compression == CODEC_NONE:
         return body
-    return decompress(header.compression, body)
+    return decompress(header.compression, body, limit)
 
 
 CONTROL_ABORT = 0  # Kafka's ControlRecordType.ABORT

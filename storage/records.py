@@ -261,42 +261,42 @@ def check_records(section: Buffer, count: int) -> None:
         return
     data = bytes(section)
     for fields in record_fields(data, count):
-        end, pos = fields[0], fields[7]
-        count_of_headers, pos = read_varint(data, pos, end)
-        if count_of_headers < 0 or count_of_headers > end - pos:
-            raise CorruptRecordError(f"header count {count_of_headers} at byte {pos}")
-        for _ in range(count_of_headers):
-            for is_key in (True, False):
-                n, pos = read_varint(data, pos, end)
-                if (is_key and n < 0) or n > end - pos:
-                    raise CorruptRecordError(f"header field of {n} bytes at byte {pos}")
-                pos += max(n, 0)
-        if pos != end:
-            raise CorruptRecordError(f"{end - pos} bytes after the headers at byte {pos}")
+        _header_spans(data, fields[7], fields[0])
+
+
+def _header_spans(section: bytes, pos: int, end: int) -> list[tuple[int, int, int, int]]:
+    """Rule 4 but for UTF-8, over the headers of the record ending at ``end`` whose header
+    count is at ``pos``: the position and length of each header's key and value (a negative
+    value length for a null value)."""
+    count, pos = read_varint(section, pos, end)
+    if count < 0 or count > end - pos:  # a header takes at least two bytes
+        raise CorruptRecordError(f"header count {count} at byte {pos}")
+    spans: list[tuple[int, int, int, int]] = []
+    for _ in range(count):
+        key_length, key_pos = read_varint(section, pos, end)
+        if key_length < 0 or key_length > end - key_pos:
+            raise CorruptRecordError(f"header key of {key_length} bytes at byte {key_pos}")
+        value_length, value_pos = read_varint(section, key_pos + key_length, end)
+        if value_length > end - value_pos:
+            raise CorruptRecordError(f"header value of {value_length} bytes at byte {value_pos}")
+        spans.append((key_pos, key_length, value_pos, value_length))
+        pos = value_pos + max(value_length, 0)
+    if pos != end:
+        raise CorruptRecordError(f"{end - pos} bytes after the headers at byte {pos}")
+    return spans
 
 
 def read_headers(section: bytes, pos: int, end: int) -> list[tuple[str, bytes | None]]:
     """The headers of the record ending at ``end`` whose header count is at ``pos`` (rule 4):
     (key, value) pairs, a null value as None."""
-    count, pos = read_varint(section, pos, end)
-    if count < 0 or count > end - pos:  # a header takes at least two bytes
-        raise CorruptRecordError(f"header count {count} at byte {pos}")
     headers: list[tuple[str, bytes | None]] = []
-    for _ in range(count):
-        n, pos = read_varint(section, pos, end)
-        if n < 0 or n > end - pos:
-            raise CorruptRecordError(f"header key of {n} bytes at byte {pos}")
+    for key_pos, key_length, value_pos, value_length in _header_spans(section, pos, end):
         try:
-            key = str(section[pos : pos + n], "utf-8")
+            key = str(section[key_pos : key_pos + key_length], "utf-8")
         except UnicodeDecodeError as exc:
-            raise CorruptRecordError(f"header key at byte {pos} is not UTF-8") from exc
-        n, pos = read_varint(section, pos + n, end)
-        if n > end - pos:
-            raise CorruptRecordError(f"header value of {n} bytes at byte {pos}")
-        headers.append((key, section[pos : pos + n] if n >= 0 else None))
-        pos += max(n, 0)
-    if pos != end:
-        raise CorruptRecordError(f"{end - pos} bytes after the headers at byte {pos}")
+            raise CorruptRecordError(f"header key at byte {key_pos} is not UTF-8") from exc
+        value = section[value_pos : value_pos + value_length] if value_length >= 0 else None
+        headers.append((key, value))
     return headers
 
 
