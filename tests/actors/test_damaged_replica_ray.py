@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import ray
+from support.replica_reads import served_batches
 from support.stand_in_controller import StandInController
 from support.waiting import wait_until
 
@@ -72,19 +73,6 @@ def _restart(replicas: dict[int, Any], rid: int, controller: Any) -> None:
 
     wait_until(up, timeout_s=CALL_TIMEOUT_S, message=f"replica {rid} restarted")
     _get(replicas[rid].set_controller.remote(controller))
-
-
-def _read_all(replica: Any, upto: int) -> bytes:
-    out = bytearray()
-    offset = 0
-    while offset < upto:
-        fetched = _get(replica.fetch.remote(offset, 1 << 20))
-        assert fetched.error_code == 0 and fetched.records, fetched
-        for pos, header in rb.iter_batches(fetched.records):
-            if header.base_offset >= offset:
-                out += fetched.records[pos : pos + header.size]
-            offset = max(offset, header.next_offset)
-    return bytes(out)
 
 
 def _flip(directory: Path, active: bool) -> int:
@@ -176,7 +164,7 @@ def test_a_damaged_follower_is_not_elected_and_repairs_from_the_leader(
         timeout_s=CALL_TIMEOUT_S,
         message="follower 2 repaired",
     )
-    assert _read_all(replicas[2], BATCHES) == _read_all(replicas[1], BATCHES)
+    assert served_batches(replicas[2], BATCHES) == served_batches(replicas[1], BATCHES)
     for rid in (1, 2):
         ray.kill(replicas[rid], no_restart=True)
     ray.kill(controller, no_restart=True)

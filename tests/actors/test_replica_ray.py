@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import ray
+from support.replica_reads import served_batches
 from support.waiting import wait_until
 
 from raylog.actors import raycluster
@@ -104,21 +105,6 @@ def _produce_all(leader: Any, start: int, count: int, acks: int = -1) -> dict[in
     return acked
 
 
-def _read_all(replica: Any, upto: int) -> bytes:
-    """Every batch below ``upto`` as this replica serves it to consumers."""
-    out = bytearray()
-    offset = 0
-    while offset < upto:
-        fetched = ray.get(replica.fetch.remote(offset, 1 << 20), timeout=CALL_TIMEOUT_S)
-        assert fetched.error_code == 0, fetched
-        assert fetched.records, f"no data at {offset} below {upto}"
-        for pos, header in rb.iter_batches(fetched.records):
-            if header.base_offset >= offset:
-                out += fetched.records[pos : pos + header.size]
-            offset = max(offset, header.next_offset)
-    return bytes(out)
-
-
 def _values(data: bytes) -> list[bytes]:
     from kafka.record.default_records import DefaultRecordBatch
 
@@ -181,7 +167,7 @@ def test_failover_keeps_acknowledged_writes_and_truncates_divergence(
     # Calls in flight may be applied in any order: the offsets say which order won.
     assert sorted(acked.values()) == list(range(300))
     expected = [_value(i) for i in sorted(acked, key=acked.__getitem__)]
-    assert _values(_read_all(replicas[1], new_leader_end)) == expected
+    assert _values(served_batches(replicas[1], new_leader_end)) == expected
 
     # The old leader recovered its WAL (with the epoch-1 suffix) and now follows in epoch 3.
     wait_until(
@@ -212,7 +198,7 @@ def test_failover_keeps_acknowledged_writes_and_truncates_divergence(
         timeout_s=CALL_TIMEOUT_S,
         message="every replica's high watermark at the new leader's log end",
     )
-    logs = {rid: _read_all(r, new_leader_end) for rid, r in replicas.items()}
+    logs = {rid: served_batches(r, new_leader_end) for rid, r in replicas.items()}
     assert logs[0] == logs[1] == logs[2], "logs differ below the high watermark"
     assert _values(logs[0]) == expected
 
@@ -229,7 +215,7 @@ def test_corrupt_batch_is_refused_and_loses_nothing(ray_local: Path, tmp_path: P
     wait_until(
         lambda: _state(replicas[0]).high_watermark == 5, timeout_s=CALL_TIMEOUT_S, message="HW 5"
     )
-    assert len(_values(_read_all(replicas[0], 5))) == 5
+    assert len(_values(served_batches(replicas[0], 5))) == 5
 
 
 def test_replica_processes_keep_freed_batch_buffers_in_the_heap(ray_local: Path) -> None:
@@ -266,7 +252,7 @@ def test_read_committed_returns_fetchs_batches_in_ray_s_object_store(
     fetched = ray.get(leader.fetch.remote(0, 8 << 20), timeout=CALL_TIMEOUT_S)
     assert bulk.error_code == 0 and bulk.high_watermark == 15
     assert not isinstance(bulk.records, bytes)  # a buffer in the object store
-    assert bytes(memoryview(bulk.records)) == fetched.records == _read_all(leader, 15)
+    assert bytes(memoryview(bulk.records)) == fetched.records == served_batches(leader, 15)
     assert len(fetched.records) > 1 << 20  # one call past replica.fetch.max.bytes (1 MiB)
     at_end = ray.get(leader.read_committed.remote(15, 8 << 20), timeout=CALL_TIMEOUT_S)
     assert at_end.error_code == 0 and at_end.records == b""

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import ray
+from support.replica_reads import served_batches
 from support.stand_in_controller import StandInController
 from support.waiting import wait_until
 
@@ -76,19 +77,6 @@ class _Slow:
         self._stop.set()
         self._thread.join(timeout=CALL_TIMEOUT_S)
         os.kill(self.pid, signal.SIGCONT)
-
-
-def _read_all(replica: Any, upto: int) -> bytes:
-    out = bytearray()
-    offset = 0
-    while offset < upto:  # bounded: every fetch moves the offset or fails the test
-        fetched = _get(replica.fetch.remote(offset, 1 << 20))
-        assert fetched.error_code == 0 and fetched.records, fetched
-        for pos, header in rb.iter_batches(fetched.records):
-            if header.base_offset >= offset and header.base_offset < upto:
-                out += fetched.records[pos : pos + header.size]
-            offset = max(offset, header.next_offset)
-    return bytes(out)
 
 
 def test_a_slow_follower_leaves_the_isr_writes_go_on_and_it_rejoins(
@@ -146,8 +134,8 @@ def test_a_slow_follower_leaves_the_isr_writes_go_on_and_it_rejoins(
             timeout_s=CALL_TIMEOUT_S,
             message="follower 2 caught up",
         )
-        leader_log = _read_all(replicas[0], hw)
-        assert _read_all(replicas[2], hw) == leader_log
+        leader_log = served_batches(replicas[0], hw)
+        assert served_batches(replicas[2], hw) == leader_log
         stored = {h.base_offset: h for _, h in rb.iter_batches(leader_log)}
         assert all(offset in stored for offset in acked.values()), "an acknowledged write lost"
         assert _get(controller.state.remote())[1] == [], "a replica went offline"
