@@ -68,7 +68,7 @@ from raylog.actors.calls import (
 from raylog.actors.control import config_keys
 from raylog.actors.control.listeners import Endpoint
 from raylog.actors.control.reconciler import LEADERS, ReplicaSpec
-from raylog.actors.controller import SESSION_GUARD_FRACTION, HeartbeatReply, RegisterReply
+from raylog.actors.control.sessions import SESSION_GUARD_FRACTION, HeartbeatReply, RegisterReply
 from raylog.actors.replica import ReplicaActor
 from raylog.actors.replica_tiering import RemoteStoreLocation
 from raylog.actors.replication.messages import AlterPartitionRequest, BecomeLeader

@@ -90,7 +90,7 @@ from raylog.actors.control.listeners import Endpoint
 from raylog.actors.control.metadata import ClusterMetadata, TopicPartition
 from raylog.actors.control.metadata_store import MetadataStore, VersionedMetadata
 from raylog.actors.control.reconciler import FOLLOWERS, Outcome, Push, Reconciler
-from raylog.actors.control.sessions import BrokerSessions
+from raylog.actors.control.sessions import BrokerSessions, HeartbeatReply, RegisterReply
 from raylog.actors.controller_admin import AdminRequests
 from raylog.actors.controller_links import GroupSyncReport, LinkRequests, MirrorProgress
 from raylog.actors.replication.messages import AlterPartitionRequest, AlterPartitionResponse
@@ -117,30 +117,9 @@ RESYNC_INTERVAL_MS_DEFAULT = 10_000
 DEATH_CONFIRM_TIMEOUT_MS = 2_000  # bound on confirming a dead broker's leaders cannot write
 SLOW_PUSH_MS = 100  # a push slower than this is logged
 WAIT_RECONCILED_MS_MAX = 30_000
-SESSION_GUARD_FRACTION = 0.1  # of broker.session.timeout.ms; see the module docstring
 
 
 # --- what crosses Ray between the controller and brokers --------------------------------------
-
-
-class RegisterReply(msgspec.Struct, frozen=True):
-    """``store_url`` / ``s3_endpoint``: the cluster's object store, where the broker's replicas
-    of topics with remote.storage.enable copy their segments (tiered storage)."""
-
-    broker_epoch: int
-    controller_epoch: int
-    store_url: str = ""
-    s3_endpoint: str | None = None
-
-
-class HeartbeatReply(msgspec.Struct, frozen=True):
-    """``lease_ok``: the broker may extend its replicas' write leases from this heartbeat."""
-
-    lease_ok: bool
-    registered: bool  # False: this incarnation is unknown; register again
-    state: str
-    controller_epoch: int
-    metadata_epoch: int
 
 
 class ControllerStatus(msgspec.Struct, frozen=True):

@@ -30,7 +30,37 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import msgspec
+
 from raylog.actors.control.metadata import ClusterMetadata
+
+# A broker's write leases end this fraction of broker.session.timeout.ms before its session
+# would (the safety argument is in raylog.actors.controller's module docstring).
+SESSION_GUARD_FRACTION = 0.1
+
+
+# --- what crosses Ray between the controller and brokers (here, not in the controller's module:
+# a broker and its replicas load these without the controller's imports) ----------------------
+
+
+class RegisterReply(msgspec.Struct, frozen=True):
+    """``store_url`` / ``s3_endpoint``: the cluster's object store, where the broker's replicas
+    of topics with remote.storage.enable copy their segments (tiered storage)."""
+
+    broker_epoch: int
+    controller_epoch: int
+    store_url: str = ""
+    s3_endpoint: str | None = None
+
+
+class HeartbeatReply(msgspec.Struct, frozen=True):
+    """``lease_ok``: the broker may extend its replicas' write leases from this heartbeat."""
+
+    lease_ok: bool
+    registered: bool  # False: this incarnation is unknown; register again
+    state: str
+    controller_epoch: int
+    metadata_epoch: int
 
 
 @dataclass
