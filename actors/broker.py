@@ -69,6 +69,7 @@ from raylog.actors.control import config_keys
 from raylog.actors.control.listeners import Endpoint
 from raylog.actors.control.reconciler import LEADERS, ReplicaSpec
 from raylog.actors.control.sessions import SESSION_GUARD_FRACTION, HeartbeatReply, RegisterReply
+from raylog.actors.process_memory import private_mib
 from raylog.actors.replica import ReplicaActor
 from raylog.actors.replica_tiering import RemoteStoreLocation
 from raylog.actors.replication.messages import AlterPartitionRequest, BecomeLeader
@@ -92,6 +93,7 @@ TOPIC_ID_SUFFIX = ".topic_id"
 # then removed; leftovers of an interrupted removal are removed by the next apply.
 DELETED_SUFFIX = "-delete"
 REPLICA_CALL_TIMEOUT_MS = 5_000
+MEMORY_SAMPLE_REPLICAS = 16  # replicas whose private memory `status` reads
 NAME_RETRY_MAX = 200  # a dying actor keeps its name for a moment; bound the wait for it
 NAME_RETRY_S = 0.05
 REMOVE_CONFIRM_MS = 30_000  # how long a removal waits for Ray to confirm the replica dead
@@ -159,6 +161,7 @@ class _Hosted:
     offline: str | None = None  # why its log failed; the controller hears it by heartbeat
     offline_since_ms: int = 0
     offline_recorded: bool = False  # a heartbeat reporting it offline was answered
+    pid: int = 0  # its process, once asked (the private memory it costs)
 
 
 @ray.remote(num_cpus=0, max_restarts=0, max_concurrency=4)
@@ -337,7 +340,24 @@ class BrokerActor:
             "port": self.port,
             "node_id": self._node_id,
             "pid": os.getpid(),
+            "replica_private_mib": await self._replica_private_mib(),
         }
+
+    async def _replica_private_mib(self) -> float | None:
+        """The median private memory (USS, MiB) of up to MEMORY_SAMPLE_REPLICAS hosted replicas
+        (each a process on this node), or None before any answers: what one more replica
+        costs here, for the controller's memory check of new replicas."""
+        sample = list(self._hosted.values())[:MEMORY_SAMPLE_REPLICAS]
+        unasked = [h for h in sample if not h.pid]
+        pids = await asyncio.gather(
+            *(ray_call(h.handle.pid.remote(), REPLICA_CALL_TIMEOUT_MS) for h in unasked),
+            return_exceptions=True,
+        )
+        for hosted, pid in zip(unasked, pids, strict=True):
+            if isinstance(pid, int):
+                hosted.pid = pid
+        figures = sorted(m for h in sample if h.pid and (m := private_mib(h.pid)) is not None)
+        return round(figures[len(figures) // 2], 1) if figures else None
 
     async def replica_states(self, timeout_ms: int = REPLICA_CALL_TIMEOUT_MS) -> list[ReplicaState]:
         """The state of every hosted replica that answers within ``timeout_ms`` (metrics)."""

@@ -89,7 +89,7 @@ class AdminRequests:
         """CreateTopics: place replicas rack-aware (or take ``assignment``), validate, write."""
         self._ensure_started()
         topic_id = uuid.uuid4().hex
-        node_of, node_memory_mib = await self._broker_nodes()
+        node_of, node_memory_mib, replica_mib = await self._broker_nodes()
 
         def change(md: ClusterMetadata) -> tuple[ClusterMetadata, None]:
             links_.check_reserved(md.links, name)
@@ -98,7 +98,7 @@ class AdminRequests:
             )
             chosen = [p.replicas for p in out.topics[name].partitions]
             existing = [p.replicas for _, p in md_.partitions(md)]
-            placement.check_memory_fit(chosen, existing, node_of, node_memory_mib)
+            placement.check_memory_fit(chosen, existing, node_of, node_memory_mib, replica_mib)
             return out, None
 
         await self._mutate(change)
@@ -334,27 +334,33 @@ class AdminRequests:
                 [f"{c.topic}-{c.partition}" for c in out.changes],
             )
 
-    async def _broker_nodes(self) -> tuple[dict[int, str], dict[str, float]]:
-        """Each linked broker's Ray node and each node's declared memory (Ray's ``memory``
-        resource, MiB), for the memory check of new replicas. Best effort: a broker or node
-        that does not answer is left out."""
+    async def _broker_nodes(self) -> tuple[dict[int, str], dict[str, float], float]:
+        """Each linked broker's Ray node, each node's declared memory (Ray's ``memory``
+        resource, MiB), and what one replica costs (MiB): the largest of the brokers' measured
+        figures (``BrokerActor.status``), ``placement.REPLICA_MIB`` before any is measured.
+        For the memory check of new replicas. Best effort: a broker or node that does not
+        answer is left out."""
         links = list(self._links.items())
         answers = await asyncio.gather(
             *(ray_call(link.handle.status.remote(), self._call_timeout_ms) for _, link in links),
             return_exceptions=True,
         )
+        statuses = [a for a in answers if isinstance(a, dict)]
         node_of = {
             b: str(a["node_id"])
             for (b, _), a in zip(links, answers, strict=True)
             if isinstance(a, dict) and a.get("node_id")
         }
+        measured = [
+            float(a["replica_private_mib"]) for a in statuses if a.get("replica_private_mib")
+        ]
         nodes = await asyncio.to_thread(ray.nodes)
         memory = {
             str(n["NodeID"]): float(n.get("Resources", {}).get("memory", 0)) / (1 << 20)
             for n in nodes
             if n.get("Alive") and n.get("Resources", {}).get("memory")
         }
-        return node_of, memory
+        return node_of, memory, max(measured, default=placement.REPLICA_MIB)
 
     # --- SCRAM credentials (KIP-554) -------------------------------------------------------------
 

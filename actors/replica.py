@@ -50,6 +50,7 @@ from raylog.actors.calls import (
     replica_actor_name,
 )
 from raylog.actors.control import config_keys
+from raylog.actors.process_memory import lean_serialization_context
 from raylog.actors.producer_snapshots import SnapshotTaker, start_state
 from raylog.actors.replica_damage import DamagedReplica
 from raylog.actors.replica_mirror import ReplicaMirror
@@ -99,6 +100,7 @@ from raylog.storage.log import DamagedBatchError, Extents, Log, LogConfig
 from raylog.storage.pki import LeafCertificate
 
 log = logging.getLogger(__name__)
+lean_serialization_context()  # before Ray decodes this replica's first arguments
 
 READ_UNCOMMITTED = 0  # Kafka's IsolationLevel
 READ_COMMITTED = 1

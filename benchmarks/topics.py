@@ -9,10 +9,19 @@ by how fast Ray starts ``partitions x rf`` processes on the machine.
 
     .venv/bin/python benchmarks/topics.py [--partitions 30] [--rf 3] [--via kafka|cli]
 
+Then, in the same cluster, each of the topic's replica processes' private memory (USS, from
+``/proc/<pid>/smaps_rollup``) beside two bare Ray actors' (a class with one method): one that
+was called with an argument (Ray then builds its serialization context, which imports pyarrow,
+numpy and pydantic where they are installed, as they are with Ray Data) and one never given an
+argument (Ray's floor).
+
 Prints one JSON document, last on stdout: ``create_answered_s`` (CreateTopics or the CLI
 returned), ``create_error`` (None, or what it answered), ``all_acked_s`` (every partition acked
-acks=all; the goal is 2 s for 30x3), ``load_average`` (the machine's 1-minute load when done:
-on a shared machine the figure moves with it) and ``cpus``.
+acks=all; the goal is 2 s for 30x3), ``replica_private_mib`` (median, min, max over the
+topic's replicas), ``bare_actor_private_mib`` / ``bare_actor_no_args_private_mib``, and
+``replica_vs_bare`` / ``replica_vs_bare_no_args`` (the goal: 1.1x or less),
+``load_average`` (the machine's 1-minute load when done: on a shared machine the figure moves
+with it) and ``cpus``.
 """
 
 from __future__ import annotations
@@ -20,16 +29,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 from spark_read import RAYLOG, raylog_up
 
 ACK_DEADLINE_S = 600.0  # the whole wait is bounded
+CALL_TIMEOUT_S = 60.0
+BROKER_IDS_MAX = 16  # replica actors are looked up by broker id, 0 up to this
 TOPIC = "wide"
 
 
@@ -89,6 +102,51 @@ def wait_all_acked(bootstrap: str, partitions: int, deadline: float) -> bool:
     return len(acked) == partitions
 
 
+def memory_figures(data_dir: Path, partitions: int) -> dict[str, Any]:
+    """Private memory (MiB) of the topic's replica processes and of two bare Ray actors, all in
+    the cluster of ``data_dir``."""
+    from raylog.pipelines import reading
+
+    # First: joining sets Ray's environment (the cluster's token), read when ray is imported.
+    ray = reading.connect(reading.ClusterTarget.resolve(str(data_dir)))
+    from raylog.actors.calls import NAMESPACE, replica_actor_name
+    from raylog.actors.process_memory import private_mib
+
+    @ray.remote(num_cpus=0)
+    class Bare:
+        def pid(self, *_: Any) -> int:
+            return os.getpid()
+
+    replicas: list[float] = []
+    for partition in range(partitions):
+        for broker in range(BROKER_IDS_MAX):
+            try:
+                handle = ray.get_actor(replica_actor_name(TOPIC, partition, broker), NAMESPACE)
+            except ValueError:
+                continue
+            mib = private_mib(ray.get(handle.pid.remote(), timeout=CALL_TIMEOUT_S))
+            if mib is not None:
+                replicas.append(mib)
+    called, floor = Bare.remote(), Bare.remote()  # type: ignore[attr-defined]
+    called_mib = private_mib(ray.get(called.pid.remote({"an": "argument"}), timeout=CALL_TIMEOUT_S))
+    floor_mib = private_mib(ray.get(floor.pid.remote(), timeout=CALL_TIMEOUT_S))
+    if not replicas or called_mib is None or floor_mib is None:
+        return {"replica_private_mib": None}
+    median = statistics.median(replicas)
+    return {
+        "replicas_measured": len(replicas),
+        "replica_private_mib": {
+            "median": round(median, 1),
+            "min": round(min(replicas), 1),
+            "max": round(max(replicas), 1),
+        },
+        "bare_actor_private_mib": round(called_mib, 1),
+        "bare_actor_no_args_private_mib": round(floor_mib, 1),
+        "replica_vs_bare": round(median / called_mib, 2),
+        "replica_vs_bare_no_args": round(median / floor_mib, 2),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--partitions", type=int, default=30)
@@ -107,6 +165,7 @@ def main() -> None:
             answered = time.monotonic() - began
             ok = wait_all_acked(bootstrap, args.partitions, began + ACK_DEADLINE_S)
             all_acked = time.monotonic() - began
+            memory = memory_figures(data_dir, args.partitions)
     print(
         json.dumps(
             {
@@ -116,6 +175,7 @@ def main() -> None:
                 "create_answered_s": round(answered, 2),
                 "create_error": error,
                 "all_acked_s": round(all_acked, 2) if ok else None,
+                **memory,
                 "load_average": round(os.getloadavg()[0], 1),
                 "cpus": os.cpu_count(),
             },

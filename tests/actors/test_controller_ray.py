@@ -136,6 +136,41 @@ def test_create_topic_rf3_leader_and_followers_take_acks_all(cluster: Controller
     )
 
 
+def _libraries(pid: int) -> set[str]:
+    """The shared libraries process ``pid`` has mapped, by file name."""
+    maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+    return {Path(line.split()[-1]).name for line in maps if ".so" in line}
+
+
+def _heavy(libraries: set[str]) -> set[str]:
+    """Arrow's, numpy's and pydantic's libraries among ``libraries``."""
+    return {n for n in libraries if n.startswith(("libarrow", "_multiarray", "_pydantic_core"))}
+
+
+@ray.remote(num_cpus=0)
+class _Bare:
+    def pid(self, _: Any) -> int:
+        return os.getpid()
+
+
+def test_replicas_leave_ray_s_arrow_and_pydantic_serializers_out_and_report_their_memory(
+    cluster: ControllerCluster,
+) -> None:
+    """Ray's serialization context imports pyarrow, numpy and pydantic into every process that
+    decodes an argument (the premise, on a bare actor): a replica's process, which decodes
+    many, maps none of them, and each broker reports what its replicas' processes hold."""
+    bare = _Bare.remote()  # type: ignore[attr-defined]
+    assert _heavy(_libraries(get(bare.pid.remote({"an": "argument"})))), "premise: Ray's own"
+    ray.kill(bare)
+    _create(cluster, "lean")
+    wait_until(lambda: _produce_ok(cluster, "lean", 0), timeout_s=CALL_TIMEOUT_S, message="produce")
+    for b in BROKERS:
+        pid = get(cluster.replica(b, "lean").pid.remote())
+        assert not _heavy(_libraries(pid))
+        mib = get(cluster.brokers[b].status.remote())["replica_private_mib"]
+        assert isinstance(mib, float) and 10 < mib < 1024
+
+
 def test_topic_errors_configs_partitions_and_delete(cluster: ControllerCluster) -> None:
     _create(cluster, "events")
     with pytest.raises(TopicAlreadyExistsError):

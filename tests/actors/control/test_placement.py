@@ -84,13 +84,18 @@ def test_add_partitions_continues_the_rotation() -> None:
 def test_memory_fit_is_checked_per_node_counting_existing_replicas() -> None:
     node_of = {1: "n1", 2: "n1", 3: "n2", 4: "n9"}  # brokers 1 and 2 share a node
     memory = {"n1": 57 * 10, "n2": 57 * 100}
-    check_memory_fit([(1, 3)] * 10, [], node_of, memory)
-    check_memory_fit([(4,)] * 1000, [], node_of, memory)  # unknown node: not checked
+    check_memory_fit([(1, 3)] * 10, [], node_of, memory, 57)
+    check_memory_fit([(4,)] * 1000, [], node_of, memory, 57)  # unknown node: not checked
     with pytest.raises(PolicyViolationError):
-        check_memory_fit([(1, 2)] * 6, [], node_of, memory)  # 12 replicas on n1
+        check_memory_fit([(1, 2)] * 6, [], node_of, memory, 57)  # 12 replicas on n1
     with pytest.raises(PolicyViolationError) as e:
-        check_memory_fit([(1, 3)] * 2, [(2, 3)] * 9, node_of, memory)  # 9 already there
+        check_memory_fit([(1, 3)] * 2, [(2, 3)] * 9, node_of, memory, 57)  # 9 already there
     assert "2 new replicas" in str(e.value) and "57 MiB free" in str(e.value)
+    # The figure the brokers measured, not a constant: at 114 MiB a replica, 5 fill n1.
+    check_memory_fit([(1, 2)] * 2, [(1,)], node_of, memory, 114)
+    with pytest.raises(PolicyViolationError) as e:
+        check_memory_fit([(1, 2)] * 3, [], node_of, memory, 114)
+    assert "6 x 114 MiB" in str(e.value)
 
 
 def test_replicas_fit_gives_the_numbers() -> None:
