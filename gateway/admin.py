@@ -22,7 +22,8 @@ Create/Describe/DeleteAcls, Describe/AlterClientQuotas) and handing out producer
    that produces right after the answer is served at once; partitions still starting at the
    timeout do not fail the request (Kafka's CreateTopics succeeds once the topic is created):
    they answer LEADER_NOT_AVAILABLE / NOT_LEADER_OR_FOLLOWER until they serve, which clients
-   retry.
+   retry. No controller answering during that wait (a failover) is no failure either: the
+   topic exists, and the wait asks again until ``timeout_ms``.
 """
 
 from __future__ import annotations
@@ -54,7 +55,13 @@ from raylog.gateway.backend import (
 from raylog.gateway.errors import ErrorCode
 from raylog.gateway.producer_ids import ProducerIdBlocks, ProducerIdResult
 from raylog.gateway.routing import MetadataSource
-from raylog.storage.errors import BrokerNotAvailableError, NotControllerError, RaylogError, one_line
+from raylog.storage.errors import (
+    BrokerNotAvailableError,
+    NotControllerError,
+    RaylogError,
+    RequestTimedOutError,
+    one_line,
+)
 
 __all__ = ["ADMIN_CALL_TIMEOUT_MS", "ControllerAdmin", "ControllerLocator"]
 
@@ -63,6 +70,7 @@ log = logging.getLogger(__name__)
 ADMIN_CALL_TIMEOUT_MS = 30_000  # bound on one admin call to the controller (a CAS write or two)
 VIEW_POLL_S = 0.02  # how often a create/delete looks for its result in the local metadata
 READY_WAIT_MS_MAX = 10_000  # one topic_readiness call waits this long at most (then asks again)
+READY_RETRY_S = 0.2  # after no controller answered topic_readiness (a failover), ask again
 VALIDATE_ONLY_TOPIC_ID = "validate-only"  # never stored: validate_only writes nothing
 
 
@@ -128,6 +136,14 @@ class ControllerAdmin:
                 readiness = await self.call(
                     "topic_readiness", name, min(wait_ms, READY_WAIT_MS_MAX)
                 )
+            except (NotControllerError, BrokerNotAvailableError, RequestTimedOutError) as exc:
+                # The topic is created: a controller failing over (a loaded machine) is no
+                # failure of this request. Ask again; at the deadline, answer as for a wait
+                # that ran out (the caller then looks for the topic in this broker's view).
+                if loop.time() >= deadline:
+                    return AdminResult(ErrorCode.REQUEST_TIMED_OUT, one_line(exc))
+                await asyncio.sleep(min(READY_RETRY_S, max(0.0, deadline - loop.time())))
+                continue
             except RaylogError as exc:
                 return AdminResult(exc.error_code, one_line(exc))
             if readiness.done:

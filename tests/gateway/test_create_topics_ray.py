@@ -9,7 +9,9 @@ Proves:
 - a ``timeout_ms`` too short for replicas to start: not a failure (Kafka's CreateTopics
   succeeds once the topic is created): NONE once this broker's metadata shows the topic, else
   REQUEST_TIMED_OUT saying it is not there yet; either way the topic stays, and its creation
-  goes on until every partition serves.
+  goes on until every partition serves;
+- no active controller to be found after the topic was created (a failover on a loaded
+  machine): still NONE once every partition serves, not NOT_CONTROLLER.
 """
 
 from __future__ import annotations
@@ -50,17 +52,23 @@ def cluster(
 
 
 class Locator:
-    """The active controller, as the gateway actor finds it."""
+    """The active controller, as the gateway actor finds it; with ``gap`` set, none is found
+    ``gap`` times in a row after the first lookup (as during a failover)."""
 
-    def __init__(self, cluster: ControllerCluster) -> None:
+    def __init__(self, cluster: ControllerCluster, gap: int = 0) -> None:
         self.cluster = cluster
+        self.gap = gap
+        self.lookups = 0
 
     async def active_controller(self, refresh: bool = False) -> Any:
+        self.lookups += 1
+        if 1 < self.lookups <= 1 + self.gap:
+            return None
         return await asyncio.to_thread(self.cluster.active)
 
 
 @contextlib.asynccontextmanager
-async def gateway_admin(cluster: ControllerCluster) -> AsyncIterator[ControllerAdmin]:
+async def gateway_admin(cluster: ControllerCluster, gap: int = 0) -> AsyncIterator[ControllerAdmin]:
     """A ControllerAdmin whose metadata view follows the controller's, as a gateway's does."""
     view = MetadataView(1, "c")
 
@@ -73,14 +81,16 @@ async def gateway_admin(cluster: ControllerCluster) -> AsyncIterator[ControllerA
 
     task = asyncio.create_task(follow())
     try:
-        yield ControllerAdmin(view, Locator(cluster))
+        yield ControllerAdmin(view, Locator(cluster, gap))
     finally:
         task.cancel()
 
 
-def create(cluster: ControllerCluster, name: str, partitions: int, timeout_ms: int) -> Any:
+def create(
+    cluster: ControllerCluster, name: str, partitions: int, timeout_ms: int, gap: int = 0
+) -> Any:
     async def run() -> Any:
-        async with gateway_admin(cluster) as admin:
+        async with gateway_admin(cluster, gap) as admin:
             topic = CreateTopicsRequest.CreatableTopic(
                 name=name,
                 num_partitions=partitions,
@@ -134,3 +144,11 @@ def test_a_short_timeout_is_no_failure_and_the_creation_goes_on(cluster: Control
         message="pending serves",
     )
     assert cluster.produce("pending", 0).error_code == 0
+
+
+def test_no_controller_found_while_waiting_is_no_failure(cluster: ControllerCluster) -> None:
+    """The topic is created (the first lookup), then no controller is found for the next 10
+    (2 s of asking again): the answer is NONE once every partition serves."""
+    result = create(cluster, "failover", 2, 120_000, gap=10)
+    assert result.error_code == ErrorCode.NONE, result.error_message
+    assert readiness(cluster, "failover").done
