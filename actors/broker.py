@@ -94,6 +94,7 @@ TOPIC_ID_SUFFIX = ".topic_id"
 DELETED_SUFFIX = "-delete"
 REPLICA_CALL_TIMEOUT_MS = 5_000
 MEMORY_SAMPLE_REPLICAS = 16  # replicas whose private memory `status` reads
+PID_CALL_TIMEOUT_MS = 1_000  # `status` asks those replicas their pid once; a busy one is skipped
 NAME_RETRY_MAX = 200  # a dying actor keeps its name for a moment; bound the wait for it
 NAME_RETRY_S = 0.05
 REMOVE_CONFIRM_MS = 30_000  # how long a removal waits for Ray to confirm the replica dead
@@ -350,7 +351,7 @@ class BrokerActor:
         sample = list(self._hosted.values())[:MEMORY_SAMPLE_REPLICAS]
         unasked = [h for h in sample if not h.pid]
         pids = await asyncio.gather(
-            *(ray_call(h.handle.pid.remote(), REPLICA_CALL_TIMEOUT_MS) for h in unasked),
+            *(ray_call(h.handle.pid.remote(), PID_CALL_TIMEOUT_MS) for h in unasked),
             return_exceptions=True,
         )
         for hosted, pid in zip(unasked, pids, strict=True):
