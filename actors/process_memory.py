@@ -15,8 +15,11 @@ either later in the process works as usual (it only finds no Arrow serializers r
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 # What Ray's serialization context imports for serializers a replica never uses.
 UNUSED_BY_REPLICAS = ("pyarrow", "pydantic")
@@ -44,14 +47,18 @@ def lean_serialization_context() -> None:
     replica's first arguments."""
     import ray
 
-    worker = ray._private.worker.global_worker  # Ray has no public hook for this
-    if worker.mode != ray.WORKER_MODE or any(m in sys.modules for m in UNUSED_BY_REPLICAS):
+    worker = getattr(ray._private.worker, "global_worker", None)  # Ray has no public hook
+    if getattr(worker, "mode", None) != ray.WORKER_MODE:
+        return
+    if any(m in sys.modules for m in UNUSED_BY_REPLICAS):
         return
     hidden = {name: sys.modules.get(name) for name in UNUSED_BY_REPLICAS}
     try:
         for name in UNUSED_BY_REPLICAS:
             sys.modules[name] = None  # type: ignore[assignment]  # import raises ImportError
         worker.get_serialization_context()
+    except Exception as exc:  # a Ray whose internals moved: the replica starts as Ray's own
+        log.warning("Ray's serialization context not built lean: %r", exc)
     finally:
         for name, module in hidden.items():
             if module is None:
