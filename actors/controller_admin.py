@@ -345,14 +345,15 @@ class AdminRequests:
             *(ray_call(link.handle.status.remote(), self._call_timeout_ms) for _, link in links),
             return_exceptions=True,
         )
-        statuses = [a for a in answers if isinstance(a, dict)]
         node_of = {
             b: str(a["node_id"])
             for (b, _), a in zip(links, answers, strict=True)
             if isinstance(a, dict) and a.get("node_id")
         }
         measured = [
-            float(a["replica_private_mib"]) for a in statuses if a.get("replica_private_mib")
+            float(a["replica_private_mib"])
+            for a in answers
+            if isinstance(a, dict) and a.get("replica_private_mib")
         ]
         nodes = await asyncio.to_thread(ray.nodes)
         memory = {

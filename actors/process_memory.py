@@ -52,7 +52,6 @@ def lean_serialization_context() -> None:
         return
     if any(m in sys.modules for m in UNUSED_BY_REPLICAS):
         return
-    hidden = {name: sys.modules.get(name) for name in UNUSED_BY_REPLICAS}
     try:
         for name in UNUSED_BY_REPLICAS:
             sys.modules[name] = None  # type: ignore[assignment]  # import raises ImportError
@@ -60,11 +59,8 @@ def lean_serialization_context() -> None:
     except Exception as exc:  # a Ray whose internals moved: the replica starts as Ray's own
         log.warning("Ray's serialization context not built lean: %r", exc)
     finally:
-        for name, module in hidden.items():
-            if module is None:
-                del sys.modules[name]
-            else:
-                sys.modules[name] = module
+        for name in UNUSED_BY_REPLICAS:  # none was imported (checked above): unhide
+            sys.modules.pop(name, None)
 
 
 __all__ = ["UNUSED_BY_REPLICAS", "lean_serialization_context", "private_mib"]
