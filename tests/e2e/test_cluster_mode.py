@@ -17,19 +17,12 @@ head's data dir (`raylog up` runs them) and one names the Ray address instead. (
 watcher and supervisor behind `raylog up --address` are proven here, on real `ray start`
 nodes.)
 
-Why the worker nodes run with ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1`` and join
-``[::ffff:127.0.0.1]:PORT``: ``ray start`` refuses to join a cluster without it, and rewrites a
-``127.0.0.1`` address to the machine's own address (where this head, loopback only, does not
-listen); the mapped form is the same loopback address, left alone. With it, Ray binds some of a
-worker node's listeners (raylet, dashboard agent) on all interfaces: clients here only ever
-connect to loopback addresses.
+How the nodes share one machine: ``tests/support/ray_nodes.py``.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,10 +30,9 @@ from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
-from support.cluster import ClusterUp, RayNode, cli_env, free_port_block
+from support.cluster import ClusterUp, free_port_block
+from support.ray_nodes import RayCluster, ray_cluster
 from support.waiting import wait_until
-
-from raylog.actors import raycluster
 
 # About 110 s on a quiet 2-core machine; each `raylog` command and actor start is a process,
 # so a machine shared with other test runs can take several times that.
@@ -49,105 +41,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 TOPIC = "events"
 PARTITIONS = 3
 RECORDS = 300
-# A node's ports: its dashboard agent's (http, grpc), metrics, runtime env agent, 40 for its
-# workers, its gateway. Explicit, so that nodes on one machine never pick the same ones.
-NODE_PORTS = 45
-WORKER_PORTS = 40
-START_ATTEMPTS = 2
 TIMEOUT_S = 60.0
-OBJECT_STORE_BYTES = str(200 * 1024 * 1024)
-
-
-class Cluster:
-    """The Ray nodes of this test, by name; each one ended by its process group at the end."""
-
-    def __init__(self, root: Path, ray_tmp: Path) -> None:
-        self.root = root
-        self.ray_tmp = ray_tmp
-        self.env = cli_env()
-        self.env["RAY_TMPDIR"] = str(ray_tmp)
-        self.env["RAY_AUTH_TOKEN_PATH"] = str(raycluster.token_path(ray_tmp))
-        self.env["RAY_AUTH_MODE"] = "token"
-        self.env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # the head and drivers: loopback
-        self.gcs_port = 0
-        self.nodes: dict[str, RayNode] = {}
-        self.ports: dict[str, int] = {}  # node name -> its raylog.port label
-        self.hosts: dict[str, str] = {}  # node name -> its address
-
-    def start_head(self) -> None:
-        first = free_port_block(7)
-        self.gcs_port = first
-        self._start(
-            "head",
-            [
-                "--head", "--port", str(first), "--num-cpus", "1", "--resources", "{}",
-                "--node-ip-address", "127.0.0.1", "--temp-dir", str(self.ray_tmp / "head"),
-                "--include-dashboard", "false", "--dashboard-port", str(first + 1),
-                "--ray-client-server-port", str(first + 2),
-                "--dashboard-agent-listen-port", str(first + 3),
-                "--dashboard-agent-grpc-port", str(first + 4),
-                "--metrics-export-port", str(first + 5), "--runtime-env-agent-port", str(first + 6),
-                "--include-log-monitor", "false", "--object-store-memory", OBJECT_STORE_BYTES,
-                "--system-config", json.dumps(raycluster.FAST_DEATH_SYSTEM_CONFIG),
-            ],
-            self.env,
-        )  # fmt: skip
-
-    def add_node(self, rack: str, ip: str) -> None:
-        """Start a `raylog` node (rack ``rack``, address ``ip``) and wait until it runs."""
-        first = free_port_block(NODE_PORTS)
-        env = {**self.env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}  # see the module docstring
-        gateway_port = first + 4 + WORKER_PORTS
-        labels = f"raylog.rack={rack},raylog.data-dir=node-{rack},raylog.port={gateway_port}"
-        self._start(
-            rack,
-            [
-                "--address", f"[::ffff:127.0.0.1]:{self.gcs_port}", "--num-cpus", "1",
-                "--resources", json.dumps({"raylog": 1}), "--labels", labels,
-                "--node-ip-address", ip, "--temp-dir", str(self.ray_tmp / rack),
-                "--dashboard-agent-listen-port", str(first),
-                "--dashboard-agent-grpc-port", str(first + 1),
-                "--metrics-export-port", str(first + 2), "--runtime-env-agent-port", str(first + 3),
-                "--min-worker-port", str(first + 4),
-                "--max-worker-port", str(first + 3 + WORKER_PORTS),
-                "--include-log-monitor", "false", "--object-store-memory", OBJECT_STORE_BYTES,
-            ],
-            env,
-        )  # fmt: skip
-        self.ports[rack] = gateway_port
-        self.hosts[rack] = ip
-
-    def _start(self, name: str, args: list[str], env: dict[str, str]) -> None:
-        """Ray gives a starting node 30 s to register (hard-coded), too little on a loaded
-        2-core machine now and then: one more attempt when the first gives up."""
-        for attempt in range(START_ATTEMPTS):
-            node = self.nodes[name] = RayNode(name, args, env, self.root).start()
-            try:
-                node.wait_started()
-                return
-            except AssertionError:
-                print(f"node {name} did not start (attempt {attempt + 1}):", node.log_tail()[-300:])
-                node.kill()
-                if attempt == START_ATTEMPTS - 1:
-                    raise
-
-    def stop(self) -> None:
-        """Every node at once, each by its own process group."""
-        RayNode.kill_all(list(self.nodes.values()))
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    # Ray's unix sockets live under its temp dir: tmp_path is too deep for their 107-byte limit.
-    ray_tmp = Path(tempfile.mkdtemp(prefix="rlcm-"))
-    c = Cluster(tmp_path, ray_tmp)
-    try:
+def cluster(tmp_path: Path) -> Iterator[RayCluster]:
+    with ray_cluster(tmp_path) as c:
         yield c
-    finally:
-        try:
-            c.stop()
-        finally:
-            shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def _json(done: Any) -> Any:
@@ -207,7 +107,7 @@ def _consume_all(bootstrap: str) -> set[bytes]:
     return values
 
 
-def test_raylog_up_address_runs_a_broker_per_raylog_node(cluster: Cluster) -> None:
+def test_raylog_up_address_runs_a_broker_per_raylog_node(cluster: RayCluster) -> None:
     started = time.monotonic()
 
     def progress(what: str) -> None:  # where the time goes, with -s

@@ -22,9 +22,9 @@ import logging
 from collections import deque
 
 import pytest
-from support.cluster import UpProcess
+from support.cluster import UpProcess, create_durable_topic
 from support.producing import Producing
-from support.read_back import batch_headers, read_back
+from support.read_back import batch_headers, check_exactly_once, read_back
 from support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -79,11 +79,7 @@ def test_an_idempotent_producer_loses_nothing_across_a_crash_and_restart(
     up = shared_up
     producing: Producing | None = None
     try:
-        created = up.raylog(
-            "topics", "create", TOPIC, "--partitions", str(PARTITIONS),
-            "--replication-factor", "3", "--config", "min.insync.replicas=2",
-        )  # fmt: skip
-        assert created.returncode == 0, created.stderr
+        create_durable_topic(up, TOPIC, PARTITIONS)
         producing, eos_log = _producing(up.bootstrap)
         producing.start()
         wait_until(
@@ -105,30 +101,16 @@ def test_an_idempotent_producer_loses_nothing_across_a_crash_and_restart(
             interval_s=0.1,
             message="records acknowledged by the restarted cluster",
         )
-        producing.halt.set()
-        producing.join(timeout=30)
-        assert not producing.is_alive()
-        assert producing.producer.flush(MESSAGE_TIMEOUT_S) == 0
-        assert not producing.errors, producing.errors[:3]
-        sent = producing.sent
-        assert len(producing.acked) == sent, "every record is acknowledged"
+        sent = producing.finish(MESSAGE_TIMEOUT_S)
         wanted = {p: list(range(p, sent, PARTITIONS)) for p in range(PARTITIONS)}
         log = read_back(up.bootstrap, TOPIC, {p: len(wanted[p]) for p in wanted}, READ_DEADLINE_S)
     finally:
         if producing is not None:
             producing.halt.set()
-    for p, records in log.items():
-        if [int(value) for _, value in records] != wanted[p]:
-            for q in log:
-                print("\n".join(batch_headers(up.data_dir, TOPIC, q)))
-            print("librdkafka eos log:\n" + "\n".join(eos_log.lines))
-        assert [offset for offset, _ in records] == list(range(len(wanted[p]))), "dense offsets"
-        assert [int(value) for _, value in records] == wanted[p], (
-            f"partition {p}: duplicates, gaps or reordering"
-        )
-        wrong = {
-            value: (producing.acked[value], offset)
-            for offset, value in records
-            if producing.acked[value] not in (offset, None)
-        }
-        assert not wrong, f"partition {p}: acked offsets that are not the real ones: {wrong}"
+
+    def explain() -> None:
+        for q in log:
+            print("\n".join(batch_headers(up.data_dir, TOPIC, q)))
+        print("librdkafka eos log:\n" + "\n".join(eos_log.lines))
+
+    check_exactly_once(log, sent, producing.acked, explain)

@@ -22,18 +22,17 @@ a log. A failure prints the timeline and every replica's batch headers.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, TopicPartition
-from support.cluster import UpProcess, cli_env, started_up
+from support.cluster import UpProcess, cli_env, create_durable_topic, started_up
+from support.consuming import Consuming, committed_offsets
 from support.controller_watch import ControllerWatch
 from support.producing import Producing
-from support.read_back import batch_headers, read_back, replica_batches
+from support.read_back import batch_headers, check_exactly_once, read_back, replica_batches
 from support.tcp_proxy import TcpProxy
 from support.waiting import wait_until
 
@@ -96,72 +95,6 @@ def cluster(
         store_proxy.restore()
         store_proxy.delay(0.0, 0.0)
         up.__exit__(None, None, None)
-
-
-class Consuming(threading.Thread):
-    """A group member reading ``TOPIC`` and committing what it read every COMMIT_EVERY_S;
-    keeps the offsets of its last successful commit (``committed``) and the failures."""
-
-    def __init__(self, bootstrap: str) -> None:
-        super().__init__(name="consuming", daemon=True)
-        self.consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": GROUP,
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-            }
-        )
-        self.consumed = 0
-        self.committed: dict[int, int] = {}
-        self.commit_errors: list[str] = []
-        self.halt = threading.Event()
-
-    def run(self) -> None:
-        self.consumer.subscribe([TOPIC])
-        positions: dict[int, int] = {}
-        last_commit = time.monotonic()
-        try:
-            while not self.halt.is_set():  # bounded: the test halts it
-                for msg in self.consumer.consume(num_messages=500, timeout=0.2):
-                    if msg.error() is None:
-                        positions[msg.partition()] = msg.offset() + 1
-                        self.consumed += 1
-                if positions and time.monotonic() - last_commit >= COMMIT_EVERY_S:
-                    self._commit(dict(positions))
-                    last_commit = time.monotonic()
-            self._commit(dict(positions))
-        finally:
-            self.consumer.close()
-
-    def stop(self) -> None:
-        """Halts the thread: a last commit, then the consumer leaves the group and closes."""
-        self.halt.set()
-        if self.is_alive():
-            self.join(timeout=WAIT_S)
-
-    def _commit(self, positions: dict[int, int]) -> None:
-        if not positions:
-            return
-        offsets = [TopicPartition(TOPIC, p, o) for p, o in positions.items()]
-        try:
-            done = self.consumer.commit(offsets=offsets, asynchronous=False)
-        except KafkaException as exc:  # the store is out: the commit is refused, retried later
-            self.commit_errors.append(str(exc))
-            return
-        if done and all(tp.error is None for tp in done):
-            self.committed.update({tp.partition: tp.offset for tp in done})
-
-
-def _committed(bootstrap: str) -> dict[int, int]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": GROUP})
-    try:
-        found = consumer.committed(
-            [TopicPartition(TOPIC, p) for p in range(PARTITIONS)], timeout=WAIT_S
-        )
-    finally:
-        consumer.close()
-    return {tp.partition: tp.offset for tp in found}
 
 
 def _in_sync(watch: ControllerWatch) -> dict[tuple[str, int], int] | None:
@@ -331,15 +264,11 @@ def _slow(proxy: TcpProxy, watch: ControllerWatch, producing: Producing) -> None
 
 def test_store_cut_then_slow_under_load(cluster: UpProcess, store_proxy: TcpProxy) -> None:
     up, proxy = cluster, store_proxy
-    created = up.raylog(
-        "topics", "create", TOPIC, "--partitions", str(PARTITIONS),
-        "--replication-factor", "3", "--config", "min.insync.replicas=2",
-    )  # fmt: skip
-    assert created.returncode == 0, created.stderr
+    create_durable_topic(up, TOPIC, PARTITIONS)
     watch = ControllerWatch(up.data_dir, cli_env()).start()
     producing, consuming = (
         Producing(up.bootstrap, TOPIC, PARTITIONS, MESSAGE_TIMEOUT_S, PACE_S),
-        Consuming(up.bootstrap),
+        Consuming(up.bootstrap, TOPIC, GROUP, COMMIT_EVERY_S, WAIT_S),
     )
     MARKS.clear()
     started = time.monotonic()
@@ -362,24 +291,15 @@ def test_store_cut_then_slow_under_load(cluster: UpProcess, store_proxy: TcpProx
         assert producing.producer.flush(WAIT_S) == 0
         consuming.stop()
         assert not consuming.is_alive(), "the consumer thread did not stop"
+        assert not consuming.went_back, consuming.went_back
         assert not producing.errors, producing.errors[:3]
         sent = producing.sent
         assert len(producing.acked) == sent, "every record is acknowledged"
         wanted = {p: list(range(p, sent, PARTITIONS)) for p in range(PARTITIONS)}
         log = read_back(up.bootstrap, TOPIC, {p: len(wanted[p]) for p in wanted}, WAIT_S)
-        for p, records in log.items():
-            assert [offset for offset, _ in records] == list(range(len(wanted[p])))
-            assert [int(value) for _, value in records] == wanted[p], (
-                f"partition {p}: duplicates, gaps or reordering"
-            )
-            wrong = {
-                v: (producing.acked[v], o)
-                for o, v in records
-                if producing.acked[v] not in (o, None)
-            }
-            assert not wrong, f"partition {p}: acknowledged offsets not the real ones: {wrong}"
+        check_exactly_once(log, sent, producing.acked)
 
-        after = _committed(up.bootstrap)
+        after = committed_offsets(up.bootstrap, TOPIC, GROUP, PARTITIONS, WAIT_S)
         for p, offset in committed_before.items():
             assert after[p] >= offset, f"partition {p}: committed {offset}, now {after[p]}"
         assert after == {p: consuming.committed[p] for p in after}, "the last commit holds"

@@ -32,7 +32,7 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from kafka import KafkaAdminClient, KafkaProducer
-from support.cluster import UpProcess
+from support.cluster import UpProcess, create_durable_topic
 from support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -46,11 +46,7 @@ OUTCOMES = ("commit", "abort", "commit-after")
 
 @pytest.fixture(scope="module")
 def up(shared_up: UpProcess) -> Iterator[UpProcess]:
-    created = shared_up.raylog(
-        "topics", "create", TOPIC, "--partitions", str(PARTITIONS),
-        "--replication-factor", "3", "--config", "min.insync.replicas=2",
-    )  # fmt: skip
-    assert created.returncode == 0, created.stderr
+    create_durable_topic(shared_up, TOPIC, PARTITIONS)
     yield shared_up
 
 

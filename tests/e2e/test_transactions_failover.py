@@ -39,7 +39,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-from support.cluster import Lines, UpProcess, cli_env
+from support.cluster import Lines, UpProcess, cli_env, create_durable_topic
 from support.waiting import wait_until
 
 from raylog.gateway.internal_topic import partition_for
@@ -238,11 +238,7 @@ def _ids(prefix: str, count: int, partitions: int, keep: Callable[[int], bool]) 
 
 
 def _create(up: UpProcess, topic: str) -> None:
-    created = up.raylog(
-        "topics", "create", topic, "--partitions", str(PARTITIONS),
-        "--replication-factor", "3", "--config", "min.insync.replicas=2",
-    )  # fmt: skip
-    assert created.returncode == 0, created.stderr
+    create_durable_topic(up, topic, PARTITIONS)
 
 
 def _abandon_a_transaction(bootstrap: str, topic: str, transactional_id: str) -> Producer:

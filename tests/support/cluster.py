@@ -11,6 +11,8 @@
   ``heal()`` starts the brokers a test stopped or killed and waits until every partition is
   fully replicated again: what a module sharing the session's cluster does before it starts.
   ``crash()`` SIGKILLs the `up` process and every process under it (its Ray cluster), by PID.
+- ``create_durable_topic``: ``raylog topics create`` of a topic with RF=3 and
+  min.insync.replicas=2 (acks=all survives one broker down), through any of the runners below.
 - ``process_tree``: a process and every process under it, from /proc's parent links.
 - ``RayNode``: one ``ray start --block`` node (head or worker) in a process group of its own, so
   that the test can crash the whole node (SIGKILL to the group) or stop it, by that group's id.
@@ -133,6 +135,15 @@ def cli_env() -> dict[str, str]:
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)
     return env
+
+
+def create_durable_topic(runner: Any, topic: str, partitions: int) -> None:
+    """See the module docstring; ``runner`` has ``raylog(*args)`` (UpProcess, ClusterUp)."""
+    created = runner.raylog(
+        "topics", "create", topic, "--partitions", str(partitions),
+        "--replication-factor", "3", "--config", "min.insync.replicas=2",
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
 
 
 def bootstrap_of(lines: list[str]) -> str:
@@ -357,17 +368,26 @@ class RayNode:
     process group ``ray start`` leads (a new session), which :meth:`kill` and :meth:`stop` end:
     only what this test started, never by name (``ray stop`` would)."""
 
-    def __init__(self, name: str, args: list[str], env: dict[str, str], log_dir: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        args: list[str],
+        env: dict[str, str],
+        log_dir: Path,
+        wrap: Callable[[list[str]], list[str]] | None = None,
+    ) -> None:
         self.name = name
         self.args = args
         self.env = env
+        self.wrap = wrap  # e.g. into a network namespace: the argv it returns is run
         self.log_path = log_dir / f"ray-{name}.log"
         self.proc: subprocess.Popen[str] | None = None
         self.lines: Lines | None = None
 
     def start(self) -> RayNode:
+        argv = [*RAY, "start", "--block", "--disable-usage-stats", *self.args]
         self.proc = subprocess.Popen(
-            [*RAY, "start", "--block", "--disable-usage-stats", *self.args],
+            self.wrap(argv) if self.wrap else argv,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -1,12 +1,14 @@
-"""An idempotent confluent-kafka producer in a thread of its own, for live fault tests
-(tests/e2e/test_crash_restart_live.py, tests/e2e/test_object_store_outage_live.py).
+"""An idempotent confluent-kafka producer in a thread of its own, for live fault tests and the
+soak runner (benchmarks/soak.py).
 
 ``Producing(bootstrap, topic, partitions, message_timeout_s, pace_s)`` produces record i (value
 ``%07d``) to partition ``i % partitions`` with acks=all until halted, polling ``pace_s`` between
 records (its pacing, and its delivery events); a full client queue (the cluster is down) waits.
 It keeps each acknowledgement's offset (``acked``; None: librdkafka's "implicitly acked"), when
-it arrived (``ack_times``), and every failure (``errors``: a delivery error, or ``produce()``
-raising, which ends the thread). ``settings`` add to the client's.
+it arrived (``ack_times``), how long after its ``produce()`` (``ack_latencies``), and every
+failure (``errors``: a delivery error, or ``produce()`` raising, which ends the thread).
+``settings`` add to the client's. ``finish`` stops it, delivers what is queued and checks that
+every record was acknowledged.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class Producing(threading.Thread):
             }
         )
         self.sent = 0
+        self.sent_at: list[float] = []  # record i's produce() time (time.monotonic())
         self.acked: dict[bytes, int | None] = {}
         self._acked_at: dict[bytes, float] = {}
         self.errors: list[str] = []
@@ -57,6 +60,23 @@ class Producing(threading.Thread):
 
     def ack_times(self) -> list[float]:
         return sorted(list(self._acked_at.values()))
+
+    def ack_latencies(self, since: float, until: float) -> list[float]:
+        """Seconds from produce() to acknowledgement of the records acknowledged in
+        [since, until) (time.monotonic())."""
+        acked_at = list(self._acked_at.items())  # a copy: the client's thread adds to it
+        return [t - self.sent_at[int(v)] for v, t in acked_at if since <= t < until]
+
+    def finish(self, timeout_s: float) -> int:
+        """Stop producing, deliver what is queued, and check every record was acknowledged
+        without an error; returns how many were sent."""
+        self.halt.set()
+        self.join(timeout=timeout_s)
+        assert not self.is_alive(), "the producer thread did not stop"
+        assert self.producer.flush(timeout_s) == 0, "records still queued"
+        assert not self.errors, self.errors[:3]
+        assert len(self.acked) == self.sent, "every record is acknowledged"
+        return self.sent
 
     def stop(self, timeout_s: float) -> None:
         """Halts the thread (its records still queued stay queued: ``producer.flush()``)."""
@@ -79,5 +99,6 @@ class Producing(threading.Thread):
             except KafkaException as exc:  # e.g. _UNKNOWN_TOPIC: what issue 31 was
                 self.errors.append(f"produce() raised {exc}")
                 return
+            self.sent_at.append(time.monotonic())
             self.sent += 1
             self.producer.poll(self.pace_s)
