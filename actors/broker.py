@@ -165,7 +165,7 @@ class _Hosted:
     pid: int = 0  # its process, once asked (the private memory it costs)
 
 
-@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=4)
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=4, enable_task_events=False)
 class SessionSentinel:
     """Lives exactly as long as the broker process that created it; the controller's death watch.
 
@@ -183,7 +183,9 @@ class SessionSentinel:
         return True
 
 
-@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000)
+@ray.remote(
+    num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000, enable_task_events=False
+)
 class BrokerActor:
     """One broker: session, replica actors, and the relay between them and the controller."""
 

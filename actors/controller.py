@@ -146,7 +146,9 @@ class _BrokerLink:
     gone: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000)
+@ray.remote(
+    num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000, enable_task_events=False
+)
 class ControllerActor(AdminRequests, LinkRequests):
     """One controller; active while it holds the lease, standby otherwise. Its admin requests
     (topics, configs, elections, reassignments, producer ids) are :class:`AdminRequests`."""

@@ -140,7 +140,9 @@ def _log_and_flush_configs(configs: dict[str, str] | None) -> tuple[LogConfig, i
     return config_keys.log_config(configs), flush.messages, flush.interval_ms
 
 
-@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000)
+@ray.remote(
+    num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000, enable_task_events=False
+)
 class ReplicaActor(ReplicaMirror, TieredReplica, DamagedReplica):
     """One partition replica: a state machine, its log, and the Ray plumbing between them."""
 

@@ -142,7 +142,7 @@ def client_view(md: md_.ClusterMetadata) -> tuple[list[Broker], dict[str, TopicS
     return brokers, topics
 
 
-@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1000)
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1000, enable_task_events=False)
 class GatewayActor:
     """The Kafka listener of broker ``broker_id`` on ``host:port``."""
 

@@ -151,12 +151,12 @@ def broker_ids_in(data_dir: str) -> list[int]:
     return sorted(ids)
 
 
-@ray.remote(num_cpus=0, max_retries=0)
+@ray.remote(num_cpus=0, max_retries=0, enable_task_events=False)
 def _broker_ids_on_node(data_dir: str) -> list[int]:
     return broker_ids_in(data_dir)
 
 
-@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0, enable_task_events=False)
 class NodeWatcherActor:
     """Has the supervisor start a broker + gateway on every ``raylog`` node; reports the nodes
     that die to the controller and the supervisor."""

@@ -105,7 +105,7 @@ class _Running:
         self.gateway = gateway
 
 
-@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=100)
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=100, enable_task_events=False)
 class SupervisorActor:
     """Starts, stops and kills the brokers and gateways of the cluster `raylog up` runs."""
 
