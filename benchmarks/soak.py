@@ -17,8 +17,8 @@ A Ray node cut off from the head is declared dead by Ray and never taken back, s
 isolation (tests/e2e/test_network_partition_live.py) is not among them: the soak keeps its
 three nodes.
 
-Prints one JSON document: per minute the fault, the records acknowledged, the acknowledgement
-latency percentiles (produce() to delivery report) and the longest gap between two
+Prints one JSON document: per minute the fault, the records sent and acknowledged, the
+acknowledgement latency percentiles (produce() to delivery report) and the longest gap between two
 acknowledgements, whether every partition was fully in sync again before the next fault and
 how long that took, and each kind of process's private memory (USS; count, total and largest);
 then the checker's verdict: every acknowledged record read back once, in send order, at the
@@ -206,6 +206,7 @@ def _minute(
     """Minute ``minute`` (from 0) starting at ``start``: its fault (none in the first), then
     the load's figures over the whole minute."""
     row: dict[str, Any] = {"minute": minute + 1, "fault": None}
+    sent_before = producing.sent
     if minute > 0:
         kind = FAULTS[(minute - 1) % len(FAULTS)]
         what, end = soak.fault(kind)
@@ -223,6 +224,7 @@ def _minute(
     until = time.monotonic()
     latencies = producing.ack_latencies(start, until)
     row.update(
+        sent=producing.sent - sent_before,
         acked=len(latencies),
         **_percentiles(latencies),
         longest_ack_gap_s=_longest_gap(producing.ack_times(), start, until),
