@@ -301,8 +301,9 @@ def main() -> int:
         return 2
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="rlsoak-"))
     root.mkdir(parents=True, exist_ok=True)
-    sandbox = NetSandbox(list(RACKS)).create()
-    try:
+    sandbox = NetSandbox(list(RACKS))
+    try:  # a create() that fails half-way is torn down too
+        sandbox.create()
         env = {"RAYLOG_CHANNEL_LOCAL_SOCKETS": "0"}
         with ray_cluster(root, sandbox.host, sandbox.command, env) as cluster:
             result = run(args, sandbox, cluster)
