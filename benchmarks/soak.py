@@ -59,6 +59,7 @@ from support.read_back import (
     node_replica_dirs,
     read_back,
     replicas_agree,
+    sent_ends,
 )
 from support.waiting import wait_until
 
@@ -242,8 +243,7 @@ def _verdict(soak: Soak, producing: Producing, consuming: Consuming, bootstrap: 
         sent = producing.finish(MESSAGE_TIMEOUT_S)
         consuming.stop()
         assert not consuming.went_back, consuming.went_back
-        ends = {p: len(range(p, sent, PARTITIONS)) for p in range(PARTITIONS)}
-        records = read_back(bootstrap, TOPIC, ends, STEP_DEADLINE_S)
+        records = read_back(bootstrap, TOPIC, sent_ends(sent, PARTITIONS), STEP_DEADLINE_S)
         check_exactly_once(records, sent, producing.acked)
         for p, got in records.items():
             dirs = node_replica_dirs(soak.cluster.root / "head-data", TOPIC, p)

@@ -24,7 +24,7 @@ from collections import deque
 import pytest
 from support.cluster import UpProcess, create_durable_topic
 from support.producing import Producing
-from support.read_back import batch_headers, check_exactly_once, read_back
+from support.read_back import batch_headers, check_exactly_once, read_back, sent_ends
 from support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -102,8 +102,7 @@ def test_an_idempotent_producer_loses_nothing_across_a_crash_and_restart(
             message="records acknowledged by the restarted cluster",
         )
         sent = producing.finish(MESSAGE_TIMEOUT_S)
-        wanted = {p: list(range(p, sent, PARTITIONS)) for p in range(PARTITIONS)}
-        log = read_back(up.bootstrap, TOPIC, {p: len(wanted[p]) for p in wanted}, READ_DEADLINE_S)
+        log = read_back(up.bootstrap, TOPIC, sent_ends(sent, PARTITIONS), READ_DEADLINE_S)
     finally:
         if producing is not None:
             producing.halt.set()

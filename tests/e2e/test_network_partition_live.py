@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ from support.read_back import (
     node_replica_dirs,
     read_back,
     replicas_agree,
+    sent_ends,
 )
 from support.waiting import wait_until
 
@@ -86,11 +87,6 @@ def cluster(tmp_path: Path, sandbox: NetSandbox) -> Iterator[RayCluster]:
         yield c
 
 
-def _json(done: Any) -> Any:
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout)
-
-
 def _partition(up: ClusterUp, partition: int) -> dict[str, Any] | None:
     done = up.raylog("topics", "describe", TOPIC, "--json")
     if done.returncode != 0:
@@ -99,22 +95,36 @@ def _partition(up: ClusterUp, partition: int) -> dict[str, Any] | None:
     return next(p for p in topic["partitions"] if p["partition"] == partition)
 
 
-def _in_sync(up: ClusterUp, partition: int) -> dict[str, Any]:
-    """The partition once every replica is in its ISR (a follower may lag behind for a moment
-    on a busy machine: the ISR's lag time is short here)."""
+def _wait_partition(
+    up: ClusterUp,
+    partition: int,
+    holds: Callable[[dict[str, Any]], bool],
+    what: str,
+    timeout_s: float = ISR_DEADLINE_S,
+) -> dict[str, Any]:
+    """The partition (as `topics describe --json` shows it) once ``holds`` is true of it."""
     return wait_until(
-        lambda: (p := _partition(up, partition)) and len(p["isr"]) == len(RACKS) and p,
-        timeout_s=ISR_DEADLINE_S,
+        lambda: (p := _partition(up, partition)) is not None and holds(p) and p,
+        timeout_s=timeout_s,
         interval_s=0.5,
-        message=f"every replica of partition {partition} in its ISR",
+        message=what,
     )
 
 
-def _isr_when(up: ClusterUp, partition: int, broker: int, inside: bool) -> list[int] | None:
-    p = _partition(up, partition)
-    if p is None or (broker in p["isr"]) != inside:
-        return None
-    return list(p["isr"])
+def _in_sync(up: ClusterUp, partition: int) -> dict[str, Any]:
+    """The partition once every replica is in its ISR (a follower may lag behind for a moment
+    on a busy machine: the ISR's lag time is short here)."""
+    return _wait_partition(
+        up,
+        partition,
+        lambda p: len(p["isr"]) == len(RACKS),
+        f"every replica of partition {partition} in its ISR",
+    )
+
+
+def _wait_isr(up: ClusterUp, broker: int, inside: bool, what: str) -> list[int]:
+    """Partition 0's ISR once ``broker`` is in it (``inside``) or out of it."""
+    return _wait_partition(up, 0, lambda p: (broker in p["isr"]) == inside, what)["isr"]
 
 
 def _acked_of(producing: Producing, partition: int) -> int:
@@ -131,15 +141,6 @@ def _acked_more(producing: Producing, count: int, what: str, partition: int = 0)
         return _acked_of(producing, partition) >= target
 
     wait_until(enough, timeout_s=STEP_DEADLINE_S, interval_s=0.1, message=what)
-
-
-def _wait_isr(up: ClusterUp, broker: int, inside: bool, what: str) -> list[int]:
-    return wait_until(
-        lambda: _isr_when(up, 0, broker, inside),
-        timeout_s=ISR_DEADLINE_S,
-        interval_s=0.5,
-        message=what,
-    )
 
 
 def test_partitions_and_a_slow_link_lose_nothing(sandbox: NetSandbox, cluster: RayCluster) -> None:
@@ -192,11 +193,8 @@ def test_partitions_and_a_slow_link_lose_nothing(sandbox: NetSandbox, cluster: R
             for rack in followers:
                 sandbox.cut(lr, rack)
             progress(f"leader {leader} ({lr}) cannot send to {followers}")
-            wait_until(
-                lambda: (p := _partition(up, 0)) and p["isr"] == [leader] and p,
-                timeout_s=ISR_DEADLINE_S,
-                interval_s=0.5,
-                message=f"the ISR of partition 0 shrunk to its leader {leader}",
+            _wait_partition(
+                up, 0, lambda p: p["isr"] == [leader], f"the ISR of partition 0 shrunk to {leader}"
             )
             for rack in followers:
                 sandbox.mend(lr, rack)
@@ -211,22 +209,20 @@ def test_partitions_and_a_slow_link_lose_nothing(sandbox: NetSandbox, cluster: R
             gone_rack = racks[gone]
             sandbox.isolate(gone_rack)
             progress(f"node {gone_rack} (broker {gone}, leader of partition 1) isolated")
-            moved = wait_until(
-                lambda: (p := _partition(up, 1)) and p["leader"] not in (gone, -1) and p,
-                timeout_s=STEP_DEADLINE_S,
-                interval_s=0.5,
-                message=f"a new leader of partition 1 after isolating broker {gone}",
+            moved = _wait_partition(
+                up,
+                1,
+                lambda p: p["leader"] not in (gone, -1),
+                f"a new leader of partition 1 after isolating broker {gone}",
+                STEP_DEADLINE_S,
             )
             assert moved["leader_epoch"] > p1["leader_epoch"], (p1, moved)
             _acked_more(producing, ACKED_STEP, "records acknowledged by the new leader", 1)
             progress(f"partition 1 led by broker {moved['leader']}")
 
             sent = producing.finish(MESSAGE_TIMEOUT_S)
-            wanted = {p: list(range(p, sent, PARTITIONS)) for p in range(PARTITIONS)}
             alive = [f"{cluster.hosts[r]}:{cluster.ports[r]}" for r in RACKS if r != gone_rack]
-            log = read_back(
-                ",".join(alive), TOPIC, {p: len(wanted[p]) for p in wanted}, READ_DEADLINE_S
-            )
+            log = read_back(",".join(alive), TOPIC, sent_ends(sent, PARTITIONS), READ_DEADLINE_S)
             progress("read back")
         finally:
             if producing is not None:

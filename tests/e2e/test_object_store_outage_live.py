@@ -32,7 +32,13 @@ from support.cluster import UpProcess, cli_env, create_durable_topic, started_up
 from support.consuming import Consuming, committed_offsets
 from support.controller_watch import ControllerWatch
 from support.producing import Producing
-from support.read_back import batch_headers, check_exactly_once, read_back, replica_batches
+from support.read_back import (
+    batch_headers,
+    check_exactly_once,
+    read_back,
+    replica_batches,
+    sent_ends,
+)
 from support.tcp_proxy import TcpProxy
 from support.waiting import wait_until
 
@@ -295,8 +301,7 @@ def test_store_cut_then_slow_under_load(cluster: UpProcess, store_proxy: TcpProx
         assert not producing.errors, producing.errors[:3]
         sent = producing.sent
         assert len(producing.acked) == sent, "every record is acknowledged"
-        wanted = {p: list(range(p, sent, PARTITIONS)) for p in range(PARTITIONS)}
-        log = read_back(up.bootstrap, TOPIC, {p: len(wanted[p]) for p in wanted}, WAIT_S)
+        log = read_back(up.bootstrap, TOPIC, sent_ends(sent, PARTITIONS), WAIT_S)
         check_exactly_once(log, sent, producing.acked)
 
         after = committed_offsets(up.bootstrap, TOPIC, GROUP, PARTITIONS, WAIT_S)
@@ -308,7 +313,7 @@ def test_store_cut_then_slow_under_load(cluster: UpProcess, store_proxy: TcpProx
             lambda: _in_sync(watch), timeout_s=WAIT_S, interval_s=0.5, message="replicas in sync"
         )
         ends = {p: hws[(TOPIC, p)] for p in range(PARTITIONS)}
-        assert ends == {p: len(wanted[p]) for p in wanted}, "nothing more in the log"
+        assert ends == sent_ends(sent, PARTITIONS), "nothing more in the log"
         _check_replica_logs(up.data_dir, hws)
         shared = {k: v for k, v in _leaders_by_epoch(watch).items() if len(v) > 1}
         assert not shared, f"leader epochs led by more than one replica: {shared}"
