@@ -7,7 +7,8 @@ Owns the settings measured on Ray 2.60 (docs/DESIGN.md, "What Ray costs"):
 - loopback-only listeners for the embedded cluster (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`);
 - Ray's temp dir inside the data directory, never the shared `/tmp/ray`;
 - fast health checks, so that a dead node is seen in about half a second instead of 13 s;
-- Ray's worker start concurrency, set for a cluster of many long-lived actor processes.
+- Ray's worker start concurrency, set for a cluster of many long-lived actor processes;
+- the brokers' CPU priority: Ray's workers at the niceness of any other server process.
 
 `cluster.json` in the data directory records how to reach a running embedded cluster; the CLI
 and the Spark connector read it.
@@ -117,11 +118,25 @@ def ray_env(data_dir: Path) -> dict[str, str]:
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(16 << 20), "MALLOC_TRIM_THRESHOLD_": str(64 << 20)}
 
 
+# Ray starts its worker processes at nice 15, below its own daemons and below every ordinary
+# process of the machine: right for batch tasks, wrong for raylog, whose workers are brokers. At
+# nice 15 a client that busy-polls while its requests are in flight (librdkafka's broker threads
+# do at max.in.flight) takes the CPU from the broker it waits for, which makes it poll longer:
+# four idempotent confluent-kafka producers to one partition on a 2-core machine got 4,300
+# records/s, with 0.5 s produce round trips, at nice 15, and 21,500 at nice 0 (docs/DESIGN.md,
+# "What Ray costs"). Ray's daemons keep up at equal priority: they sleep between requests, and
+# the kernel runs a thread that wakes from sleep ahead of those that have been running. Ray
+# reads this in each worker process (not from the system config), so the workers inherit it.
+PRIORITY_ENV = {"RAY_worker_niceness": "0"}
+
+
 def apply_ray_env(data_dir: Path) -> dict[str, str]:
-    """Sets this process's environment for joining or starting the cluster of `data_dir`."""
+    """Sets this process's environment for joining or starting the cluster of `data_dir`; the
+    Ray workers of a cluster it starts inherit MALLOC_ENV and PRIORITY_ENV (unless the user set
+    those variables)."""
     env = ray_env(data_dir)
     os.environ.update(env)
-    for key, value in MALLOC_ENV.items():
+    for key, value in {**MALLOC_ENV, **PRIORITY_ENV}.items():
         os.environ.setdefault(key, value)
     Path(env["RAY_TMPDIR"]).mkdir(parents=True, exist_ok=True)
     return env

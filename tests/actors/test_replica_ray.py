@@ -231,6 +231,20 @@ def test_replica_processes_keep_freed_batch_buffers_in_the_heap(ray_local: Path)
     assert ray.get(malloc_env.remote(), timeout=CALL_TIMEOUT_S) == raycluster.MALLOC_ENV
 
 
+def test_cluster_processes_run_at_a_server_s_priority(ray_local: Path) -> None:
+    """The cluster's worker processes (its brokers and replicas) run at the niceness of
+    raycluster.PRIORITY_ENV, not Ray's default 15 for workers."""
+
+    @ray.remote(num_cpus=0)
+    def niceness() -> int:
+        import os
+
+        return os.nice(0)
+
+    expected = int(raycluster.PRIORITY_ENV["RAY_worker_niceness"])
+    assert ray.get(niceness.remote(), timeout=CALL_TIMEOUT_S) == expected
+
+
 def test_read_committed_returns_fetchs_batches_in_ray_s_object_store(
     ray_local: Path, tmp_path: Path
 ) -> None:
