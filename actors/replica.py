@@ -54,13 +54,12 @@ from raylog.actors.process_memory import lean_serialization_context
 from raylog.actors.producer_snapshots import SnapshotTaker, start_state
 from raylog.actors.replica_damage import DamagedReplica
 from raylog.actors.replica_mirror import ReplicaMirror
+from raylog.actors.replica_offsets import OffsetsReplica
 from raylog.actors.replica_port import CHANNEL_START_S, RayReplicaPort
 from raylog.actors.replica_tiering import (
-    EARLIEST_LOCAL_TIMESTAMP,
     REMOTE_LOG_MANAGER_TASK_INTERVAL_MS_DEFAULT,
     RemoteStoreLocation,
     TieredReplica,
-    first_record_at,
 )
 from raylog.actors.replication.executor import ReadyExecutor
 from raylog.actors.replication.messages import (
@@ -85,7 +84,6 @@ from raylog.storage import batch as rb
 from raylog.storage import pki
 from raylog.storage.cleaner_process import run_in_child
 from raylog.storage.errors import (
-    FencedLeaderEpochError,
     InvalidRecordError,
     InvalidRequestError,
     InvalidTxnStateError,
@@ -94,9 +92,8 @@ from raylog.storage.errors import (
     PolicyViolationError,
     RaylogError,
     RequestTimedOutError,
-    UnknownLeaderEpochError,
 )
-from raylog.storage.log import DamagedBatchError, Extents, Log, LogConfig
+from raylog.storage.log import Extents, Log, LogConfig
 from raylog.storage.pki import LeafCertificate
 
 log = logging.getLogger(__name__)
@@ -143,7 +140,7 @@ def _log_and_flush_configs(configs: dict[str, str] | None) -> tuple[LogConfig, i
 @ray.remote(
     num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000, enable_task_events=False
 )
-class ReplicaActor(ReplicaMirror, TieredReplica, DamagedReplica):
+class ReplicaActor(ReplicaMirror, TieredReplica, DamagedReplica, OffsetsReplica):
     """One partition replica: a state machine, its log, and the Ray plumbing between them."""
 
     _loop: asyncio.AbstractEventLoop  # the actor's event loop, known from the first call
@@ -864,66 +861,6 @@ class ReplicaActor(ReplicaMirror, TieredReplica, DamagedReplica):
         if not self._node:
             self._node = str(ray.get_runtime_context().get_node_id())
         return self._node
-
-    async def list_offsets(
-        self,
-        timestamp: int,
-        current_leader_epoch: int = UNDEFINED_EPOCH,
-        isolation_level: int = READ_UNCOMMITTED,
-    ) -> tuple[int, int, int, int]:
-        """Kafka's ListOffsets on the leader: ``(error_code, timestamp, offset, leader_epoch)``.
-
-        -2 (earliest) is the log start offset, -1 (latest) the last fetchable offset (the HW;
-        for read_committed, ``isolation_level`` 1, the LSO), and any other value the first
-        batch whose maxTimestamp >= ``timestamp`` with that maxTimestamp (batch precision:
-        records are not decoded). As in Kafka, a batch at or above the last fetchable offset
-        is not offered, and (-1, -1) means no batch is that late.
-        """
-        self._ensure_started()
-        sm = self._sm
-        if self._offline is not None:
-            return (KafkaStorageError.error_code, -1, -1, -1)
-        if sm.role is not Role.LEADER:
-            return (NotLeaderOrFollowerError.error_code, -1, -1, -1)
-        if current_leader_epoch != UNDEFINED_EPOCH and current_leader_epoch < sm.leader_epoch:
-            return (FencedLeaderEpochError.error_code, -1, -1, sm.leader_epoch)
-        if current_leader_epoch > sm.leader_epoch:
-            return (UnknownLeaderEpochError.error_code, -1, -1, sm.leader_epoch)
-        if timestamp == -2:
-            return (0, -1, self._log_start_for_clients(sm.log_start_offset), sm.leader_epoch)
-        if timestamp == EARLIEST_LOCAL_TIMESTAMP:
-            return (0, -1, sm.log_start_offset, sm.leader_epoch)
-        # Kafka's lastFetchableOffset.
-        fetchable = (
-            sm.last_stable_offset if isolation_level == READ_COMMITTED else sm.high_watermark
-        )
-        if timestamp == -1:
-            return (0, -1, fetchable, sm.leader_epoch)
-        try:
-            if self._tiering_enabled():  # the remote tier first: it holds the older offsets
-                remote = await asyncio.to_thread(self._remote_list_offset, timestamp)
-                if remote is not None:
-                    return (0, remote[0], remote[1], sm.leader_epoch)
-            found = self._log.offset_for_timestamp(timestamp)
-            if found is None or found.offset >= fetchable:
-                return (0, -1, -1, sm.leader_epoch)
-            record = self._first_record_at(found.offset, timestamp, fetchable)
-        except RaylogError as exc:
-            if isinstance(exc, DamagedBatchError):
-                self._on_storage_error(exc)
-            return (exc.error_code, -1, -1, -1)
-        # A batch whose maxTimestamp no record reaches (a client set it so): the batch's own.
-        stamp, offset = record if record is not None else (found.timestamp, found.offset)
-        return (0, stamp, offset, sm.leader_epoch)
-
-    def _first_record_at(
-        self, batch_offset: int, timestamp: int, below: int
-    ) -> tuple[int, int] | None:
-        """``(timestamp, offset)`` of the first record at or after ``timestamp`` in the batch
-        at ``batch_offset`` (whose maxTimestamp is that late); ``batch_offset`` is the log
-        start offset when that lies inside the batch."""
-        data = self._log.read(batch_offset, 1, max_offset=below)  # that one batch, whole
-        return first_record_at(data, batch_offset, timestamp)
 
     # --- replica to replica ---------------------------------------------------------------------
 

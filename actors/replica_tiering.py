@@ -282,6 +282,12 @@ class TieredReplica:
                         return first_record_at(data, header.base_offset, timestamp)
         return None
 
+    def _remote_next_offset(self) -> int:
+        """The offset after the remote log's last (ListOffsets -5), -1 when none is copied."""
+        meta = self._read_meta(self._store())
+        finished = meta.finished()
+        return finished[-1].next_offset if finished else -1
+
     def _remote_read(
         self, offset: int, max_bytes: int, isolation_level: int
     ) -> tuple[bytes, tuple[tuple[int, int], ...]]:

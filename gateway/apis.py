@@ -27,7 +27,11 @@ TARGET_VERSIONS: Mapping[int, VersionRange] = MappingProxyType(
     {
         0: (3, 7),  # Produce: >=3 means RecordBatch v2 only; zstd needs >=7 (and Fetch >=10)
         1: (4, 11),  # Fetch: v11 carries rack_id / preferred_read_replica (KIP-392)
-        2: (1, 3),  # ListOffsets: timestamps from v1
+        # ListOffsets: timestamps from v1; v4 leader epochs, v7 max timestamp (KIP-734), v8
+        # earliest-local (KIP-405), v9 latest-tiered (KIP-1005). v7+ reads to kafka-python as a
+        # Kafka 3.0 broker (InitProducerId v3 then required, and its consumers' session timeout
+        # defaults to KIP-735's 45 s).
+        2: (1, 9),
         3: (1, 5),  # Metadata: >=4 for older kcat builds
         # OffsetCommit: v7 carries a static member's group_instance_id (KIP-345); v5 drops
         # retention_time, v6 adds committed_leader_epoch. kafka-python does not infer the
@@ -56,7 +60,7 @@ TARGET_VERSIONS: Mapping[int, VersionRange] = MappingProxyType(
         # DeleteRecords: v2 is flexible (Kafka's range is 0-2); kafka-python sends v2. It does
         # not infer the broker's version from it.
         21: (0, 2),
-        22: (0, 1),  # InitProducerId: kafka-python's guessed version must stay < 2.5
+        22: (0, 4),  # InitProducerId: v3 KIP-360's epoch bump, v4 PRODUCER_FENCED (KIP-588)
         # AddPartitionsToTxn: v3 is flexible; v4+ is KIP-890's batched broker-to-broker form,
         # which kafka-python would read as a Kafka 3.6 broker. AddOffsetsToTxn and EndTxn: v2
         # answers PRODUCER_FENCED where v0-1 answer INVALID_PRODUCER_EPOCH (KIP-588), v3 is

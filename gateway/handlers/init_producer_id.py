@@ -1,4 +1,5 @@
-"""InitProducerId (key 22), versions 0-1: a producer id for an idempotent producer.
+"""InitProducerId (key 22), versions 0-4: a producer id for an idempotent or transactional
+producer.
 
 This module owns the request's rules; the backend owns where ids come from (blocks the active
 controller allocates, see ``gateway/producer_ids.py``). Kafka's rules that apply without
@@ -10,13 +11,18 @@ transactions:
    (``gateway/transactions``): a new producer id at epoch 0, or the id's producer id with its
    epoch bumped, fencing the previous producer (an Ongoing transaction of it is aborted first:
    CONCURRENT_TRANSACTIONS, which the client retries). ``transaction_timeout_ms`` above
-   ``transaction.max.timeout.ms`` gets INVALID_TRANSACTION_TIMEOUT (50).
+   ``transaction.max.timeout.ms`` gets INVALID_TRANSACTION_TIMEOUT (50). From v3 the request
+   may name the producer id and epoch the client holds (KIP-360): the coordinator then bumps
+   that epoch (a retry of a bump whose answer was lost gets the same epoch again) or answers
+   PRODUCER_FENCED when a newer producer took the id. Without a transactional id those fields
+   change nothing: a fresh producer id at epoch 0, as Kafka answers an idempotent producer's
+   epoch bump.
 3. When no id can be had now (no active controller reachable, a CAS lost to a failover): the
    retriable COORDINATOR_LOAD_IN_PROGRESS (14), Kafka's answer while a broker waits for its next
    producer-id block; clients retry InitProducerId.
 
-Versions 2+ (flexible; v3 adds KIP-360's epoch bump of an existing id) are not advertised:
-kafka-python infers a broker of 2.5 or newer from them and then requires v3.
+v2 is flexible, v4 answers PRODUCER_FENCED where v0-3 answer INVALID_PRODUCER_EPOCH (KIP-588).
+v5-6 (KIP-939's two-phase commit) are not advertised.
 
 Authorization (Kafka 3.x): IDEMPOTENT_WRITE on the cluster or WRITE on some topic, else
 CLUSTER_AUTHORIZATION_FAILED (31); a transactional id needs WRITE on it
@@ -49,8 +55,9 @@ async def handle(context: RequestContext, request: Request) -> Any:
         coordinator = context.transactions
         if coordinator is None:
             return _response(ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        expected = (body.producer_id, body.producer_epoch) if request.api_version >= 3 else ()
         result = await coordinator.init_producer_id(
-            body.transactional_id, body.transaction_timeout_ms
+            body.transactional_id, body.transaction_timeout_ms, *expected
         )
         error = fencing_error(API_KEY, request.api_version, result.error_code)
         return _response(error, result.producer_id, result.producer_epoch)

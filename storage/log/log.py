@@ -387,6 +387,18 @@ class Log:
                 self._record_damage(exc.offset, exc.offset)
                 raise
 
+    def max_timestamp_batch(self) -> TimestampOffset | None:
+        """ListOffsets' MAX_TIMESTAMP: (the largest maxTimestamp of a batch at or above the log
+        start offset, that batch's base offset or the log start offset), the first such batch;
+        None when the log holds no batch (``reads.max_timestamp_batch``)."""
+        with self._lock:
+            self._check_usable()
+            try:
+                return reads.max_timestamp_batch(self._state.segments, self.log_start_offset)
+            except DamagedBatchError as exc:
+                self._record_damage(exc.offset, exc.offset)
+                raise
+
     def batch_headers(self) -> Iterator[rb.BatchHeader]:
         """Every stored batch's 61-byte header in log order, without reading record bodies.
 

@@ -194,6 +194,33 @@ def offset_for_timestamp(
     return None
 
 
+def max_timestamp_batch(segments: SegmentList, log_start_offset: int) -> TimestampOffset | None:
+    """ListOffsets' MAX_TIMESTAMP (KIP-734): the first batch at or above the log start offset
+    with the largest maxTimestamp: (that maxTimestamp, its base offset, or the log start offset
+    when the batch holds it); None in an empty log. Segments are visited by their own largest
+    timestamp, highest first, until none left can hold a later batch: one segment's batch
+    headers are read in the usual case (a segment's largest timestamp may belong to a batch
+    below the log start, which is why the walk goes on)."""
+    best: TimestampOffset | None = None
+    order = sorted(range(len(segments)), key=lambda i: -segments[i].max_timestamp)
+    for i in order:  # sorted() is stable: among equal timestamps, the earlier segment first
+        if segments[i].size == 0 or (best is not None and segments[i].max_timestamp <= best[0]):
+            continue
+        seg = segments.open(i)
+        pos = 0
+        while pos < seg.size:
+            header = rb.parse_header(seg.read(pos, rb.HEADER_SIZE))
+            check_stored(seg, pos, header, -1)
+            if header.last_offset >= log_start_offset and (
+                best is None or header.max_timestamp > best[0]
+            ):
+                best = TimestampOffset(
+                    header.max_timestamp, max(header.base_offset, log_start_offset)
+                )
+            pos += header.size
+    return best
+
+
 def first_position_at_or_after(seg: Segment, offset: int) -> int:
     """Position of the first batch of ``seg`` whose last offset is >= ``offset`` (the
     segment's size when none is); 0 for its base offset, without reading (a truncation there

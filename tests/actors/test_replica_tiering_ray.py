@@ -261,6 +261,10 @@ def test_copies_local_deletion_and_a_leader_change(
         assert local_start > 0
         assert _list_offsets(replicas[1], -2) == (-1, 0)  # earliest: the remote log start
         assert _list_offsets(replicas[1], -4)[1] >= local_start  # earliest-local (KIP-1005)
+        # latest-tiered (KIP-1005): the remote log's last offset, as the metadata says now
+        stamp, tiered = _list_offsets(replicas[1], -5)
+        assert (stamp, tiered) == (-1, _stats(replicas[1])["remote_next_offset"] - 1)
+        assert local_start <= tiered + 1 <= 120
         assert _list_offsets(replicas[1], T0_MS + 3) == (T0_MS + 3, 3)  # remote, by time
         assert _list_offsets(replicas[1], T0_MS + 119) == (T0_MS + 119, 119)  # local
         assert _local_logs(tmp_path / "replica-0") <= 5

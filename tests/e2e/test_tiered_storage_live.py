@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from kafka import TopicPartition as KTopicPartition
 from support.cluster import UpProcess
 from support.waiting import wait_until
 
@@ -90,15 +91,55 @@ def test_records_past_local_retention_are_read_from_offset_zero(up: UpProcess) -
         assert (low, high) == (0, RECORDS)
         consumer.assign([TopicPartition(TOPIC, 0, OFFSET_BEGINNING)])
         seen: list[tuple[int, bytes, bytes]] = []
+        stamps: list[int] = []
 
         def read_all() -> bool:
             message = consumer.poll(1.0)
             if message is not None:
                 assert message.error() is None, message.error()
                 seen.append((message.offset(), message.key(), message.value()))
+                stamps.append(message.timestamp()[1])
             return len(seen) >= RECORDS
 
         wait_until(read_all, timeout_s=120, message="every record from offset 0")
         assert seen == [(i, b"k%d" % i, _value(i)) for i in range(RECORDS)]
     finally:
         consumer.close()
+    _list_offsets_of_both_tiers(up, stamps)
+
+
+def _list_offsets_of_both_tiers(up: UpProcess, stamps: list[int]) -> None:
+    """ListOffsets v9 with kafka-python's admin client (it reads the gateway as Kafka 3.0):
+    earliest is the remote log's start, earliest-local the replica's local start above it,
+    latest-tiered the last copied offset, max-timestamp the first local record with the largest
+    timestamp; each with the epoch of the batch it found, where the leader still knows it."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import OffsetSpec
+
+    admin = KafkaAdminClient(bootstrap_servers=up.bootstrap, request_timeout_ms=30_000)
+    tp = KTopicPartition(TOPIC, 0)
+    try:
+        found = {
+            spec: admin.list_partition_offsets({tp: spec})[tp]
+            for spec in (
+                OffsetSpec.EARLIEST,
+                OffsetSpec.EARLIEST_LOCAL,
+                OffsetSpec.LATEST_TIERED,
+                OffsetSpec.LATEST,
+                OffsetSpec.MAX_TIMESTAMP,
+            )
+        }
+    finally:
+        admin.close()
+    local_start = found[OffsetSpec.EARLIEST_LOCAL].offset
+    assert found[OffsetSpec.EARLIEST].offset == 0
+    assert 0 < local_start < RECORDS
+    assert local_start - 1 <= found[OffsetSpec.LATEST_TIERED].offset < RECORDS
+    assert found[OffsetSpec.LATEST].offset == RECORDS
+    # Max timestamp searches the local log, as Kafka's does: the first record there with the
+    # largest timestamp (records produced within one millisecond share it).
+    latest_ts = max(stamps[local_start:])
+    top = found[OffsetSpec.MAX_TIMESTAMP]
+    assert (top.offset, top.timestamp) == (stamps.index(latest_ts, local_start), latest_ts)
+    assert found[OffsetSpec.LATEST].leader_epoch is not None
+    assert top.leader_epoch is not None  # local: its batch's epoch

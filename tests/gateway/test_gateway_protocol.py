@@ -56,7 +56,7 @@ def answer(connection: Connection, request: Request) -> bytes:
 EXPECTED_TABLE = {
     0: (3, 7),  # Produce
     1: (4, 11),  # Fetch
-    2: (1, 3),  # ListOffsets
+    2: (1, 9),  # ListOffsets
     3: (1, 5),  # Metadata
     8: (2, 7),  # OffsetCommit
     9: (1, 3),  # OffsetFetch
@@ -72,7 +72,7 @@ EXPECTED_TABLE = {
     19: (2, 4),  # CreateTopics
     20: (1, 3),  # DeleteTopics
     21: (0, 2),  # DeleteRecords
-    22: (0, 1),  # InitProducerId
+    22: (0, 4),  # InitProducerId
     24: (0, 3),  # AddPartitionsToTxn
     25: (0, 3),  # AddOffsetsToTxn
     26: (0, 3),  # EndTxn
@@ -99,9 +99,9 @@ EXPECTED_TABLE = {
 
 def test_advertised_table_is_the_registered_handlers() -> None:
     assert dict(ADVERTISED) == EXPECTED_TABLE
-    # docs/PROTOCOL.md: kafka-python reads the table as Kafka 2.3 (at 2.5 it would insist on
-    # InitProducerId v3); the transaction APIs do not move that guess.
-    assert infer_broker_version_from_api_versions(dict(ADVERTISED)) == (2, 3)
+    # docs/PROTOCOL.md: kafka-python reads the table as Kafka 3.0 (ListOffsets v7); it then
+    # sends InitProducerId v3 (offered) and nothing the table does not offer.
+    assert infer_broker_version_from_api_versions(dict(ADVERTISED)) == (3, 0)
 
 
 def test_header_versions_follow_flexible_versions() -> None:
@@ -128,7 +128,7 @@ def test_api_versions_v0_golden_bytes() -> None:
         "00000028"  # api_keys: 40 entries, by key; each key, min, max
         "000000030007"  # Produce 3-7
         "00010004000b"  # Fetch 4-11
-        "000200010003"  # ListOffsets 1-3
+        "000200010009"  # ListOffsets 1-9
         "000300010005"  # Metadata 1-5
         "000800020007"  # OffsetCommit 2-7
         "000900010003"  # OffsetFetch 1-3
@@ -144,7 +144,7 @@ def test_api_versions_v0_golden_bytes() -> None:
         "001300020004"  # CreateTopics 2-4
         "001400010003"  # DeleteTopics 1-3
         "001500000002"  # DeleteRecords 0-2
-        "001600000001"  # InitProducerId 0-1
+        "001600000004"  # InitProducerId 0-4
         "001800000003"  # AddPartitionsToTxn 0-3
         "001900000003"  # AddOffsetsToTxn 0-3
         "001a00000003"  # EndTxn 0-3

@@ -2,9 +2,11 @@
 
 Proves: a null transactional_id gets a fresh producer id at epoch 0, ids come one by one from a
 block and a new block is asked for only when the block is used up (concurrent callers share one
-allocation, and no id is handed out twice); a transactional_id gets UNSUPPORTED_VERSION (35);
+allocation, and no id is handed out twice); a transactional_id goes to the transaction
+coordinator (with the held producer id and epoch from v3, KIP-360), COORDINATOR_NOT_AVAILABLE
+(15) without one;
 when no id can be had the answer is the retriable COORDINATOR_LOAD_IN_PROGRESS (14); requests
-and responses go through the real sans-io connection in v0 and v1. The controller side (the
+and responses go through the real sans-io connection in v0 to v4. The controller side (the
 CAS-persisted next id) is tested in test_metadata.py and, live, in
 tests/e2e/test_idempotent_producer_live.py.
 """
@@ -16,11 +18,10 @@ from dataclasses import dataclass, field
 
 import pytest
 from kafka.protocol.producer import InitProducerIdRequest, InitProducerIdResponse
-from support.gateway import InMemoryBackend
+from support.gateway import InMemoryBackend, handled
 
-from raylog.gateway.handlers import HANDLERS, RequestContext, advertised_versions
 from raylog.gateway.producer_ids import ProducerIdBlocks, ProducerIdResult
-from raylog.gateway.protocol import Connection, Request
+from raylog.gateway.transactions.coordinator import InitProducerIdResult
 from raylog.storage.errors import NotControllerError
 
 
@@ -56,26 +57,42 @@ class IdBackend(InMemoryBackend):
             return ProducerIdResult(14, message=str(exc))
 
 
-def _ask(backend: object, version: int, transactional_id: str | None = None) -> object:
+@dataclass
+class RecordingCoordinator:
+    """Stands in for the transaction coordinator: answers epoch + 1 of what it was given, and
+    records each call's arguments."""
+
+    calls: list[tuple[object, ...]] = field(default_factory=list)
+
+    async def init_producer_id(self, *args: object) -> InitProducerIdResult:
+        self.calls.append(args)
+        epoch = args[3] if len(args) > 3 else -1
+        return InitProducerIdResult(0, 77, int(epoch) + 1)  # type: ignore[call-overload]
+
+
+def _ask(
+    backend: object,
+    version: int,
+    transactional_id: str | None = None,
+    held: tuple[int, int] = (-1, -1),
+    transactions: RecordingCoordinator | None = None,
+) -> object:
     request = InitProducerIdRequest(
-        transactional_id=transactional_id, transaction_timeout_ms=60_000
+        transactional_id=transactional_id,
+        transaction_timeout_ms=60_000,
+        producer_id=held[0],
+        producer_epoch=held[1],
     )
-    request.API_VERSION = version
-    request.with_header(correlation_id=5, client_id="t")
-    connection = Connection(advertised_versions())
-    connection.receive_data(bytes(request.encode(version=version, header=True, framed=True)))
-    event = connection.next_event()
-    assert isinstance(event, Request) and event.api_key == 22
-    context = RequestContext(backend, advertised_versions(), "test")  # type: ignore[arg-type]
-    response = asyncio.run(HANDLERS[22](context, event))
-    frame = bytes(connection.send(event, response))
-    return InitProducerIdResponse.decode(frame[8:], version=version)  # size + correlation id
+    return handled(request, version, InitProducerIdResponse, backend, transactions)
 
 
-@pytest.mark.parametrize("version", [0, 1])
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 4])
 def test_idempotent_producer_gets_a_fresh_id_at_epoch_zero(version: int) -> None:
     backend = IdBackend()
-    answers = [_ask(backend, version) for _ in range(4)]
+    # From v3 the producer may name the id it holds (KIP-360): without a transactional id
+    # that changes nothing, as in Kafka.
+    answers = [_ask(backend, version, held=(1000, 3) if version >= 3 else (-1, -1))]
+    answers += [_ask(backend, version) for _ in range(3)]
     assert [(a.error_code, a.producer_id, a.producer_epoch) for a in answers] == [
         (0, 1000, 0),
         (0, 1001, 0),
@@ -89,6 +106,21 @@ def test_transactional_id_goes_to_the_transaction_coordinator() -> None:
     # Without one (a gateway that has none), the retriable COORDINATOR_NOT_AVAILABLE.
     answer = _ask(IdBackend(), 1, transactional_id="tx-1")
     assert (answer.error_code, answer.producer_id) == (15, -1)
+
+
+@pytest.mark.parametrize("version", [0, 1, 2, 3, 4])
+def test_the_held_producer_id_and_epoch_reach_the_coordinator_from_v3(version: int) -> None:
+    """KIP-360: from v3 the coordinator gets the producer id and epoch the client holds (it
+    bumps that epoch); before v3 the request has no such fields and none are passed."""
+    coordinator = RecordingCoordinator()
+    answer = _ask(IdBackend(), version, "tx-1", held=(77, 4), transactions=coordinator)
+    expected: tuple[object, ...] = ("tx-1", 60_000) + ((77, 4) if version >= 3 else ())
+    assert coordinator.calls == [expected]
+    assert (answer.error_code, answer.producer_id, answer.producer_epoch) == (
+        0,
+        77,
+        5 if version >= 3 else 0,
+    )
 
 
 def test_no_id_available_is_retriable_coordinator_load_in_progress() -> None:

@@ -252,6 +252,28 @@ class LiveGateway:
         return f"{HOST}:{self.port}"
 
 
+def handled(
+    request: Any, version: int, response_type: Any, backend: Any, transactions: Any = None
+) -> Any:
+    """``request`` at ``version`` through a real sans-io connection and its registered handler
+    (no socket, no Ray), with ``backend`` (and ``transactions`` as the transaction coordinator);
+    the response decoded as a ``response_type``, as the client would decode it."""
+    from raylog.gateway.handlers import HANDLERS, RequestContext, advertised_versions
+    from raylog.gateway.protocol import Connection, Request
+
+    request.API_VERSION = version
+    request.with_header(correlation_id=5, client_id="t")
+    connection = Connection(advertised_versions())
+    connection.receive_data(bytes(request.encode(version=version, header=True, framed=True)))
+    event = connection.next_event()
+    assert isinstance(event, Request) and event.api_key == request.API_KEY
+    context = RequestContext(backend, advertised_versions(), "test", transactions=transactions)
+    frame = bytes(connection.send(event, asyncio.run(HANDLERS[event.api_key](context, event))))
+    # size, correlation id and, in a flexible response header, its empty tagged fields
+    header = 9 if request.flexible_version_q(version) else 8
+    return response_type.decode(frame[header:], version=version)
+
+
 def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
     """Poll ``condition`` until true or the deadline passes (then fail naming ``what``)."""
     wait_until(condition, timeout_s=timeout_s, interval_s=0.01, message=what)

@@ -80,6 +80,25 @@ def test_offset_for_timestamp(small_log: Log) -> None:
     assert small_log.offset_for_timestamp(-2) == (-1, 0)
 
 
+def test_max_timestamp_batch_is_the_first_with_the_largest_timestamp(small_log: Log) -> None:
+    """ListOffsets -3 (KIP-734): the first batch, above the log start, whose maxTimestamp is
+    the log's largest, across segments and wherever it lies; a largest timestamp in a batch
+    below the log start does not count."""
+    assert small_log.max_timestamp_batch() is None
+    stamps = [5_000, 9_000, 7_000, 9_000, 8_000] + [6_000] * 20 + [8_500]
+    for ts in stamps:
+        small_log.append(batch(2, ts=ts), 0)  # maxTimestamp ts + 1
+    assert small_log.segment_count > 3
+    assert small_log.max_timestamp_batch() == (9_001, 2)  # the first of two
+    end = small_log.log_end_offset
+    small_log.advance_log_start(3, end)  # inside the batch at 2, which still counts
+    assert small_log.max_timestamp_batch() == (9_001, 3)
+    small_log.advance_log_start(4, end)  # past it: the second one
+    assert small_log.max_timestamp_batch() == (9_001, 6)
+    small_log.advance_log_start(8, end)  # past both: the next largest, in a later segment
+    assert small_log.max_timestamp_batch() == (8_501, 50)
+
+
 def test_concurrent_reads_during_appends_and_rolls(small_log: Log) -> None:
     stop = threading.Event()
     failures: list[BaseException] = []
