@@ -61,6 +61,7 @@ from raylog.actors.replica_tiering import (
     RemoteStoreLocation,
     TieredReplica,
 )
+from raylog.actors.replication.delete_records import requested_log_start
 from raylog.actors.replication.executor import ReadyExecutor
 from raylog.actors.replication.messages import (
     CONSUMER_REPLICA_ID,
@@ -682,6 +683,11 @@ class ReplicaActor(ReplicaMirror, TieredReplica, DamagedReplica, OffsetsReplica)
                 f"records of {self.topic}-{self.partition} cannot be deleted: its "
                 f"cleanup.policy is {self._log.config.cleanup_policy}",
             )
+        wanted = requested_log_start(offset, self._sm.high_watermark)
+        if wanted is not None and self._tiering_enabled():
+            answered = await self._tiered_delete_records(wanted)
+            if answered is not None:
+                return answered
         request_id = self._new_request_id()
         waiter: asyncio.Future[DeleteRecordsOutcome] = asyncio.get_running_loop().create_future()
         self._port.delete_waiters[request_id] = waiter

@@ -39,7 +39,13 @@ every remote read (no metadata cache). Followers replicate from the leader's loc
 one behind the leader's local log start truncates fully and starts there (the existing
 path: the leader reports its local log start to followers).
 
-Not here: DeleteRecords below the local log start.
+DeleteRecords (the leader's, before the local rules of ``delete_records``): the remote
+metadata records the partition's new log start (CAS, fenced by the leader epoch) and the
+remote segments wholly below it are deleted at once (:func:`~raylog.storage.remote.
+move_log_start`); nothing below it is served from the store again, and ListOffsets earliest
+answers it. An offset below the local log start is answered there (the local tier is not
+touched); one at or above it also moves the local log start, as for any topic. The store
+unreachable: the request fails (KAFKA_STORAGE_ERROR) and nothing moves.
 
 The host class provides ``_log``, ``_sm``, ``_loop``, ``_step``, ``_go_offline``, ``topic``
 and ``partition``.
@@ -53,7 +59,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from raylog.actors.calls import FetchOutcome
+from raylog.actors.calls import DeleteRecordsOutcome, FetchOutcome
 from raylog.actors.control import config_keys
 from raylog.actors.replication.messages import LocalLogStartAdvanced
 from raylog.actors.replication.ready import Role
@@ -78,6 +84,7 @@ from raylog.storage.remote import (
     copy_segment,
     delete_segments,
     metadata_store,
+    move_log_start,
 )
 from raylog.storage.remote import metadata as rmeta
 from raylog.storage.remote.format import RemotePartition
@@ -271,15 +278,34 @@ class TieredReplica:
         for segment in meta.finished():
             if segment.base_offset >= local_start:
                 return None
-            if segment.max_timestamp_ms < timestamp:
+            if segment.max_timestamp_ms < timestamp or segment.end_offset < meta.log_start_offset:
                 continue
-            offset = segment.base_offset
+            offset = max(segment.base_offset, meta.log_start_offset)  # DeleteRecords' start
             while offset <= segment.end_offset:  # bounded: each round moves on a batch
                 for data in self._reader().read(partition, segment, offset, 1 << 20):
                     header = rb.parse_header(data)
+                    first = max(header.base_offset, meta.log_start_offset)
                     offset = header.next_offset
                     if header.max_timestamp >= timestamp:
-                        return first_record_at(data, header.base_offset, timestamp)
+                        found = first_record_at(data, first, timestamp)
+                        if found is not None:
+                            return found
+        return None
+
+    async def _tiered_delete_records(self, wanted: int) -> DeleteRecordsOutcome | None:
+        """DeleteRecords to ``wanted`` (in range) on a tiered leader: move the remote log's
+        start (module docstring); the answer when that is all, None when the local log start
+        moves too."""
+        epoch = self._sm.leader_epoch
+        try:
+            meta = await asyncio.to_thread(
+                move_log_start, self._store(), self._tier_partition, wanted, epoch
+            )
+        except RaylogError as exc:
+            return DeleteRecordsOutcome(exc.error_code, -1, f"remote log: {exc}")
+        self._note_meta(meta)
+        if wanted < self._log.log_start_offset:
+            return DeleteRecordsOutcome(0, wanted, "")
         return None
 
     def _remote_next_offset(self) -> int:
@@ -322,10 +348,15 @@ class TieredReplica:
     def _read_meta(self, store: ObjectStore) -> rmeta.RemoteLogMetadata:
         """The remote metadata, fresh; the remote log start it gives is kept."""
         meta, _ = metadata_store.read(store, self._tier_partition)
-        finished = meta.finished()
-        self._tier_stats["remote_log_start_offset"] = finished[0].base_offset if finished else -1
-        self._tier_stats["remote_next_offset"] = finished[-1].next_offset if finished else -1
+        self._note_meta(meta)
         return meta
+
+    def _note_meta(self, meta: rmeta.RemoteLogMetadata) -> None:
+        """Keep the remote log start and next offset ``meta`` gives (-1: nothing served)."""
+        start = rmeta.log_start_offset(meta)
+        finished = meta.finished()
+        self._tier_stats["remote_log_start_offset"] = -1 if start is None else start
+        self._tier_stats["remote_next_offset"] = finished[-1].next_offset if finished else -1
 
     async def tiering_stats(self) -> dict[str, Any]:
         """What tiered storage did on this replica: rounds, segments copied, remote segments
@@ -414,7 +445,12 @@ class TieredReplica:
         )
         cfg = self._topic_config
         gone = rmeta.remote_segments_past_retention(
-            meta, inputs.now_ms, cfg.retention_ms, cfg.retention_bytes, local_only
+            meta,
+            inputs.now_ms,
+            cfg.retention_ms,
+            cfg.retention_bytes,
+            local_only,
+            log_start_offset=meta.log_start_offset,
         )
         if gone:
             ids = [s.segment_id for s in gone]

@@ -37,6 +37,7 @@ Data.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Iterator, Mapping, Sequence
@@ -85,14 +86,17 @@ class RemoteLog:
     # read_committed: (producer id, first offset, last offset) of the aborted transactions
     # overlapping the remote part (IN_LOCAL_TIER: the marker is in the local tier).
     aborted: tuple[tuple[int, int, int], ...] = ()
+    log_start_offset: int = -1  # where DeleteRecords moved the partition's log start (-1: never)
 
     @property
     def start(self) -> int | None:
-        """The first offset the remote tier holds, when it reaches the local log start (the
-        tiers meet); else None (nothing below the local log start is readable)."""
+        """The first offset the remote tier serves (its first segment's, or the log start
+        DeleteRecords set), when it reaches the local log start (the tiers meet) and lies below
+        it; else None (nothing below the local log start is readable)."""
         if not self.segments or self.segments[-1].next_offset < self.local_log_start_offset:
             return None
-        return self.segments[0].base_offset
+        start = max(self.segments[0].base_offset, self.log_start_offset)
+        return start if start < self.local_log_start_offset else None
 
 
 @dataclass(frozen=True)
@@ -228,10 +232,13 @@ def learn(
         partition = RemotePartition(info.remote_topic_id, info.partition)
         meta, _ = metadata_store.read(store, partition)
         local_start = bounds[tp].log_start_offset
-        remote = RemoteLog(info.remote_topic_id, local_start, tuple(meta.finished()))
+        segments = tuple(s for s in meta.finished() if s.end_offset >= meta.log_start_offset)
+        remote = RemoteLog(
+            info.remote_topic_id, local_start, segments, log_start_offset=meta.log_start_offset
+        )
         if isolation_level == reading.READ_COMMITTED and remote.start is not None:
             aborted = _remote_aborted(reader, partition, remote) + _local_aborted(info, local_start)
-            remote = RemoteLog(remote.topic_id, local_start, remote.segments, aborted)
+            remote = dataclasses.replace(remote, aborted=aborted)
         logs[tp] = remote
     return Tiers(location, logs)
 

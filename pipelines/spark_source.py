@@ -58,10 +58,11 @@ Where partitions live comes from the active controller's metadata
 (:func:`~raylog.pipelines.reading.controller_catalog`), asked when Spark plans a read (and at
 every micro-batch of a streaming query, so new partitions and moved leaders are seen). Each
 range is read from an in-sync follower when there is one, else the leader, and from the next
-replica when one fails (:func:`~raylog.pipelines.catalog.read_order`). A batch read of a topic
-with remote.storage.enable reads what lies below a partition's local log start straight from
-the object store, one range per remote segment (:mod:`~raylog.pipelines.remote_ranges`; the
-Python workers open the store with their own credentials).
+replica when one fails (:func:`~raylog.pipelines.catalog.read_order`). A read of a topic with
+remote.storage.enable (batch or streaming) reads what lies below a partition's local log
+start straight from the object store, one range per remote segment
+(:mod:`~raylog.pipelines.remote_ranges`; the Python workers open the store with their own
+credentials); a streaming query's earliest is the remote log's start.
 
 Options are checked when the DataFrame is defined (``schema()``), so an unknown or conflicting
 option fails before any task runs; a topic that does not exist fails a batch read when Spark
@@ -478,8 +479,18 @@ class RaylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     chosen[tp] = found[0]
         return chosen, reading.fetch_bounds(list(chosen.values()), self.options.isolation_level)
 
+    def _tiered(
+        self, chosen: dict[stream_offsets.TopicPartition, PartitionInfo], local: dict[Any, Any]
+    ) -> tuple[remote_ranges.Tiers, dict[Any, reading.Bounds]]:
+        """The remote tiers of the tiered partitions among ``chosen`` and the bounds with their
+        log starts lowered to the remote ones, as a batch read plans (nothing is asked of the
+        object store when no topic is tiered)."""
+        tiers = remote_ranges.learn(list(chosen.values()), local, self.options.isolation_level)
+        return tiers, tiers.bounds(local)
+
     def initialOffset(self) -> dict:
-        chosen, bounds = self._current()
+        chosen, local = self._current()
+        _, bounds = self._tiered(chosen, local)  # earliest: a tiered partition's remote start
         infos = list(chosen.values())
         starting = self.options.starting_offsets(infos, bounds)
         positions = stream_offsets.initial(infos, bounds, starting)
@@ -505,14 +516,19 @@ class RaylogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         begin, stop = stream_offsets.from_json(start), stream_offsets.from_json(end)
-        chosen, bounds = self._current(keep=stop)
-        ranges = stream_offsets.ranges(
-            begin,
-            stop,
-            chosen,
-            bounds,
-            min_partitions=self.options.min_partitions,
-            fail_on_data_loss=self.options.fail_on_data_loss,
+        chosen, local = self._current(keep=stop)
+        # Below a tiered partition's local log start the records are read from the object
+        # store, one range per remote segment, as a batch read does.
+        tiers, bounds = self._tiered(chosen, local)
+        ranges = tiers.split(
+            stream_offsets.ranges(
+                begin,
+                stop,
+                chosen,
+                bounds,
+                min_partitions=self.options.min_partitions,
+                fail_on_data_loss=self.options.fail_on_data_loss,
+            )
         )
         return _range_partitions(
             ranges,

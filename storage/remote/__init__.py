@@ -16,7 +16,12 @@ Everything here is synchronous and does its I/O through the
 """
 
 from raylog.storage.remote.cache import ByteLRU, process_cache
-from raylog.storage.remote.copier import clean_up, copy_segment, delete_segments
+from raylog.storage.remote.copier import (
+    clean_up,
+    copy_segment,
+    delete_segments,
+    move_log_start,
+)
 from raylog.storage.remote.format import Manifest, RemotePartition
 from raylog.storage.remote.metadata import (
     CopyPlan,
@@ -38,5 +43,6 @@ __all__ = [
     "clean_up",
     "copy_segment",
     "delete_segments",
+    "move_log_start",
     "process_cache",
 ]

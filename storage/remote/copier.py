@@ -102,6 +102,17 @@ def delete_segments(
     return _finish_deletes(store, partition, meta, leader_epoch)
 
 
+def move_log_start(
+    store: ObjectStore, partition: RemotePartition, offset: int, leader_epoch: int
+) -> RemoteLogMetadata:
+    """DeleteRecords in the remote tier: record the partition's new log start (never lower),
+    then delete the segments wholly below it. Returns the metadata written last."""
+    meta = metadata_store.update(
+        store, partition, lambda m: metadata.move_log_start(m, offset, leader_epoch)
+    )
+    return _finish_deletes(store, partition, meta, leader_epoch)
+
+
 def clean_up(store: ObjectStore, partition: RemotePartition, leader_epoch: int) -> int:
     """Remove what crashed or fenced copies left: orphaned ``COPY_STARTED`` entries, pending
     deletes, and objects no entry names. Call it with no copy of this partition in flight

@@ -31,6 +31,9 @@ Rules, each a function here:
   (copied by a leader whose log diverged, after an unclean election) are not in the lineage
   and are deleted when the next copy starts;
 - retention over both tiers (retention.ms / retention.bytes, the local-only bytes counted);
+- DeleteRecords: the object also records the partition's log start offset once DeleteRecords
+  moved it (:func:`move_log_start`); nothing below it is served, and the segments wholly below
+  it are deleted;
 - which local segments may go: copied, and past local.retention.ms / local.retention.bytes.
 
 Bounds: at most ``MAX_SEGMENTS`` entries (:class:`~raylog.storage.errors.KafkaStorageError`
@@ -95,6 +98,9 @@ class RemoteLogMetadata(msgspec.Struct, frozen=True, kw_only=True):
     version: int = METADATA_VERSION
     leader_epoch: int = -1
     segments: tuple[RemoteSegment, ...] = ()
+    # The partition's log start offset as DeleteRecords moved it (Kafka's logStartOffset when it
+    # lies in the remote tier); -1: never moved. Offsets below it are not served.
+    log_start_offset: int = -1
 
     def finished(self) -> list[RemoteSegment]:
         """The segments served: ``COPY_FINISHED``, in offset order."""
@@ -209,6 +215,21 @@ def forget(
     return _replace(meta, writer_epoch, [s for s in meta.segments if s.segment_id not in gone])
 
 
+def move_log_start(meta: RemoteLogMetadata, offset: int, writer_epoch: int) -> RemoteLogMetadata:
+    """DeleteRecords: the partition's log start moves up to ``offset`` (never down); finished
+    segments wholly below it become ``DELETE_STARTED``, so a copy after it may start past
+    them (the gap lies below the log start), and none of them is read again."""
+    check_writer(meta, writer_epoch)
+    start = max(meta.log_start_offset, offset)
+    segments = [
+        _with(s, SegmentState.DELETE_STARTED, writer_epoch)
+        if s.state == SegmentState.COPY_FINISHED and s.end_offset < start
+        else s
+        for s in meta.segments
+    ]
+    return _replace(meta, writer_epoch, segments, log_start_offset=start)
+
+
 def _with(s: RemoteSegment, state: SegmentState, writer_epoch: int) -> RemoteSegment:
     return msgspec.structs.replace(s, state=state, writer_epoch=writer_epoch)
 
@@ -224,7 +245,10 @@ def _transition(
 
 
 def _replace(
-    meta: RemoteLogMetadata, writer_epoch: int, segments: list[RemoteSegment]
+    meta: RemoteLogMetadata,
+    writer_epoch: int,
+    segments: list[RemoteSegment],
+    log_start_offset: int | None = None,
 ) -> RemoteLogMetadata:
     if len(segments) > MAX_SEGMENTS:
         raise KafkaStorageError(
@@ -233,7 +257,9 @@ def _replace(
         )
     segments.sort(key=lambda s: s.base_offset)  # stable: equal bases keep their order
     out = RemoteLogMetadata(
-        leader_epoch=max(meta.leader_epoch, writer_epoch), segments=tuple(segments)
+        leader_epoch=max(meta.leader_epoch, writer_epoch),
+        segments=tuple(segments),
+        log_start_offset=meta.log_start_offset if log_start_offset is None else log_start_offset,
     )
     check_tiling(out)
     return out
@@ -269,7 +295,10 @@ def pending_deletes(meta: RemoteLogMetadata) -> list[RemoteSegment]:
 
 
 def segment_for_offset(meta: RemoteLogMetadata, offset: int) -> RemoteSegment | None:
-    """The finished segment holding ``offset``, None when no remote segment does."""
+    """The finished segment holding ``offset``, None when no remote segment does or the
+    offset lies below the log start DeleteRecords set."""
+    if offset < meta.log_start_offset:
+        return None
     for s in meta.finished():
         if s.base_offset <= offset <= s.end_offset:
             return s
@@ -277,9 +306,10 @@ def segment_for_offset(meta: RemoteLogMetadata, offset: int) -> RemoteSegment | 
 
 
 def log_start_offset(meta: RemoteLogMetadata) -> int | None:
-    """The first offset held remotely, None when nothing is."""
-    finished = meta.finished()
-    return finished[0].base_offset if finished else None
+    """The first offset served remotely (the first segment's, or the log start DeleteRecords
+    set inside it), None when nothing is."""
+    finished = [s for s in meta.finished() if s.end_offset >= meta.log_start_offset]
+    return max(finished[0].base_offset, meta.log_start_offset) if finished else None
 
 
 def epochs_spanned(

@@ -8,6 +8,8 @@ object store a local directory and S3 (moto's server):
 - a leader change in the middle: the new leader continues from the last offset copied in
   its lineage (the remote segments tile from offset 0: no gap, nothing listed twice);
 - remote retention (retention.bytes over both tiers) deletes the oldest remote segments;
+- DeleteRecords moves the partition's log start into the remote tier (nothing below it is
+  served, the segments wholly below it go) or, at or above the local log start, in both;
 - the store cut off (a TCP proxy in front of moto that resets every connection) stops
   copying and local deletion with a clear error; restored, copying goes on.
 """
@@ -304,6 +306,61 @@ def test_remote_retention_deletes_the_oldest_remote_segments(
         assert _stats(replica)["remote_log_start_offset"] >= start
         values = _every_value(tier.store, partition, replica, 80)
         assert values == [(i, _value(i)) for i in range(start, 80)]
+    finally:
+        ray.kill(replica, no_restart=True)
+
+
+def test_delete_records_moves_the_log_start_across_both_tiers(
+    ray_local: Path, tmp_path: Path
+) -> None:
+    """DeleteRecords below the local log start moves the partition's log start into the remote
+    tier (the local one stays): nothing below it is fetched or listed, the remote segments
+    wholly below it are deleted; at or above the local log start it moves both, and the remote
+    tier is emptied."""
+    path = tmp_path / "store"
+    tier = Tier(RemoteStoreLocation(str(path)), LocalObjectStore(path), None)
+    topic_id = f"deleted-{uuid.uuid4().hex[:8]}"
+    partition = RemotePartition(topic_id, 0)
+    (replica,) = _start(tmp_path, topic_id, tier, 1, {**TIERED, "retention.ms": "-1"})
+    try:
+        _lead([replica], 0, 1)
+        _produce(replica, 0, 60)
+        wait_until(lambda: _log_start(replica) >= 30, timeout_s=WAIT_S, message="local deletion")
+        local_start = _log_start(replica)
+        meta, _ = metadata_store.read(tier.store, partition)
+        assert meta.finished()[0].base_offset == 0
+        below = [s for s in meta.finished() if s.end_offset < 13]
+        assert below and local_start > 13  # 13 lies in the remote tier only
+        outcome = _get(replica.delete_records.remote(13, 10_000))
+        assert (outcome.error_code, outcome.low_watermark) == (0, 13)
+        assert _log_start(replica) >= local_start  # the local tier is not touched
+        assert _list_offsets(replica, -2) == (-1, 13)
+        assert _list_offsets(replica, T0_MS + 3) == (T0_MS + 13, 13)  # by time: from 13 on
+        assert _get(replica.fetch.remote(12, 4096)).error_code == OffsetOutOfRangeError.error_code
+        fetched = _get(replica.fetch.remote(13, 4096))
+        assert fetched.error_code == 0 and fetched.log_start_offset == 13
+        assert rb.parse_header(fetched.records).base_offset == 13
+        meta, _ = metadata_store.read(tier.store, partition)
+        assert meta.log_start_offset == 13
+        assert all(s.end_offset >= 13 for s in meta.segments)  # those below: deleted
+        for s in below:
+            assert tier.store.list(partition.segment_prefix(s.base_offset, s.segment_id)) == []
+
+        # Above the local log start (local retention keeps about 8 of the 60 records): both
+        # tiers move.
+        assert _log_start(replica) < 58
+        outcome = _get(replica.delete_records.remote(58, 10_000))
+        assert (outcome.error_code, outcome.low_watermark) == (0, 58)
+        assert _log_start(replica) >= 58
+        assert _list_offsets(replica, -2) == (-1, 58)
+        meta, _ = metadata_store.read(tier.store, partition)
+        assert meta.log_start_offset == 58
+
+        def below_gone() -> bool:  # a copy in flight may finish below it: retention takes it
+            meta, _ = metadata_store.read(tier.store, partition)
+            return all(s.end_offset >= 58 for s in meta.finished())
+
+        wait_until(below_gone, timeout_s=WAIT_S, message="remote segments below 58 deleted")
     finally:
         ray.kill(replica, no_restart=True)
 

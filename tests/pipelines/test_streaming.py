@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 from support.embedded import cluster_action, committed_files, create_topic, produce_values
+from support.pipelines import stream_to_parquet
 from support.waiting import wait_until
 
 # Slow: a whole embedded cluster and Spark; the budget covers starting them on a loaded machine.
@@ -33,21 +34,16 @@ OUTPUT_WAIT_S = 180.0
 
 
 def _start(spark: Any, up: Any, topic: str, out: Path, checkpoint: Path) -> Any:
-    df = (
-        spark.readStream.format("raylog")
-        .option("cluster", str(up.data_dir))
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", str(MAX_PER_TRIGGER))
-        .load()
-    )
-    return (
-        df.selectExpr("partition", "offset", "CAST(value AS STRING) AS value")
-        .writeStream.format("parquet")
-        .option("path", str(out))
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(processingTime="500 milliseconds")
-        .start()
+    columns = ("partition", "offset", "CAST(value AS STRING) AS value")
+    return stream_to_parquet(
+        spark,
+        up,
+        topic,
+        out,
+        checkpoint,
+        MAX_PER_TRIGGER,
+        columns,
+        processingTime="500 milliseconds",
     )
 
 

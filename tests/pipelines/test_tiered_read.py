@@ -10,6 +10,8 @@ and deleted locally (most of each partition only in the object store),
 - the plan reads the remote part straight from the object store (remote ranges, no replica);
 - a JSON offset range starting inside the remote tier and ending in the local one, split by
   minPartitions and read with read_committed, returns exactly that range;
+- a streaming query from earliest (Trigger.AvailableNow, several micro-batches) starts at the
+  remote log's start and writes every record once;
 - Ray Data's ``read_topic`` returns the same rows.
 """
 
@@ -21,8 +23,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
-from support.embedded import cluster_action, create_topic, produce, record
-from support.pipelines import table_rows
+from support.embedded import cluster_action, committed_files, create_topic, produce, record
+from support.pipelines import stream_to_parquet, table_rows
 from support.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -40,8 +42,10 @@ TIERED_CONFIGS = (
     f"local.retention.bytes={SEGMENT_BYTES}",
     KEEP,
 )
-# remote.log.manager.task.interval.ms is 30 s on the shared cluster: one or two rounds.
+# remote.log.manager.task.interval.ms is 1 s on the shared cluster (tests/conftest.py).
 TIERED_WAIT_S = 240.0
+MAX_PER_TRIGGER = 250  # a streaming micro-batch's records: several per query
+STREAM_WAIT_S = 300.0
 
 
 def _oldest_local_offsets(data_dir: Path) -> list[int]:
@@ -115,6 +119,27 @@ def test_a_range_across_both_tiers_with_read_committed(
         if r["partition"] == 1 or start <= r["offset"] < end
     ]
     assert got == want
+
+
+def test_a_streaming_query_from_earliest_reads_both_tiers(
+    spark: Any, embedded: Any, produced: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """Structured Streaming from earliest, Trigger.AvailableNow in micro-batches of at most
+    MAX_PER_TRIGGER records: it starts at the remote log's start and its sink holds every
+    record once, in order, the older ones read from the object store."""
+    out = tmp_path / "out"
+    query = stream_to_parquet(
+        spark, embedded, TIERED, out, tmp_path / "checkpoint", MAX_PER_TRIGGER, availableNow=True
+    )
+    assert query.awaitTermination(STREAM_WAIT_S), "the available-now query did not finish"
+    assert query.exception() is None, query.exception()
+    assert len(query.recentProgress) > 1  # several micro-batches, across the tiers
+    rows = sorted(
+        (r["partition"], r["offset"], r["key"], r["value"])
+        for f in committed_files(out)
+        for r in pq.read_table(f).to_pylist()
+    )
+    assert rows == [(r["partition"], r["offset"], r["key"], r["value"]) for r in produced]
 
 
 def test_ray_data_reads_the_same_rows_from_the_object_store(

@@ -266,3 +266,34 @@ def table_rows(table: pa.Table) -> list[dict[str, Any]]:
     for row, t in zip(rows, ts, strict=True):
         row["timestamp"] = t
     return sorted(rows, key=lambda r: (r["topic"], r["partition"], r["offset"]))
+
+
+def stream_to_parquet(
+    spark: Any,
+    up: Any,
+    topic: str,
+    out: Path,
+    checkpoint: Path,
+    max_per_trigger: int,
+    columns: tuple[str, ...] = ("partition", "offset", "key", "value"),
+    **trigger: Any,
+) -> Any:
+    """Start ``spark.readStream.format("raylog")`` of ``topic`` on ``up`` from earliest, at most
+    ``max_per_trigger`` records a micro-batch, writing ``columns`` (SQL expressions) to a
+    parquet sink at ``out``; ``trigger`` as ``DataStreamWriter.trigger`` takes it."""
+    df = (
+        spark.readStream.format("raylog")
+        .option("cluster", str(up.data_dir))
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(max_per_trigger))
+        .load()
+    )
+    return (
+        df.selectExpr(*columns)
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(**trigger)
+        .start()
+    )

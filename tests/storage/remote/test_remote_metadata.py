@@ -5,7 +5,8 @@ segments tile (a copy leaving a gap is refused); starting a copy turns every oth
 copy into an orphan and deletes finished segments outside the new leader's lineage; the next
 offset to copy follows Kafka's findHighestRemoteOffset over the leader's epoch lineage; the
 copy plan picks the closed segment holding it, only below the last stable offset; retention
-counts both tiers; a local segment goes only when copied AND past local retention; the
+counts both tiers; DeleteRecords moves the remote log start (never down) and deletes what
+lies wholly below it; a local segment goes only when copied AND past local retention; the
 metadata is bounded in entries and refuses corrupt bytes.
 """
 
@@ -190,6 +191,37 @@ def test_a_local_segment_goes_only_when_copied_and_past_local_retention() -> Non
     assert decide(local, 50, 150, 10_000, 0, -1) == 1  # the second is only partly copied
     assert m.effective_local_retention(-2, 7_000) == 7_000
     assert m.effective_local_retention(500, 7_000) == 500
+
+
+def test_delete_records_moves_the_remote_log_start_and_deletes_what_lies_below() -> None:
+    """DeleteRecords: the log start never moves down; the finished segments wholly below it are
+    deleted, the one holding it is kept but nothing below it is served; a later copy may start
+    past a gap that lies below the log start; the log start survives encoding and other
+    writes; an older leader is fenced."""
+    meta = copied(copied(copied(m.EMPTY, seg("a", 0, 9)), seg("b", 10, 19)), seg("c", 20, 29))
+    assert (m.log_start_offset(meta), meta.log_start_offset) == (0, -1)
+    moved = m.move_log_start(meta, 15, writer_epoch=1)
+    assert states(moved) == {"a": "DELETE_STARTED", "b": "COPY_FINISHED", "c": "COPY_FINISHED"}
+    assert (moved.log_start_offset, m.log_start_offset(moved)) == (15, 15)
+    assert m.segment_for_offset(moved, 14) is None
+    assert m.segment_for_offset(moved, 15) == moved.find("b")
+    assert m.move_log_start(moved, 12, writer_epoch=1).log_start_offset == 15  # never down
+    with pytest.raises(FencedLeaderEpochError):
+        m.move_log_start(moved, 20, writer_epoch=0)
+    assert m.decode(m.encode(moved)) == moved
+    kept = m.forget(moved, ["a"], writer_epoch=1)
+    assert kept.log_start_offset == 15
+    # Past the remote end (the local log start moves there too): everything remote goes, and
+    # the next copy starts at the new start, past the gap.
+    beyond = m.move_log_start(kept, 45, writer_epoch=1)
+    assert m.log_start_offset(beyond) is None and not beyond.finished()
+    after = copied(beyond, seg("d", 45, 59), epoch=1)
+    assert [s.segment_id for s in after.finished()] == ["d"]
+    assert m.log_start_offset(after) == 45
+    # Retention deletes what lies wholly below the log start.
+    gone = m.remote_segments_past_retention(moved, 2_000, -1, -1, 0, moved.log_start_offset)
+    assert [s.segment_id for s in gone] == []  # "a" is already being deleted, "b" holds 15
+    assert m.remote_segments_past_retention(after, 2_000, -1, -1, 0, 60) == after.finished()
 
 
 def test_the_number_of_entries_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
