@@ -8,7 +8,7 @@ Owns the settings measured on Ray 2.60 (docs/DESIGN.md, "What Ray costs"):
 - Ray's temp dir inside the data directory, never the shared `/tmp/ray`;
 - fast health checks, so that a dead node is seen in about half a second instead of 13 s;
 - Ray's worker start concurrency, set for a cluster of many long-lived actor processes;
-- the brokers' CPU priority: Ray's workers at nice 5, not 15, so that clients beside them do not
+- the brokers' CPU priority: Ray's workers at nice 0, not 15, so that clients beside them do not
   starve them.
 
 `cluster.json` in the data directory records how to reach a running embedded cluster; the CLI
@@ -123,14 +123,14 @@ MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(16 << 20), "MALLOC_TRIM_THRESHOLD_":
 # process of the machine: right for batch tasks, wrong for raylog, whose workers are brokers. At
 # nice 15 a client that busy-polls while its requests are in flight (librdkafka's broker threads
 # do at max.in.flight) takes the CPU from the broker it waits for, which makes it poll longer.
-# Measured on a 2-core machine (docs/DESIGN.md, "What Ray costs"), four idempotent
-# confluent-kafka producers to one partition, and a 30x3 topic's creation (90 processes
-# starting, when the raylet must keep ahead of the starting workers):
-#   nice 15: 4,300 records/s (produce round trips of 0.5 s), creation 71-80 s
-#   nice 10: 10,400, 85 s;  nice 5: 23,600, 104 s;  nice 0: 15,300-21,500, 117-126 s
-# 5 keeps the data path whole and the daemons (nice 0) ahead of the workers. Ray reads this in
-# each worker process (not from the system config), so the workers inherit it.
-PRIORITY_ENV = {"RAY_worker_niceness": "5"}
+# Measured on a 2-core machine (docs/DESIGN.md, "What Ray costs"): four idempotent
+# confluent-kafka producers to one partition got 4,300 records/s at nice 15 (produce round trips
+# of 0.5 s), 10,400 at 10, 23,600 at 5, 15,300-21,500 at 0. At 5 the RF=3 end-to-end p99 at
+# 1000 records/s was 43-516 ms in six runs (Ray's nice-0 daemons preempt the brokers), at 0 and
+# 15 12-22 ms. The price of 0: a 30x3 topic (90 processes starting at once, with the raylet at
+# equal priority) served after 117-126 s, against 71-80 s at 15. Ray reads this in each worker
+# process (not from the system config), so the workers inherit it.
+PRIORITY_ENV = {"RAY_worker_niceness": "0"}
 
 
 def apply_ray_env(data_dir: Path) -> dict[str, str]:

@@ -233,7 +233,7 @@ def test_replica_processes_keep_freed_batch_buffers_in_the_heap(ray_local: Path)
 
 def test_cluster_processes_run_at_raylog_s_worker_niceness(ray_local: Path) -> None:
     """The cluster's worker processes (its brokers and replicas) run at the niceness of
-    raycluster.PRIORITY_ENV (5), not Ray's default 15 for workers."""
+    raycluster.PRIORITY_ENV (0), not Ray's default 15 for workers."""
 
     @ray.remote(num_cpus=0)
     def niceness() -> int:
