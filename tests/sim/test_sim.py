@@ -637,10 +637,12 @@ def test_sync_links_hold_acks_until_the_destination_has_them(sync_link_seeds: ra
     stalls past the lag time, re-created links, late reports, restarts at a log start."""
     totals = run_seeds(sync_link_seeds, KINDS["sync_link_seeds"].overrides)
     count = len(sync_link_seeds)
-    assert totals["sync_acks_held"] > 5 * count, totals
+    # Floors well under what any 100 seeds gave (eleven ranges of 100: acks held 495-1078,
+    # stalls 63-102, late reports 23-43): they say the runs exercise each case, for any seeds.
+    assert totals["sync_acks_held"] > 2 * count, totals
     assert totals["sync_acks_out_of_sync"] > count, totals
-    assert totals["sync_stalls"] > count // 2 and totals["sync_recreated"] > count // 5, totals
-    assert totals["sync_reports_late"] > count // 5, totals
+    assert totals["sync_stalls"] > count // 4 and totals["sync_recreated"] > count // 5, totals
+    assert totals["sync_reports_late"] > count // 10, totals
     assert totals["sync_restarts"] > count // 5 and totals["elections"] > count, totals
 
 
