@@ -30,7 +30,11 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
-from raylog.actors.replica_tiering import EARLIEST_LOCAL_TIMESTAMP, first_record_at
+from raylog.actors.replica_tiering import (
+    EARLIEST_LOCAL_TIMESTAMP,
+    READ_COMMITTED,
+    first_record_at,
+)
 from raylog.actors.replication.messages import UNDEFINED_EPOCH
 from raylog.actors.replication.ready import Role
 from raylog.storage.errors import (
@@ -54,7 +58,6 @@ LATEST_TIMESTAMP = -1
 EARLIEST_TIMESTAMP = -2
 MAX_TIMESTAMP = -3  # KIP-734
 LATEST_TIERED_TIMESTAMP = -5  # KIP-1005
-READ_COMMITTED = 1  # Kafka's IsolationLevel
 
 Answer = tuple[int, int, int, int]  # (error_code, timestamp, offset, leader_epoch)
 

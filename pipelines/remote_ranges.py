@@ -52,7 +52,13 @@ from raylog.pipelines.reading import Bounds, Located, OffsetRange
 from raylog.storage import batch as rb
 from raylog.storage.errors import OffsetOutOfRangeError, RaylogError
 from raylog.storage.objectstore import ObjectStore, open_object_store
-from raylog.storage.remote import RemotePartition, RemoteReader, RemoteSegment, metadata_store
+from raylog.storage.remote import (
+    RemotePartition,
+    RemoteReader,
+    RemoteSegment,
+    metadata,
+    metadata_store,
+)
 from raylog.storage.short_circuit import ReadStats
 
 log = logging.getLogger(__name__)
@@ -232,9 +238,11 @@ def learn(
         partition = RemotePartition(info.remote_topic_id, info.partition)
         meta, _ = metadata_store.read(store, partition)
         local_start = bounds[tp].log_start_offset
-        segments = tuple(s for s in meta.finished() if s.end_offset >= meta.log_start_offset)
         remote = RemoteLog(
-            info.remote_topic_id, local_start, segments, log_start_offset=meta.log_start_offset
+            info.remote_topic_id,
+            local_start,
+            tuple(metadata.served(meta)),
+            log_start_offset=meta.log_start_offset,
         )
         if isolation_level == reading.READ_COMMITTED and remote.start is not None:
             aborted = _remote_aborted(reader, partition, remote) + _local_aborted(info, local_start)

@@ -305,11 +305,17 @@ def segment_for_offset(meta: RemoteLogMetadata, offset: int) -> RemoteSegment | 
     return None
 
 
+def served(meta: RemoteLogMetadata) -> list[RemoteSegment]:
+    """The finished segments that hold an offset at or above the log start DeleteRecords set,
+    in offset order."""
+    return [s for s in meta.finished() if s.end_offset >= meta.log_start_offset]
+
+
 def log_start_offset(meta: RemoteLogMetadata) -> int | None:
     """The first offset served remotely (the first segment's, or the log start DeleteRecords
     set inside it), None when nothing is."""
-    finished = [s for s in meta.finished() if s.end_offset >= meta.log_start_offset]
-    return max(finished[0].base_offset, meta.log_start_offset) if finished else None
+    segments = served(meta)
+    return max(segments[0].base_offset, meta.log_start_offset) if segments else None
 
 
 def epochs_spanned(
