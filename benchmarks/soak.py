@@ -276,7 +276,7 @@ def run(args: argparse.Namespace, sandbox: NetSandbox, cluster: RayCluster) -> d
             ]
             verdict = _verdict(soak, producing, consuming, bootstrap)
         finally:
-            producing.halt.set()
+            producing.abandon()
             consuming.halt.set()
         return {
             "minutes": minutes,

@@ -105,7 +105,7 @@ def test_an_idempotent_producer_loses_nothing_across_a_crash_and_restart(
         log = read_back(up.bootstrap, TOPIC, sent_ends(sent, PARTITIONS), READ_DEADLINE_S)
     finally:
         if producing is not None:
-            producing.halt.set()
+            producing.abandon()
 
     def explain() -> None:
         for q in log:

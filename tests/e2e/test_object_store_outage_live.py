@@ -321,7 +321,7 @@ def test_store_cut_then_slow_under_load(cluster: UpProcess, store_proxy: TcpProx
         print("\n".join(batch_headers(up.data_dir, TOPIC)))
         raise
     finally:
-        producing.stop(WAIT_S)
+        producing.abandon(WAIT_S)
         consuming.stop()
         watch.stop()
         for name, t in sorted(MARKS.items(), key=lambda kv: kv[1]):

@@ -20,6 +20,19 @@ from typing import Any
 from confluent_kafka import KafkaException, Producer
 
 
+class _Gone:
+    """What an abandoned :class:`Producing` holds instead of its client: calls do nothing."""
+
+    def purge(self) -> None:
+        pass
+
+    def flush(self, timeout: float = 0) -> int:
+        return 0
+
+
+_GONE: Any = _Gone()
+
+
 class Producing(threading.Thread):
     """See the module docstring."""
 
@@ -102,3 +115,13 @@ class Producing(threading.Thread):
             self.sent_at.append(time.monotonic())
             self.sent += 1
             self.producer.poll(self.pace_s)
+
+    def abandon(self, timeout_s: float = 10.0) -> None:
+        """After a failure: halt the thread, drop what is queued and let the client go, so its
+        threads stop reconnecting to ports that later tests may reuse. Idempotent."""
+        self.stop(timeout_s)
+        if self.is_alive():  # still inside a client call: leave the client to it
+            return
+        self.producer.purge()
+        self.producer.flush(0)
+        self.producer = _GONE
