@@ -13,13 +13,15 @@ is made durable before it returns:
   5. release the lock.
 
 Reads take no lock: a rename replaces a file atomically, so a reader sees the old or the new
-version whole, never a mix.
+version whole, never a mix. ``put_stream`` writes and fsyncs its temp file before it takes the
+lock (a segment copy of a GiB must not hold the lock the lease needs), and takes it only to
+write the header with the ETag and rename.
 
 Layout under ``root``::
 
     lock                 flock target, empty
     generation           decimal text: the highest generation ever handed out
-    tmp/                 temp files; cleared under the lock when a store is opened
+    tmp/<pid>-...        temp files; those of ended processes are cleared when a store opens
     objects/<name>       one file per key; <name> = the key percent-encoded ('/' -> '%2F'), so
                          keys map to one flat directory and "a/b" and "a/b/c" can coexist
 
@@ -48,7 +50,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from urllib.parse import quote, unquote
 
@@ -65,6 +67,7 @@ from raylog.storage.objectstore import (
 
 _MAGIC = b"raylog-object 1 "
 _ETAG_LENGTH_MAX = 64
+_ETAG_LENGTH = 33  # <generation:016x>-<16 hex>
 _LOCK_POLL_S_MIN = 0.001
 _LOCK_POLL_S_MAX = 0.02
 
@@ -85,10 +88,8 @@ class LocalObjectStore(ObjectStore):
             for directory in (self._root, self._objects, self._tmp):
                 directory.mkdir(parents=True, exist_ok=True)
             fsync_directory(self._root)
-            with self._locked():
-                # Temp files are only written under the lock, so any present now were left by a
-                # process that died mid-write.
-                for leftover in self._tmp.iterdir():
+            for leftover in self._tmp.iterdir():  # what ended processes left mid-write
+                if not _writer_alive(leftover.name):
                     leftover.unlink(missing_ok=True)
         except OSError as e:
             raise ObjectStoreError(f"cannot open local object store at {self._root}: {e}") from e
@@ -141,6 +142,35 @@ class LocalObjectStore(ObjectStore):
         with self._mutation(key):
             return self._write(path, body)
 
+    def put_stream(self, key: str, chunks: Iterable[bytes]) -> str:
+        path = self._path(key)
+        tmp = self._tmp / f"{os.getpid()}-stream-{uuid.uuid4().hex}"
+        digest = hashlib.sha256()
+        try:
+            with self._os_errors(key):
+                f = open(tmp, "wb")  # noqa: SIM115 - closed below; chunks' errors propagate
+            with f:
+                with self._os_errors(key):
+                    f.write(_header("0" * _ETAG_LENGTH))  # the ETag goes here once known
+                for chunk in chunks:  # bounded by what the caller streams
+                    digest.update(chunk)
+                    with self._os_errors(key):
+                        f.write(chunk)
+                with self._os_errors(key):
+                    f.flush()
+                    os.fsync(f.fileno())
+            with self._mutation(key):
+                etag = f"{self._next_generation():016x}-{digest.hexdigest()[:16]}"
+                with open(tmp, "r+b") as f:
+                    f.write(_header(etag))
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+                fsync_directory(path.parent)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return etag
+
     def put_if_absent(self, key: str, body: bytes) -> str:
         path = self._path(key)
         with self._mutation(key):
@@ -189,7 +219,7 @@ class LocalObjectStore(ObjectStore):
     def _write(self, path: Path, body: bytes) -> str:
         generation = self._next_generation()
         etag = f"{generation:016x}-{hashlib.sha256(body).hexdigest()[:16]}"
-        self._replace(path, _MAGIC + etag.encode("ascii") + b"\n" + bytes(body))
+        self._replace(path, _header(etag) + bytes(body))
         return etag
 
     def _next_generation(self) -> int:
@@ -228,9 +258,13 @@ class LocalObjectStore(ObjectStore):
     @contextlib.contextmanager
     def _mutation(self, key: str) -> Iterator[None]:
         """The lock, with OS errors turned into ObjectStoreError (the outcome is then unknown)."""
+        with self._os_errors(key), self._locked():
+            yield
+
+    @contextlib.contextmanager
+    def _os_errors(self, key: str) -> Iterator[None]:
         try:
-            with self._locked():
-                yield
+            yield
         except OSError as e:
             raise ObjectStoreError(f"local object store {self._root} failed on {key!r}: {e}") from e
 
@@ -257,6 +291,24 @@ class LocalObjectStore(ObjectStore):
             yield  # closing fd below releases the lock
         finally:
             os.close(fd)
+
+
+def _header(etag: str) -> bytes:
+    return _MAGIC + etag.encode("ascii") + b"\n"
+
+
+def _writer_alive(temp_name: str) -> bool:
+    """Whether the process whose pid starts a temp file's name is running."""
+    pid = temp_name.partition("-")[0]
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
 
 
 def _body_start(data: bytes, path: Path) -> int:

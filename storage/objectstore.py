@@ -14,7 +14,8 @@ missing key counts as a lost ``If-Match``. Any other failure (timeout, connectio
 ``get`` returns ``None`` for a missing key rather than raising: absence is an expected state
 (the lease before anyone took it, a topic that does not exist), not a failure. ``get_range``
 reads a byte range of an object (GetObject with ``Range``), at most ``RANGE_LENGTH_MAX`` bytes:
-what tiered storage serves a fetch from without reading a whole segment.
+what tiered storage serves a fetch from without reading a whole segment. ``put_stream`` writes
+an object from chunks (a multipart upload on S3): what tiered storage copies a segment with.
 
 ETags are opaque strings, compared only for equality and only against the same store. Two
 implementations: :mod:`raylog.storage.s3store` (boto3; ETag = MD5 of the content, so rewriting
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import abc
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from raylog.storage.errors import ObjectStoreUnsupportedError, PreconditionFailedError
@@ -112,6 +113,12 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     def put(self, key: str, body: bytes) -> str:
         """Write unconditionally; return the new ETag."""
+
+    @abc.abstractmethod
+    def put_stream(self, key: str, chunks: Iterable[bytes]) -> str:
+        """Write unconditionally the concatenation of ``chunks``, taken one at a time (so a
+        large object never sits in memory whole); return the new ETag. The object appears only
+        once whole: if ``chunks`` raises, the exception propagates and nothing is written."""
 
     @abc.abstractmethod
     def put_if_absent(self, key: str, body: bytes) -> str:

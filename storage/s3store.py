@@ -11,7 +11,10 @@ boto3 calls and back:
   ``ObjectStoreError`` (outcome unknown) and the caller re-reads. The one answer retried here
   is 409 ConditionalRequestConflict (S3 refused a write racing another on the same key, and
   applied nothing), a bounded number of times with exponential backoff and jitter;
-- 412 PreconditionFailed, and 404 on an ``If-Match`` write, raise ``PreconditionFailedError``.
+- 412 PreconditionFailed, and 404 on an ``If-Match`` write, raise ``PreconditionFailedError``;
+- ``put_stream`` is a multipart upload (parts of ``PART_BYTES``), aborted on any failure; an
+  upload a crash leaves incomplete is the bucket's to expire (a lifecycle rule with
+  ``AbortIncompleteMultipartUpload``, see docs/CONFIG.md).
 
 ETags are S3's, quotes included, passed back verbatim in ``If-Match``: the MD5 of the content,
 so identical content written twice keeps its ETag (see the objectstore docstring).
@@ -25,10 +28,11 @@ that metadata code may rely on it.
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import boto3
@@ -44,6 +48,12 @@ from raylog.storage.objectstore import (
     validate_prefix,
     validate_range,
 )
+
+# put_stream's part size: S3 needs 5 MiB parts but the last, and at most 10,000 of them, so
+# parts of 8 MiB carry objects up to 78 GiB, and a copy holds one part at a time.
+PART_BYTES = 8 << 20
+
+logger = logging.getLogger(__name__)
 
 
 class S3ObjectStore(ObjectStore):
@@ -167,6 +177,62 @@ class S3ObjectStore(ObjectStore):
             raise _failure("PutObject", full, e) from e
         return str(response["ETag"])
 
+    def put_stream(self, key: str, chunks: Iterable[bytes]) -> str:
+        """A multipart upload of parts of at least ``PART_BYTES`` (the last may be smaller),
+        each the chunks that made it up (one chunk as it is); one PutObject when everything
+        fits in one part. Any failure aborts the upload."""
+        full = self._full(key)
+        pieces = iter(chunks)
+        part = _next_part(pieces)
+        if part is None or len(part) < PART_BYTES:
+            return self.put(key, part or b"")  # one part: no multipart upload needed
+        try:
+            upload = self._reads.create_multipart_upload(Bucket=self._bucket, Key=full)
+        except (ClientError, BotoCoreError) as e:
+            raise _failure("CreateMultipartUpload", full, e) from e
+        upload_id, done = upload["UploadId"], False
+        try:
+            uploaded: list[dict[str, Any]] = []
+            while part is not None:  # bounded by what the caller streams
+                uploaded.append(self._upload_part(full, upload_id, len(uploaded) + 1, part))
+                part = None  # let it go before the next one is read
+                part = _next_part(pieces)
+            try:
+                response = self._reads.complete_multipart_upload(
+                    Bucket=self._bucket,
+                    Key=full,
+                    UploadId=upload_id,
+                    MultipartUpload={"Parts": uploaded},
+                )
+            except (ClientError, BotoCoreError) as e:
+                raise _failure("CompleteMultipartUpload", full, e) from e
+            done = True
+            return str(response["ETag"])
+        finally:
+            if not done:
+                self._abort_upload(full, upload_id)
+
+    def _upload_part(self, full: str, upload_id: str, number: int, body: bytes) -> dict[str, Any]:
+        try:
+            response = self._reads.upload_part(
+                Bucket=self._bucket,
+                Key=full,
+                UploadId=upload_id,
+                PartNumber=number,
+                Body=bytes(body),
+            )
+        except (ClientError, BotoCoreError) as e:
+            raise _failure(f"UploadPart {number}", full, e) from e
+        return {"PartNumber": number, "ETag": response["ETag"]}
+
+    def _abort_upload(self, full: str, upload_id: str) -> None:
+        """Best effort: an upload left behind (this fails too, or the process dies) costs
+        storage until the bucket's lifecycle rule aborts incomplete uploads."""
+        try:
+            self._reads.abort_multipart_upload(Bucket=self._bucket, Key=full, UploadId=upload_id)
+        except (ClientError, BotoCoreError) as e:
+            logger.warning("S3 AbortMultipartUpload on %r failed: %s", full, e)
+
     def put_if_absent(self, key: str, body: bytes) -> str:
         full = self._full(key)
         response = self._conditional(
@@ -243,6 +309,19 @@ def _new_client(**kwargs: Any) -> Any:
         if _session is None:
             _session = boto3.session.Session()
         return _session.client("s3", **kwargs)
+
+
+def _next_part(chunks: Iterator[bytes]) -> bytes | None:
+    """The next chunks up to ``PART_BYTES`` or more, as one (None once there are none)."""
+    pieces, size = [], 0
+    for chunk in chunks:  # bounded: stops at PART_BYTES
+        pieces.append(chunk)
+        size += len(chunk)
+        if size >= PART_BYTES:
+            break
+    if not pieces:
+        return None
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
 def _status(e: ClientError) -> int | None:

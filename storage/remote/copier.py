@@ -2,7 +2,9 @@
 
 One copy (:func:`copy_segment`), in this order, each step durable before the next:
 
-  1. build the objects from the local files (:func:`format.build_segment`), under a new id;
+  1. build the objects from the local files (:func:`format.build_segment`), under a new id
+     (the ``log`` object is streamed from the local ``.log`` while it uploads, a chunk at a
+     time: a copy's memory does not grow with segment.bytes);
   2. record the segment ``COPY_STARTED`` (compare-and-swap; fences an older leader, and turns
      any other started copy into an orphan: ``DELETE_STARTED``);
   3. upload the objects, the manifest last;
@@ -65,6 +67,7 @@ def copy_segment(
     entry = built.entry
     metadata_store.update(store, partition, lambda m: metadata.start_copy(m, entry, leader_epoch))
     prefix = partition.segment_prefix(entry.base_offset, entry.segment_id)
+    store.put_stream(prefix + fmt.LOG, fmt.read_span(built.log))
     for name, body in built.objects.items():
         store.put(prefix + name, body)
     store.put(prefix + fmt.MANIFEST, fmt.encode_manifest(built.manifest))

@@ -24,14 +24,16 @@ the old leader's were). Every batch's CRC-32C is checked while indexing: corrupt
 are never uploaded. The manifest holds the offsets, the epochs spanned, each object's size
 and CRC-32C, and its own CRC-32C in front (:func:`encode_manifest`).
 
-Memory: building a segment reads its ``.log`` from the first batch copied to its end (at most
-segment.bytes).
+Memory: a copy holds ``CHUNK_BYTES`` of the ``.log`` at a time (one batch, when a batch is
+larger): :func:`build_segment` scans it, then :func:`read_span` reads it again while it
+uploads, checking that the bytes are the ones scanned.
 """
 
 from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import crc32c
@@ -49,6 +51,7 @@ from raylog.storage.remote.metadata import RemoteSegment, SegmentState, epochs_s
 ROOT = "tiered"
 MANIFEST_VERSION = 1
 MAX_MANIFEST_BYTES = 4 << 20
+CHUNK_BYTES = 8 << 20  # what a copy reads of a local .log at a time
 
 INDEX_ENTRY = struct.Struct(">ii")
 TIMEINDEX_ENTRY = struct.Struct(">qi")
@@ -108,11 +111,22 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     objects: dict[str, ObjectInfo]
 
 
+class LogSpan(NamedTuple):
+    """The bytes of a local ``.log`` a copy uploads as its ``log`` object: ``size`` bytes from
+    ``start``, whose CRC-32C the scan computed (:func:`read_span` checks it again)."""
+
+    path: str
+    start: int
+    size: int
+    crc32c: int
+
+
 class BuiltSegment(NamedTuple):
     """The objects of one copy, ready to upload, and its metadata entry."""
 
     entry: RemoteSegment  # state COPY_STARTED
-    objects: dict[str, bytes]  # name -> bytes, the manifest excluded
+    log: LogSpan  # the ``log`` object, read from the local file while it uploads
+    objects: dict[str, bytes]  # the other objects by name, the manifest excluded
     manifest: Manifest
 
 
@@ -152,67 +166,44 @@ def build_segment(
     *,
     index_interval_bytes: int = 4096,
     producer_snapshot: tuple[int, bytes] | None = None,
+    chunk_bytes: int = CHUNK_BYTES,
 ) -> BuiltSegment:
     """The objects a copy of ``files`` from the batch holding ``from_offset`` on uploads.
 
-    Reads the ``.log`` (KafkaStorageError on an I/O error, a corrupt batch, or no batch at
-    or above ``from_offset``). ``producer_snapshot``: (offset, bytes) of the producer-state
-    snapshot at the segment's next offset, uploaded with it (Kafka uploads one per segment).
+    Scans the ``.log`` once, ``chunk_bytes`` at a time (KafkaStorageError on an I/O error, a
+    corrupt batch, or no batch at or above ``from_offset``), building the indexes and the log
+    span's CRC-32C; the log's bytes are read again while they upload (:func:`read_span`).
+    ``producer_snapshot``: (offset, bytes) of the producer-state snapshot at the segment's
+    next offset, uploaded with it (Kafka uploads one per segment).
     """
     try:
-        data, skipped = _read_from(files, from_offset)
+        scan = _scan(files, from_offset, index_interval_bytes, chunk_bytes)
         aborted = read_entries(files.txnindex_path, files.base_offset)
     except OSError as exc:
         raise KafkaStorageError(f"cannot read {files.log_path} to copy it: {exc}") from exc
     if aborted is None:
         raise KafkaStorageError(f"{files.txnindex_path} is bad: restore it before copying")
-    index, timeindex = bytearray(), bytearray()
-    batch_epochs: list[tuple[int, int]] = []
-    first = last = max_ts = -1
-    since_index = index_interval_bytes  # the first batch is always indexed
-    try:
-        for pos, header in rb.iter_batches(data):
-            if first < 0:
-                first = header.base_offset
-            last = header.last_offset
-            max_ts = max(max_ts, header.max_timestamp)
-            batch_epochs.append((header.partition_leader_epoch, header.base_offset))
-            if since_index >= index_interval_bytes:
-                rel = header.base_offset - first
-                index += INDEX_ENTRY.pack(rel, pos)
-                last_ts = (
-                    TIMEINDEX_ENTRY.unpack_from(timeindex, len(timeindex) - 12)[0]
-                    if timeindex
-                    else -1
-                )
-                if max_ts > last_ts:
-                    timeindex += TIMEINDEX_ENTRY.pack(max_ts, rel)
-                since_index = 0
-            since_index += header.size
-    except CorruptRecordError as exc:
-        raise KafkaStorageError(f"{files.log_path}: {exc} (at byte {skipped} on)") from exc
-    if first < 0:
-        raise KafkaStorageError(f"{files.log_path} holds no batch at or above {from_offset}")
-    last_indexed = INDEX_ENTRY.unpack_from(index, len(index) - 8)[0]
-    if TIMEINDEX_ENTRY.unpack_from(timeindex, len(timeindex) - 12)[0] < max_ts:
-        timeindex += TIMEINDEX_ENTRY.pack(max_ts, last_indexed)
-    objects = {LOG: data, INDEX: bytes(index), TIMEINDEX: bytes(timeindex)}
+    first, last, max_ts = scan.first, scan.last, scan.max_ts
+    objects = {INDEX: bytes(scan.index), TIMEINDEX: bytes(scan.timeindex)}
     kept = [a for a in aborted if a.last_offset >= first]
     if kept:
         objects[TXNINDEX] = encode_txnindex(kept)
     if producer_snapshot is not None:
         objects[SNAPSHOT] = producer_snapshot[1]
-    epochs = epochs_spanned(batch_epochs, first, last)
+    epochs = epochs_spanned(scan.batch_epochs, first, last)
+    log = scan.span
     entry = RemoteSegment(
         segment_id=segment_id,
         base_offset=first,
         end_offset=last,
         max_timestamp_ms=max_ts,
-        size_bytes=len(data),
+        size_bytes=log.size,
         leader_epochs=epochs,
         state=SegmentState.COPY_STARTED,
         writer_epoch=-1,
     )
+    infos = {LOG: ObjectInfo(log.size, log.crc32c)}
+    infos.update((name, ObjectInfo(len(b), crc32c.crc32c(b))) for name, b in objects.items())
     manifest = Manifest(
         segment_id=segment_id,
         base_offset=first,
@@ -221,33 +212,149 @@ def build_segment(
         leader_epochs=epochs,
         aborted_txns=len(kept),
         producer_snapshot_offset=None if producer_snapshot is None else producer_snapshot[0],
-        objects={name: ObjectInfo(len(b), crc32c.crc32c(b)) for name, b in objects.items()},
+        objects=infos,
     )
-    return BuiltSegment(entry, objects, manifest)
+    return BuiltSegment(entry, log, objects, manifest)
 
 
-def _read_from(files: ClosedSegment, from_offset: int) -> tuple[bytes, int]:
-    """The ``.log`` bytes from the first batch whose last offset is >= ``from_offset`` to the
-    end, and where they start; the headers before it are walked one by one."""
+def read_span(span: LogSpan, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
+    """The bytes of ``span``, ``chunk_bytes`` at a time, for a streaming upload. Raises
+    KafkaStorageError, before the last chunk, when the file no longer holds what was scanned
+    (a size or CRC-32C mismatch): an upload that stops on it never completes."""
+    try:
+        fd = os.open(span.path, os.O_RDONLY)
+    except OSError as exc:
+        raise KafkaStorageError(f"cannot read {span.path} to copy it: {exc}") from exc
+    try:
+        pos, end, crc = span.start, span.start + span.size, 0
+        while pos < end:
+            try:
+                chunk = pread_exact(fd, min(chunk_bytes, end - pos), pos)
+            except OSError as exc:
+                raise KafkaStorageError(f"cannot read {span.path} to copy it: {exc}") from exc
+            if not chunk:
+                raise KafkaStorageError(f"{span.path} ends at byte {pos}, scanned to {end}")
+            crc = crc32c.crc32c(chunk, crc)
+            pos += len(chunk)
+            if pos >= end and crc != span.crc32c:
+                raise KafkaStorageError(f"{span.path} changed while it was copied")
+            yield chunk
+    finally:
+        os.close(fd)
+
+
+class _Scan:
+    """What one pass over a ``.log`` builds: the indexes, the epochs and the span's CRC."""
+
+    def __init__(self, index_interval_bytes: int) -> None:
+        self.index, self.timeindex = bytearray(), bytearray()
+        self.batch_epochs: list[tuple[int, int]] = []
+        self.first = self.last = self.max_ts = -1
+        self.interval = index_interval_bytes
+        self.since_index = index_interval_bytes  # the first batch is always indexed
+        self.span = LogSpan("", 0, 0, 0)
+
+    def add(self, pos: int, header: rb.BatchHeader) -> None:
+        """One batch at ``pos`` bytes into the span."""
+        if self.first < 0:
+            self.first = header.base_offset
+        self.last = header.last_offset
+        self.max_ts = max(self.max_ts, header.max_timestamp)
+        self.batch_epochs.append((header.partition_leader_epoch, header.base_offset))
+        if self.since_index >= self.interval:
+            rel = header.base_offset - self.first
+            self.index += INDEX_ENTRY.pack(rel, pos)
+            if self.max_ts > self._last_indexed_ts():
+                self.timeindex += TIMEINDEX_ENTRY.pack(self.max_ts, rel)
+            self.since_index = 0
+        self.since_index += header.size
+
+    def finish(self) -> None:
+        """The time index's last entry holds the segment's max timestamp."""
+        if self._last_indexed_ts() < self.max_ts:
+            last_indexed = INDEX_ENTRY.unpack_from(self.index, len(self.index) - 8)[0]
+            self.timeindex += TIMEINDEX_ENTRY.pack(self.max_ts, last_indexed)
+
+    def _last_indexed_ts(self) -> int:
+        if not self.timeindex:
+            return -1
+        return int(TIMEINDEX_ENTRY.unpack_from(self.timeindex, len(self.timeindex) - 12)[0])
+
+
+def _scan(files: ClosedSegment, from_offset: int, interval: int, chunk_bytes: int) -> _Scan:
+    """One pass over ``files``' ``.log`` from the first batch whose last offset is >=
+    ``from_offset``: the headers before it walked one by one, the rest read ``chunk_bytes`` at
+    a time (more for a batch larger than that), every batch's CRC-32C checked."""
+    scan = _Scan(interval)
     fd = os.open(files.log_path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
         if size > MAX_SEGMENT_BYTES:
             raise KafkaStorageError(f"{files.log_path} is larger than a segment can be")
-        pos = 0
+        start = _first_batch_at(fd, files, size, from_offset)
+        pos, crc = start, 0
         while pos < size:
-            head = pread_exact(fd, rb.HEADER_SIZE, pos)
-            if len(head) < rb.HEADER_SIZE:
-                raise KafkaStorageError(f"{files.log_path} ends inside a batch header")
-            header = rb.parse_header(head)
-            if header.next_offset > from_offset:
-                break
-            if header.batch_length < rb.MIN_BATCH_LENGTH:
-                raise KafkaStorageError(f"{files.log_path}: bad batch length at byte {pos}")
-            pos += header.size
-        return pread_exact(fd, size - pos, pos), pos
+            chunk = pread_exact(fd, min(chunk_bytes, size - pos), pos)
+            whole = _whole_batches(chunk)
+            if whole == 0:  # one batch larger than a chunk: read it whole
+                header = _header_at(fd, files, size, pos)
+                chunk = pread_exact(fd, header.size, pos)
+                whole = len(chunk)
+            view = memoryview(chunk)[:whole]
+            try:
+                for at, header in rb.iter_batches(view):
+                    scan.add(pos - start + at, header)
+            except CorruptRecordError as exc:
+                raise KafkaStorageError(f"{files.log_path}: {exc} (at byte {pos} on)") from exc
+            crc = crc32c.crc32c(view, crc)
+            pos += whole
     finally:
         os.close(fd)
+    if scan.first < 0:
+        raise KafkaStorageError(f"{files.log_path} holds no batch at or above {from_offset}")
+    scan.finish()
+    scan.span = LogSpan(str(files.log_path), start, size - start, crc)
+    return scan
+
+
+def _whole_batches(chunk: bytes) -> int:
+    """How many leading bytes of ``chunk`` are whole batches (by their length fields; the
+    batches themselves are checked by the caller)."""
+    pos = 0
+    while len(chunk) - pos >= rb.HEADER_SIZE:
+        try:
+            header = rb.parse_header(chunk, pos)
+        except CorruptRecordError:
+            break  # the next read starts here, and says what is wrong
+        if pos + header.size > len(chunk):
+            break
+        pos += header.size
+    return pos
+
+
+def _header_at(fd: int, files: ClosedSegment, size: int, pos: int) -> rb.BatchHeader:
+    head = pread_exact(fd, rb.HEADER_SIZE, pos)
+    if len(head) < rb.HEADER_SIZE:
+        raise KafkaStorageError(f"{files.log_path} ends inside a batch header")
+    try:
+        header = rb.parse_header(head)
+    except CorruptRecordError as exc:
+        raise KafkaStorageError(f"{files.log_path}: {exc} (at byte {pos})") from exc
+    if header.batch_length < rb.MIN_BATCH_LENGTH or pos + header.size > size:
+        raise KafkaStorageError(f"{files.log_path}: bad batch length at byte {pos}")
+    return header
+
+
+def _first_batch_at(fd: int, files: ClosedSegment, size: int, from_offset: int) -> int:
+    """Where the first batch whose last offset is >= ``from_offset`` starts (``size`` if
+    none); the headers before it are walked one by one."""
+    pos = 0
+    while pos < size:
+        header = _header_at(fd, files, size, pos)
+        if header.next_offset > from_offset:
+            break
+        pos += header.size
+    return pos
 
 
 class OffsetIndex(NamedTuple):

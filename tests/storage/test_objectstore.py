@@ -124,6 +124,41 @@ def test_get_range_is_bounded(store: ObjectStore, start: int, length: int) -> No
         store.get_range("k", start, length)
 
 
+CHUNK = bytes(range(256)) * (12 << 10)  # 3 MiB: five make two S3 parts of 8 MiB and a rest
+
+
+def test_put_stream_writes_the_chunks_as_one_object(store: ObjectStore) -> None:
+    chunks = [bytes([i]) + CHUNK[1:] for i in range(5)]
+    etag = store.put_stream("seg/log", iter(chunks))
+    assert store.get("seg/log") == StoredObject(b"".join(chunks), etag)
+    assert store.get_range("seg/log", len(CHUNK) * 3, 4) == bytes([3]) + CHUNK[1:4]
+    small = store.put_stream("seg/index", iter([b"ab", b"", b"cd"]))  # under one part
+    assert store.get("seg/index") == StoredObject(b"abcd", small)
+    assert store.put_stream("seg/none", iter([])) and store.get("seg/none").body == b""
+
+
+def _failing_chunks(count: int) -> Iterator[bytes]:
+    for _ in range(count):
+        yield CHUNK
+    raise OSError("the disk went away mid-copy")
+
+
+@pytest.mark.parametrize("count", [1, 5])  # within the first part, and parts uploaded
+def test_put_stream_that_fails_writes_nothing(
+    store: ObjectStore, count: int, request: pytest.FixtureRequest
+) -> None:
+    store.put("seg/log", b"before")
+    with pytest.raises(OSError, match="mid-copy"):
+        store.put_stream("seg/log", _failing_chunks(count))
+    assert store.get("seg/log") is not None and store.get("seg/log").body == b"before"
+    if isinstance(store, S3ObjectStore):  # the multipart upload was aborted, not left behind
+        client = boto3.client("s3", **request.getfixturevalue("s3_client_kwargs"))
+        assert client.list_multipart_uploads(Bucket=store.bucket).get("Uploads", []) == []
+    else:
+        assert isinstance(store, LocalObjectStore)
+        assert list((store.root / "tmp").iterdir()) == []
+
+
 def test_probe_accepts_both(store: ObjectStore) -> None:
     store.probe()
     assert store.list("_raylog/") == []  # the probe leaves nothing behind

@@ -7,7 +7,7 @@ the wrapped store. Shared by the lease tests in one process (an Event) and acros
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from raylog.storage.errors import ObjectStoreError
 from raylog.storage.objectstore import ObjectStore, StoredObject
@@ -32,6 +32,10 @@ class CutStore(ObjectStore):
     def put(self, key: str, body: bytes) -> str:
         self._check()
         return self.inner.put(key, body)
+
+    def put_stream(self, key: str, chunks: Iterable[bytes]) -> str:
+        self._check()
+        return self.inner.put_stream(key, chunks)
 
     def put_if_absent(self, key: str, body: bytes) -> str:
         self._check()

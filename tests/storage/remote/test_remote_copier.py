@@ -6,19 +6,24 @@ aborted transaction) is copied so that every offset reads back byte for byte as 
 log serves it, with the aborted transactions and the producer snapshot; copies tile; a crash
 at every step of a copy leaves every offset readable and a later copier removes what it left
 and copies again; a fenced old leader cannot finish its copy and a newer leader's clean-up
-removes its objects; retention deletes remote segments whole.
+removes its objects; retention deletes remote segments whole; a copy reads the local log a
+chunk at a time (the same objects however it is cut, memory bounded by a few chunks on a
+large segment) and never uploads bytes that changed after it scanned them.
 """
 
 from __future__ import annotations
 
+import tracemalloc
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from conftest import copy_all
 from support.cut_store import CutStore
+from support.kafka_batches import kafka_batch
 
-from raylog.storage import Log
-from raylog.storage.errors import FencedLeaderEpochError, ObjectStoreError
+from raylog.storage import Log, LogConfig
+from raylog.storage.errors import FencedLeaderEpochError, KafkaStorageError, ObjectStoreError
 from raylog.storage.objectstore import ObjectStore
 from raylog.storage.remote import (
     ByteLRU,
@@ -29,6 +34,7 @@ from raylog.storage.remote import (
     delete_segments,
     metadata,
 )
+from raylog.storage.remote import format as fmt
 from raylog.storage.remote.metadata_store import read
 
 
@@ -203,3 +209,66 @@ def test_retention_deletes_remote_segments_whole(
     assert metadata.log_start_offset(meta) == gone[0].next_offset
     assert segment_dirs(store, partition) == finished_dirs(store, partition)
     assert_reads_back(store, partition, tiered_log)
+
+
+@pytest.mark.parametrize("chunk_bytes", [64, 700, 1 << 20])  # under a batch, a few, all
+def test_a_copy_scans_the_log_a_chunk_at_a_time(tiered_log: Log, chunk_bytes: int) -> None:
+    """However the ``.log`` is cut into reads, a copy builds the same objects, and the log
+    object streams the file's bytes from the first batch copied."""
+    files = tiered_log.closed_segments()[1]
+    middle = files.base_offset + 4  # inside the segment: the copy starts at its batch
+    whole = fmt.build_segment(files, middle, "a" * 32, index_interval_bytes=256)
+    built = fmt.build_segment(
+        files, middle, "a" * 32, index_interval_bytes=256, chunk_bytes=chunk_bytes
+    )
+    assert built == whole
+    data = b"".join(fmt.read_span(built.log, chunk_bytes))
+    assert data == files.log_path.read_bytes()[built.log.start :]
+    assert built.entry.base_offset <= middle < built.entry.next_offset
+    assert data == tiered_log.read(built.entry.base_offset, len(data))
+
+
+def test_a_log_that_changes_while_it_uploads_is_not_copied(
+    store: ObjectStore, partition: RemotePartition, tiered_log: Log
+) -> None:
+    files = tiered_log.closed_segments()[0]
+    built = fmt.build_segment(files, 0, "b" * 32)
+    with open(files.log_path, "r+b") as f:  # one byte of a record flipped after the scan
+        f.seek(built.log.size - 3)
+        byte = f.read(1)
+        f.seek(built.log.size - 3)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(KafkaStorageError, match="changed while it was copied"):
+        store.put_stream("seg/log", fmt.read_span(built.log, 100))
+    assert store.get("seg/log") is None
+    with pytest.raises(KafkaStorageError, match="CRC"):  # a new scan finds the damage
+        copy_segment(store, partition, files, from_offset=0, leader_epoch=2)
+
+
+def test_a_copy_holds_a_few_chunks_of_a_large_segment(
+    tmp_path: Path, store: ObjectStore, partition: RemotePartition
+) -> None:
+    """A 48 MiB segment of 1 MiB batches is copied with at most a few 8 MiB chunks in
+    memory (Python's allocations, traced), and reads back."""
+    log = Log.open(tmp_path / "big-0", LogConfig(segment_bytes=48 << 20, max_message_bytes=2 << 20))
+    try:
+        for i in range(60):
+            value = bytes([i]) * (1000 << 10)
+            log.append(
+                kafka_batch([{"key": None, "value": value, "timestamp": i, "headers": []}], 0), 1
+            )
+        files = log.closed_segments()[0]
+        size = files.log_path.stat().st_size
+        assert size > 40 << 20
+        tracemalloc.start()
+        try:
+            copy_segment(store, partition, files, from_offset=0, leader_epoch=1)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 4 * fmt.CHUNK_BYTES < size, f"peak {peak >> 20} MiB copying {size >> 20}"
+        [copied] = read(store, partition)[0].finished()
+        key = partition.object_key(copied, fmt.LOG)
+        assert store.get_range(key, size - 100, 100) == files.log_path.read_bytes()[-100:]
+    finally:
+        log.close()
