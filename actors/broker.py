@@ -724,6 +724,7 @@ class BrokerActor:
             replication_mode=cfg.replication_mode,
             unclean_leader_election_enable=cfg.unclean_leader_election_enable,
             acks_before_fsync=cfg.flush_messages > 1,
+            remote_storage=cfg.remote_storage_enable,
         )
 
     async def _remove(self, key: tuple[str, int], *, delete_data: bool) -> None:

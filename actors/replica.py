@@ -216,6 +216,7 @@ class ReplicaActor(ReplicaMirror, TieredReplica, DamagedReplica, OffsetsReplica)
             tls_client=pki.client_context(tls) if tls is not None else None,
             flushed=self._flushed,
             failed=self._go_offline,
+            remote_state=self._build_remote_state,
         )
         self._executor = ReadyExecutor(
             self._sm, self._port, flush_messages=flush_messages, flush_interval_ms=flush_ms

@@ -134,6 +134,7 @@ class RayReplicaPort:
         tls_client: Any,
         flushed: Callable[[int, int], None],
         failed: Callable[[str], None],
+        remote_state: Callable[[int], None],
     ) -> None:
         self.topic = topic
         self.partition = partition
@@ -141,6 +142,7 @@ class RayReplicaPort:
         self._replica = replica
         self._flushed = flushed  # an fsync completed: (end offset, generation)
         self._failed = failed  # the log failed: take the replica offline
+        self.build_remote_state = remote_state  # tiered storage: see the executor's port
         self.loop: asyncio.AbstractEventLoop | None = None
         self.controller: Any = None
         self.high_watermark_to_checkpoint = log_.high_watermark  # persisted lazily

@@ -36,8 +36,14 @@ partition's log start, earliest-local (-4, KIP-1005) with the local one, and a t
 local tier is too late for from the remote segments (the first whose max timestamp is late
 enough, then its batches and records, as a local lookup). The remote metadata is read at
 every remote read (no metadata cache). Followers replicate from the leader's local log only:
-one behind the leader's local log start truncates fully and starts there (the existing
-path: the leader reports its local log start to followers).
+one behind the leader's local log start truncates fully and starts there (the leader reports
+its local log start to followers), and first takes the producer and transaction state there
+from the remote tier (KIP-405's follower rebuild; the state machine waits for it:
+``follower``): the producer-state snapshot uploaded with the remote segment that ends there,
+which a copy takes exactly at the segment's end (:meth:`TieredReplica._snapshot_for`). That
+state is written as the replica's local snapshot at once, so a restart keeps it. Where no
+remote segment ends there (a DeleteRecords offset, or segments another leader cut
+elsewhere), the state starts empty, as without tiering.
 
 DeleteRecords (the leader's, before the local rules of ``delete_records``): the remote
 metadata records the partition's new log start (CAS, fenced by the leader epoch) and the
@@ -61,7 +67,10 @@ from typing import Any, NamedTuple
 
 from raylog.actors.calls import DeleteRecordsOutcome, FetchOutcome
 from raylog.actors.control import config_keys
-from raylog.actors.replication.messages import LocalLogStartAdvanced
+from raylog.actors.producer_snapshots import SnapshotTaker, snapshot_at
+from raylog.actors.replication import producer_snapshot
+from raylog.actors.replication.messages import LocalLogStartAdvanced, RemoteStateBuilt
+from raylog.actors.replication.producer_snapshot import ProducerSnapshot, SnapshotError
 from raylog.actors.replication.ready import Role
 from raylog.storage import batch as rb
 from raylog.storage.batch import records_section
@@ -133,6 +142,7 @@ class TieredReplica:
     _loop: asyncio.AbstractEventLoop
     _step: Callable[[Any], None]
     _go_offline: Callable[[str], None]
+    _snapshots: SnapshotTaker
     _topic_config: config_keys.TopicConfig  # the host keeps it current (reconfigure)
     topic: str
     partition: int
@@ -154,12 +164,14 @@ class TieredReplica:
         self._tier_checked_ms = 0
         self._tier_task: asyncio.Task[None] | None = None
         self._tier_cleaned_epoch = -1  # the leader epoch whose clean_up ran
+        self._tier_state_tasks: set[asyncio.Task[None]] = set()  # remote state reads
         self._tier_stats: dict[str, Any] = {
             "rounds": 0,
             "segments_copied": 0,
             "remote_segments_deleted": 0,
             "local_segments_deleted": 0,
             "orphans_removed": 0,
+            "remote_states_taken": 0,
             "last_error": "",
         }
 
@@ -217,6 +229,70 @@ class TieredReplica:
             if deleted:
                 self._tier_stats["local_segments_deleted"] += deleted
                 self._step(LocalLogStartAdvanced(self._log.log_start_offset))
+
+    # -- a follower starting over at its leader's log start ---------------------------------------
+
+    def _build_remote_state(self, offset: int) -> None:
+        """The executor's ``build_remote_state``: read the producer state at ``offset`` from
+        the remote tier in a thread, then step ``RemoteStateBuilt``."""
+        task = self._loop.create_task(self._remote_state(offset))
+        self._tier_state_tasks.add(task)
+        task.add_done_callback(self._tier_state_tasks.discard)
+
+    async def _remote_state(self, offset: int) -> None:
+        failed = ""
+        snapshot: ProducerSnapshot | None = None
+        try:
+            snapshot = await asyncio.to_thread(self._read_remote_state, offset)
+        except Exception as exc:  # the store unreachable, a bug: the state machine asks again
+            failed = f"{type(exc).__name__}: {exc}"
+            log.warning(
+                "replica %s-%d: producer state at %d from the remote tier: %s",
+                self.topic,
+                self.partition,
+                offset,
+                failed,
+            )
+        self._step(RemoteStateBuilt(offset, snapshot, failed))
+        sm = self._sm
+        if (
+            snapshot is not None
+            and sm.remote_state_wanted is None
+            and sm.log.log_end_offset == offset == self._log.log_end_offset
+        ):
+            try:  # so that a restart starts from it, not from the empty log
+                self._snapshots.take(sm.log, force=True)
+            except KafkaStorageError as exc:
+                self._go_offline(str(exc))
+                return
+            self._tier_stats["remote_states_taken"] += 1
+
+    def _read_remote_state(self, offset: int) -> ProducerSnapshot | None:
+        """The producer-state snapshot at ``offset`` uploaded with the remote segment that
+        ends there; None when there is none."""
+        store = self._store()
+        meta = self._read_meta(store)
+        segment = next((s for s in meta.finished() if s.next_offset == offset), None)
+        found = (
+            None
+            if segment is None
+            else self._reader().producer_snapshot(self._tier_partition, segment)
+        )
+        if found is None or found[0] != offset:
+            log.info(
+                "replica %s-%d: the remote tier holds no producer state at %d; starting empty",
+                self.topic,
+                self.partition,
+                offset,
+            )
+            return None
+        try:
+            snapshot = producer_snapshot.decode(found[1])
+        except SnapshotError as exc:
+            raise KafkaStorageError(f"remote producer snapshot at {offset}: {exc}") from exc
+        if snapshot.offset != offset or not snapshot.usable(offset, offset, offset):
+            raise KafkaStorageError(f"remote producer snapshot at {offset} is not usable there")
+        return snapshot
 
     def _log_start_for_clients(self, local_start: int) -> int:
         """The partition's log start (Kafka's logStartOffset): the remote log's first offset
@@ -360,9 +436,10 @@ class TieredReplica:
 
     async def tiering_stats(self) -> dict[str, Any]:
         """What tiered storage did on this replica: rounds, segments copied, remote segments
-        deleted by retention, local segments deleted, orphans removed, the last round's
-        error ("" when it succeeded), and the remote log's first and next offsets (-1: none
-        copied, or not read yet)."""
+        deleted by retention, local segments deleted, orphans removed, producer states taken
+        from the remote tier (a follower starting over), the last round's error ("" when it
+        succeeded), and the remote log's first and next offsets (-1: none copied, or not read
+        yet)."""
         stats = dict(self._tier_stats)
         stats.setdefault("remote_log_start_offset", -1)
         stats.setdefault("remote_next_offset", -1)
@@ -424,15 +501,25 @@ class TieredReplica:
         return copied
 
     def _snapshot_for(self, files: ClosedSegment) -> tuple[int, bytes] | None:
-        """The newest producer-state snapshot inside the segment's offsets (up to its next
-        offset), uploaded with it; None when there is none there."""
+        """The producer-state snapshot at the segment's next offset, uploaded with it (what a
+        follower starting over there takes): the newest local snapshot between the log start
+        and that offset carried forward over the producer batches in between, or without one
+        the state the local log rebuilds up to there; None when a snapshot is unreadable."""
+        end, start = files.next_offset, self._log.log_start_offset
+        base, data = start, None
         for offset in self._log.producer_snapshot_offsets():  # newest first
-            if files.base_offset < offset <= files.next_offset:
+            if start <= offset <= end:
                 data = self._log.read_producer_snapshot(offset)
-                return None if data is None else (offset, data)
-            if offset <= files.base_offset:
-                return None
-        return None
+                if data is not None:
+                    base = offset
+                    break
+        if data is not None and base == end:
+            return end, data
+        try:
+            return end, snapshot_at(data, base, end, self._log.producer_batch_headers(base))
+        except SnapshotError as exc:
+            log.warning("replica %s-%d: snapshot at %d: %s", self.topic, self.partition, base, exc)
+            return None
 
     def _remote_retention(self, store: ObjectStore, inputs: RoundInputs) -> int:
         """Delete the remote segments past retention.ms / retention.bytes over both tiers."""

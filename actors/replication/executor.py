@@ -138,6 +138,11 @@ class ReplicaPort(Protocol):
         machine resends after its timeout)."""
         ...
 
+    def build_remote_state(self, offset: int) -> None:
+        """Tiered storage: read the producer state at ``offset`` from the remote tier, off
+        the event loop, then step ``RemoteStateBuilt`` into the state machine."""
+        ...
+
     def answer_consumer_fetch(self, out: SendFetchData) -> None:
         """Answer consumer fetch ``out.response.request_id`` from the log (its bytes, or where
         they lie): nothing when ``out`` carries an error or ``fetch_offset >= upper_offset``."""
@@ -262,6 +267,9 @@ class ReadyExecutor:
             port.complete_produce(result)
         for deleted in ready.delete_records_results:
             port.complete_delete_records(deleted)
+        # 6. A read from the remote tier.
+        if ready.build_remote_state is not None:
+            port.build_remote_state(ready.build_remote_state)
 
     def _apply_log_ops(self, log_ops: list[TruncateTo | AppendBatch | AdvanceLogStart]) -> int:
         """Carry out the log operations in order; returns the records appended."""

@@ -32,6 +32,16 @@ Decisions:
   epoch below matches its own; otherwise it refuses (an ack with ``in_push`` False) and pulls.
   It acknowledges every durable advance, not only a fully synced log (under a steady stream of
   pushes the log may never be fully synced at an fsync's completion). Observers always pull.
+- Tiered storage (``remote_storage``, KIP-405): a follower that starts over at its leader's
+  log start (not at its log end: only after an unclean election) asks the shell for the
+  producer and transaction state there from the remote tier (``Ready.build_remote_state``)
+  and neither fetches nor takes pushes until it has it (``RemoteStateBuilt``): a transaction
+  open across that offset is open here too, as on the leader (its first offset holds the
+  LSO, its ABORT marker's aborted entry starts there, it is listed as open); without it the
+  follower would know it only from its first batch at or above that offset.
+  An answer that failed is asked again after ``REMOTE_STATE_RETRY_MS``; one for an offset no
+  longer wanted is dropped; the remote tier holding no state there leaves the state empty,
+  as without tiering. A leader takes no remote state (it serves what it has).
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ from raylog.actors.replication.messages import (
     FetchRequest,
     FetchResponse,
     RecordBatch,
+    RemoteStateBuilt,
     ReplicateAck,
     ReplicateRequest,
 )
@@ -58,6 +69,8 @@ from raylog.storage.errors import (
     OffsetOutOfRangeError,
     UnknownLeaderEpochError,
 )
+
+REMOTE_STATE_RETRY_MS = 1_000  # asking the shell again for remote state it could not read
 
 
 class FollowerSide(ReplicaState):
@@ -76,6 +89,7 @@ class FollowerSide(ReplicaState):
             # Fetch only from a durable end: the fetch offset tells the leader what we hold
             # durably, and the leader counts it towards the HW.
             or self.log.durable_end_offset != self.log.log_end_offset
+            or self.remote_state_wanted is not None
         ):
             return
         push = self._receives_pushes()
@@ -106,6 +120,13 @@ class FollowerSide(ReplicaState):
             and now_ms - self.fetch_sent_ms >= self.config.fetch_timeout_ms
         ):
             self.fetch_in_flight = None  # lost request or response: ask again
+        wanted = self.remote_state_wanted
+        if (
+            wanted is not None
+            and not self.remote_state_asked
+            and now_ms >= self.remote_state_not_before_ms
+        ):
+            self._ask_remote_state(wanted)
         self._maybe_fetch(now_ms)
 
     # --- fetch answers --------------------------------------------------------------------------
@@ -144,12 +165,12 @@ class FollowerSide(ReplicaState):
                 # leader's log start); after an unclean one (or a power loss under a relaxed
                 # flush policy) our HW says nothing, and where we diverge below the leader's log
                 # start is unknowable.
-                self._truncate_fully(msg.log_start_offset)
+                self._start_over_at_leader_log_start(msg.log_start_offset)
             else:
                 self._truncate_diverged(msg.diverging_epoch)
         else:
             if self._straddles_leader_log_start(msg, request):
-                self._truncate_fully(msg.log_start_offset)
+                self._start_over_at_leader_log_start(msg.log_start_offset)
             elif msg.batches and msg.batches[0].meta.base_offset > self.log.log_end_offset:
                 # A gap: take the leader's HW and log start as they stood at our log end first,
                 # as the leader did (a mirror's empties its log before it appends above the
@@ -244,7 +265,34 @@ class FollowerSide(ReplicaState):
         elif request.fetch_offset > msg.log_end_offset:
             self._truncate(msg.log_end_offset)
         elif request.fetch_offset < msg.log_start_offset:
-            self._truncate_fully(msg.log_start_offset)
+            self._start_over_at_leader_log_start(msg.log_start_offset)
+
+    def _start_over_at_leader_log_start(self, offset: int) -> None:
+        self._truncate_fully(offset)
+        if self.config.remote_storage and offset > 0:
+            self.remote_state_wanted = offset
+            self.remote_state_not_before_ms = 0
+            self._ask_remote_state(offset)
+
+    def _ask_remote_state(self, offset: int) -> None:
+        self.remote_state_asked = True
+        self._ready.build_remote_state = offset
+
+    def _on_remote_state_built(self, msg: RemoteStateBuilt, now_ms: int) -> None:
+        if msg.offset != self.remote_state_wanted:
+            return  # an answer no longer wanted (another truncation, a new role)
+        self.remote_state_asked = False
+        log = self.log
+        if log.log_start_offset != msg.offset or log.log_end_offset != msg.offset:
+            self.remote_state_wanted = None  # cannot happen while wanted; be safe
+        elif msg.failed:
+            self.remote_state_not_before_ms = now_ms + REMOTE_STATE_RETRY_MS
+            return
+        else:
+            if msg.snapshot is not None:
+                log.adopt_remote_state(msg.snapshot)
+            self.remote_state_wanted = None
+        self._maybe_fetch(now_ms)
 
     # --- pushes ---------------------------------------------------------------------------------
 
@@ -272,6 +320,7 @@ class FollowerSide(ReplicaState):
             first is None
             or first.base_offset != self.log.log_end_offset
             or msg.prev_epoch != self.log.last_epoch
+            or self.remote_state_wanted is not None
         ):
             # A gap (a lost push), an overlap or a divergence: fall back to pull.
             self.push_active = False

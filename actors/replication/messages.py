@@ -21,7 +21,7 @@ Vocabulary and invariants (Kafka's):
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -367,6 +367,17 @@ class LocalLogStartAdvanced(msgspec.Struct, frozen=True):
     log_start_offset: int
 
 
+class RemoteStateBuilt(msgspec.Struct, frozen=True):
+    """The shell's answer to ``Ready.build_remote_state`` (tiered storage, KIP-405): the
+    producer and transaction state at ``offset`` as the remote tier holds it (``snapshot``:
+    a ``producer_snapshot.ProducerSnapshot`` at ``offset``; None when the remote tier has none
+    there), or why it could not be read (``failed``: the object store unreachable, say)."""
+
+    offset: int
+    snapshot: Any = None
+    failed: str = ""
+
+
 InboundMessage = (
     ProduceRequest
     | MirrorAppendRequest
@@ -384,4 +395,5 @@ InboundMessage = (
     | AlterPartitionResponse
     | LocalAppendDurable
     | LocalLogStartAdvanced
+    | RemoteStateBuilt
 )

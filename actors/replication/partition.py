@@ -75,6 +75,7 @@ from raylog.actors.replication.messages import (
     LocalLogStartAdvanced,
     MirrorAppendRequest,
     ProduceRequest,
+    RemoteStateBuilt,
     ReplicateAck,
     ReplicateRequest,
     StopReplica,
@@ -228,6 +229,8 @@ class PartitionReplica(SyncLinkSide, MirrorSide, FollowerSide):
         self.fetch_in_flight = None
         self.push_active = False
         self.push_ack_owed = False
+        self.remote_state_wanted = None  # a leader serves the state it has
+        self.remote_state_asked = False
         self._start_sync_links(msg.sync_links, msg.sync_links_version, now_ms)
         if not resuming:
             # KIP-101: the new epoch starts at our log end; followers truncate against it.
@@ -299,6 +302,8 @@ class PartitionReplica(SyncLinkSide, MirrorSide, FollowerSide):
         self._fail_all_pending(NotLeaderOrFollowerError.error_code, "replica stopped")
         self._answer_parked_with_error(NotLeaderOrFollowerError.error_code)
         self.role = Role.STOPPED
+        self.remote_state_wanted = None
+        self.remote_state_asked = False
         self.mirror_link = ""
         self.sync_links = {}
         self.leader_epoch = msg.leader_epoch
@@ -403,5 +408,6 @@ class PartitionReplica(SyncLinkSide, MirrorSide, FollowerSide):
         AlterPartitionResponse: "_on_alter_partition_response",
         LocalAppendDurable: "_on_local_append_durable",
         LocalLogStartAdvanced: "_on_log_start_advanced",
+        RemoteStateBuilt: "_on_remote_state_built",
         DeleteRecordsRequest: "_on_delete_records",
     }

@@ -80,6 +80,9 @@ class ReplicaConfig(msgspec.Struct, frozen=True):
     # the HW for this long stops holding acks=all acknowledgements (replica.lag.time.max.ms's
     # rule for the ISR, applied to the link's destination).
     link_sync_lag_time_max_ms: int = 30_000
+    # remote.storage.enable (KIP-405): a follower that starts over at its leader's log start
+    # first takes the producer and transaction state there from the remote tier.
+    remote_storage: bool = False
 
     def validate(self) -> None:
         if self.replication_mode not in ("pull", "push"):
@@ -218,11 +221,15 @@ class Ready:
     alter_partition: list[AlterPartitionRequest] = field(default_factory=list)
     produce_results: list[ProduceResult] = field(default_factory=list)
     delete_records_results: list[DeleteRecordsResult] = field(default_factory=list)
+    # Tiered storage: read the producer and transaction state at this offset from the remote
+    # tier (after the log ops: the log now starts there, empty), and step RemoteStateBuilt.
+    build_remote_state: int | None = None
 
     def is_empty(self) -> bool:
         return not (
             self.log_ops
             or self.checkpoint_high_watermark is not None
+            or self.build_remote_state is not None
             or self.messages
             or self.alter_partition
             or self.produce_results

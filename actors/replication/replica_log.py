@@ -21,7 +21,8 @@ Decisions:
   follow every append, truncation and log start move, so that they always equal what a
   replica rebuilt from the remaining log would hold; the last stable offset comes from the
   latter. A replica starts from a snapshot of them and the batches after it when it has one
-  (``producer_snapshot``).
+  (``producer_snapshot``); a follower of a tiered topic that starts over at its leader's log
+  start takes them from the remote tier's snapshot there (``adopt_remote_state``).
 - A truncation below the high watermark happens only after an unclean election, when
   ``unclean_leader_election_enable`` is set, or where acknowledged records may never have
   reached a disk (``acks_before_fsync``: flush.messages > 1) and a power loss took them:
@@ -93,13 +94,7 @@ class ReplicaLog:
         self.snapshot_exact = True
         first = 0
         if snapshot is not None:
-            check_invariant(
-                snapshot.usable(log_start_offset, log_end_offset, self.high_watermark),
-                f"snapshot at {snapshot.offset} is usable",
-            )
-            self.producers, self.txns = snapshot.producers, snapshot.txns
-            self.producers.pinned = self.txns.has_open
-            self.txns.on_high_watermark(self.high_watermark)
+            self._load(snapshot)
             first = snapshot.offset
         batches = [b for b in producer_batches if b.producer_id >= 0 and b.base_offset >= first]
         # As a full rebuild does: the transactions first (the memory bound of the producers
@@ -114,6 +109,28 @@ class ReplicaLog:
         # Batches below the log start may still be on disk.
         self.producers.remove_before(log_start_offset)
         self.txns.remove_before(log_start_offset)
+
+    def _load(self, snapshot: ProducerSnapshot) -> None:
+        check_invariant(
+            snapshot.usable(self.log_start_offset, self.log_end_offset, self.high_watermark),
+            f"snapshot at {snapshot.offset} is usable",
+        )
+        self.producers, self.txns = snapshot.producers, snapshot.txns
+        self.producers.pinned = self.txns.has_open
+        self.txns.on_high_watermark(self.high_watermark)
+
+    def adopt_remote_state(self, snapshot: ProducerSnapshot) -> None:
+        """Tiered storage: after a full truncation, the log empty at its start, take the
+        producer and transaction state the remote tier holds there (``snapshot``, at the log
+        start), as a replica started from that snapshot would: a transaction open across the
+        log start stays open, so its marker spans it and the LSO waits for it."""
+        check_invariant(
+            snapshot.offset == self.log_start_offset == self.log_end_offset,
+            f"remote state at {snapshot.offset} for a log empty at {self.log_start_offset}",
+        )
+        self._load(snapshot)
+        self.producers.remove_before(self.log_start_offset)
+        self.txns.remove_before(self.log_start_offset)
 
     # --- epochs --------------------------------------------------------------------------------
 

@@ -142,6 +142,12 @@ class ReplicaState:
         self.push_active = False
         self.last_push_ms = 0
         self.push_ack_owed = False
+        # Tiered storage: the offset a follower started over at and whose producer state it
+        # waits for from the remote tier (None: none), whether the shell is reading it, and
+        # when to ask again after a failed read (``follower``).
+        self.remote_state_wanted: int | None = None
+        self.remote_state_asked = False
+        self.remote_state_not_before_ms = 0
         self._ready = Ready()
         self._check_invariants()
 

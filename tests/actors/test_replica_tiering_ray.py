@@ -412,3 +412,86 @@ def test_a_cut_off_store_stops_copying_and_local_deletion(
         ray.kill(replica, no_restart=True)
         proxy.stop()
         store.close()
+
+
+TXN_PRODUCER = 77
+
+
+def _txn_batch(seq: int, offset: int) -> bytes:
+    record = rb.Record(key=b"txn", value=_value(offset), timestamp_ms=T0_MS + offset)
+    return rb.build_batch(
+        [record], producer_id=TXN_PRODUCER, producer_epoch=0, base_sequence=seq, transactional=True
+    )
+
+
+def test_a_new_follower_takes_the_producer_state_at_its_leaders_log_start(
+    ray_local: Path, tmp_path: Path, tier: Tier
+) -> None:
+    """A transaction open across the leader's local log start (its first batch below it, in
+    the remote tier only, its marker above it): a new follower, which starts over there,
+    takes the producer state from the remote tier, so the ABORT marker it replicates spans
+    the whole transaction, as on the leader; once it leads, read_committed consumers are
+    told the transaction's first offset, as Kafka tells them (without that state the
+    follower knows the transaction only from its first batch at or above its log start,
+    40 here). Every copy uploads its producer snapshot at its segment's end."""
+    topic_id = f"tiered-{uuid.uuid4().hex[:8]}"
+    [leader] = _start(tmp_path, topic_id, tier, 1)
+    follower = None
+    try:
+        _get(leader.become_leader.remote(BecomeLeader(1, 1, 1, (0,), (0,))))
+        assert _get(leader.produce.remote(_txn_batch(0, 0), -1, 10_000)).base_offset == 0
+        _produce(leader, 1, 39)
+        assert _get(leader.produce.remote(_txn_batch(1, 40), -1, 10_000)).base_offset == 40
+        marker = _get(leader.write_txn_marker.remote(TXN_PRODUCER, 0, 0, False, 10_000))
+        assert (marker.error_code, marker.base_offset) == (0, 41)
+        # Copied and deleted locally but for the last ~8 KiB: the log start lands between
+        # the transaction's two batches.
+        start = wait_until(
+            lambda: (s := _log_start(leader)) >= 20 and s,
+            timeout_s=WAIT_S,
+            message="local deletion on the leader",
+        )
+        assert 0 < start <= 40
+        meta, _ = metadata_store.read(tier.store, RemotePartition(topic_id, 0))
+        reader = RemoteReader(tier.store, ByteLRU())
+        for segment in meta.finished():  # each copy's snapshot is at its segment's end
+            snapshot = reader.producer_snapshot(RemotePartition(topic_id, 0), segment)
+            assert snapshot is not None and snapshot[0] == segment.next_offset
+
+        [follower] = [
+            ReplicaActor.options(  # type: ignore[attr-defined]
+                name=replica_actor_name(topic_id, 0, 1), namespace=NAMESPACE, runtime_env=tier.env
+            ).remote(
+                topic_id,
+                0,
+                1,
+                str(tmp_path / "replica-1"),
+                TIERED,
+                ReplicaConfig(min_insync_replicas=1, fetch_max_wait_ms=100, remote_storage=True),
+                topic_id=topic_id,
+                remote_store=tier.location,
+                remote_log_manager_interval_ms=INTERVAL_MS,
+            )
+        ]
+        # Reassigned: the leader's new epoch (the controller's) knows the new replica.
+        _get(leader.become_leader.remote(BecomeLeader(1, 2, 2, (0,), (0, 1))))
+        _get(follower.become_follower.remote(BecomeFollower(1, 0, 2, 2)))
+        wait_until(
+            lambda: _get(follower.state.remote()).log_end_offset == 42,
+            timeout_s=WAIT_S,
+            message="the new follower caught up",
+        )
+        state = _get(follower.state.remote())
+        assert state.log_start_offset == _log_start(leader) or state.log_start_offset >= start
+        assert _stats(follower)["remote_states_taken"] == 1
+
+        ray.kill(leader, no_restart=True)
+        _get(follower.become_leader.remote(BecomeLeader(1, 3, 3, (1,), (0, 1))))
+        local = _get(follower.state.remote()).log_start_offset
+        answer = _get(follower.fetch.remote(local, 1 << 20, 0, 1, -1, 1))
+        assert answer.error_code == 0 and answer.last_stable_offset == 42
+        assert answer.aborted_transactions == ((TXN_PRODUCER, 0),)
+    finally:
+        for r in (leader, follower):
+            if r is not None:
+                ray.kill(r, no_restart=True)

@@ -264,6 +264,9 @@ class SimNode:
     def propose(self, request: AlterPartitionRequest) -> None:
         self.sim._send(self.node_id, CONTROLLER, Forwarded(self.broker_incarnation, request))
 
+    def build_remote_state(self, offset: int) -> None:
+        raise AssertionError("the simulator's topics are not tiered")
+
     def answer_consumer_fetch(self, out: SendFetchData) -> None:
         response = out.response
         if response.error_code == 0 and out.fetch_offset < out.upper_offset:

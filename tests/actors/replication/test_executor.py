@@ -111,6 +111,9 @@ class ListPort:
     def propose(self, request: Any) -> None:
         self.calls.append(("propose", request.new_isr))
 
+    def build_remote_state(self, offset: int) -> None:
+        self.calls.append(("remote state", offset))
+
     def answer_consumer_fetch(self, out: SendFetchData) -> None:
         self.calls.append(("consumer", out.response.request_id))
 

@@ -116,6 +116,9 @@ class MemoryPort:
     def propose(self, request: AlterPartitionRequest) -> None:
         self.net.proposals.append((self.replica_id, request))
 
+    def build_remote_state(self, offset: int) -> None:
+        raise AssertionError("no topic here is tiered")
+
     def answer_consumer_fetch(self, out: SendFetchData) -> None:
         pass
 
