@@ -35,8 +35,10 @@ transactions it overlaps for read_committed; ListOffsets answers earliest (-2) w
 partition's log start, earliest-local (-4, KIP-1005) with the local one, and a timestamp the
 local tier is too late for from the remote segments (the first whose max timestamp is late
 enough, then its batches and records, as a local lookup). The remote metadata is read at
-every remote read (no metadata cache). Followers replicate from the leader's local log only:
-one behind the leader's local log start truncates fully and starts there (the leader reports
+every remote read, conditionally: the store sends it again only when its ETag changed.
+
+Followers replicate from the leader's local log only: one behind the leader's local log
+start truncates fully and starts there (the leader reports
 its local log start to followers), and first takes the producer and transaction state there
 from the remote tier (KIP-405's follower rebuild; the state machine waits for it:
 ``follower``): the producer-state snapshot uploaded with the remote segment that ends there,
@@ -165,6 +167,8 @@ class TieredReplica:
         self._tier_task: asyncio.Task[None] | None = None
         self._tier_cleaned_epoch = -1  # the leader epoch whose clean_up ran
         self._tier_state_tasks: set[asyncio.Task[None]] = set()  # remote state reads
+        # The remote metadata last read, and its ETag (None: not read), for _read_meta.
+        self._tier_meta: tuple[rmeta.RemoteLogMetadata, str | None] = (rmeta.EMPTY, None)
         self._tier_stats: dict[str, Any] = {
             "rounds": 0,
             "segments_copied": 0,
@@ -261,11 +265,11 @@ class TieredReplica:
             and sm.log.log_end_offset == offset == self._log.log_end_offset
         ):
             try:  # so that a restart starts from it, not from the empty log
-                self._snapshots.take(sm.log, force=True)
+                taken = self._snapshots.take(sm.log, force=True)
             except KafkaStorageError as exc:
                 self._go_offline(str(exc))
                 return
-            self._tier_stats["remote_states_taken"] += 1
+            self._tier_stats["remote_states_taken"] += taken
 
     def _read_remote_state(self, offset: int) -> ProducerSnapshot | None:
         """The producer-state snapshot at ``offset`` uploaded with the remote segment that
@@ -422,10 +426,12 @@ class TieredReplica:
         return self._tier_reader
 
     def _read_meta(self, store: ObjectStore) -> rmeta.RemoteLogMetadata:
-        """The remote metadata, fresh; the remote log start it gives is kept."""
-        meta, _ = metadata_store.read(store, self._tier_partition)
-        self._note_meta(meta)
-        return meta
+        """The remote metadata, fresh (the store re-sends it only when its ETag changed); the
+        remote log start it gives is kept."""
+        held = metadata_store.read_newer(store, self._tier_partition, self._tier_meta)
+        self._tier_meta = held
+        self._note_meta(held[0])
+        return held[0]
 
     def _note_meta(self, meta: rmeta.RemoteLogMetadata) -> None:
         """Keep the remote log start and next offset ``meta`` gives (-1: nothing served)."""

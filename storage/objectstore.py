@@ -53,6 +53,10 @@ class StoredObject(NamedTuple):
     etag: str
 
 
+# What ``get_unless`` answers when the object still has the ETag the caller holds.
+UNCHANGED = StoredObject(b"", "")
+
+
 def validate_key(key: str) -> str:
     """Return ``key`` if it is a valid object key, else raise ``ValueError``.
 
@@ -103,6 +107,13 @@ class ObjectStore(abc.ABC):
     @abc.abstractmethod
     def get(self, key: str) -> StoredObject | None:
         """The current content and ETag of ``key``, or ``None`` if it does not exist."""
+
+    def get_unless(self, key: str, etag: str) -> StoredObject | None:
+        """As :meth:`get`, but :data:`UNCHANGED` (compare with ``is``) when the object's ETag is
+        still ``etag``: a reader that keeps what it read re-reads only what changed (GetObject
+        with ``If-None-Match`` on S3, which sends no body then)."""
+        found = self.get(key)
+        return UNCHANGED if found is not None and found.etag == etag else found
 
     @abc.abstractmethod
     def get_range(self, key: str, start: int, length: int) -> bytes | None:

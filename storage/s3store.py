@@ -42,6 +42,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from raylog.storage.errors import ObjectStoreError, PreconditionFailedError
 from raylog.storage.objectstore import (
     LIST_KEYS_MAX,
+    UNCHANGED,
     ObjectStore,
     StoredObject,
     validate_key,
@@ -122,16 +123,24 @@ class S3ObjectStore(ObjectStore):
     # -- reads ------------------------------------------------------------------------------
 
     def get(self, key: str) -> StoredObject | None:
+        return self._get(key, "GetObject")
+
+    def get_unless(self, key: str, etag: str) -> StoredObject | None:
+        return self._get(key, "GetObject If-None-Match", IfNoneMatch=etag)
+
+    def _get(self, key: str, what: str, **conditions: str) -> StoredObject | None:
         full = self._full(key)
         try:
-            response = self._reads.get_object(Bucket=self._bucket, Key=full)
+            response = self._reads.get_object(Bucket=self._bucket, Key=full, **conditions)
             body = response["Body"].read()
         except ClientError as e:
+            if conditions and (_status(e) == 304 or _code(e) in ("304", "NotModified")):
+                return UNCHANGED
             if _status(e) == 404 or _code(e) in ("NoSuchKey", "404"):
                 return None
-            raise _failure("GetObject", full, e) from e
+            raise _failure(what, full, e) from e
         except BotoCoreError as e:
-            raise _failure("GetObject", full, e) from e
+            raise _failure(what, full, e) from e
         return StoredObject(body=body, etag=response["ETag"])
 
     def get_range(self, key: str, start: int, length: int) -> bytes | None:

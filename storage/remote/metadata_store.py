@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from raylog.storage.errors import KafkaStorageError, PreconditionFailedError
-from raylog.storage.objectstore import ObjectStore
+from raylog.storage.objectstore import UNCHANGED, ObjectStore
 from raylog.storage.remote import metadata
 from raylog.storage.remote.format import RemotePartition
 from raylog.storage.remote.metadata import RemoteLogMetadata
@@ -24,6 +24,25 @@ def read(store: ObjectStore, partition: RemotePartition) -> tuple[RemoteLogMetad
     """The partition's metadata and its ETag (the empty metadata and None when absent)."""
     key = partition.metadata_key
     found = store.get(key)
+    if found is None:
+        return metadata.EMPTY, None
+    return metadata.decode(found.body, key), found.etag
+
+
+def read_newer(
+    store: ObjectStore, partition: RemotePartition, held: tuple[RemoteLogMetadata, str | None]
+) -> tuple[RemoteLogMetadata, str | None]:
+    """As :func:`read`, for a reader holding ``held`` (what :func:`read` or this returned):
+    ``held`` itself while the object still has its ETag, which the store checks without
+    sending the object again (a partition with months of segments has a large metadata
+    object, and remote reads want it fresh every time)."""
+    etag = held[1]
+    if etag is None:
+        return read(store, partition)
+    key = partition.metadata_key
+    found = store.get_unless(key, etag)
+    if found is UNCHANGED:
+        return held
     if found is None:
         return metadata.EMPTY, None
     return metadata.decode(found.body, key), found.etag

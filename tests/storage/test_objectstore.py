@@ -26,7 +26,7 @@ from raylog.storage.errors import (
     PreconditionFailedError,
 )
 from raylog.storage.localstore import LocalObjectStore
-from raylog.storage.objectstore import RANGE_LENGTH_MAX, ObjectStore, StoredObject
+from raylog.storage.objectstore import RANGE_LENGTH_MAX, UNCHANGED, ObjectStore, StoredObject
 from raylog.storage.s3store import S3ObjectStore
 
 # -- conformance: both implementations -------------------------------------------------------
@@ -157,6 +157,15 @@ def test_put_stream_that_fails_writes_nothing(
     else:
         assert isinstance(store, LocalObjectStore)
         assert list((store.root / "tmp").iterdir()) == []
+
+
+def test_get_unless_answers_unchanged_while_the_etag_holds(store: ObjectStore) -> None:
+    etag = store.put("meta", b"v1")
+    assert store.get_unless("meta", etag) is UNCHANGED
+    newer = store.put("meta", b"v2")
+    assert store.get_unless("meta", etag) == StoredObject(b"v2", newer)
+    assert store.get_unless("meta", newer) is UNCHANGED
+    assert store.get_unless("missing", etag) is None
 
 
 def test_probe_accepts_both(store: ObjectStore) -> None:

@@ -4,20 +4,21 @@ store and moto's S3.
 Proves: two writers racing on the metadata object never overwrite each other (the loser of the
 compare-and-swap re-reads and re-applies its change, so both land); a writer fenced by the
 winner's newer leader epoch writes nothing; the rounds are bounded; a corrupt object is
-reported.
+reported; a reader holding the metadata is sent it again only once its ETag changed.
 """
 
 from __future__ import annotations
 
 import msgspec
 import pytest
+from support.cut_store import CutStore
 
 from raylog.storage.errors import (
     CorruptRemoteObjectError,
     FencedLeaderEpochError,
     KafkaStorageError,
 )
-from raylog.storage.objectstore import ObjectStore
+from raylog.storage.objectstore import UNCHANGED, ObjectStore, StoredObject
 from raylog.storage.remote import RemotePartition, RemoteSegment, SegmentState, metadata
 from raylog.storage.remote import metadata_store as ms
 
@@ -95,3 +96,33 @@ def test_a_corrupt_metadata_object_is_reported(
     store.put(partition.metadata_key, b"\x00\x00\x00\x00{}")
     with pytest.raises(CorruptRemoteObjectError):
         ms.read(store, partition)
+
+
+class _Counting(CutStore):
+    """Counts the bodies the store sends back (a full GET; not an unchanged answer)."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        super().__init__(inner, lambda: False)
+        self.bodies = 0
+
+    def get_unless(self, key: str, etag: str) -> StoredObject | None:
+        found = self.inner.get_unless(key, etag)
+        self.bodies += found is not None and found is not UNCHANGED
+        return found
+
+
+def test_a_reader_holding_the_metadata_gets_it_again_only_once_changed(
+    store: ObjectStore, partition: RemotePartition
+) -> None:
+    counting = _Counting(store)
+    assert ms.read_newer(counting, partition, (metadata.EMPTY, None)) == (metadata.EMPTY, None)
+    ms.update(store, partition, lambda m: metadata.start_copy(m, seg("a", 0, 9), 1))
+    held = ms.read_newer(counting, partition, (metadata.EMPTY, None))
+    assert held == ms.read(store, partition) and held[1] is not None
+    assert ms.read_newer(counting, partition, held) is held  # unchanged: nothing sent
+    assert counting.bodies == 0
+    written = ms.update(store, partition, lambda m: metadata.finish_copy(m, "a", 1))
+    newer = ms.read_newer(counting, partition, held)
+    assert newer[0] == written and newer[1] != held[1] and counting.bodies == 1
+    store.delete(partition.metadata_key)
+    assert ms.read_newer(counting, partition, newer) == (metadata.EMPTY, None)
