@@ -129,6 +129,7 @@ class ControllerStatus(msgspec.Struct, frozen=True):
     metadata_epoch: int
     reconciled_epoch: int  # the metadata epoch every unfenced broker has applied
     pushing: tuple[int, ...] = ()  # brokers a push is in flight to
+    node_id: str = ""  # the Ray node this controller runs on
 
 
 @dataclass
@@ -259,6 +260,7 @@ class ControllerActor(AdminRequests, LinkRequests):
             metadata_epoch=md.metadata_epoch if md is not None else -1,
             reconciled_epoch=-1 if rec is None else rec.reconciled_epoch,
             pushing=() if rec is None else rec.pushing(),
+            node_id=ray.get_runtime_context().get_node_id(),
         )
 
     def _from_lease_thread_elected(self, epoch: int) -> None:

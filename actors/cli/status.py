@@ -1,5 +1,5 @@
-"""`raylog status`: the active controller, the brokers by state, and partition health
-(offline, under-replicated, under min ISR, offline replicas), from
+"""`raylog status`: the controllers (which is active, on which node), the brokers by state,
+and partition health (offline, under-replicated, under min ISR, offline replicas), from
 ``raylog.actors.control.health`` as the metrics endpoint computes it."""
 
 from __future__ import annotations
@@ -10,12 +10,15 @@ from typing import Any
 from raylog.actors.cli.client import add_cluster_args, call, connect, supervisor
 from raylog.actors.cli.text import ids, print_json
 
+STATUS_TIMEOUT_S = 5.0  # each controller's answer
+
 
 def cmd_status(args: argparse.Namespace) -> int:
     from raylog.actors.control import health
 
     controller = connect(args)
     status = call(controller, "status")
+    controllers = _controllers()
     md = call(controller, "metadata")
     stopped = {b for b, how in call(supervisor(), "lifecycle").items() if how == "stopped"}
     brokers = health.broker_rows(md, stopped)
@@ -32,6 +35,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     "epoch": status.controller_epoch,
                     "metadata_epoch": status.metadata_epoch,
                 },
+                "controllers": controllers,
                 "brokers": by_state,
                 "topics": len(md.topics),
                 "partitions": h.partitions,
@@ -45,6 +49,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"cluster:                     {md.cluster_id}")
     print(f"active controller:           {status.controller_id} (epoch {status.controller_epoch}, "
           f"metadata epoch {status.metadata_epoch})")  # fmt: skip
+    where = ", ".join(f"{c['id']} {c['role']} on {c['node'] or '?'}" for c in controllers)
+    print(f"controllers:                 {where}")
     for state, brokers_in in by_state.items():
         print(f"brokers {state + ':':<20} {len(brokers_in)} [{ids(brokers_in)}]")
     print(f"topics:                      {len(md.topics)} ({h.partitions} partitions)")
@@ -53,6 +59,28 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"under-min-ISR partitions:    {h.under_min_isr_partitions}")
     print(f"offline replicas:            {h.offline_replicas}", flush=True)
     return 0
+
+
+def _controllers() -> list[dict[str, Any]]:
+    """Each controller's id, role (active, standby, or not answering) and node address."""
+    import ray
+
+    from raylog.actors.calls import CONTROLLERS, NAMESPACE, controller_actor_name
+
+    addresses = {n["NodeID"]: n.get("NodeManagerAddress", "") for n in ray.nodes()}
+    rows = []
+    for i in range(CONTROLLERS):
+        name = controller_actor_name(i)
+        try:
+            handle = ray.get_actor(name, namespace=NAMESPACE)
+            found = ray.get(handle.status.remote(), timeout=STATUS_TIMEOUT_S)
+        except Exception:  # missing, restarting or slow: say so, do not fail the command
+            rows.append({"id": name, "role": "not answering", "node": ""})
+            continue
+        role = "active" if found.active else "standby"
+        node = addresses.get(found.node_id, found.node_id)
+        rows.append({"id": found.controller_id, "role": role, "node": node})
+    return rows
 
 
 def add_subcommands(sub: Any) -> None:

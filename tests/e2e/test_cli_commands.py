@@ -152,6 +152,10 @@ def test_topics_configs_and_status_read_like_kafkas_tools(up: UpProcess, others:
     status = js(up, "status")
     assert status["brokers"] == {"alive": [1, 2, 3], "fenced": [], "shutdown": []}
     assert status["controller"]["id"].startswith("controller:")
+    roles = {c["id"]: c["role"] for c in status["controllers"]}
+    assert sorted(roles.values()) == ["active", "standby"], status["controllers"]
+    assert roles[status["controller"]["id"]] == "active"
+    assert {c["node"] for c in status["controllers"]} == {"127.0.0.1"}  # both here
     assert (status["partitions"], status["offline_partitions"]) == (total, 0)
     assert status["topics"] == len(counts)
     assert status["under_replicated_partitions"] == status["under_min_isr_partitions"] == 0
