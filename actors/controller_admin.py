@@ -261,19 +261,45 @@ class AdminRequests:
     ) -> dict[tuple[str, int], tuple[int, ...]]:
         """Plan replica moves onto under-loaded brokers (rack-aware, fewest moves) and start
         them as reassignments; returns the targets started (empty: already balanced)."""
+
+        def plan(md: ClusterMetadata) -> dict[TopicPartition, tuple[int, ...]]:
+            targets, balanced = reassignment.rebalance_targets(md, topics)
+            if not balanced:
+                log.warning("rebalance: racks leave no legal move to full balance")
+            return targets
+
+        return await self._start_planned("rebalance", plan, throttle_bytes_per_sec)
+
+    async def decommission(
+        self, broker_id: int, throttle_bytes_per_sec: int | None = None
+    ) -> dict[tuple[str, int], tuple[int, ...]]:
+        """Start moving every replica off ``broker_id`` (``reassignment.decommission_targets``);
+        returns the targets started (empty: it holds none). Its caller stops the broker once
+        they complete."""
+
+        def plan(md: ClusterMetadata) -> dict[TopicPartition, tuple[int, ...]]:
+            return reassignment.decommission_targets(md, broker_id)
+
+        return await self._start_planned("decommission", plan, throttle_bytes_per_sec)
+
+    async def _start_planned(
+        self,
+        what: str,
+        plan: Callable[[ClusterMetadata], dict[TopicPartition, tuple[int, ...]]],
+        throttle_bytes_per_sec: int | None,
+    ) -> dict[tuple[str, int], tuple[int, ...]]:
+        """Start the reassignments ``plan`` gives for the current metadata."""
         self._ensure_started()
 
         def change(
             md: ClusterMetadata,
         ) -> tuple[ClusterMetadata, dict[TopicPartition, tuple[int, ...]]]:
-            targets, balanced = reassignment.rebalance_targets(md, topics)
-            if not balanced:
-                log.warning("rebalance: racks leave no legal move to full balance")
+            targets = plan(md)
             if not targets:
                 return md, {}
             out = reassignment.start(reassignment.throttled(md, throttle_bytes_per_sec), targets)
-            if out.errors:  # the plan only names registered brokers: this is a bug
-                raise AssertionError(f"rebalance plan refused: {out.errors}")
+            if out.errors:  # a plan only names registered brokers: this is a bug
+                raise AssertionError(f"{what} plan refused: {out.errors}")
             return out.metadata, targets
 
         started = await self._mutate(change)

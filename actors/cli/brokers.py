@@ -1,9 +1,13 @@
-"""`raylog brokers list|stop|kill|start`: the brokers of a cluster `raylog up` runs.
+"""`raylog brokers list|stop|kill|start|decommission`: the brokers of a cluster `raylog up` runs.
 
 ``list`` reads the controller's metadata (id, rack, address, state, partitions led); ``stop``
 (controlled shutdown: leadership moves first), ``kill`` (a crash: the broker's actors die at
 once) and ``start`` (back with the same id, rack, data dir and port) are carried out by the
 supervisor actor of the `raylog up` process (``raylog.actors.cluster.supervisor``).
+``decommission`` moves every replica off a broker with reassignments (the controller's
+``decommission``: refused, naming the topic, when a partition's replication factor needs the
+broker), waits for them as ``raylog reassign`` does, then stops the broker (so that its Ray
+node can be given back); a replica placed on it meanwhile leaves it running, with a message.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ import argparse
 import sys
 from typing import Any
 
-from raylog.actors.cli.client import add_cluster_args, call, connect, supervisor
+from raylog.actors.cli.client import CliError, add_cluster_args, call, connect, supervisor
 from raylog.actors.cli.text import print_json
 
 # How long the CLI waits for the supervisor's answer; the supervisor bounds each step itself.
@@ -74,9 +78,42 @@ def cmd_start(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_decommission(args: argparse.Namespace) -> int:
+    from raylog.actors.cli import reassign
+
+    if args.throttle is not None and args.throttle <= 0:
+        raise CliError("--throttle wants a positive number of bytes per second")
+    controller = reassign.ActiveController(args)
+    started = controller.call("decommission", args.id, args.throttle)
+    partitions = sorted(started)
+    if partitions:
+        print(f"Moving {len(partitions)} partitions off broker {args.id}", flush=True)
+        args.json = False
+        done, _ = reassign.wait_moves(controller, partitions, args)
+        if not done:
+            raise CliError(
+                f"replicas still moving off broker {args.id} after {args.timeout:.0f} s "
+                "(follow them with `raylog reassign --list`, then run this again)"
+            )
+    md = controller.call("metadata")
+    left = sorted(
+        f"{name}-{i}"
+        for name, t in md.topics.items()
+        for i, p in enumerate(t.partitions)
+        if args.id in p.replicas
+    )
+    if left:
+        raise CliError(
+            f"broker {args.id} took replicas meanwhile ({', '.join(left[:3])}): run this again"
+        )
+    call(supervisor(), "stop_broker", args.id, timeout_s=STOP_TIMEOUT_S)
+    print(f"Broker {args.id} decommissioned: it holds no replica and is stopped.", flush=True)
+    return 0
+
+
 def add_subcommands(sub: Any) -> None:
     """Adds ``brokers`` to ``raylog``'s subparsers."""
-    brokers = sub.add_parser("brokers", help="list, stop, kill and start brokers")
+    brokers = sub.add_parser("brokers", help="list, stop, kill, start and decommission brokers")
     brokers_sub = brokers.add_subparsers(dest="brokers_command", required=True)
     listing = brokers_sub.add_parser("list", help="id, rack, address, state, partitions led")
     listing.set_defaults(func=cmd_list)
@@ -90,3 +127,9 @@ def add_subcommands(sub: Any) -> None:
         p.add_argument("id", type=int)
         p.set_defaults(func=func)
         add_cluster_args(p)
+    p = brokers_sub.add_parser("decommission", help="move every replica off a broker, then stop it")
+    p.add_argument("id", type=int)
+    p.add_argument("--throttle", type=int, help="replication bytes/s for the moves")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the moves")
+    p.set_defaults(func=cmd_decommission)
+    add_cluster_args(p)

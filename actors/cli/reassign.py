@@ -80,7 +80,7 @@ def _refusals(codes: dict[tuple[str, int], tuple[int, str]]) -> list[str]:
     ]
 
 
-class _Controller:
+class ActiveController:
     """The active controller, found again once when it changed under a call (a lease moved
     between ``connect`` and the call). Every call made through it is idempotent: a
     reassignment to the same target again is a no-op."""
@@ -99,8 +99,8 @@ class _Controller:
         return call(self.handle, method, *call_args)
 
 
-def _wait(
-    controller: _Controller, partitions: list[tuple[str, int]], args: argparse.Namespace
+def wait_moves(
+    controller: ActiveController, partitions: list[tuple[str, int]], args: argparse.Namespace
 ) -> tuple[bool, list[Any]]:
     """Poll progress until none of ``partitions`` is being reassigned (bounded by --timeout)."""
     wanted = set(partitions)
@@ -130,7 +130,7 @@ def cmd_reassign(args: argparse.Namespace) -> int:
         raise CliError("--partition needs --topic")
     if args.throttle is not None and args.throttle <= 0:
         raise CliError("--throttle wants a positive number of bytes per second")
-    controller = _Controller(args)
+    controller = ActiveController(args)
     if args.list:
         rows = controller.call("list_reassignments")
         if args.json:
@@ -167,7 +167,7 @@ def cmd_reassign(args: argparse.Namespace) -> int:
     partitions = _started_ok(codes)
     if args.no_wait or not partitions or _refusals(codes):
         return _report(args, "Started", codes, [], done=not partitions)
-    done, rows = _wait(controller, partitions, args)
+    done, rows = wait_moves(controller, partitions, args)
     return _report(args, "Completed" if done else "Still running", codes, rows, done=done)
 
 

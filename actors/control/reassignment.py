@@ -34,6 +34,7 @@ bytes/s a leader sends to the replicas being added); it is dropped once no reass
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
@@ -49,7 +50,9 @@ from raylog.actors.control.metadata import (
     TopicPartition,
 )
 from raylog.storage.errors import (
+    BrokerNotAvailableError,
     InvalidReplicaAssignmentError,
+    InvalidReplicationFactorError,
     NoReassignmentInProgressError,
     RaylogError,
     ReassignmentInProgressError,
@@ -383,3 +386,52 @@ __all__ = [
     "start",
     "throttled",
 ]
+
+
+def decommission_targets(
+    md: ClusterMetadata, broker_id: int
+) -> dict[TopicPartition, tuple[int, ...]]:
+    """Reassignment targets that move every replica off ``broker_id`` onto the other active
+    brokers (``placement.plan_rebalance`` over the partitions it holds: fewest moves, racks
+    kept, the new replicas spread evenly; what its greedy moves leave goes to the least loaded
+    broker the partition lacks). Refused (INVALID_REPLICATION_FACTOR, naming the
+    topic) when a partition it holds has more replicas than the brokers left; refused
+    (REASSIGNMENT_IN_PROGRESS) while any reassignment runs; BROKER_NOT_AVAILABLE for a
+    broker that is not registered."""
+    broker = md.brokers.get(broker_id)
+    if broker is None or broker.state != "registered":
+        raise BrokerNotAvailableError(f"broker {broker_id} is not a registered, active broker")
+    running = [tp for tp, p in md_.partitions(md) if p.reassigning]
+    if running:
+        raise ReassignmentInProgressError(
+            f"{len(running)} partitions are being reassigned (e.g. {running[0].topic}-"
+            f"{running[0].partition}); wait for them or cancel them before a decommission"
+        )
+    left = [b for b in md_.active_brokers(md) if b.broker_id != broker_id]
+    held = {tp: p.replicas for tp, p in md_.partitions(md) if broker_id in p.replicas}
+    for tp, replicas in sorted(held.items()):
+        if len(replicas) > len(left):
+            raise InvalidReplicationFactorError(
+                f"broker {broker_id} holds a replica of {tp.topic}-{tp.partition}, whose "
+                f"replication factor is {len(replicas)}: {len(left)} brokers would be left"
+            )
+    if not held:
+        return {}
+    plan = placement.plan_rebalance(held, left)
+    targets = {tp: list(plan.assignment[tp]) for tp in held}
+    # plan_rebalance stops at balance: a replica its greedy moves left on the broker goes to
+    # the least loaded broker the partition lacks, on a rack it lacks where there is one.
+    load = Counter(b for target in targets.values() for b in target)
+    rack = {b.broker_id: b.rack for b in left}
+    for tp in sorted(targets):
+        target = targets[tp]
+        if broker_id not in target:
+            continue
+        racks = {rack[b] for b in target if b in rack}
+        to = min(
+            (b for b in rack if b not in target),
+            key=lambda b: (rack[b] in racks, load[b], b),
+        )
+        target[target.index(broker_id)] = to
+        load[to] += 1
+    return {tp: tuple(target) for tp, target in targets.items()}

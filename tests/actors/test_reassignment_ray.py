@@ -13,7 +13,10 @@ One node, three brokers (racks a, b, c), active + standby controller. Proves:
   ``raylog up``) and come back, the automatic preferred-leader rebalance hands every partition
   back to its preferred leader without anyone asking;
 - a topic whose replicas would not fit the node's declared memory is refused with
-  POLICY_VIOLATION and nothing is created.
+  POLICY_VIOLATION and nothing is created;
+- decommissioning a broker is refused, naming the topic, while a partition's replication factor
+  needs it; otherwise every replica moves off it, nothing acknowledged is lost, and its replica
+  actors stop.
 """
 
 from __future__ import annotations
@@ -33,7 +36,11 @@ from support.controller_cluster import (
 from support.waiting import wait_until
 
 from raylog.storage import batch as rb
-from raylog.storage.errors import NoReassignmentInProgressError, PolicyViolationError
+from raylog.storage.errors import (
+    InvalidReplicationFactorError,
+    NoReassignmentInProgressError,
+    PolicyViolationError,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -211,3 +218,28 @@ def test_topic_that_would_not_fit_in_memory_is_refused(cluster: ControllerCluste
         cluster.call("create_topic", "enormous", 50_000, 3, {})
     assert "MiB" in str(e.value)
     assert "enormous" not in cluster.call("metadata").topics
+
+
+def test_decommission_moves_every_replica_off_a_broker(cluster: ControllerCluster) -> None:
+    _create_on(cluster, "wide3", [[1, 2, 3]])
+    with pytest.raises(InvalidReplicationFactorError, match="replication factor is 3"):
+        cluster.call("decommission", 3)
+    for name, t in cluster.call("metadata").topics.items():
+        if len(t.partitions[0].replicas) == 3:  # they need every broker
+            cluster.call("delete_topic", name)
+    _create_on(cluster, "held", [[3, 1], [2, 3]])
+    for i in range(20):
+        _produce_acked(cluster, "held", i)
+    started = cluster.call("decommission", 3)
+    assert started and all(3 not in target for target in started.values())
+    wait_until(
+        lambda: not cluster.call("list_reassignments"),
+        timeout_s=2 * CALL_TIMEOUT_S,
+        message="the replicas moved off broker 3",
+    )
+    md = cluster.call("metadata")
+    assert all(3 not in p.replicas for t in md.topics.values() for p in t.partitions)
+    assert cluster.call("decommission", 3) == {}  # nothing left to move
+    cluster.reconciled()
+    assert cluster.replica(3, "held") is None and cluster.replica(3, "held", 1) is None
+    assert _offsets(cluster, "held", cluster.leader("held")) == set(range(20))

@@ -323,6 +323,13 @@ def test_stop_is_a_controlled_shutdown_and_start_undoes_it(up: UpProcess) -> Non
     assert brokers(up)[2]["state"] == "alive"
 
 
+def test_decommission_is_refused_while_a_topic_needs_the_broker(up: UpProcess) -> None:
+    line = failure_line(up.raylog("brokers", "decommission", "3"))
+    assert "replication factor is 3: 2 brokers would be left" in line, line
+    assert brokers(up)[3]["state"] == "alive"
+    assert not js(up, "reassign", "--list")["reassignments"]
+
+
 # Kills a broker actor the way Ray does when it gives up restarting it: dead for good.
 KILL_FOR_GOOD = r"""
 import sys

@@ -9,7 +9,8 @@ Proves: every ``raylog`` node gets a broker, registered with its rack and its no
 ``raylog.port``, and a gateway listening there; Kafka clients produce (acks=all) to an RF=2 topic
 created with ``raylog topics create`` and read every record back; a node added later gets a
 broker (``raylog up`` prints that it joined, ``raylog brokers list`` shows three) and
-``raylog reassign --rebalance`` moves replicas onto it; with the metadata in S3 (moto's server)
+``raylog reassign --rebalance`` moves replicas onto it and ``raylog brokers decommission`` moves
+them off again and stops its broker (nothing lost); with the metadata in S3 (moto's server)
 the two controllers run on the two first raylog nodes, and the node of the active one killed
 hard (SIGKILL to all its processes) hands the controller to the standby, `raylog up` starts the
 lost controller again on another node, the node's broker is fenced and loses its leaderships to live
@@ -205,6 +206,15 @@ def test_raylog_up_address_runs_a_broker_per_raylog_node(
         before = {p["partition"]: p for p in _partitions(up)}
         assert any(new_id in p["replicas"] for p in before.values())
         progress(f"rebalanced onto broker {new_id}")
+
+        # Scale in: the new broker decommissioned, its replicas move back, it stops.
+        out = up.raylog("brokers", "decommission", str(new_id), timeout_s=120)
+        assert out.returncode == 0, out.stderr
+        assert f"Broker {new_id} decommissioned" in out.stdout, out.stdout
+        assert all(new_id not in p["replicas"] for p in _partitions(up))
+        assert {r["id"]: r["state"] for r in _brokers(up)}[new_id] == "shutdown"
+        assert len(_consume_all(bootstrap)) == RECORDS
+        progress(f"broker {new_id} decommissioned")
 
         # The node of the active controller crashes: the standby takes over, its broker's
         # leaders move to the other replicas, `raylog up` starts the lost controller again on a

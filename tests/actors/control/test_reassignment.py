@@ -29,7 +29,9 @@ from raylog.actors.control.metadata import (
     TopicPartition,
 )
 from raylog.storage.errors import (
+    BrokerNotAvailableError,
     InvalidReplicaAssignmentError,
+    InvalidReplicationFactorError,
     NoReassignmentInProgressError,
     ReassignmentInProgressError,
     UnknownTopicOrPartitionError,
@@ -194,6 +196,30 @@ def test_rebalance_targets_move_replicas_onto_an_added_broker_keeping_racks() ->
     assert all(part(out.metadata, tp).reassigning for tp in targets)
     with pytest.raises(ReassignmentInProgressError):
         r.rebalance_targets(out.metadata)
+
+
+def test_decommission_moves_every_replica_off_the_broker_keeping_racks() -> None:
+    md = cluster(4, racks="abca")
+    md = with_topic(md, [[1, 2], [2, 3], [3, 1], [1, 4], [4, 2]])
+    targets = r.decommission_targets(md, 1)
+    assert set(targets) == {TopicPartition("t", i) for i in (0, 2, 3)}  # the ones holding 1
+    rack = {1: "a", 2: "b", 3: "c", 4: "a"}
+    for tp, target in targets.items():
+        assert 1 not in target and len(target) == len(part(md, tp).replicas)
+        assert len({rack[b] for b in target}) >= len({rack[b] for b in part(md, tp).replicas}) - 1
+    assert r.decommission_targets(with_topic(cluster(3), [[2, 3]]), 1) == {}  # holds none
+    out = r.start(md, targets)
+    assert not out.errors
+    with pytest.raises(ReassignmentInProgressError):
+        r.decommission_targets(out.metadata, 2)
+
+
+def test_decommission_is_refused_where_the_replication_factor_needs_the_broker() -> None:
+    md = with_topic(with_topic(cluster(3), [[1, 2]], "small"), [[1, 2, 3]], "wide")
+    with pytest.raises(InvalidReplicationFactorError, match=r"wide-0.*factor is 3: 2 brokers"):
+        r.decommission_targets(md, 3)
+    with pytest.raises(BrokerNotAvailableError):
+        r.decommission_targets(md, 9)
 
 
 def test_auto_rebalance_returns_leadership_to_preferred_replicas() -> None:
