@@ -167,6 +167,8 @@ class TieredReplica:
         self._tier_task: asyncio.Task[None] | None = None
         self._tier_cleaned_epoch = -1  # the leader epoch whose clean_up ran
         self._tier_state_tasks: set[asyncio.Task[None]] = set()  # remote state reads
+        # The producer snapshot the last copy uploaded: (leader epoch, offset, bytes).
+        self._tier_carried: tuple[int, int, bytes] | None = None
         # The remote metadata last read, and its ETag (None: not read), for _read_meta.
         self._tier_meta: tuple[rmeta.RemoteLogMetadata, str | None] = (rmeta.EMPTY, None)
         self._tier_stats: dict[str, Any] = {
@@ -501,16 +503,19 @@ class TieredReplica:
                 from_offset=plan.from_offset,
                 leader_epoch=inputs.leader_epoch,
                 index_interval_bytes=self._log.config.index_interval_bytes,
-                producer_snapshot=self._snapshot_for(files),
+                producer_snapshot=self._snapshot_for(files, inputs.leader_epoch),
             )
             copied += 1
         return copied
 
-    def _snapshot_for(self, files: ClosedSegment) -> tuple[int, bytes] | None:
+    def _snapshot_for(self, files: ClosedSegment, leader_epoch: int) -> tuple[int, bytes] | None:
         """The producer-state snapshot at the segment's next offset, uploaded with it (what a
-        follower starting over there takes): the newest local snapshot between the log start
-        and that offset carried forward over the producer batches in between, or without one
-        the state the local log rebuilds up to there; None when a snapshot is unreadable."""
+        follower starting over there takes): the newest snapshot between the log start and
+        that offset (the log's own, or the one the previous copy of this leadership carried
+        forward) carried forward over the producer batches in between, or without one the
+        state the local log rebuilds up to there; None when a snapshot is unreadable. A
+        backlog of copies (tiering turned on for a long log) thus replays each segment's
+        headers once, not every segment's before it again."""
         end, start = files.next_offset, self._log.log_start_offset
         base, data = start, None
         for offset in self._log.producer_snapshot_offsets():  # newest first
@@ -519,13 +524,19 @@ class TieredReplica:
                 if data is not None:
                     base = offset
                     break
-        if data is not None and base == end:
-            return end, data
-        try:
-            return end, snapshot_at(data, base, end, self._log.producer_batch_headers(base))
-        except SnapshotError as exc:
-            log.warning("replica %s-%d: snapshot at %d: %s", self.topic, self.partition, base, exc)
-            return None
+        carried = self._tier_carried
+        if carried is not None and carried[0] == leader_epoch and base < carried[1] <= end:
+            base, data = carried[1], carried[2]
+        if data is None or base != end:
+            try:
+                data = snapshot_at(data, base, end, self._log.producer_batch_headers(base))
+            except SnapshotError as exc:
+                log.warning(
+                    "replica %s-%d: snapshot at %d: %s", self.topic, self.partition, base, exc
+                )
+                return None
+        self._tier_carried = (leader_epoch, end, data)
+        return end, data
 
     def _remote_retention(self, store: ObjectStore, inputs: RoundInputs) -> int:
         """Delete the remote segments past retention.ms / retention.bytes over both tiers."""
