@@ -518,15 +518,17 @@ class TieredReplica:
         headers once, not every segment's before it again."""
         end, start = files.next_offset, self._log.log_start_offset
         base, data = start, None
-        for offset in self._log.producer_snapshot_offsets():  # newest first
-            if start <= offset <= end:
-                data = self._log.read_producer_snapshot(offset)
-                if data is not None:
-                    base = offset
-                    break
         carried = self._tier_carried
-        if carried is not None and carried[0] == leader_epoch and base < carried[1] <= end:
+        if carried is not None and carried[0] == leader_epoch and start <= carried[1] <= end:
             base, data = carried[1], carried[2]
+        for offset in self._log.producer_snapshot_offsets():  # newest first
+            if offset > end:
+                continue
+            if offset < base or (offset == base and data is not None):
+                break  # the carried one is as new
+            if (found := self._log.read_producer_snapshot(offset)) is not None:
+                base, data = offset, found
+                break
         if data is None or base != end:
             try:
                 data = snapshot_at(data, base, end, self._log.producer_batch_headers(base))

@@ -228,7 +228,7 @@ class S3ObjectStore(ObjectStore):
                 Key=full,
                 UploadId=upload_id,
                 PartNumber=number,
-                Body=bytes(body),
+                Body=body,
             )
         except (ClientError, BotoCoreError) as e:
             raise _failure(f"UploadPart {number}", full, e) from e

@@ -80,6 +80,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 
 def cmd_decommission(args: argparse.Namespace) -> int:
     from raylog.actors.cli import reassign
+    from raylog.actors.control import metadata as md_
 
     if args.throttle is not None and args.throttle <= 0:
         raise CliError("--throttle wants a positive number of bytes per second")
@@ -88,8 +89,7 @@ def cmd_decommission(args: argparse.Namespace) -> int:
     partitions = sorted(started)
     if partitions:
         print(f"Moving {len(partitions)} partitions off broker {args.id}", flush=True)
-        args.json = False
-        done, _ = reassign.wait_moves(controller, partitions, args)
+        done, _ = reassign.wait_moves(controller, partitions, args.timeout, quiet=False)
         if not done:
             raise CliError(
                 f"replicas still moving off broker {args.id} after {args.timeout:.0f} s "
@@ -97,10 +97,7 @@ def cmd_decommission(args: argparse.Namespace) -> int:
             )
     md = controller.call("metadata")
     left = sorted(
-        f"{name}-{i}"
-        for name, t in md.topics.items()
-        for i, p in enumerate(t.partitions)
-        if args.id in p.replicas
+        f"{tp.topic}-{tp.partition}" for tp, p in md_.partitions(md) if args.id in p.replicas
     )
     if left:
         raise CliError(

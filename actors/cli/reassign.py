@@ -100,11 +100,16 @@ class ActiveController:
 
 
 def wait_moves(
-    controller: ActiveController, partitions: list[tuple[str, int]], args: argparse.Namespace
+    controller: ActiveController,
+    partitions: list[tuple[str, int]],
+    timeout_s: float,
+    *,
+    quiet: bool,
 ) -> tuple[bool, list[Any]]:
-    """Poll progress until none of ``partitions`` is being reassigned (bounded by --timeout)."""
+    """Poll progress until none of ``partitions`` is being reassigned (bounded by
+    ``timeout_s``), printing each round's rows unless ``quiet``."""
     wanted = set(partitions)
-    deadline = time.monotonic() + args.timeout
+    deadline = time.monotonic() + timeout_s
     rows: list[Any] = []
     while True:  # bounded by the deadline
         rows = [
@@ -112,7 +117,7 @@ def wait_moves(
         ]
         if not rows:
             return True, rows
-        if not args.json:
+        if not quiet:
             for r in rows:
                 print(_row_text(r), flush=True)
         if time.monotonic() >= deadline:
@@ -167,7 +172,7 @@ def cmd_reassign(args: argparse.Namespace) -> int:
     partitions = _started_ok(codes)
     if args.no_wait or not partitions or _refusals(codes):
         return _report(args, "Started", codes, [], done=not partitions)
-    done, rows = wait_moves(controller, partitions, args)
+    done, rows = wait_moves(controller, partitions, args.timeout, quiet=args.json)
     return _report(args, "Completed" if done else "Still running", codes, rows, done=done)
 
 

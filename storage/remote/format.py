@@ -177,7 +177,7 @@ def build_segment(
     next offset, uploaded with it (Kafka uploads one per segment).
     """
     try:
-        scan = _scan(files, from_offset, index_interval_bytes, chunk_bytes)
+        scan, log = _scan(files, from_offset, index_interval_bytes, chunk_bytes)
         aborted = read_entries(files.txnindex_path, files.base_offset)
     except OSError as exc:
         raise KafkaStorageError(f"cannot read {files.log_path} to copy it: {exc}") from exc
@@ -191,7 +191,6 @@ def build_segment(
     if producer_snapshot is not None:
         objects[SNAPSHOT] = producer_snapshot[1]
     epochs = epochs_spanned(scan.batch_epochs, first, last)
-    log = scan.span
     entry = RemoteSegment(
         segment_id=segment_id,
         base_offset=first,
@@ -244,7 +243,7 @@ def read_span(span: LogSpan, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
 
 
 class _Scan:
-    """What one pass over a ``.log`` builds: the indexes, the epochs and the span's CRC."""
+    """What one pass over a ``.log`` builds: the indexes and the epochs."""
 
     def __init__(self, index_interval_bytes: int) -> None:
         self.index, self.timeindex = bytearray(), bytearray()
@@ -252,7 +251,6 @@ class _Scan:
         self.first = self.last = self.max_ts = -1
         self.interval = index_interval_bytes
         self.since_index = index_interval_bytes  # the first batch is always indexed
-        self.span = LogSpan("", 0, 0, 0)
 
     def add(self, pos: int, header: rb.BatchHeader) -> None:
         """One batch at ``pos`` bytes into the span."""
@@ -281,10 +279,13 @@ class _Scan:
         return int(TIMEINDEX_ENTRY.unpack_from(self.timeindex, len(self.timeindex) - 12)[0])
 
 
-def _scan(files: ClosedSegment, from_offset: int, interval: int, chunk_bytes: int) -> _Scan:
+def _scan(
+    files: ClosedSegment, from_offset: int, interval: int, chunk_bytes: int
+) -> tuple[_Scan, LogSpan]:
     """One pass over ``files``' ``.log`` from the first batch whose last offset is >=
     ``from_offset``: the headers before it walked one by one, the rest read ``chunk_bytes`` at
-    a time (more for a batch larger than that), every batch's CRC-32C checked."""
+    a time (more for a batch larger than that), every batch's CRC-32C checked; returns what
+    it built and the span it read."""
     scan = _Scan(interval)
     fd = os.open(files.log_path, os.O_RDONLY)
     try:
@@ -313,8 +314,7 @@ def _scan(files: ClosedSegment, from_offset: int, interval: int, chunk_bytes: in
     if scan.first < 0:
         raise KafkaStorageError(f"{files.log_path} holds no batch at or above {from_offset}")
     scan.finish()
-    scan.span = LogSpan(str(files.log_path), start, size - start, crc)
-    return scan
+    return scan, LogSpan(str(files.log_path), start, size - start, crc)
 
 
 def _whole_batches(chunk: bytes) -> int:

@@ -20,19 +20,6 @@ from typing import Any
 from confluent_kafka import KafkaException, Producer
 
 
-class _Gone:
-    """What an abandoned :class:`Producing` holds instead of its client: calls do nothing."""
-
-    def purge(self) -> None:
-        pass
-
-    def flush(self, timeout: float = 0) -> int:
-        return 0
-
-
-_GONE: Any = _Gone()
-
-
 class Producing(threading.Thread):
     """See the module docstring."""
 
@@ -63,6 +50,7 @@ class Producing(threading.Thread):
         self._acked_at: dict[bytes, float] = {}
         self.errors: list[str] = []
         self.halt = threading.Event()
+        self.abandoned = False  # ``abandon`` let the client go
 
     def _delivered(self, err: Any, msg: Any) -> None:
         if err is not None:
@@ -120,8 +108,9 @@ class Producing(threading.Thread):
         """After a failure: halt the thread, drop what is queued and let the client go, so its
         threads stop reconnecting to ports that later tests may reuse. Idempotent."""
         self.stop(timeout_s)
-        if self.is_alive():  # still inside a client call: leave the client to it
+        if self.is_alive() or self.abandoned:  # still inside a client call: leave it to it
             return
         self.producer.purge()
         self.producer.flush(0)
-        self.producer = _GONE
+        del self.producer  # the last reference: librdkafka's threads end with it
+        self.abandoned = True
