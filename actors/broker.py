@@ -81,6 +81,7 @@ from raylog.storage.errors import (
     NotControllerError,
     RaylogError,
     RequestTimedOutError,
+    one_line,
 )
 from raylog.storage.pki import LeafCertificate
 
@@ -389,7 +390,7 @@ class BrokerActor:
         active one."""
         timeout = timeout_ms or REPLICA_CALL_TIMEOUT_MS
         names = sorted(self._controller_names, key=lambda n: n != self._controller_name)
-        last: Exception | None = None
+        why: list[str] = []
         for name in names:  # bounded: one attempt per configured controller
             try:
                 handle = await self._controller_handle(
@@ -398,14 +399,14 @@ class BrokerActor:
                 result = await ray_call(getattr(handle, method).remote(*args), timeout)
             except BrokerNotAvailableError as exc:  # that actor is gone: look it up again later
                 self._controller_handles.pop(name, None)
-                last = exc
+                why.append(f"{name}: {one_line(exc)}")
                 continue
             except (NotControllerError, RequestTimedOutError) as exc:
-                last = exc
+                why.append(f"{name}: {one_line(exc)}")
                 continue
             self._controller_name = name
             return result
-        raise NotControllerError(f"no active controller answered: {last}")
+        raise NotControllerError(f"no active controller answered ({'; '.join(why)})")
 
     async def _controller_handle(self, name: str, timeout_ms: int) -> Any:
         """The controller actor of that name, looked up once (a GCS round trip, in a thread,

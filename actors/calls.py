@@ -60,18 +60,17 @@ def monotonic_ms() -> int:
 async def ray_call(ref: Any, timeout_ms: int | None) -> Any:
     """Await one Ray call; the only place Ray failures are translated.
 
-    - the peer actor is dead or restarting (RayActorError) -> BrokerNotAvailableError;
+    - the peer cannot answer (:data:`_PEER_GONE`: dead or restarting, or it or the task cannot
+      be placed, e.g. pinned to a node that is gone) -> BrokerNotAvailableError;
     - no answer within ``timeout_ms`` (None: wait forever) -> RequestTimedOutError;
     - an exception raised by the remote method comes back as itself (Ray re-raises it as an
       instance of its own class), e.g. NotControllerError.
     """
-    import ray
-
     try:
         if timeout_ms is None:
             return await ref
         return await asyncio.wait_for(_awaited(ref), timeout=timeout_ms / 1000)
-    except ray.exceptions.RayActorError as exc:
+    except _peer_gone() as exc:
         raise BrokerNotAvailableError(f"peer actor gone: {type(exc).__name__}") from exc
     except TimeoutError as exc:
         raise RequestTimedOutError(f"no answer within {timeout_ms} ms") from exc
@@ -79,6 +78,24 @@ async def ray_call(ref: Any, timeout_ms: int | None) -> Any:
 
 async def _awaited(ref: Any) -> Any:
     return await ref
+
+
+def _peer_gone() -> tuple[type[BaseException], ...]:
+    """Ray's errors for a call that no peer will answer: the actor is dead or restarting
+    (RayActorError), cannot be placed (an actor restarted while pinned to a node that is gone
+    raises ActorUnschedulableError on every call, for ever), or the task's node or worker died.
+    """
+    import ray
+
+    e = ray.exceptions
+    return (
+        e.RayActorError,
+        e.ActorUnschedulableError,
+        e.ActorPlacementGroupRemoved,
+        e.TaskUnschedulableError,
+        e.NodeDiedError,
+        e.WorkerCrashedError,
+    )
 
 
 # --- what a replica's calls answer -------------------------------------------------------------

@@ -130,6 +130,7 @@ class ControllerStatus(msgspec.Struct, frozen=True):
     reconciled_epoch: int  # the metadata epoch every unfenced broker has applied
     pushing: tuple[int, ...] = ()  # brokers a push is in flight to
     node_id: str = ""  # the Ray node this controller runs on
+    balancer: str = ""  # replica.balancer.enable: off, balanced, moving ..., paused: ...
 
 
 @dataclass
@@ -179,6 +180,10 @@ class ControllerActor(AdminRequests, LinkRequests):
         self._broker_config = config_keys.broker_config(broker_configs)
         self._broker_overrides = dict(broker_configs or {})
         self._leader_rebalance_due: tuple[int, int] | None = None  # (controller epoch, due ms)
+        self._balance_due: tuple[int, int] | None = None  # the same, for replica balancing
+        self._balancer_state = "off" if not self._broker_config.replica_balancer_enable else ""
+        self.balancer_moves = 0  # partitions the balancer started moving while active here
+        self._fenced_since: dict[int, int] = {}  # the balancer's clock on fenced brokers
         self._session_ms = self._broker_config.broker_session_timeout_ms
         self._reconcile_interval_ms = min(reconcile_interval_ms, max(10, self._session_ms // 4))
         self._resync_interval_ms = resync_interval_ms
@@ -261,6 +266,7 @@ class ControllerActor(AdminRequests, LinkRequests):
             reconciled_epoch=-1 if rec is None else rec.reconciled_epoch,
             pushing=() if rec is None else rec.pushing(),
             node_id=ray.get_runtime_context().get_node_id(),
+            balancer=self._balancer_state if self._is_active() else "",
         )
 
     def _from_lease_thread_elected(self, epoch: int) -> None:
@@ -269,7 +275,7 @@ class ControllerActor(AdminRequests, LinkRequests):
 
     def _from_lease_thread_demoted(self) -> None:
         assert self._loop is not None
-        self._loop.call_soon_threadsafe(self._demote, "lease lost")
+        self._loop.call_soon_threadsafe(self._demote, "stopping" if self._stopped else "lease lost")
 
     def _start_activation(self, epoch: int) -> None:
         assert self._loop is not None
@@ -302,7 +308,10 @@ class ControllerActor(AdminRequests, LinkRequests):
 
     def _demote(self, why: str) -> None:
         if self._epoch is not None:
-            log.warning("%s demoted (%s) at epoch %s", self.controller_id, why, self._epoch)
+            loud = why not in ("stopping", "stopped")  # a stop is asked for, not a fault
+            (log.warning if loud else log.info)(
+                "%s demoted (%s) at epoch %s", self.controller_id, why, self._epoch
+            )
         self._epoch = None
         self._md = None
         for link in self._links.values():
@@ -661,6 +670,7 @@ class ControllerActor(AdminRequests, LinkRequests):
                 await self._push_round()
                 await self._reassignment_round()
                 await self._auto_leader_rebalance()
+                await self._replica_balance()
                 self._link_discovery_round()
             except NotControllerError:
                 continue
@@ -875,6 +885,7 @@ class ControllerActor(AdminRequests, LinkRequests):
             "isr_expands": t.isr_expands,
             "leader_elections": t.leader_elections,
             "unclean_leader_elections": self.unclean_elections,
+            "replica_balancer_moves": self.balancer_moves,
         }
 
     async def issue_certificate(

@@ -32,6 +32,7 @@ import ray
 from raylog.actors.calls import NAMESPACE, monotonic_ms, ray_call, replica_actor_name
 from raylog.actors.control import acls as acls_
 from raylog.actors.control import (
+    balancer,
     client_quotas,
     config_keys,
     config_registry,
@@ -45,7 +46,12 @@ from raylog.actors.control.metadata import ClusterMetadata, TopicMetadata, Topic
 from raylog.actors.control.metadata_store import VersionedMetadata
 from raylog.actors.control.reconciler import Reconciler, TopicReadiness
 from raylog.storage import pki
-from raylog.storage.errors import InvalidRequestError, NotControllerError, RaylogError
+from raylog.storage.errors import (
+    BrokerIdNotRegisteredError,
+    InvalidRequestError,
+    NotControllerError,
+    RaylogError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +68,10 @@ class AdminRequests:
     _call_timeout_ms: int
     _epoch: int | None
     _leader_rebalance_due: tuple[int, int] | None  # (controller epoch, due ms)
+    _balance_due: tuple[int, int] | None  # the same, for replica balancing
+    _balancer_state: str  # what the balancer did last (`raylog status`)
+    _fenced_since: dict[int, int]  # broker id -> when the balancer first saw it fenced (ms)
+    balancer_moves: int
     _links: dict[int, Any]  # broker id -> its link (``handle``)
     _reconciler: Reconciler | None  # while active
     _store_location: tuple[str, str | None]  # the object store's URL and S3 endpoint
@@ -273,28 +283,50 @@ class AdminRequests:
     async def decommission(
         self, broker_id: int, throttle_bytes_per_sec: int | None = None
     ) -> dict[tuple[str, int], tuple[int, ...]]:
-        """Start moving every replica off ``broker_id`` (``reassignment.decommission_targets``);
-        returns the targets started (empty: it holds none). Its caller stops the broker once
-        they complete."""
+        """Mark ``broker_id`` draining (no new replicas) and start moving every replica off it
+        (``reassignment.decommission_targets``), in one metadata version; returns the targets
+        started (empty: it holds none). Its caller stops the broker once they complete."""
 
         def plan(md: ClusterMetadata) -> dict[TopicPartition, tuple[int, ...]]:
             return reassignment.decommission_targets(md, broker_id)
 
-        return await self._start_planned("decommission", plan, throttle_bytes_per_sec)
+        return await self._start_planned(
+            "decommission",
+            plan,
+            throttle_bytes_per_sec,
+            before=lambda md: md_.set_draining(md, broker_id, True),
+        )
+
+    async def cancel_decommission(self, broker_id: int) -> bool:
+        """The broker takes new replicas again (its draining mark goes); reassignments already
+        started go on (``raylog reassign --cancel`` stops them). Whether it was draining."""
+        self._ensure_started()
+
+        def change(md: ClusterMetadata) -> tuple[ClusterMetadata, bool]:
+            reg = md.brokers.get(broker_id)
+            if reg is None:
+                raise BrokerIdNotRegisteredError(f"Broker {broker_id} is not registered")
+            return md_.set_draining(md, broker_id, False), reg.draining
+
+        return await self._mutate(change)
 
     async def _start_planned(
         self,
         what: str,
         plan: Callable[[ClusterMetadata], dict[TopicPartition, tuple[int, ...]]],
         throttle_bytes_per_sec: int | None,
+        before: Callable[[ClusterMetadata], ClusterMetadata] | None = None,
     ) -> dict[tuple[str, int], tuple[int, ...]]:
-        """Start the reassignments ``plan`` gives for the current metadata."""
+        """Start the reassignments ``plan`` gives for the current metadata, with ``before``'s
+        change to it written in the same version."""
         self._ensure_started()
 
         def change(
             md: ClusterMetadata,
         ) -> tuple[ClusterMetadata, dict[TopicPartition, tuple[int, ...]]]:
             targets = plan(md)
+            if before is not None:
+                md = before(md)
             if not targets:
                 return md, {}
             out = reassignment.start(reassignment.throttled(md, throttle_bytes_per_sec), targets)
@@ -359,6 +391,47 @@ class AdminRequests:
                 "auto leader rebalance: %s back to their preferred leaders",
                 [f"{c.topic}-{c.partition}" for c in out.changes],
             )
+
+    async def _replica_balance(self) -> None:
+        """``replica.balancer.enable``: every ``replica.balancer.check.interval.ms`` (the first
+        check one interval after this controller became active), start the balancer's next
+        moves (``balancer.next_step``), throttled by ``replica.balancer.throttle.bytes.per.second``.
+        """
+        cfg = self._broker_config
+        if not cfg.replica_balancer_enable or self._epoch is None:
+            return
+        now = monotonic_ms()
+        due = self._balance_due
+        if due is None or due[0] != self._epoch:
+            self._balance_due = (self._epoch, now + cfg.replica_balancer_check_interval_ms)
+            self._balancer_state = "starting"
+            self._fenced_since = {}  # this controller counts from its own takeover
+            return
+        if now < due[1]:
+            return
+        self._balance_due = (self._epoch, now + cfg.replica_balancer_check_interval_ms)
+        md = self._require_active().metadata
+        for broker_id, reg in md.brokers.items():
+            if reg.state == "fenced":
+                self._fenced_since.setdefault(broker_id, now)
+            else:
+                self._fenced_since.pop(broker_id, None)
+        threshold = cfg.replica_balancer_heal_broker_failure_threshold_ms
+        lost = {b for b, since in self._fenced_since.items() if now - since >= threshold}
+        step = balancer.next_step(md, lost)
+        self._balancer_state = step.state
+        if not step.targets:
+            return
+        started = await self._start_planned(
+            "balance",
+            lambda md: balancer.next_step(md, lost).targets,
+            cfg.replica_balancer_throttle_bytes_per_second,
+        )
+        self.balancer_moves += len(started)
+        log.info(
+            "replica balancer: moving %s",
+            ", ".join(f"{t}-{p} to {list(r)}" for (t, p), r in sorted(started.items())),
+        )
 
     async def _broker_nodes(self) -> tuple[dict[int, str], dict[str, float], float]:
         """Each linked broker's Ray node, each node's declared memory (Ray's ``memory``

@@ -143,9 +143,11 @@ class Elected:
 
 @dataclass(frozen=True)
 class Demoted:
-    """Tell the owner it no longer holds the lease. No I/O; call ``next_action`` again."""
+    """Tell the owner it no longer holds the lease. No I/O; call ``next_action`` again.
+    ``stopping``: it gave the lease up because it was asked to stop (not lost)."""
 
     epoch: int
+    stopping: bool = False
 
 
 @dataclass(frozen=True)
@@ -356,13 +358,13 @@ class LeaseLogic:
         self._pending, self._pending_sent_ms = action, now_ms
         return action
 
-    def _demote(self) -> Demoted:
+    def _demote(self, *, stopping: bool = False) -> Demoted:
         assert self._record is not None
         self._holding = False
         # Re-read before contending again, and forget a renewal of unknown outcome: if it
         # landed, its version expires like anyone else's and we take over with epoch + 1.
         self._observed, self._absent_seen, self._uncertain = None, False, None
-        return Demoted(self._record.epoch)
+        return Demoted(self._record.epoch, stopping)
 
     def _notify(self, notice: Elected | Demoted) -> None:
         # Invariant: at most one notice waits. Each result queues at most one, and next_action
@@ -384,7 +386,7 @@ class LeaseLogic:
             )
             if self._release_on_stop:
                 self._pending_release = Release(encode_record(marker), self._etag)
-            return self._demote()
+            return self._demote(stopping=True)
         if self._pending_release is not None:
             release, self._pending_release = self._pending_release, None
             return self._send(release, now_ms)

@@ -171,9 +171,17 @@ class LeaseKeeper:
                 self._notify(self._on_elected, action.epoch)
                 return 0
             if isinstance(action, Demoted):
-                logger.warning(
-                    "%s lost the lease %s (epoch %d)", self.holder_id, self._key, action.epoch
-                )
+                if action.stopping:
+                    logger.info(
+                        "%s gives up the lease %s (epoch %d): stopping",
+                        self.holder_id,
+                        self._key,
+                        action.epoch,
+                    )
+                else:
+                    logger.warning(
+                        "%s lost the lease %s (epoch %d)", self.holder_id, self._key, action.epoch
+                    )
                 self._notify(self._on_demoted)
                 return 0
             result = self._execute(action)

@@ -4,10 +4,11 @@
 (controlled shutdown: leadership moves first), ``kill`` (a crash: the broker's actors die at
 once) and ``start`` (back with the same id, rack, data dir and port) are carried out by the
 supervisor actor of the `raylog up` process (``raylog.actors.cluster.supervisor``).
-``decommission`` moves every replica off a broker with reassignments (the controller's
-``decommission``: refused, naming the topic, when a partition's replication factor needs the
-broker), waits for them as ``raylog reassign`` does, then stops the broker (so that its Ray
-node can be given back); a replica placed on it meanwhile leaves it running, with a message.
+``decommission`` marks a broker draining (it takes no new replica) and moves every replica off
+it with reassignments (the controller's ``decommission``: refused, naming the topic, when a
+partition's replication factor needs the broker), waits for them as ``raylog reassign`` does,
+then stops the broker (so that its Ray node can be given back); ``decommission --cancel`` and
+``start`` end the draining.
 """
 
 from __future__ import annotations
@@ -72,8 +73,13 @@ def cmd_kill(args: argparse.Namespace) -> int:
 
 
 def cmd_start(args: argparse.Namespace) -> int:
-    connect(args)
+    from raylog.actors.cli import reassign
+
+    controller = reassign.ActiveController(args)  # connects
     call(supervisor(), "start_broker", args.id, timeout_s=START_TIMEOUT_S)
+    # Started on purpose: it takes new replicas again, even if it was decommissioned.
+    if controller.call("cancel_decommission", args.id):
+        print(f"Broker {args.id} takes new replicas again (no longer draining).")
     print(f"Broker {args.id} started.", flush=True)
     return 0
 
@@ -85,6 +91,15 @@ def cmd_decommission(args: argparse.Namespace) -> int:
     if args.throttle is not None and args.throttle <= 0:
         raise CliError("--throttle wants a positive number of bytes per second")
     controller = reassign.ActiveController(args)
+    if args.cancel:
+        if not controller.call("cancel_decommission", args.id):
+            raise CliError(f"broker {args.id} is not being decommissioned")
+        print(
+            f"Broker {args.id} takes new replicas again; moves already started go on "
+            "(`raylog reassign --list`, `raylog reassign --cancel`).",
+            flush=True,
+        )
+        return 0
     started = controller.call("decommission", args.id, args.throttle)
     partitions = sorted(started)
     if partitions:
@@ -128,5 +143,8 @@ def add_subcommands(sub: Any) -> None:
     p.add_argument("id", type=int)
     p.add_argument("--throttle", type=int, help="replication bytes/s for the moves")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the moves")
+    p.add_argument(
+        "--cancel", action="store_true", help="the broker takes new replicas again (stop draining)"
+    )
     p.set_defaults(func=cmd_decommission)
     add_cluster_args(p)

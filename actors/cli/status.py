@@ -23,9 +23,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     stopped = {b for b, how in call(supervisor(), "lifecycle").items() if how == "stopped"}
     brokers = health.broker_rows(md, stopped)
     h = health.cluster_health(health.partition_health(md))
-    by_state = {
-        s: [r.broker_id for r in brokers if r.state == s] for s in ("alive", "fenced", "shutdown")
-    }
+    by_state = {s: [r.broker_id for r in brokers if r.state == s] for s in health.BROKER_STATES}
     if args.json:
         print_json(
             {
@@ -36,6 +34,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                     "metadata_epoch": status.metadata_epoch,
                 },
                 "controllers": controllers,
+                "replica_balancer": status.balancer,
                 "brokers": by_state,
                 "topics": len(md.topics),
                 "partitions": h.partitions,
@@ -51,6 +50,7 @@ def cmd_status(args: argparse.Namespace) -> int:
           f"metadata epoch {status.metadata_epoch})")  # fmt: skip
     where = ", ".join(f"{c['id']} {c['role']} on {c['node'] or '?'}" for c in controllers)
     print(f"controllers:                 {where}")
+    print(f"replica balancer:            {status.balancer or '-'}")
     for state, brokers_in in by_state.items():
         print(f"brokers {state + ':':<20} {len(brokers_in)} [{ids(brokers_in)}]")
     print(f"topics:                      {len(md.topics)} ({h.partitions} partitions)")

@@ -27,6 +27,7 @@ import uuid
 from pathlib import Path
 
 from raylog.actors import raycluster
+from raylog.actors.cluster import logs
 from raylog.actors.raycluster import ClusterInfo
 from raylog.storage.errors import PreconditionFailedError
 from raylog.storage.objectstore import ObjectStore, open_object_store
@@ -104,6 +105,10 @@ def start_ray(data_dir: Path, address: str | None = None) -> ClusterInfo:
         "logging_level": "WARNING",
         "log_to_driver": False,
     }
+    try:
+        init_kwargs["runtime_env"] = logs.runtime_env()  # timestamped actor logs
+    except ValueError as e:
+        raise ClusterError(str(e)) from e
     if address:
         init_kwargs["address"] = address
     else:

@@ -128,20 +128,25 @@ class EmbeddedCluster:
         self.supervisor: Any = None
         self.placement: dict[str, Any] = {}  # Ray options of the controllers and supervisor
 
+    def _controller_placements(self) -> list[dict[str, Any]]:
+        """Ray options placing each controller: here, with the supervisor."""
+        return [self.placement] * CONTROLLERS
+
     def _start_controllers(self) -> tuple[str, ...]:
         names = tuple(controller_actor_name(i) for i in range(CONTROLLERS))
-        for name in names:
-            self.controllers.append(
-                ControllerActor.options(name=name, namespace=NAMESPACE, **self.placement).remote(  # type: ignore[attr-defined]
-                    self.store_url,
-                    name,
-                    s3_endpoint=self.s3_endpoint,
-                    cluster_id=self.cluster_id,
-                    broker_configs=self.broker_configs,
-                    **CONTROLLER_LEASE,
-                )
-            )
+        for name, placement in zip(names, self._controller_placements(), strict=True):
+            self.controllers.append(self._new_controller(name, placement))
         return names
+
+    def _new_controller(self, name: str, placement: dict[str, Any]) -> Any:
+        return ControllerActor.options(name=name, namespace=NAMESPACE, **placement).remote(  # type: ignore[attr-defined]
+            self.store_url,
+            name,
+            s3_endpoint=self.s3_endpoint,
+            cluster_id=self.cluster_id,
+            broker_configs=self.broker_configs,
+            **CONTROLLER_LEASE,
+        )
 
     def start(self, stop: threading.Event | None = None) -> None:
         """Start every actor and wait until the cluster is ready (see the module docstring)."""

@@ -19,7 +19,8 @@ Names (all prefixed ``raylog_``; Kafka's MBean in brackets):
   ``under_replicated_partitions``, ``under_min_isr_partition_count``,
   ``offline_replica_count`` (OfflineReplicaCount), ``brokers{state}``;
 - ``isr_shrinks_total``, ``isr_expands_total``, ``leader_elections_total``,
-  ``unclean_leader_elections_total`` (counted by the active controller since it became active);
+  ``unclean_leader_elections_total``, ``replica_balancer_moves_total`` (partitions continuous
+  balancing started moving) (counted by the active controller since it became active);
 - ``requests_total{broker,request}``, ``request_latency_seconds{broker,request}`` (histogram;
   RequestMetrics TotalTimeMs), ``bytes_in_total{broker}``, ``bytes_out_total{broker}``
   (BytesInPerSec / BytesOutPerSec: take ``rate()``);
@@ -170,7 +171,7 @@ class ClusterCollector(Collector):
                 PREFIX + "brokers", "Registered brokers by state", labels=["state"]
             )
             rows = health.broker_rows(md)
-            for state in ("alive", "fenced", "shutdown"):
+            for state in health.BROKER_STATES:
                 brokers.add_metric([state], sum(r.state == state for r in rows))
             yield brokers
         for key, text in (
@@ -178,6 +179,7 @@ class ClusterCollector(Collector):
             ("isr_expands", "ISR expands decided by the active controller"),
             ("leader_elections", "Leader elections (any kind) by the active controller"),
             ("unclean_leader_elections", "Unclean leader elections by the active controller"),
+            ("replica_balancer_moves", "Partitions replica.balancer.enable started moving"),
         ):
             family = CounterMetricFamily(PREFIX + key, text)
             family.add_metric([], counters.get(key, 0))

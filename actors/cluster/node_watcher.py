@@ -57,6 +57,7 @@ POLL_MS_DEFAULT = 500
 CALL_TIMEOUT_MS = 10_000
 ADD_BROKER_TIMEOUT_MS = 240_000  # the supervisor bounds each step (gateway 90 s, register 60 s)
 _BROKER_DIR = re.compile(r"broker-(\d+)")
+_NO_ANSWER: Any = object()  # _call_controller: no controller answered as the active one
 
 
 class NodeView(msgspec.Struct, frozen=True):
@@ -183,6 +184,7 @@ class NodeWatcherActor:
         )
         self._poll_ms = poll_ms
         self._starting: dict[str, tuple[int, asyncio.Task[None]]] = {}  # node id -> broker id
+        self._fencing: set[int] = set()  # lost brokers no controller has heard of yet
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -231,15 +233,22 @@ class NodeWatcherActor:
         decided = plan(nodes, by_node)
         for broker_id in decided.lost:
             node = next(n for n, b in by_node.items() if b == broker_id)
-            log.warning("node %s of broker %d is gone: fencing it", node, broker_id)
-            await self._call_controller("broker_node_died", broker_id)
+            if broker_id not in self._fencing:  # once, not every round until a controller hears
+                log.warning("node %s of broker %d is gone: fencing it", node, broker_id)
+                self._fencing.add(broker_id)
+            if await self._call_controller("broker_node_died", broker_id) is _NO_ANSWER:
+                # No active controller (one is taking over): the broker stays reported lost,
+                # so the next round tells the new one, which fences it at once instead of
+                # after its session expires.
+                continue
+            self._fencing.discard(broker_id)
             starting = self._starting.pop(node, None)
             if starting is not None:
                 starting[1].cancel()
             await ray_call((await self._sup()).node_lost.remote(broker_id), CALL_TIMEOUT_MS)
         if decided.start:
             md = await self._call_controller("metadata")
-            if md is None:
+            if md is _NO_ANSWER:
                 return decided  # no active controller yet: the next round starts them
             in_use = set(by_node.values())
             for view in decided.start:
@@ -295,7 +304,8 @@ class NodeWatcherActor:
                 del self._starting[str(spec.node_id)]
 
     async def _call_controller(self, method: str, *args: Any) -> Any:
-        """Call the active controller; None when none answers (the next round retries)."""
+        """Call the active controller; :data:`_NO_ANSWER` when none answers as the active one
+        (the next round retries)."""
         for name in self._controller_names:  # bounded: one attempt per controller
             try:
                 handle = await asyncio.to_thread(ray.get_actor, name, namespace=NAMESPACE)
@@ -304,7 +314,7 @@ class NodeWatcherActor:
                 continue
             except RaylogError as exc:
                 log.warning("controller %s %s failed: %s", name, method, exc)
-        return None
+        return _NO_ANSWER
 
 
 __all__ = [

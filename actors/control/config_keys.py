@@ -388,6 +388,10 @@ class BrokerConfig(msgspec.Struct, frozen=True, kw_only=True):
     remote_log_manager_task_interval_ms: int
     log_cleaner_backoff_ms: int
     leader_replication_throttled_rate: int
+    replica_balancer_enable: bool
+    replica_balancer_check_interval_ms: int
+    replica_balancer_throttle_bytes_per_second: int
+    replica_balancer_heal_broker_failure_threshold_ms: int
     replica_offline_retry_backoff_ms: int
     listeners: str
     advertised_listeners: str
@@ -630,6 +634,44 @@ BROKER_CONFIG_DEFS: tuple[ConfigDef, ...] = (
         note="Kafka applies it to the replicas listed in leader.replication.throttled.replicas "
         "and pairs it with follower.replication.throttled.rate; raylog throttles exactly the "
         "adding replicas of partitions being reassigned, on the leader side only.",
+    ),
+    ConfigDef(
+        name="replica.balancer.enable",
+        type="boolean",
+        default="false",
+        doc="Continuous balancing: the controller moves replicas (throttled reassignments, "
+        "rack-aware, one at a time per broker) until every broker that takes replicas holds "
+        "within one of the same number, pausing while any partition is under-replicated or "
+        "offline or another reassignment runs. `raylog up --address` turns it on unless set.",
+        note="Kafka has no such config: Cruise Control or Confluent's Self-Balancing Clusters "
+        "do this beside it. raylog balances replica counts; leaders follow through "
+        "auto.leader.rebalance.enable; bytes per broker are not weighed.",
+    ),
+    ConfigDef(
+        name="replica.balancer.check.interval.ms",
+        type="long",
+        default="10000",
+        minimum=100,
+        doc="How often the balancer looks for moves (a pass over the metadata).",
+    ),
+    ConfigDef(
+        name="replica.balancer.throttle.bytes.per.second",
+        type="long",
+        default="10485760",
+        minimum=1,
+        doc="leader.replication.throttled.rate for the balancer's moves while they run.",
+    ),
+    ConfigDef(
+        name="replica.balancer.heal.broker.failure.threshold.ms",
+        type="long",
+        default="900000",
+        minimum=0,
+        doc="A broker fenced this long (its node gone, its process dead) is lost: the balancer "
+        "re-creates its replicas on the other brokers, restoring each partition's replication "
+        "factor. A broker stopped on purpose for longer counts too: turn the balancer off "
+        "for long maintenance.",
+        note="Redpanda's partition_autobalancing_node_availability_timeout_sec (900 s) and "
+        "Confluent's confluent.balancer.heal.broker.failure.threshold.ms do the same.",
     ),
     ConfigDef(
         name="replica.offline.retry.backoff.ms",

@@ -288,6 +288,7 @@ def register_broker(
     if old is not None and old.incarnation_id == incarnation_id:
         return Outcome(md)
     changes: list[PartitionChange] = []
+    draining = old is not None and old.draining  # a decommission outlives a restart
     if old is not None:
         # A broker that finished a controlled shutdown is expected back: only a registered
         # (serving) incarnation with a live session makes the new one a duplicate.
@@ -299,7 +300,7 @@ def register_broker(
         if old.state != "fenced":
             fenced = fence_broker(md, broker_id, log_end_offsets)
             md, changes = fenced.metadata, fenced.changes
-    md = md_.register_broker(md, broker_id, incarnation_id, rack, host, port, endpoints)
+    md = md_.register_broker(md, broker_id, incarnation_id, rack, host, port, endpoints, draining)
     # The new process re-creates every replica from its log: none is offline any more.
     online = set_offline_replicas(md, broker_id, (), log_end_offsets)
     elected = _elect_offline(online.metadata, log_end_offsets or {}, holding=broker_id)

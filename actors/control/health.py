@@ -25,9 +25,11 @@ import msgspec
 from raylog.actors.control import config_keys
 from raylog.actors.control.metadata import NO_LEADER, ClusterMetadata, PartitionState
 
-BrokerHealth = Literal["alive", "fenced", "shutdown"]
+BrokerHealth = Literal["alive", "draining", "fenced", "shutdown"]
+BROKER_STATES: tuple[BrokerHealth, ...] = ("alive", "draining", "fenced", "shutdown")
 
 __all__ = [
+    "BROKER_STATES",
     "BrokerRow",
     "ClusterHealth",
     "PartitionHealth",
@@ -135,7 +137,7 @@ def broker_rows(md: ClusterMetadata, stopped: Set[int] = frozenset()) -> list[Br
         elif reg.state == "fenced":
             state = "fenced"
         else:
-            state = "alive"
+            state = "draining" if reg.draining else "alive"
         rows.append(
             BrokerRow(
                 broker_id=broker_id,

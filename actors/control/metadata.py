@@ -103,6 +103,10 @@ class BrokerRegistration(msgspec.Struct, frozen=True, kw_only=True):
     state: BrokerState = "registered"
     # Every client listener, as clients reach it (host/port above: the first one's).
     endpoints: tuple[Endpoint, ...] = ()
+    # Being decommissioned: takes no new replica (placement, balancing and the other brokers'
+    # decommissions pass it over) while it still serves and leads what it holds. Kept across
+    # restarts; cleared when its decommission is cancelled (`raylog brokers start` does that).
+    draining: bool = False
 
 
 class PartitionState(msgspec.Struct, frozen=True, kw_only=True):
@@ -264,8 +268,23 @@ def is_active(md: ClusterMetadata, broker_id: int) -> bool:
 
 
 def active_brokers(md: ClusterMetadata) -> list[BrokerRegistration]:
-    """Brokers that can take new replicas and leadership, by broker id."""
-    return [md.brokers[b] for b in sorted(md.brokers) if md.brokers[b].state == "registered"]
+    """Brokers that can take new replicas (registered, not draining), by broker id."""
+    return [
+        reg
+        for _, reg in sorted(md.brokers.items())
+        if reg.state == "registered" and not reg.draining
+    ]
+
+
+def set_draining(md: ClusterMetadata, broker_id: int, draining: bool) -> ClusterMetadata:
+    """Mark a broker as being decommissioned (or no longer)."""
+    reg = md.brokers.get(broker_id)
+    if reg is None:
+        raise BrokerIdNotRegisteredError(f"Broker {broker_id} is not registered")
+    if reg.draining == draining:
+        return md
+    changed = msgspec.structs.replace(reg, draining=draining)
+    return _bump(md, brokers={**md.brokers, broker_id: changed})
 
 
 def get_topic(md: ClusterMetadata, topic: str) -> TopicMetadata:
@@ -546,8 +565,10 @@ def register_broker(
     host: str,
     port: int,
     endpoints: tuple[Endpoint, ...] = (),
+    draining: bool = False,
 ) -> ClusterMetadata:
-    """BrokerRegistration of a new incarnation: the broker is active at once.
+    """BrokerRegistration of a new incarnation: the broker is active at once (``draining``:
+    its decommission goes on, see :class:`BrokerRegistration`).
 
     A re-registration of the same incarnation is a retry and changes nothing. A new incarnation
     of a known broker must first be fenced by ``election.fence_broker`` (which takes it out of
@@ -567,6 +588,7 @@ def register_broker(
         host=host,
         port=port,
         endpoints=tuple(endpoints),
+        draining=draining,
     )
     return _bump(md, brokers={**md.brokers, broker_id: reg})
 

@@ -15,8 +15,9 @@ One node, three brokers (racks a, b, c), active + standby controller. Proves:
 - a topic whose replicas would not fit the node's declared memory is refused with
   POLICY_VIOLATION and nothing is created;
 - decommissioning a broker is refused, naming the topic, while a partition's replication factor
-  needs it; otherwise every replica moves off it, nothing acknowledged is lost, and its replica
-  actors stop.
+  needs it (and then it is not marked draining); otherwise every replica moves off it, nothing
+  acknowledged is lost, and its replica actors stop; it stays draining, so new topics are placed
+  on the other brokers only, until its decommission is cancelled.
 """
 
 from __future__ import annotations
@@ -224,6 +225,7 @@ def test_decommission_moves_every_replica_off_a_broker(cluster: ControllerCluste
     _create_on(cluster, "wide3", [[1, 2, 3]])
     with pytest.raises(InvalidReplicationFactorError, match="replication factor is 3"):
         cluster.call("decommission", 3)
+    assert not cluster.call("metadata").brokers[3].draining, "a refused decommission marks none"
     for name, t in cluster.call("metadata").topics.items():
         if len(t.partitions[0].replicas) == 3:  # they need every broker
             cluster.call("delete_topic", name)
@@ -243,3 +245,12 @@ def test_decommission_moves_every_replica_off_a_broker(cluster: ControllerCluste
     cluster.reconciled()
     assert cluster.replica(3, "held") is None and cluster.replica(3, "held", 1) is None
     assert _offsets(cluster, "held", cluster.leader("held")) == set(range(20))
+    # Draining until cancelled: new topics are placed on the other brokers only.
+    assert cluster.call("metadata").brokers[3].draining
+    placed = cluster.call("create_topic", "after", 4, 2, {})
+    assert all(3 not in p.replicas for p in placed.partitions)
+    with pytest.raises(InvalidReplicationFactorError):
+        cluster.call("create_topic", "too-wide", 1, 3, {})
+    assert cluster.call("cancel_decommission", 3) is True
+    assert cluster.call("cancel_decommission", 3) is False  # no longer draining
+    assert not cluster.call("metadata").brokers[3].draining

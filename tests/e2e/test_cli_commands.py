@@ -150,7 +150,12 @@ def test_topics_configs_and_status_read_like_kafkas_tools(up: UpProcess, others:
     assert described["min.insync.replicas"]["value"] == "2"  # the other override stays
 
     status = js(up, "status")
-    assert status["brokers"] == {"alive": [1, 2, 3], "fenced": [], "shutdown": []}
+    assert status["brokers"] == {
+        "alive": [1, 2, 3],
+        "draining": [],
+        "fenced": [],
+        "shutdown": [],
+    }
     assert status["controller"]["id"].startswith("controller:")
     roles = {c["id"]: c["role"] for c in status["controllers"]}
     assert sorted(roles.values()) == ["active", "standby"], status["controllers"]
@@ -328,6 +333,8 @@ def test_decommission_is_refused_while_a_topic_needs_the_broker(up: UpProcess) -
     assert "replication factor is 3: 2 brokers would be left" in line, line
     assert brokers(up)[3]["state"] == "alive"
     assert not js(up, "reassign", "--list")["reassignments"]
+    line = failure_line(up.raylog("brokers", "decommission", "3", "--cancel"))
+    assert line == "raylog: broker 3 is not being decommissioned", line
 
 
 # Kills a broker actor the way Ray does when it gives up restarting it: dead for good.

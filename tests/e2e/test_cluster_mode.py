@@ -9,14 +9,18 @@ Proves: every ``raylog`` node gets a broker, registered with its rack and its no
 ``raylog.port``, and a gateway listening there; Kafka clients produce (acks=all) to an RF=2 topic
 created with ``raylog topics create`` and read every record back; a node added later gets a
 broker (``raylog up`` prints that it joined, ``raylog brokers list`` shows three) and
-``raylog reassign --rebalance`` moves replicas onto it and ``raylog brokers decommission`` moves
-them off again and stops its broker (nothing lost); a node killed hard (SIGKILL to all its
-processes) has its broker fenced and loses leadership to a live replica, `raylog up` prints
-that its broker left, `raylog brokers start` of that broker fails with a one-line reason, and
-every record is still read back; SIGINT stops `raylog up` with exit 0. The commands name the
-head's data dir (`raylog up` runs them) and one names the Ray address instead. (The node
-watcher and supervisor behind `raylog up --address` are proven here, on real `ray start`
-nodes.)
+continuous balancing moves replicas onto it until every broker holds as many, within one
+(``raylog status`` says balanced); ``raylog brokers decommission`` moves them off again and
+stops its broker (nothing lost), and started again it is filled again; with the metadata in S3
+(moto's server) the two controllers run on the two first raylog nodes, and the node of the
+active one killed hard (SIGKILL to all its processes) hands the controller to the standby,
+`raylog up` starts the lost controller again on another node, the node's broker is fenced and
+loses its leaderships to live replicas, `raylog up` prints that its broker left, `raylog
+brokers start` of that broker fails with a one-line reason, every record is still read back,
+and once the broker counts as lost its replicas are re-created on the brokers left; SIGINT
+stops `raylog up` with exit 0. The commands name the head's data dir (`raylog up` runs them)
+and one names the Ray address instead. (The node watcher and supervisor behind `raylog up
+--address` are proven here, on real `ray start` nodes.)
 
 How the nodes share one machine: ``tests/support/ray_nodes.py``.
 """
@@ -46,9 +50,24 @@ TIMEOUT_S = 60.0
 
 
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[RayCluster]:
-    with ray_cluster(tmp_path) as c:
+def cluster(tmp_path: Path, s3_client_kwargs: dict[str, Any]) -> Iterator[RayCluster]:
+    aws = {  # every node's processes reach the S3 store (moto's server on loopback)
+        "AWS_ACCESS_KEY_ID": s3_client_kwargs["aws_access_key_id"],
+        "AWS_SECRET_ACCESS_KEY": s3_client_kwargs["aws_secret_access_key"],
+        "AWS_DEFAULT_REGION": s3_client_kwargs["region_name"],
+    }
+    with ray_cluster(tmp_path, env=aws) as c:
         yield c
+
+
+def _controllers(up: ClusterUp) -> dict[str, str] | None:
+    """Role -> node address of the two controllers, once one is active and one standby."""
+    done = up.raylog("status", "--json")
+    if done.returncode != 0:
+        return None  # no active controller (yet)
+    rows = json.loads(done.stdout)["controllers"]
+    roles = {row["role"]: row["node"] for row in rows}
+    return roles if sorted(roles) == ["active", "standby"] and len(rows) == 2 else None
 
 
 def _json(done: Any) -> Any:
@@ -68,6 +87,21 @@ def _alive_when(up: ClusterUp, count: int) -> dict[str, dict[str, Any]] | None:
     if len(rows) != count or any(r["state"] != "alive" for r in rows):
         return None
     return {r["rack"]: r for r in rows}
+
+
+def _balanced(up: ClusterUp, broker_id: int) -> bool:
+    """Whether the balancer says so and ``broker_id`` holds as many replicas as the others,
+    within one (every topic's partitions, the internal ones too)."""
+    status = up.raylog("status", "--json")
+    if status.returncode != 0 or json.loads(status.stdout)["replica_balancer"] != "balanced":
+        return False
+    described = _json(up.raylog("topics", "describe", "--json"))
+    held: dict[int, int] = {}
+    for topic in described:
+        for p in topic["partitions"]:
+            for b in p["replicas"]:
+                held[b] = held.get(b, 0) + 1
+    return broker_id in held and max(held.values()) - min(held.values()) <= 1
 
 
 def _partitions(up: ClusterUp) -> list[dict[str, Any]]:
@@ -108,7 +142,9 @@ def _consume_all(bootstrap: str) -> set[bytes]:
     return values
 
 
-def test_raylog_up_address_runs_a_broker_per_raylog_node(cluster: RayCluster) -> None:
+def test_raylog_up_address_runs_a_broker_per_raylog_node(
+    cluster: RayCluster, s3_client_kwargs: dict[str, Any], create_bucket: Any
+) -> None:
     started = time.monotonic()
 
     def progress(what: str) -> None:  # where the time goes, with -s
@@ -129,6 +165,10 @@ def test_raylog_up_address_runs_a_broker_per_raylog_node(cluster: RayCluster) ->
         # unless told: its default is SASL_SSL (tests/e2e/test_client_security.py).
         "--broker-config", f"listeners=PLAINTEXT://:{port}",
         "--broker-config", "allow.insecure.network.listeners=true",
+        "--broker-config", "replica.balancer.check.interval.ms=1000",
+        "--broker-config", "replica.balancer.heal.broker.failure.threshold.ms=3000",
+        "--object-store", f"s3://{create_bucket()}/cluster",
+        "--s3-endpoint", s3_client_kwargs["endpoint_url"],
     )  # fmt: skip
     try:
         first = up.start()
@@ -147,6 +187,12 @@ def test_raylog_up_address_runs_a_broker_per_raylog_node(cluster: RayCluster) ->
                 line = up.wait_joined(row["id"], TIMEOUT_S)
                 assert f"joined at {joined} (rack {rack})" in line, line
         progress("both brokers alive")
+        # With S3, the two controllers run on different nodes: the two raylog nodes.
+        placed = wait_until(lambda: _controllers(up), timeout_s=TIMEOUT_S, message="controllers")
+        assert sorted(placed.values()) == sorted(cluster.hosts[r] for r in ("a", "b")), placed
+        assert up.lines is not None
+        [line] = [x for x in up.lines.seen if "controllers:" in x]  # `raylog up` says where
+        assert all(host in line for host in placed.values()), line
         # Commands reach the cluster through the head's data dir (`raylog up` runs them: its
         # cluster.json names the Ray cluster's own token, not one in the data dir), and by the
         # Ray address too, joining Ray themselves.
@@ -163,7 +209,8 @@ def test_raylog_up_address_runs_a_broker_per_raylog_node(cluster: RayCluster) ->
         assert len(_consume_all(bootstrap)) == RECORDS
         progress("produced and consumed on 2 nodes")
 
-        # Scale out: a third raylog node gets a broker, and the rebalance puts replicas on it.
+        # Scale out: a third raylog node gets a broker, and continuous balancing (on by default
+        # on a Ray cluster) moves replicas onto it, nobody asking.
         cluster.add_node("c", "127.0.0.4")
         progress("node c started")
         alive = wait_until(
@@ -173,11 +220,13 @@ def test_raylog_up_address_runs_a_broker_per_raylog_node(cluster: RayCluster) ->
         )
         new_id = alive["c"]["id"]
         assert "(rack c)" in up.wait_joined(new_id, TIMEOUT_S)
-        moved = _json(up.raylog("reassign", "--rebalance", "--json", timeout_s=120))
-        assert moved["done"] and moved["partitions"], moved
-        before = {p["partition"]: p for p in _partitions(up)}
-        assert any(new_id in p["replicas"] for p in before.values())
-        progress(f"rebalanced onto broker {new_id}")
+        wait_until(
+            lambda: _balanced(up, new_id),
+            timeout_s=TIMEOUT_S,
+            message=f"replicas balanced onto broker {new_id}",
+        )
+        assert any(new_id in p["replicas"] for p in _partitions(up))
+        progress(f"balanced onto broker {new_id}")
 
         # Scale in: the new broker decommissioned, its replicas move back, it stops.
         out = up.raylog("brokers", "decommission", str(new_id), timeout_s=120)
@@ -186,14 +235,36 @@ def test_raylog_up_address_runs_a_broker_per_raylog_node(cluster: RayCluster) ->
         assert all(new_id not in p["replicas"] for p in _partitions(up))
         assert {r["id"]: r["state"] for r in _brokers(up)}[new_id] == "shutdown"
         assert len(_consume_all(bootstrap)) == RECORDS
-        before = {p["partition"]: p for p in _partitions(up)}
         progress(f"broker {new_id} decommissioned")
+        # Started again on purpose, it is no longer draining: the balancer fills it again.
+        out = up.raylog("brokers", "start", str(new_id), timeout_s=120)
+        assert out.returncode == 0, out.stderr
+        assert "no longer draining" in out.stdout, out.stdout
+        wait_until(
+            lambda: _balanced(up, new_id),
+            timeout_s=TIMEOUT_S,
+            message=f"replicas balanced onto broker {new_id} again",
+        )
+        progress(f"broker {new_id} started again and filled")
 
-        # A node crashes: its leaders move to the other replica, and nothing is lost.
-        victim_id = before[0]["leader"]
-        victim = next(rack for rack, row in alive.items() if row["id"] == victim_id)
+        # The node of the active controller crashes: the standby takes over, its broker's
+        # leaders move to the other replicas, `raylog up` starts the lost controller again on a
+        # node that is left, and nothing is lost.
+        active = _controllers(up) or placed
+        victim = next(rack for rack, host in cluster.hosts.items() if host == active["active"])
+        victim_id = alive[victim]["id"]
+        assert up.lines is not None
+        mark = len(up.lines.seen)  # `raylog up`'s lines about the loss come in either order
         cluster.nodes[victim].kill()
-        progress(f"node {victim} (broker {victim_id}) killed")
+        progress(f"node {victim} (broker {victim_id}, the active controller) killed")
+        took_over = wait_until(
+            lambda: (c := _controllers(up)) is not None and c["active"] != active["active"] and c,
+            timeout_s=TIMEOUT_S,
+            message="the standby controller active, the lost one started again",
+        )
+        assert active["active"] not in took_over.values(), took_over
+        up.lines.wait_for("started again on", TIMEOUT_S, since=mark)  # `raylog up` says so
+        progress(f"controller active on {took_over['active']}")
 
         def moved_off() -> list[dict[str, Any]] | None:
             done = up.raylog("topics", "describe", TOPIC, "--json")
@@ -207,11 +278,11 @@ def test_raylog_up_address_runs_a_broker_per_raylog_node(cluster: RayCluster) ->
             timeout_s=TIMEOUT_S,
             message=f"new leaders after node {victim} (broker {victim_id}) died",
         )
-        assert after[0]["leader"] != before[0]["leader"]
+        assert all(p["leader"] != victim_id for p in after), after
         states = {row["id"]: row["state"] for row in _brokers(up)}
         assert states[victim_id] == "fenced", states  # by the controller, the node being gone
         assert up.lines is not None
-        up.lines.wait_for(f"broker {victim_id} left", TIMEOUT_S)  # `raylog up` says so
+        up.lines.wait_for(f"broker {victim_id} left", TIMEOUT_S, since=mark)
         restart = up.raylog("brokers", "start", str(victim_id))
         assert restart.returncode != 0, restart.stdout
         assert f"the Ray node of broker {victim_id} is gone" in restart.stderr, restart.stderr
@@ -220,6 +291,22 @@ def test_raylog_up_address_runs_a_broker_per_raylog_node(cluster: RayCluster) ->
         )
         assert len(_consume_all(live)) == RECORDS
         progress("failed over; every record read back")
+
+        # Lost for good (fenced past replica.balancer.heal.broker.failure.threshold.ms): its
+        # replicas are re-created on the brokers left, every partition whole and in sync again.
+        def healed() -> bool:
+            done = up.raylog("topics", "describe", "--json")
+            if done.returncode != 0:
+                return False
+            ps = [p for topic in json.loads(done.stdout) for p in topic["partitions"]]
+            return all(
+                victim_id not in p["replicas"] and sorted(p["isr"]) == sorted(p["replicas"])
+                for p in ps
+            )
+
+        wait_until(healed, timeout_s=TIMEOUT_S, message=f"broker {victim_id}'s replicas re-created")
+        assert len(_consume_all(live)) == RECORDS
+        progress(f"broker {victim_id}'s replicas re-created on the brokers left")
         assert up.stop() == 0
         progress("raylog up stopped")
     finally:

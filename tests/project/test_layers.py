@@ -64,6 +64,7 @@ PURE = (
     "raylog.actors.control.election",
     "raylog.actors.control.placement",
     "raylog.actors.control.reassignment",
+    "raylog.actors.control.balancer",
     "raylog.actors.control.sessions",
     "raylog.actors.control.health",
     "raylog.actors.control.config_keys",

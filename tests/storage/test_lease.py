@@ -252,7 +252,7 @@ def test_release_demotes_before_writing_the_marker() -> None:
     lease = logic()
     acquire(lease)
     lease.request_stop(release=True)
-    assert lease.next_action(10, 0) == Demoted(1)
+    assert lease.next_action(10, 0) == Demoted(1, stopping=True)  # given up, not lost
     assert not lease.is_holder(10)  # out before the marker is even sent
     release = lease.next_action(10, 99)
     assert isinstance(release, Release) and release.etag == "e1"

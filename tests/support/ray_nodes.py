@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -46,6 +47,8 @@ START_ATTEMPTS = 2
 OBJECT_STORE_BYTES = str(200 * 1024 * 1024)
 BROKERS_DEADLINE_S = 120.0
 LOOPBACK = "127.0.0.1"
+WARNINGS_SHOWN = 80  # a failed test prints this many of the actors' last warnings
+_RAYLOG_WARNING = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+ (WARNING|ERROR|CRITICAL) raylog\.")
 
 Wrap = Callable[[str, list[str]], list[str]]  # (node name, argv) -> the argv to run
 
@@ -161,11 +164,27 @@ def ray_cluster(
     cluster = RayCluster(root, ray_tmp, head_ip, wrap, env)
     try:
         yield cluster
+    except BaseException:
+        print_raylog_warnings(ray_tmp)  # what the actors said, before their logs go
+        raise
     finally:
         try:
             cluster.stop()
         finally:
             shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def print_raylog_warnings(ray_tmp: Path, last: int = WARNINGS_SHOWN) -> None:
+    """The last ``last`` warnings and errors raylog's actors logged on every node (their lines
+    carry a time: ``raylog.actors.cluster.logs``), in time order, for a failed test's output."""
+    lines = []
+    for err in sorted(ray_tmp.glob("*/session_latest/logs/worker-*.err")):
+        with contextlib.suppress(OSError):
+            text = err.read_text(errors="replace")
+            lines += [x for x in text.splitlines() if _RAYLOG_WARNING.match(x)]
+    print(f"--- raylog warnings and errors on the nodes (last {last} of {len(lines)}) ---")
+    for line in sorted(lines)[-last:]:
+        print(line[:500])
 
 
 def _racks_when_alive(up: ClusterUp, count: int) -> dict[int, str] | None:
