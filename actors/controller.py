@@ -670,8 +670,8 @@ class ControllerActor(AdminRequests, LinkRequests):
                 await self._push_round()
                 await self._reassignment_round()
                 await self._auto_leader_rebalance()
-                await self._replica_balance()
                 self._link_discovery_round()
+                await self._replica_balance()  # last: a failing plan holds nothing else up
             except NotControllerError:
                 continue
             except Exception:
