@@ -153,6 +153,15 @@ class ObjectStore(abc.ABC):
     def list(self, prefix: str = "") -> list[str]:
         """Keys starting with ``prefix``, sorted; at most ``LIST_KEYS_MAX`` of them."""
 
+    def abort_uploads(self, prefix: str) -> int:
+        """End every incomplete streamed write (:meth:`put_stream`) under ``prefix`` that a
+        crash left behind, and say how many. A write still in flight under ``prefix`` fails
+        (its object never appears): call it when no writer there should be running. Stores
+        that keep no such state (the local store deletes a dead writer's temp file when it
+        opens) have none."""
+        validate_prefix(prefix)
+        return 0
+
     def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release connections or file handles; the store is unusable afterwards."""
 

@@ -13,8 +13,9 @@ boto3 calls and back:
   applied nothing), a bounded number of times with exponential backoff and jitter;
 - 412 PreconditionFailed, and 404 on an ``If-Match`` write, raise ``PreconditionFailedError``;
 - ``put_stream`` is a multipart upload (parts of ``PART_BYTES``), aborted on any failure; an
-  upload a crash leaves incomplete is the bucket's to expire (a lifecycle rule with
-  ``AbortIncompleteMultipartUpload``, see docs/CONFIG.md).
+  upload a crash leaves incomplete is aborted by :meth:`S3ObjectStore.abort_uploads` (tiered
+  storage calls it for a partition's prefix when a new leader starts copying) or expires by
+  the bucket's lifecycle rule (``AbortIncompleteMultipartUpload``, see docs/CONFIG.md).
 
 ETags are S3's, quotes included, passed back verbatim in ``If-Match``: the MD5 of the content,
 so identical content written twice keeps its ETag (see the objectstore docstring).
@@ -220,6 +221,26 @@ class S3ObjectStore(ObjectStore):
         finally:
             if not done:
                 self._abort_upload(full, upload_id)
+
+    def abort_uploads(self, prefix: str) -> int:
+        """ListMultipartUploads under the prefix, then AbortMultipartUpload of each (at most
+        ``LIST_KEYS_MAX`` per call; the next call finds the rest)."""
+        full = self._prefix + validate_prefix(prefix)
+        try:
+            pages = self._reads.get_paginator("list_multipart_uploads").paginate(
+                Bucket=self._bucket, Prefix=full
+            )
+            uploads: list[tuple[str, str]] = []
+            for page in pages:  # bounded: stops at LIST_KEYS_MAX uploads
+                uploads += [(u["Key"], u["UploadId"]) for u in page.get("Uploads", [])]
+                if len(uploads) >= LIST_KEYS_MAX:
+                    break
+        except (ClientError, BotoCoreError) as e:
+            raise _failure("ListMultipartUploads", full, e) from e
+        for key, upload_id in uploads[:LIST_KEYS_MAX]:
+            logger.info("S3: aborting the incomplete upload %s of %r", upload_id, key)
+            self._abort_upload(key, upload_id)
+        return len(uploads[:LIST_KEYS_MAX])
 
     def _upload_part(self, full: str, upload_id: str, number: int, body: bytes) -> dict[str, Any]:
         try:

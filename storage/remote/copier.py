@@ -118,10 +118,14 @@ def move_log_start(
 
 def clean_up(store: ObjectStore, partition: RemotePartition, leader_epoch: int) -> int:
     """Remove what crashed or fenced copies left: orphaned ``COPY_STARTED`` entries, pending
-    deletes, and objects no entry names. Call it with no copy of this partition in flight
-    (the copier runs one at a time). Returns how many segment copies were removed."""
+    deletes, objects no entry names, and incomplete uploads (a fenced leader's upload still
+    going then fails, and its copy with it). Call it with no copy of this partition in flight
+    here (the copier runs one at a time). Returns how many segment copies were removed."""
     meta, _ = metadata_store.read(store, partition)
     metadata.check_writer(meta, leader_epoch)
+    aborted = store.abort_uploads(partition.segments_prefix)
+    if aborted:
+        logger.info("%s: %d incomplete uploads aborted", partition.prefix, aborted)
     orphaned = [s.segment_id for s in metadata.orphaned_copies(meta)]
     if orphaned:
         meta = metadata_store.update(

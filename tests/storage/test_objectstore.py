@@ -4,7 +4,8 @@ One conformance suite, parametrized over the local directory store and the S3 st
 moto's real S3 server): conditional create/replace/delete answer 412 exactly when they must,
 keys are validated alike, listing is by prefix, byte ranges read what they name and are bounded.
 Then what is specific to each: the local store's ETags never repeat (no ABA) and its conditional
-writes stay exclusive across racing processes; the S3 store retries 409 a bounded number of
+writes stay exclusive across racing processes; the S3 store aborts the incomplete multipart
+uploads under a prefix (and no others), retries 409 a bounded number of
 times, maps errors, times out, and its start-up probe refuses a backend that ignores conditions.
 """
 
@@ -157,6 +158,27 @@ def test_put_stream_that_fails_writes_nothing(
     else:
         assert isinstance(store, LocalObjectStore)
         assert list((store.root / "tmp").iterdir()) == []
+
+
+def test_abort_uploads_ends_the_incomplete_uploads_under_a_prefix(
+    store: ObjectStore, request: pytest.FixtureRequest
+) -> None:
+    if isinstance(store, LocalObjectStore):  # a dead writer's temp file goes when it opens
+        assert store.abort_uploads("seg/") == 0
+        return
+    assert isinstance(store, S3ObjectStore)
+    client = boto3.client("s3", **request.getfixturevalue("s3_client_kwargs"))
+
+    def start(key: str) -> str:  # what a crash in the middle of put_stream leaves
+        return str(client.create_multipart_upload(Bucket=store.bucket, Key=key)["UploadId"])
+
+    start("cluster-1/seg/a/log")
+    start("cluster-1/seg/b/log")
+    kept = {("cluster-1/other/log", start("cluster-1/other/log")), ("seg/x", start("seg/x"))}
+    assert store.abort_uploads("seg/") == 2
+    left = client.list_multipart_uploads(Bucket=store.bucket).get("Uploads", [])
+    assert {(u["Key"], u["UploadId"]) for u in left} == kept  # other prefixes, other stores
+    assert store.abort_uploads("seg/") == 0
 
 
 def test_get_unless_answers_unchanged_while_the_etag_holds(store: ObjectStore) -> None:

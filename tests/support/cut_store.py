@@ -56,3 +56,7 @@ class CutStore(ObjectStore):
     def list(self, prefix: str = "") -> list[str]:
         self._check()
         return self.inner.list(prefix)
+
+    def abort_uploads(self, prefix: str) -> int:
+        self._check()
+        return self.inner.abort_uploads(prefix)

@@ -6,7 +6,8 @@ aborted transaction) is copied so that every offset reads back byte for byte as 
 log serves it, with the aborted transactions and the producer snapshot; copies tile; a crash
 at every step of a copy leaves every offset readable and a later copier removes what it left
 and copies again; a fenced old leader cannot finish its copy and a newer leader's clean-up
-removes its objects; retention deletes remote segments whole; a copy reads the local log a
+removes its objects, as it aborts an S3 multipart upload a crashed copy left incomplete;
+retention deletes remote segments whole; a copy reads the local log a
 chunk at a time (the same objects however it is cut, memory bounded by a few chunks on a
 large segment) and never uploads bytes that changed after it scanned them.
 """
@@ -17,6 +18,7 @@ import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
+import boto3
 import pytest
 from conftest import copy_all
 from support.cut_store import CutStore
@@ -36,6 +38,7 @@ from raylog.storage.remote import (
 )
 from raylog.storage.remote import format as fmt
 from raylog.storage.remote.metadata_store import read
+from raylog.storage.s3store import S3ObjectStore
 
 
 def assert_reads_back(store: ObjectStore, partition: RemotePartition, log: Log) -> None:
@@ -243,6 +246,21 @@ def test_a_log_that_changes_while_it_uploads_is_not_copied(
     assert store.get("seg/log") is None
     with pytest.raises(KafkaStorageError, match="CRC"):  # a new scan finds the damage
         copy_segment(store, partition, files, from_offset=0, leader_epoch=2)
+
+
+def test_an_upload_a_crashed_copy_left_incomplete_is_aborted(
+    store: ObjectStore, partition: RemotePartition, tiered_log: Log, request: pytest.FixtureRequest
+) -> None:
+    copy_all(store, partition, tiered_log)
+    if not isinstance(store, S3ObjectStore):  # no such state: a dead writer's temp file goes
+        assert clean_up(store, partition, leader_epoch=2) == 0
+        return
+    client = boto3.client("s3", **request.getfixturevalue("s3_client_kwargs"))
+    key = "cluster-1/" + partition.segment_prefix(0, "e" * 32) + "log"  # the store's prefix
+    client.create_multipart_upload(Bucket=store.bucket, Key=key)  # then the copier died
+    clean_up(store, partition, leader_epoch=2)  # the next leader's first round
+    assert client.list_multipart_uploads(Bucket=store.bucket).get("Uploads", []) == []
+    assert_reads_back(store, partition, tiered_log)
 
 
 def test_a_copy_holds_a_few_chunks_of_a_large_segment(
