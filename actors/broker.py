@@ -55,6 +55,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from raylog.actors import logs
 from raylog.actors.calls import (
     NAMESPACE,
     REPLICA_START_TIMEOUT_MS,
@@ -203,6 +204,7 @@ class BrokerActor:
         auto_start: bool = True,
         endpoints: tuple[Endpoint, ...] = (),
     ) -> None:
+        logs.configure()  # timestamped lines in this worker's log
         self.broker_id = broker_id
         self.dir = Path(data_dir) / f"broker-{broker_id}"
         read_or_write_broker_id(self.dir, broker_id)

@@ -76,6 +76,7 @@ from typing import Any, TypeVar
 import msgspec
 import ray
 
+from raylog.actors import logs
 from raylog.actors.calls import (
     NAMESPACE,
     REPLICA_START_TIMEOUT_MS,
@@ -171,6 +172,7 @@ class ControllerActor(AdminRequests, LinkRequests):
         call_timeout_ms: int = CALL_TIMEOUT_MS_DEFAULT,
         auto_start: bool = True,
     ) -> None:
+        logs.configure()  # timestamped lines in this worker's log
         self.controller_id = controller_id
         self._cluster_id = cluster_id
         self._store = open_object_store(store_url, endpoint_url=s3_endpoint)

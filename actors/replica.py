@@ -42,6 +42,7 @@ from typing import Any
 import msgspec
 import ray
 
+from raylog.actors import logs
 from raylog.actors.calls import (
     DeleteRecordsOutcome,
     FetchOutcome,
@@ -164,6 +165,7 @@ class ReplicaActor(ReplicaMirror, TieredReplica, DamagedReplica, OffsetsReplica)
         remote_log_manager_interval_ms: int = REMOTE_LOG_MANAGER_TASK_INTERVAL_MS_DEFAULT,
         remote_store_factory: Any = None,
     ) -> None:
+        logs.configure()  # timestamped lines in this worker's log
         self.topic = topic
         # Kafka's internal topics: only raylog's coordinators write them (the gateway refuses
         # clients), whose transactional batches carry no sequence (AppendOrigin.COORDINATOR).

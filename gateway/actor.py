@@ -37,6 +37,7 @@ from typing import Any
 
 import ray
 
+from raylog.actors import logs
 from raylog.actors.calls import (
     NAMESPACE,
     MirrorOutcome,
@@ -158,6 +159,7 @@ class GatewayActor:
         broker_configs: dict[str, str] | None = None,
         listeners: tuple[Listener, ...] = (),
     ) -> None:
+        logs.configure()  # timestamped lines in this worker's log
         self.broker_id = broker_id
         self.cluster_id = cluster_id
         self.host = host

@@ -26,8 +26,7 @@ import socket
 import uuid
 from pathlib import Path
 
-from raylog.actors import raycluster
-from raylog.actors.cluster import logs
+from raylog.actors import logs, raycluster
 from raylog.actors.raycluster import ClusterInfo
 from raylog.storage.errors import PreconditionFailedError
 from raylog.storage.objectstore import ObjectStore, open_object_store
@@ -106,7 +105,7 @@ def start_ray(data_dir: Path, address: str | None = None) -> ClusterInfo:
         "log_to_driver": False,
     }
     try:
-        init_kwargs["runtime_env"] = logs.runtime_env()  # timestamped actor logs
+        logs.level_from(os.environ)  # the actors read it (raylog.actors.logs)
     except ValueError as e:
         raise ClusterError(str(e)) from e
     if address:

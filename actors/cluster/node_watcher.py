@@ -40,6 +40,7 @@ import msgspec
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from raylog.actors import logs
 from raylog.actors.broker import META_FILE
 from raylog.actors.calls import NAMESPACE, SUPERVISOR_ACTOR_NAME, controller_actor_name, ray_call
 from raylog.actors.cluster.supervisor import BrokerSpec
@@ -172,6 +173,7 @@ class NodeWatcherActor:
         broker_port: int = 9092,
         poll_ms: int = POLL_MS_DEFAULT,
     ) -> None:
+        logs.configure()  # timestamped lines in this worker's log
         self._supervisor_name = supervisor_name  # by name: a handle would be a stored argument
         self._supervisor: Any = None
         self._data_dir = data_dir

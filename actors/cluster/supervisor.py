@@ -50,6 +50,7 @@ import msgspec
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from raylog.actors import logs
 from raylog.actors.broker import BrokerActor
 from raylog.actors.calls import NAMESPACE, broker_actor_name, gateway_actor_name, ray_call
 from raylog.actors.control.listeners import Listener
@@ -110,6 +111,7 @@ class SupervisorActor:
     """Starts, stops and kills the brokers and gateways of the cluster `raylog up` runs."""
 
     def __init__(self, specs: list[BrokerSpec]) -> None:
+        logs.configure()  # timestamped lines in this worker's log
         self._specs = {s.broker_id: s for s in specs}
         self._running: dict[int, _Running] = {}
         self._lifecycle: dict[int, Lifecycle] = {}

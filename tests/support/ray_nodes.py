@@ -176,7 +176,7 @@ def ray_cluster(
 
 def print_raylog_warnings(ray_tmp: Path, last: int = WARNINGS_SHOWN) -> None:
     """The last ``last`` warnings and errors raylog's actors logged on every node (their lines
-    carry a time: ``raylog.actors.cluster.logs``), in time order, for a failed test's output."""
+    carry a time: ``raylog.actors.logs``), in time order, for a failed test's output."""
     lines = []
     for err in sorted(ray_tmp.glob("*/session_latest/logs/worker-*.err")):
         with contextlib.suppress(OSError):

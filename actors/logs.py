@@ -2,9 +2,12 @@
 the process's stderr (Ray keeps it as the worker's ``.err`` file in its session's ``logs``).
 
 Without this, Python's last-resort handler prints warnings and errors as bare messages with no
-time, and drops every INFO line. :data:`SETUP_HOOK` is Ray's ``worker_process_setup_hook`` of the
-job that starts the cluster, so every raylog actor process runs :func:`configure` before its
-first task. ``RAYLOG_LOG_LEVEL`` (a Python level name, INFO unless set) sets the level.
+time, and drops every INFO line. Each raylog actor calls :func:`configure` first thing in its
+constructor (a Ray ``worker_process_setup_hook`` would do it too, but a job with a runtime
+environment gets no pre-started workers: every actor started about twice as slowly).
+``RAYLOG_LOG_LEVEL`` (a Python level name, INFO unless set) sets the level; it is read from the
+worker's environment, which Ray's processes inherit from `raylog up` (on a real Ray cluster,
+from each node's ``ray start``), and checked by `raylog up` (:func:`level_from`).
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ import os
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 LEVEL_ENV = "RAYLOG_LOG_LEVEL"
 DEFAULT_LEVEL = "INFO"
-SETUP_HOOK = "raylog.actors.cluster.logs.configure"
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -25,15 +27,6 @@ def level_from(environ: dict[str, str] | os._Environ[str]) -> str:
     if given not in LEVELS:
         raise ValueError(f"{LEVEL_ENV}={environ[LEVEL_ENV]!r}: expected one of {', '.join(LEVELS)}")
     return given
-
-
-def runtime_env() -> dict[str, object]:
-    """The job's runtime environment for Ray: the setup hook, and the level it reads (checked
-    here, in the process that starts the cluster, so a bad value fails there)."""
-    return {
-        "worker_process_setup_hook": SETUP_HOOK,
-        "env_vars": {LEVEL_ENV: level_from(os.environ)},
-    }
 
 
 def configure() -> None:
@@ -46,7 +39,7 @@ def configure() -> None:
     logger.addHandler(handler)
     try:
         logger.setLevel(level_from(os.environ))
-    except ValueError:  # checked where the cluster started; a worker must not fail on it
+    except ValueError:  # refused where the cluster started; a worker must not fail on it
         logger.setLevel(DEFAULT_LEVEL)
     logger.propagate = False
 
@@ -55,4 +48,4 @@ class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
     """raylog's own handler, told apart from any other on the logger."""
 
 
-__all__ = ["LEVEL_ENV", "LOG_FORMAT", "SETUP_HOOK", "configure", "level_from", "runtime_env"]
+__all__ = ["LEVEL_ENV", "LOG_FORMAT", "configure", "level_from"]
