@@ -116,7 +116,8 @@ CALL_TIMEOUT_MS_DEFAULT = 5_000
 RECONCILE_INTERVAL_MS_DEFAULT = 500
 RESYNC_INTERVAL_MS_DEFAULT = 10_000
 DEATH_CONFIRM_TIMEOUT_MS = 2_000  # bound on confirming a dead broker's leaders cannot write
-SLOW_PUSH_MS = 100  # a push slower than this is logged
+SLOW_PUSH_MS = 100  # a push slower than this is logged (INFO: one that starts replicas takes s)
+STUCK_PUSH_MS = 15_000  # and a warning above this
 WAIT_RECONCILED_MS_MAX = 30_000
 
 
@@ -725,7 +726,8 @@ class ControllerActor(AdminRequests, LinkRequests):
             self._start_call(released)
         for ended in progress.ended:
             took_ms = monotonic_ms() - self._push_started_ms.pop(ended.push_id, monotonic_ms())
-            (log.warning if took_ms > SLOW_PUSH_MS else log.debug)(
+            slow = took_ms > SLOW_PUSH_MS
+            (log.warning if took_ms > STUCK_PUSH_MS else log.info if slow else log.debug)(
                 "pushed metadata epoch %d to broker %d in %d ms (at %d)%s",
                 ended.metadata_epoch,
                 ended.broker_id,
