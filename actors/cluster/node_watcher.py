@@ -18,7 +18,12 @@ with the brokers the supervisor runs on nodes, using the pure :func:`plan`:
 - a node that died has its broker fenced and its partitions re-elected at once: the watcher
   tells the controller (``broker_node_died``), which runs the same fast path as when Ray reports
   the broker's own death (Ray has confirmed the node, hence every replica on it, dead), and the
-  supervisor, which forgets the pair (its actors died with the node).
+  supervisor, which forgets the pair (its actors died with the node);
+- a node Ray is draining (a spot instance's preemption notice, ``ray drain-node``: Ray lists it
+  with its deadline) has its broker decommissioned (the controller's ``decommission``: marked
+  draining, every replica moved to the other brokers) so that its partitions are whole
+  elsewhere before the node goes. A refusal (a partition's replication factor needs the
+  broker) is logged, and asked again every ``DRAIN_RETRY_MS``.
 
 The node's data directory is the watcher's ``data_dir`` unless the node has a ``raylog.data-dir``
 label: an absolute path, or a name under ``data_dir`` (``ray start --labels`` takes no ``/`` in
@@ -32,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,7 +52,12 @@ from raylog.actors.calls import NAMESPACE, SUPERVISOR_ACTOR_NAME, controller_act
 from raylog.actors.cluster.supervisor import BrokerSpec
 from raylog.actors.control import config_keys
 from raylog.actors.control import listeners as listeners_
-from raylog.storage.errors import NotControllerError, RaylogError, one_line
+from raylog.storage.errors import (
+    BrokerNotAvailableError,
+    NotControllerError,
+    RaylogError,
+    one_line,
+)
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +66,7 @@ RACK_LABEL = "raylog.rack"
 DATA_DIR_LABEL = "raylog.data-dir"
 PORT_LABEL = "raylog.port"
 POLL_MS_DEFAULT = 500
+DRAIN_RETRY_MS = 10_000  # a refused decommission of a draining node's broker is asked again
 CALL_TIMEOUT_MS = 10_000
 ADD_BROKER_TIMEOUT_MS = 240_000  # the supervisor bounds each step (gateway 90 s, register 60 s)
 _BROKER_DIR = re.compile(r"broker-(\d+)")
@@ -187,6 +199,8 @@ class NodeWatcherActor:
         self._poll_ms = poll_ms
         self._starting: dict[str, tuple[int, asyncio.Task[None]]] = {}  # node id -> broker id
         self._fencing: set[int] = set()  # lost brokers no controller has heard of yet
+        self._decommissioned: set[int] = set()  # brokers of draining nodes, decommission started
+        self._drain_retry_at: dict[int, float] = {}  # broker id -> next ask (monotonic s)
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -233,6 +247,7 @@ class NodeWatcherActor:
         )
         by_node = await self._brokers_by_node()
         decided = plan(nodes, by_node)
+        await self._decommission_draining(by_node)
         for broker_id in decided.lost:
             node = next(n for n, b in by_node.items() if b == broker_id)
             if broker_id not in self._fencing:  # once, not every round until a controller hears
@@ -258,6 +273,47 @@ class NodeWatcherActor:
                 in_use.add(broker_id)
                 self._start_broker(view, broker_id, md.cluster_id)
         return decided
+
+    async def _decommission_draining(self, by_node: Mapping[str, int]) -> None:
+        """Start the decommission of the broker of each node Ray is draining (once accepted;
+        a refusal is asked again after ``DRAIN_RETRY_MS``)."""
+        try:
+            draining = await asyncio.wait_for(
+                asyncio.to_thread(_draining_nodes), CALL_TIMEOUT_MS / 1000
+            )
+        except Exception as exc:  # Ray's private API moved or did not answer: no drains seen
+            log.debug("draining nodes not known: %s", one_line(exc))
+            return
+        now = time.monotonic()
+        for node, broker_id in sorted(by_node.items()):
+            if node not in draining or broker_id in self._decommissioned:
+                continue
+            if now < self._drain_retry_at.get(broker_id, 0.0):
+                continue
+            self._drain_retry_at[broker_id] = now + DRAIN_RETRY_MS / 1000
+            try:
+                started = await self._call_controller(
+                    "decommission", broker_id, None, refusals=True
+                )
+            except RaylogError as exc:
+                log.warning(
+                    "Ray is draining node %s: broker %d cannot be decommissioned yet: %s",
+                    node,
+                    broker_id,
+                    one_line(exc),
+                )
+                continue
+            if started is _NO_ANSWER:
+                continue
+            self._decommissioned.add(broker_id)
+            log.warning(
+                "Ray is draining node %s (deadline %s): broker %d decommissioned, %d partitions "
+                "moving off it",
+                node,
+                draining[node] or "none",
+                broker_id,
+                len(started),
+            )
 
     async def _choose_id(self, view: NodeView, in_use: set[int], known: Iterable[int]) -> int:
         """The id persisted on the node (read there by a pinned task) unless it is taken."""
@@ -305,18 +361,33 @@ class NodeWatcherActor:
             if self._starting.get(str(spec.node_id), (None,))[0] == spec.broker_id:
                 del self._starting[str(spec.node_id)]
 
-    async def _call_controller(self, method: str, *args: Any) -> Any:
+    async def _call_controller(self, method: str, *args: Any, refusals: bool = False) -> Any:
         """Call the active controller; :data:`_NO_ANSWER` when none answers as the active one
-        (the next round retries)."""
+        (the next round retries). ``refusals``: the active one's refusal (a RaylogError it
+        raised) is raised here, not logged and passed over."""
         for name in self._controller_names:  # bounded: one attempt per controller
             try:
                 handle = await asyncio.to_thread(ray.get_actor, name, namespace=NAMESPACE)
                 return await ray_call(getattr(handle, method).remote(*args), CALL_TIMEOUT_MS)
             except (ValueError, NotControllerError):
                 continue
+            except BrokerNotAvailableError as exc:
+                log.warning("controller %s %s failed: %s", name, method, exc)
             except RaylogError as exc:
+                if refusals:
+                    raise
                 log.warning("controller %s %s failed: %s", name, method, exc)
         return _NO_ANSWER
+
+
+def _draining_nodes() -> dict[str, int]:
+    """Node id -> drain deadline (ms since the epoch; 0: none) of the nodes Ray is draining
+    (Ray's own accessor, in a thread: a GCS round trip)."""
+    # Here, not at the top: a private module of Ray's that a later Ray may move, which must
+    # cost only this (the caller logs it), not the watcher's import.
+    from ray._private.state import state
+
+    return dict(state.get_draining_nodes())
 
 
 __all__ = [

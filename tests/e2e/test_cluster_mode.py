@@ -17,8 +17,10 @@ active one killed hard (SIGKILL to all its processes) hands the controller to th
 `raylog up` starts the lost controller again on another node, the node's broker is fenced and
 loses its leaderships to live replicas, `raylog up` prints that its broker left, `raylog
 brokers start` of that broker fails with a one-line reason, every record is still read back,
-and once the broker counts as lost its replicas are re-created on the brokers left; SIGINT
-stops `raylog up` with exit 0. The commands name the head's data dir (`raylog up` runs them)
+and once the broker counts as lost its replicas are re-created on the brokers left; a fourth
+node is filled, then drained by Ray (``ray drain-node``, as for a preemption notice), and its
+broker is decommissioned without anyone asking, every replica moved off; SIGINT stops `raylog
+up` with exit 0. The commands name the head's data dir (`raylog up` runs them)
 and one names the Ray address instead. (The node watcher and supervisor behind `raylog up
 --address` are proven here, on real `ray start` nodes.)
 
@@ -28,6 +30,8 @@ How the nodes share one machine: ``tests/support/ray_nodes.py``.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -102,6 +106,29 @@ def _balanced(up: ClusterUp, broker_id: int) -> bool:
             for b in p["replicas"]:
                 held[b] = held.get(b, 0) + 1
     return broker_id in held and max(held.values()) - min(held.values()) <= 1
+
+
+def _drain(cluster: RayCluster, ip: str) -> None:
+    """Have Ray drain the node at ``ip`` as a spot instance's preemption notice does (the
+    command Ray's autoscaler runs for it), with a deadline far ahead."""
+    find = (
+        "import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False); "
+        "print(next(n['NodeID'] for n in ray.nodes() "
+        "if n['Alive'] and n['NodeManagerAddress'] == sys.argv[2]))"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", find, cluster.address, ip],
+        env=cluster.env, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    node_id = found.stdout.strip().splitlines()[-1]
+    subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ray"), "drain-node", "--address", cluster.address,
+            "--node-id", node_id, "--reason", "DRAIN_NODE_REASON_PREEMPTION",
+            "--reason-message", "preempted (test)", "--deadline-remaining-seconds", "600",
+        ],
+        env=cluster.env, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
 
 
 def _partitions(up: ClusterUp) -> list[dict[str, Any]]:
@@ -307,6 +334,39 @@ def test_raylog_up_address_runs_a_broker_per_raylog_node(
         wait_until(healed, timeout_s=TIMEOUT_S, message=f"broker {victim_id}'s replicas re-created")
         assert len(_consume_all(live)) == RECORDS
         progress(f"broker {victim_id}'s replicas re-created on the brokers left")
+
+        # A fourth node joins and is filled; then Ray drains it (a preemption notice): its
+        # broker is decommissioned by itself, every replica moving to the brokers left.
+        cluster.add_node("d", "127.0.0.5")
+        fourth = wait_until(
+            lambda: next(
+                (r for r in _brokers(up) if r["rack"] == "d" and r["state"] == "alive"), None
+            ),
+            timeout_s=TIMEOUT_S,
+            message="a broker on the fourth node",
+        )["id"]
+        wait_until(
+            lambda: _balanced(up, fourth),
+            timeout_s=TIMEOUT_S,
+            message=f"replicas balanced onto broker {fourth}",
+        )
+        progress(f"node d joined, broker {fourth} filled")
+        _drain(cluster, "127.0.0.5")
+
+        def drained() -> bool:
+            described = up.raylog("topics", "describe", "--json")
+            if described.returncode != 0:
+                return False
+            ps = [p for topic in json.loads(described.stdout) for p in topic["partitions"]]
+            state = {r["id"]: r["state"] for r in _brokers(up)}.get(fourth)
+            return state == "draining" and all(
+                fourth not in p["replicas"] and sorted(p["isr"]) == sorted(p["replicas"])
+                for p in ps
+            )
+
+        wait_until(drained, timeout_s=TIMEOUT_S, message=f"broker {fourth} drained")
+        assert len(_consume_all(live)) == RECORDS
+        progress(f"Ray drained node d: broker {fourth} decommissioned, its replicas moved")
         assert up.stop() == 0
         progress("raylog up stopped")
     finally:
