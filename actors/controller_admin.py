@@ -418,15 +418,17 @@ class AdminRequests:
                 self._fenced_since.pop(broker_id, None)
         threshold = cfg.replica_balancer_heal_broker_failure_threshold_ms
         lost = {b for b, since in self._fenced_since.items() if now - since >= threshold}
-        step = balancer.next_step(md, lost)
-        self._balancer_state = step.state
-        if not step.targets:
-            return
+
+        def plan(md: ClusterMetadata) -> dict[TopicPartition, tuple[int, ...]]:
+            step = balancer.next_step(md, lost)
+            self._balancer_state = step.state
+            return step.targets
+
         started = await self._start_planned(
-            "balance",
-            lambda md: balancer.next_step(md, lost).targets,
-            cfg.replica_balancer_throttle_bytes_per_second,
+            "balance", plan, cfg.replica_balancer_throttle_bytes_per_second
         )
+        if not started:
+            return  # nothing planned: nothing written
         self.balancer_moves += len(started)
         log.info(
             "replica balancer: moving %s",

@@ -237,10 +237,11 @@ class S3ObjectStore(ObjectStore):
                     break
         except (ClientError, BotoCoreError) as e:
             raise _failure("ListMultipartUploads", full, e) from e
-        for key, upload_id in uploads[:LIST_KEYS_MAX]:
+        del uploads[LIST_KEYS_MAX:]
+        for key, upload_id in uploads:
             logger.info("S3: aborting the incomplete upload %s of %r", upload_id, key)
             self._abort_upload(key, upload_id)
-        return len(uploads[:LIST_KEYS_MAX])
+        return len(uploads)
 
     def _upload_part(self, full: str, upload_id: str, number: int, body: bytes) -> dict[str, Any]:
         try:

@@ -371,10 +371,8 @@ class NodeWatcherActor:
                 return await ray_call(getattr(handle, method).remote(*args), CALL_TIMEOUT_MS)
             except (ValueError, NotControllerError):
                 continue
-            except BrokerNotAvailableError as exc:
-                log.warning("controller %s %s failed: %s", name, method, exc)
             except RaylogError as exc:
-                if refusals:
+                if refusals and not isinstance(exc, BrokerNotAvailableError):  # its own answer
                     raise
                 log.warning("controller %s %s failed: %s", name, method, exc)
         return _NO_ANSWER

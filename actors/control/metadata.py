@@ -48,7 +48,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import msgspec
 
@@ -278,13 +278,7 @@ def active_brokers(md: ClusterMetadata) -> list[BrokerRegistration]:
 
 def set_draining(md: ClusterMetadata, broker_id: int, draining: bool) -> ClusterMetadata:
     """Mark a broker as being decommissioned (or no longer)."""
-    reg = md.brokers.get(broker_id)
-    if reg is None:
-        raise BrokerIdNotRegisteredError(f"Broker {broker_id} is not registered")
-    if reg.draining == draining:
-        return md
-    changed = msgspec.structs.replace(reg, draining=draining)
-    return _bump(md, brokers={**md.brokers, broker_id: changed})
+    return _replace_broker(md, broker_id, draining=draining)
 
 
 def get_topic(md: ClusterMetadata, topic: str) -> TopicMetadata:
@@ -597,12 +591,18 @@ def set_broker_state(md: ClusterMetadata, broker_id: int, state: BrokerState) ->
     """Record a broker's new state only. Use ``election.fence_broker`` /
     ``election.controlled_shutdown`` / ``election.unfence_broker``, which also apply the
     partition changes that must be written in the same version."""
+    return _replace_broker(md, broker_id, state=state)
+
+
+def _replace_broker(md: ClusterMetadata, broker_id: int, **changes: Any) -> ClusterMetadata:
+    """The broker's registration with ``changes``; the same metadata if they change nothing."""
     reg = md.brokers.get(broker_id)
     if reg is None:
         raise BrokerIdNotRegisteredError(f"Broker {broker_id} is not registered")
-    if reg.state == state:
+    changed = msgspec.structs.replace(reg, **changes)
+    if changed == reg:
         return md
-    return _bump(md, brokers={**md.brokers, broker_id: msgspec.structs.replace(reg, state=state)})
+    return _bump(md, brokers={**md.brokers, broker_id: changed})
 
 
 def unregister_broker(md: ClusterMetadata, broker_id: int) -> ClusterMetadata:
