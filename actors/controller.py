@@ -85,7 +85,7 @@ from raylog.actors.calls import (
     ray_call,
     replica_actor_name,
 )
-from raylog.actors.control import config_keys, election, health
+from raylog.actors.control import capacity, config_keys, election, health
 from raylog.actors.control import metadata as md_
 from raylog.actors.control.listeners import Endpoint
 from raylog.actors.control.metadata import ClusterMetadata, TopicPartition
@@ -93,6 +93,7 @@ from raylog.actors.control.metadata_store import MetadataStore, VersionedMetadat
 from raylog.actors.control.reconciler import FOLLOWERS, Outcome, Push, Reconciler
 from raylog.actors.control.sessions import BrokerSessions, HeartbeatReply, RegisterReply
 from raylog.actors.controller_admin import AdminRequests
+from raylog.actors.controller_capacity import CapacityRequests
 from raylog.actors.controller_links import GroupSyncReport, LinkRequests, MirrorProgress
 from raylog.actors.replication.messages import AlterPartitionRequest, AlterPartitionResponse
 from raylog.storage import pki
@@ -133,6 +134,7 @@ class ControllerStatus(msgspec.Struct, frozen=True):
     pushing: tuple[int, ...] = ()  # brokers a push is in flight to
     node_id: str = ""  # the Ray node this controller runs on
     balancer: str = ""  # replica.balancer.enable: off, balanced, moving ..., paused: ...
+    capacity_request: str = ""  # nodes asked of Ray's autoscaler, while the request stands
 
 
 @dataclass
@@ -153,7 +155,7 @@ class _BrokerLink:
 @ray.remote(
     num_cpus=0, max_restarts=-1, max_task_retries=0, max_concurrency=1000, enable_task_events=False
 )
-class ControllerActor(AdminRequests, LinkRequests):
+class ControllerActor(AdminRequests, LinkRequests, CapacityRequests):
     """One controller; active while it holds the lease, standby otherwise. Its admin requests
     (topics, configs, elections, reassignments, producer ids) are :class:`AdminRequests`."""
 
@@ -187,6 +189,8 @@ class ControllerActor(AdminRequests, LinkRequests):
         self._balancer_state = "off" if not self._broker_config.replica_balancer_enable else ""
         self.balancer_moves = 0  # partitions the balancer started moving while active here
         self._fenced_since: dict[int, int] = {}  # the balancer's clock on fenced brokers
+        self._capacity_request: capacity.CapacityRequest | None = None  # to Ray's autoscaler
+        self._capacity_epoch: int | None = None
         self._session_ms = self._broker_config.broker_session_timeout_ms
         self._reconcile_interval_ms = min(reconcile_interval_ms, max(10, self._session_ms // 4))
         self._resync_interval_ms = resync_interval_ms
@@ -270,6 +274,7 @@ class ControllerActor(AdminRequests, LinkRequests):
             pushing=() if rec is None else rec.pushing(),
             node_id=ray.get_runtime_context().get_node_id(),
             balancer=self._balancer_state if self._is_active() else "",
+            capacity_request=self._capacity_status() if self._is_active() else "",
         )
 
     def _from_lease_thread_elected(self, epoch: int) -> None:
@@ -674,6 +679,7 @@ class ControllerActor(AdminRequests, LinkRequests):
                 await self._reassignment_round()
                 await self._auto_leader_rebalance()
                 self._link_discovery_round()
+                await self._capacity_round()
                 await self._replica_balance()  # last: a failing plan holds nothing else up
             except NotControllerError:
                 continue

@@ -45,17 +45,31 @@ from raylog.actors.control import metadata as md_
 from raylog.actors.control.metadata import ClusterMetadata, TopicMetadata, TopicPartition
 from raylog.actors.control.metadata_store import VersionedMetadata
 from raylog.actors.control.reconciler import Reconciler, TopicReadiness
+from raylog.actors.controller_capacity import free_mib_of
 from raylog.storage import pki
 from raylog.storage.errors import (
     BrokerIdNotRegisteredError,
+    InvalidReplicationFactorError,
     InvalidRequestError,
     NotControllerError,
+    PolicyViolationError,
     RaylogError,
 )
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+class _DoesNotFit(Exception):
+    """CreateTopics' placement refused for lack of brokers or memory, with each active
+    broker's free memory (``controller_capacity.free_mib_of``) for the capacity request."""
+
+    def __init__(self, refusal: RaylogError, free_mib: list[float | None]) -> None:
+        super().__init__(str(refusal))
+        self.refusal = refusal
+        self.free_mib = free_mib
+
 
 WAIT_READY_MS_MAX = 30_000  # bound on one topic_readiness wait (callers ask again)
 READY_POLL_S = 0.02  # how often that wait looks again (pushes end on the same event loop)
@@ -82,6 +96,7 @@ class AdminRequests:
     _leos: Callable[[], dict[TopicPartition, dict[int, int]]]
     _count_unclean: Callable[[election.Outcome], None]
     _certificate_authority: Callable[[], Awaitable[pki.CertificateAuthority]]
+    _ask_capacity: Callable[..., Awaitable[RaylogError]]  # ``CapacityRequests``'
 
     async def _mutate(self, change: Callable[[ClusterMetadata], tuple[ClusterMetadata, T]]) -> T:
         raise NotImplementedError  # the host's
@@ -103,15 +118,29 @@ class AdminRequests:
 
         def change(md: ClusterMetadata) -> tuple[ClusterMetadata, None]:
             links_.check_reserved(md.links, name)
-            out = md_.new_topic(
-                md, name, topic_id, num_partitions, replication_factor, configs, assignment
-            )
-            chosen = [p.replicas for p in out.topics[name].partitions]
-            existing = [p.replicas for _, p in md_.partitions(md)]
-            placement.check_memory_fit(chosen, existing, node_of, node_memory_mib, replica_mib)
+            try:
+                out = md_.new_topic(
+                    md, name, topic_id, num_partitions, replication_factor, configs, assignment
+                )
+                chosen = [p.replicas for p in out.topics[name].partitions]
+                existing = [p.replicas for _, p in md_.partitions(md)]
+                placement.check_memory_fit(chosen, existing, node_of, node_memory_mib, replica_mib)
+            except (InvalidReplicationFactorError, PolicyViolationError) as exc:
+                # Too few brokers or too little memory for placement to choose: more nodes may
+                # help (a manual assignment names its brokers; a factor <= 0 never fits).
+                if assignment is None and replication_factor > 0 and num_partitions > 0:
+                    free = free_mib_of(md, node_of, node_memory_mib, replica_mib)
+                    raise _DoesNotFit(exc, free) from None
+                raise
             return out, None
 
-        await self._mutate(change)
+        try:
+            await self._mutate(change)
+        except _DoesNotFit as short:
+            raise await self._ask_capacity(
+                short.refusal, num_partitions * replication_factor, replication_factor,
+                short.free_mib, replica_mib,
+            ) from None  # fmt: skip
         return self._require_active().metadata.topics[name]
 
     async def topic_readiness(self, name: str, wait_ms: int = 0) -> TopicReadiness:

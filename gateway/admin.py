@@ -24,6 +24,10 @@ Create/Describe/DeleteAcls, Describe/AlterClientQuotas) and handing out producer
    they answer LEADER_NOT_AVAILABLE / NOT_LEADER_OR_FOLLOWER until they serve, which clients
    retry. No controller answering during that wait (a failover) is no failure either: the
    topic exists, and the wait asks again until ``timeout_ms``.
+5. A topic that does not fit the brokers present, while the controller has asked Ray's
+   autoscaler for nodes (``CapacityPendingError``), is asked for again every
+   ``CAPACITY_RETRY_S`` within ``timeout_ms``: a node that joins in time gets its replicas;
+   at the timeout the answer is the refusal, naming what was asked.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from raylog.gateway.producer_ids import ProducerIdBlocks, ProducerIdResult
 from raylog.gateway.routing import MetadataSource
 from raylog.storage.errors import (
     BrokerNotAvailableError,
+    CapacityPendingError,
     NotControllerError,
     RaylogError,
     RequestTimedOutError,
@@ -67,6 +72,7 @@ __all__ = ["ADMIN_CALL_TIMEOUT_MS", "ControllerAdmin", "ControllerLocator"]
 
 log = logging.getLogger(__name__)
 
+CAPACITY_RETRY_S = 1.0  # CreateTopics waiting for the nodes Ray's autoscaler was asked for
 ADMIN_CALL_TIMEOUT_MS = 30_000  # bound on one admin call to the controller (a CAS write or two)
 VIEW_POLL_S = 0.02  # how often a create/delete looks for its result in the local metadata
 READY_WAIT_MS_MAX = 10_000  # one topic_readiness call waits this long at most (then asks again)
@@ -106,18 +112,25 @@ class ControllerAdmin:
         name, partitions, rf = topic.name, topic.num_partitions, topic.replication_factor
         chosen = [list(r) for r in topic.assignment] if topic.assignment else None
         configs = dict(topic.configs)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0, timeout_ms) / 1000
         try:
             if validate_only:
                 md = await self.call("metadata")
                 md_.new_topic(md, name, VALIDATE_ONLY_TOPIC_ID, partitions, rf, configs, chosen)
                 return AdminResult(ErrorCode.NONE)
-            await self.call("create_topic", name, partitions, rf, configs, chosen)
+            while True:  # bounded by the deadline
+                try:
+                    await self.call("create_topic", name, partitions, rf, configs, chosen)
+                    break
+                except CapacityPendingError:  # step 5: nodes asked for; try again until due
+                    if loop.time() + CAPACITY_RETRY_S >= deadline:
+                        raise
+                    await asyncio.sleep(CAPACITY_RETRY_S)
         except RaylogError as exc:
             return AdminResult(exc.error_code, one_line(exc))
         if timeout_ms <= 0:
             return AdminResult(ErrorCode.NONE)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_ms / 1000
         waited = await self._wait_serving(name, timeout_ms, deadline)
         if waited.error_code not in (ErrorCode.NONE, ErrorCode.REQUEST_TIMED_OUT):
             return waited

@@ -31,6 +31,8 @@ rather than defining exceptions of their own.
 | NotControllerError                | NOT_CONTROLLER                 |   41 |
 | InvalidRequestError               | INVALID_REQUEST                |   42 |
 | PolicyViolationError              | POLICY_VIOLATION               |   44 |
+| TooFewBrokersPendingError         | INVALID_REPLICATION_FACTOR     |   38 |
+| TooLittleMemoryPendingError       | POLICY_VIOLATION               |   44 |
 | StaleBrokerEpochError             | STALE_BROKER_EPOCH             |   77 |
 | PreferredLeaderNotAvailableError  | PREFERRED_LEADER_NOT_AVAILABLE |   80 |
 | EligibleLeadersNotAvailableError  | ELIGIBLE_LEADERS_NOT_AVAILABLE |   83 |
@@ -237,6 +239,27 @@ class PolicyViolationError(RaylogError):
     (one Ray actor each) would not fit the memory the brokers' nodes have free."""
 
     error_code = 44
+
+
+class CapacityPendingError(RaylogError):
+    """A topic that does not fit the brokers present while Ray's autoscaler has been asked for
+    the nodes it needs; the caller may ask again until they have joined. Raised as one of the
+    two subclasses below, which keep the refusal's own Kafka code."""
+
+
+class TooFewBrokersPendingError(CapacityPendingError, InvalidReplicationFactorError):
+    """A replication factor above the brokers present, more asked for."""
+
+
+class TooLittleMemoryPendingError(CapacityPendingError, PolicyViolationError):
+    """Replicas that do not fit their nodes' free memory, more nodes asked for."""
+
+
+def capacity_pending(refusal: RaylogError, message: str) -> CapacityPendingError:
+    """The pending form of ``refusal`` (INVALID_REPLICATION_FACTOR or POLICY_VIOLATION)."""
+    if isinstance(refusal, InvalidReplicationFactorError):
+        return TooFewBrokersPendingError(message)
+    return TooLittleMemoryPendingError(message)
 
 
 class StaleBrokerEpochError(RaylogError):

@@ -35,6 +35,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 },
                 "controllers": controllers,
                 "replica_balancer": status.balancer,
+                "autoscaler_request": status.capacity_request,
                 "brokers": by_state,
                 "topics": len(md.topics),
                 "partitions": h.partitions,
@@ -51,6 +52,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     where = ", ".join(f"{c['id']} {c['role']} on {c['node'] or '?'}" for c in controllers)
     print(f"controllers:                 {where}")
     print(f"replica balancer:            {status.balancer or '-'}")
+    if status.capacity_request:
+        print(f"autoscaler request:          {status.capacity_request}")
     for state, brokers_in in by_state.items():
         print(f"brokers {state + ':':<20} {len(brokers_in)} [{ids(brokers_in)}]")
     print(f"topics:                      {len(md.topics)} ({h.partitions} partitions)")

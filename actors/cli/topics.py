@@ -4,7 +4,9 @@
 following (the controller's ``topic_readiness``), with progress on stderr for waits longer than
 PROGRESS_AFTER_S. At its deadline (``--timeout``) the topic exists and its replicas are still
 starting: it says what is pending and how to follow it, and exits EXIT_STILL_CREATING, not 1
-(1 is a creation refused, with the reason).
+(1 is a creation refused, with the reason). A topic that does not fit the brokers present,
+while the controller has asked Ray's autoscaler for nodes, is asked for again within the same
+``--timeout`` (one line on stderr says so).
 
 ``describe`` prints what ``kafka-topics.sh --describe`` prints (a topic line, then a line per
 partition), or JSON with ``--json``; partition health comes from
@@ -35,6 +37,7 @@ PROGRESS_EVERY_S = 5.0  # and again this often while the count stands still
 READY_POLL_MS = 1_000  # one topic_readiness call waits this long at most
 EXIT_STILL_CREATING = 3  # the topic was created; its partitions did not all serve in time
 PENDING_SHOWN_MAX = 10  # partitions named in the deadline message
+CAPACITY_RETRY_S = 1.0  # a creation waiting for nodes from Ray's autoscaler is asked again
 
 
 def wait_reconciled(controller: Any) -> bool:
@@ -51,13 +54,39 @@ def wait_reconciled(controller: Any) -> bool:
 def cmd_create(args: argparse.Namespace) -> int:
     configs = parse_configs(args.config or [])
     controller = connect(args)
-    call(controller, "create_topic", args.name, args.partitions, args.replication_factor, configs)
-    readiness = wait_serving(args, controller, args.name, args.timeout)
+    began = time.monotonic()
+    create(controller, args, configs, began + args.timeout)
+    readiness = wait_serving(args, controller, args.name, args.timeout - (time.monotonic() - began))
     if readiness is not None and readiness.done:
         print(f"Created topic {args.name}.", flush=True)
         return 0
     print(still_creating(args.name, readiness, args.timeout), file=sys.stderr)
     return EXIT_STILL_CREATING
+
+
+def create(controller: Any, args: argparse.Namespace, configs: dict[str, str], due: float) -> None:
+    """The controller's ``create_topic``, asked again every CAPACITY_RETRY_S until ``due``
+    while it answers that Ray's autoscaler was asked for the nodes the topic needs."""
+    from raylog.storage.errors import CapacityPendingError, one_line
+
+    shown = False
+    while True:  # bounded by ``due``
+        try:
+            call(controller, "create_topic", args.name, args.partitions, args.replication_factor,
+                 configs)  # fmt: skip
+            return
+        except CliError as exc:
+            pending = exc.__cause__
+            if not isinstance(pending, CapacityPendingError):
+                raise
+            left_s = due - time.monotonic()
+            if left_s <= CAPACITY_RETRY_S:
+                raise CliError(f"{one_line(pending)}: none joined in time") from None
+            if not shown:
+                print(f"raylog: {one_line(pending)}; waiting for them up to {left_s:.0f} s",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                shown = True
+            time.sleep(CAPACITY_RETRY_S)
 
 
 def wait_serving(args: argparse.Namespace, controller: Any, name: str, timeout_s: float) -> Any:

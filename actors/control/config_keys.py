@@ -392,6 +392,7 @@ class BrokerConfig(msgspec.Struct, frozen=True, kw_only=True):
     replica_balancer_check_interval_ms: int
     replica_balancer_throttle_bytes_per_second: int
     replica_balancer_heal_broker_failure_threshold_ms: int
+    autoscaler_request_timeout_ms: int
     replica_offline_retry_backoff_ms: int
     listeners: str
     advertised_listeners: str
@@ -672,6 +673,18 @@ BROKER_CONFIG_DEFS: tuple[ConfigDef, ...] = (
         "for long maintenance.",
         note="Redpanda's partition_autobalancing_node_availability_timeout_sec (900 s) and "
         "Confluent's confluent.balancer.heal.broker.failure.threshold.ms do the same.",
+    ),
+    ConfigDef(
+        name="autoscaler.request.timeout.ms",
+        type="long",
+        default="600000",
+        minimum=0,
+        doc="Where Ray's autoscaler runs: a topic whose replicas do not fit the brokers present "
+        "(too few for its replication factor, or too little free memory) makes the controller "
+        "ask the autoscaler for the raylog nodes it needs, and the request stands this long; "
+        "CreateTopics and `raylog topics create` try again until their own timeout. 0: never "
+        "ask, refuse at once (as where no autoscaler runs).",
+        note="Kafka has no such config: its brokers are not started for it.",
     ),
     ConfigDef(
         name="replica.offline.retry.backoff.ms",

@@ -58,6 +58,7 @@ from raylog.actors.replica import ReplicaActor
 from raylog.actors.replication.messages import BecomeLeader
 from raylog.storage import batch as rb
 from raylog.storage.errors import (
+    CapacityPendingError,
     ElectionNotNeededError,
     InvalidConfigError,
     InvalidReplicationFactorError,
@@ -175,8 +176,11 @@ def test_topic_errors_configs_partitions_and_delete(cluster: ControllerCluster) 
     _create(cluster, "events")
     with pytest.raises(TopicAlreadyExistsError):
         cluster.call("create_topic", "events", 1, 3)
-    with pytest.raises(InvalidReplicationFactorError):
+    with pytest.raises(InvalidReplicationFactorError) as refused:
         cluster.call("create_topic", "too-many", 1, 4)
+    # No autoscaler runs here: refused at once, nothing asked for.
+    assert not isinstance(refused.value, CapacityPendingError), refused.value
+    assert "autoscaler" not in str(refused.value)
     with pytest.raises(InvalidConfigError):
         cluster.call("create_topic", "bad-config", 1, 3, {"min.insync.replicas": "zero"})
     t = cluster.call("alter_configs", "events", {"min.insync.replicas": "3"})

@@ -65,6 +65,7 @@ PURE = (
     "raylog.actors.control.placement",
     "raylog.actors.control.reassignment",
     "raylog.actors.control.balancer",
+    "raylog.actors.control.capacity",
     "raylog.actors.control.sessions",
     "raylog.actors.control.health",
     "raylog.actors.control.config_keys",
