@@ -19,6 +19,8 @@ with the brokers the supervisor runs on nodes, using the pure :func:`plan`:
   tells the controller (``broker_node_died``), which runs the same fast path as when Ray reports
   the broker's own death (Ray has confirmed the node, hence every replica on it, dead), and the
   supervisor, which forgets the pair (its actors died with the node);
+- a node that comes up with the data of a broker decommissioned before (its node given back to
+  the autoscaler, which now starts one again) is new capacity: its decommission is cancelled;
 - a node Ray is draining (a spot instance's preemption notice, ``ray drain-node``: Ray lists it
   with its deadline) has its broker decommissioned (the controller's ``decommission``: marked
   draining, every replica moved to the other brokers) so that its partitions are whole
@@ -271,6 +273,9 @@ class NodeWatcherActor:
             for view in decided.start:
                 broker_id = await self._choose_id(view, in_use, md.brokers)
                 in_use.add(broker_id)
+                reg = md.brokers.get(broker_id)
+                if reg is not None and reg.draining:
+                    await self._returning(view, broker_id)
                 self._start_broker(view, broker_id, md.cluster_id)
         return decided
 
@@ -313,6 +318,18 @@ class NodeWatcherActor:
                 draining[node] or "none",
                 broker_id,
                 len(started),
+            )
+
+    async def _returning(self, view: NodeView, broker_id: int) -> None:
+        """A node comes up with the data of a broker decommissioned before its node went (given
+        back to the autoscaler, or drained): new capacity, so the broker takes replicas again."""
+        answer = await self._call_controller("cancel_decommission", broker_id)
+        self._decommissioned.discard(broker_id)
+        if answer is not _NO_ANSWER:
+            log.info(
+                "node %s brings back broker %d, decommissioned before: it takes replicas again",
+                view.node_id,
+                broker_id,
             )
 
     async def _choose_id(self, view: NodeView, in_use: set[int], known: Iterable[int]) -> int:

@@ -29,11 +29,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import shutil
+import signal
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from raylog.actors import raycluster
 from support.cluster import ClusterUp, RayNode, cli_env, free_port_block
@@ -47,6 +50,18 @@ START_ATTEMPTS = 2
 OBJECT_STORE_BYTES = str(200 * 1024 * 1024)
 BROKERS_DEADLINE_S = 120.0
 LOOPBACK = "127.0.0.1"
+# The cluster launcher's command lists, all empty: the fake provider's nodes need none.
+NO_COMMANDS = (
+    "initialization_commands",
+    "setup_commands",
+    "head_setup_commands",
+    "worker_setup_commands",
+    "head_start_ray_commands",
+    "worker_start_ray_commands",
+    "cluster_synced_files",
+    "rsync_exclude",
+    "rsync_filter",
+)
 WARNINGS_SHOWN = 80  # a failed test prints this many of the actors' last warnings
 _RAYLOG_WARNING = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+ (WARNING|ERROR|CRITICAL) raylog\.")
 
@@ -104,6 +119,70 @@ class RayCluster:
             wrap=False,
         )  # fmt: skip
 
+    def start_autoscaling_head(self, racks: dict[str, int], idle_s: float) -> None:
+        """A loopback head that runs Ray's autoscaler on its fake multi-node provider (the one
+        Ray's own autoscaler tests use: a "machine" is a raylet the autoscaler starts on this
+        one). ``racks``: per rack, how many ``raylog`` nodes the autoscaler keeps at least
+        (``min_workers``); each rack's node type may have one node, labelled with its rack,
+        data dir and a gateway port of its own (as ``add_node``'s). Idle nodes beyond the
+        minimum go after ``idle_s``."""
+        first = free_port_block(7)
+        self.gcs_port = first
+        types: dict[str, Any] = {
+            "ray.head.default": {"resources": {"CPU": 1}, "node_config": {}, "max_workers": 0}
+        }
+        for rack, least in racks.items():
+            port = free_port_block(1)
+            self.ports[rack], self.hosts[rack] = port, LOOPBACK
+            types[f"broker_{rack}"] = {
+                "resources": {"CPU": 1, "raylog": 1},
+                "labels": {
+                    "raylog.rack": rack,
+                    "raylog.data-dir": f"node-{rack}",
+                    "raylog.port": str(port),
+                },
+                "node_config": {},
+                "min_workers": least,
+                "max_workers": 1,
+            }
+        config = {
+            "cluster_name": "raylog-test",
+            "max_workers": len(racks),
+            "upscaling_speed": 10.0,
+            "idle_timeout_minutes": idle_s / 60,
+            "provider": {
+                "type": "fake_multinode",
+                "use_node_id_as_ip": True,
+                "disable_node_updaters": True,
+                "disable_launch_config_check": True,
+                "gcs_address": f"{LOOPBACK}:{first}",
+            },
+            "available_node_types": types,
+            "head_node_type": "ray.head.default",
+            **{key: {} for key in ("auth", "docker", "file_mounts")},
+            **{key: [] for key in NO_COMMANDS},
+        }
+        path = self.root / "autoscaling.json"
+        path.write_text(json.dumps(config))
+        env = {**self.env, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"}
+        self._start(
+            "head",
+            [
+                "--head", "--port", str(first), "--num-cpus", "1", "--resources", "{}",
+                "--node-ip-address", LOOPBACK, "--temp-dir", str(self.ray_tmp / "head"),
+                "--include-dashboard", "false", "--dashboard-port", str(first + 1),
+                "--ray-client-server-port", str(first + 2),
+                "--dashboard-agent-listen-port", str(first + 3),
+                "--dashboard-agent-grpc-port", str(first + 4),
+                "--metrics-export-port", str(first + 5), "--runtime-env-agent-port", str(first + 6),
+                "--object-store-memory", OBJECT_STORE_BYTES,
+                "--system-config", json.dumps(raycluster.FAST_DEATH_SYSTEM_CONFIG),
+                f"--autoscaling-config={path}",
+            ],
+            env,
+            wrap=False,
+        )  # fmt: skip
+
     def add_node(self, rack: str, ip: str) -> None:
         """Start a `raylog` node (rack ``rack``, address ``ip``) and wait until it runs."""
         first = free_port_block(NODE_PORTS)
@@ -149,8 +228,17 @@ class RayCluster:
                     raise
 
     def stop(self) -> None:
-        """Every node at once, each by its own process group."""
+        """Every node at once, each by its own process group; then any process left that
+        runs with this cluster's temp dir (the raylets an autoscaler started, and their
+        workers), by its pid."""
         RayNode.kill_all(list(self.nodes.values()))
+        marker = f"RAY_TMPDIR={self.ray_tmp}".encode()
+        for environ in Path("/proc").glob("[0-9]*/environ"):
+            with contextlib.suppress(OSError):
+                pid = int(environ.parent.name)
+                entries = b"\0" + environ.read_bytes() + b"\0"
+                if pid != os.getpid() and b"\0" + marker + b"\0" in entries:
+                    os.kill(pid, signal.SIGKILL)
 
 
 @contextlib.contextmanager
