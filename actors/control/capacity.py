@@ -10,9 +10,10 @@ itself is ``actors/autoscaler.py``'s). It is pure: the controller passes what it
    (``placement.check_memory_fit``). On a Ray cluster each ``raylog`` node runs one broker, and
    placement spreads a topic's replicas evenly over the brokers, so :func:`more_nodes` finds
    the fewest extra nodes after which there are enough brokers and every node's share of the
-   new replicas fits its free memory (a new node counted with the memory of the largest node
-   present). None when no number does: a node too full for even its share of one more
-   replica needs a rebalance, not more nodes.
+   new replicas fits its free memory (a new node counted with as much free memory as the
+   freest node present: a guess on the safe side, since nodes of one cluster are alike and a
+   new one has its replicas still to come). None when no number does: a node too full for
+   even its share of one more replica needs a rebalance, not more nodes.
 2. The request (:class:`CapacityRequest`): the total number of ``raylog`` nodes wanted, made
    when a creation does not fit and an autoscaler runs, and standing for
    ``autoscaler.request.timeout.ms`` from its last renewal. A larger need raises it (Ray's

@@ -169,6 +169,11 @@ def _balanced(up: ClusterUp) -> bool:
 
 
 def test_capacity_on_demand_and_release(cluster: RayCluster) -> None:
+    started = time.monotonic()
+
+    def progress(what: str) -> None:  # where the time goes, with -s
+        print(f"{time.monotonic() - started:6.1f} s  {what}", flush=True)
+
     cluster.start_autoscaling_head({"a": 1, "b": 1, "c": 0}, IDLE_S)
     port = free_port_block(2)
     up = ClusterUp(
@@ -183,6 +188,7 @@ def test_capacity_on_demand_and_release(cluster: RayCluster) -> None:
     load: _Load | None = None
     try:
         up.start()
+        progress("raylog up ready")
         racks = wait_until(
             lambda: (r := _live_racks(up)) and sorted(r) == ["a", "b"] and r,
             timeout_s=DEADLINE_S,
@@ -202,6 +208,7 @@ def test_capacity_on_demand_and_release(cluster: RayCluster) -> None:
             message="__consumer_offsets created on the two brokers",
         )
         load = _Load(up.bootstrap)
+        progress("brokers a, b; load topic; producer started")
 
         # An RF=3 topic on two brokers: the third node is asked for, started, and used.
         done = up.raylog(
@@ -211,6 +218,7 @@ def test_capacity_on_demand_and_release(cluster: RayCluster) -> None:
         assert done.returncode == 0, done.stderr[-2000:]
         assert "asked Ray's autoscaler for 1 more raylog node(s)" in done.stderr, done.stderr
         assert "waiting for them" in done.stderr, done.stderr
+        progress("RF=3 topic created on the node the autoscaler added")
         racks = _live_racks(up)
         assert racks is not None and sorted(racks) == ["a", "b", "c"], racks
         (described,) = _json(up.raylog("topics", "describe", TOPIC, "--json"))
@@ -228,15 +236,18 @@ def test_capacity_on_demand_and_release(cluster: RayCluster) -> None:
             timeout_s=DEADLINE_S,
             message=f"replicas of {LOAD} on the new node's broker, the cluster balanced",
         )
+        progress("balanced")
         acked = load.stop()
         load = None
         assert len(acked) > 0
         assert sorted(_read_all(up.bootstrap)) == sorted(acked)  # nothing lost or duplicated
 
+        progress("read back")
         # Given back: the topic deleted, rack c's broker decommissioned, its node released.
         assert up.raylog("topics", "delete", TOPIC).returncode == 0
         done = up.raylog("brokers", "decommission", str(racks["c"]), timeout_s=DEADLINE_S)
         assert done.returncode == 0, done.stderr[-2000:]
+        progress("decommissioned")
         wait_until(
             lambda: _raylog_nodes(cluster) == 2,
             timeout_s=DEADLINE_S,
@@ -248,6 +259,7 @@ def test_capacity_on_demand_and_release(cluster: RayCluster) -> None:
             message="the released node's broker no longer alive",
         )
 
+        progress("node released")
         # A Kafka client's CreateTopics that does not fit brings rack c's node back: the same
         # broker (its id on the node's disk) takes replicas again.
         admin = AdminClient({"bootstrap.servers": up.bootstrap})
@@ -255,6 +267,7 @@ def test_capacity_on_demand_and_release(cluster: RayCluster) -> None:
             [NewTopic("again", 2, 3)], operation_timeout=DEADLINE_S, request_timeout=DEADLINE_S
         )
         futures["again"].result(timeout=DEADLINE_S + 30)
+        progress("created through a Kafka client, the node back")
         (described,) = _json(up.raylog("topics", "describe", "again", "--json"))
         assert all(racks["c"] in p["replicas"] for p in described["partitions"]), described
         rows = _brokers(up)

@@ -29,7 +29,7 @@ def test_memory_asks_until_every_nodes_share_fits() -> None:
     # 30 replicas of 64 MiB over 3 brokers with 500 MiB free each: 10 each (640 MiB) does not
     # fit; over 4 brokers 8 each (512 MiB) still not; over 5, 6 each (384 MiB) does.
     assert capacity.more_nodes(30, 3, [500.0, 500.0, 500.0], 64) == 2
-    # A new node is counted with the largest node's memory, not more.
+    # A new node is counted with as much free memory as the freest node, not more.
     assert capacity.more_nodes(30, 3, [500.0, 2000.0, 2000.0], 64) == 2
     # Unknown memory is not checked (as the memory check does).
     assert capacity.more_nodes(30, 3, [None, None, None], 64) == 0
