@@ -18,8 +18,10 @@ its data dir that `raylog up` uses by default, remote.log.manager.task.interval.
    4-partition tiered topic; once most of it is remote, Spark (``local[2]``) reads every
    partition from earliest to its local log start, all of it from remote segments (the
    ``raylog`` source reads them straight from the store), to Spark's ``noop`` sink; beside it,
-   Spark reads the same rows written once as Parquet into the same object store's directory.
-   One warm-up round, then ``--repeats`` rounds of both readers.
+   Spark reads the same rows written once as Parquet into the same object store's directory,
+   and the floor of any Python data source (``spark_read.py``'s: ready-made Arrow batches of
+   the same shape, nothing read or decoded). One warm-up round, then ``--repeats`` rounds of
+   the three readers.
 
 Goals: tiering costs producers no more than 10% (tiered produce MiB/s >= 0.9 x untiered);
 the Spark backfill at 0.5 x or better of the Parquet read. Prints one JSON document, last on
@@ -50,6 +52,7 @@ from spark_read import (
     RAYLOG,
     TOPIC,
     VALUE_BYTES,
+    floor_source,
     produce,
     raylog_up,
     spark_session,
@@ -322,13 +325,21 @@ def spark_backfill(
 
     parquet = data_dir / "metadata" / "bench-backfill.parquet"  # beside the remote segments
     raylog_df().write.parquet(str(parquet))
+    slots = spark.sparkContext.defaultParallelism
+    spark.dataSource.register(floor_source(rows, "raylog_backfill_floor", slots))
     readers: dict[str, Callable[[], int]] = {
         "raylog": lambda: noop(raylog_df()),
         "parquet": lambda: noop(spark.read.parquet(str(parquet))),
+        "python_source_floor": lambda: noop(spark.read.format("raylog_backfill_floor").load()),
     }
     out = timed_rounds(readers, repeats)
     spark.stop()
-    out["raylog_vs_parquet"] = round(out["raylog"]["rows_per_s"] / out["parquet"]["rows_per_s"], 2)
+
+    def vs_parquet(name: str) -> float:
+        return round(out[name]["rows_per_s"] / out["parquet"]["rows_per_s"], 2)
+
+    out["raylog_vs_parquet"] = vs_parquet("raylog")
+    out["floor_vs_parquet"] = vs_parquet("python_source_floor")
     return out
 
 
