@@ -72,6 +72,7 @@ class _DoesNotFit(Exception):
 
 
 WAIT_READY_MS_MAX = 30_000  # bound on one topic_readiness wait (callers ask again)
+SIZES_WAIT_MS = 2_000  # a broker's bound on its replicas' answers, for the balancer's sizes
 READY_POLL_S = 0.02  # how often that wait looks again (pushes end on the same event loop)
 
 
@@ -448,8 +449,16 @@ class AdminRequests:
         threshold = cfg.replica_balancer_heal_broker_failure_threshold_ms
         lost = {b for b, since in self._fenced_since.items() if now - since >= threshold}
 
+        by_bytes = None
+        if balancer.next_step(md, lost).state == balancer.BALANCED:  # counts even: weigh bytes
+            by_bytes = balancer.ByteRule(
+                await self._partition_sizes(),
+                cfg.replica_balancer_bytes_threshold,
+                cfg.replica_balancer_bytes_min_gap,
+            )
+
         def plan(md: ClusterMetadata) -> dict[TopicPartition, tuple[int, ...]]:
-            step = balancer.next_step(md, lost)
+            step = balancer.next_step(md, lost, by_bytes)
             self._balancer_state = step.state
             return step.targets
 
@@ -463,6 +472,24 @@ class AdminRequests:
             "replica balancer: moving %s",
             ", ".join(f"{t}-{p} to {list(r)}" for (t, p), r in sorted(started.items())),
         )
+
+    async def _partition_sizes(self) -> dict[TopicPartition, int]:
+        """Each partition's size for the balancer: its largest replica log, as the linked
+        brokers' replicas report them (``BrokerActor.replica_states``; one that does not answer
+        in time is left out: its partitions weigh what the others say, or nothing)."""
+        answers = await asyncio.gather(
+            *(
+                ray_call(link.handle.replica_states.remote(SIZES_WAIT_MS), self._call_timeout_ms)
+                for link in self._links.values()
+            ),
+            return_exceptions=True,
+        )
+        sizes: dict[TopicPartition, int] = {}
+        for states in answers:
+            for state in states if isinstance(states, list) else ():
+                tp = TopicPartition(state.topic, state.partition)
+                sizes[tp] = max(sizes.get(tp, 0), state.log_size_bytes)
+        return sizes
 
     async def _broker_nodes(self) -> tuple[dict[int, str], dict[str, float], float]:
         """Each linked broker's Ray node, each node's declared memory (Ray's ``memory``

@@ -21,15 +21,23 @@ to start, and starts it as throttled reassignments (``raylog.actors.control.reas
   (a lost broker does no work and does not count). The next check plans again from where the
   finished moves left things.
 
+- once every broker holds within one replica of the others, bytes: when the controller knows
+  the partitions' sizes (each partition's largest replica log) and the heaviest broker holds
+  more than ``threshold`` times the average and at least ``min_gap`` bytes more than the
+  lightest, :func:`byte_swap` exchanges a replica of the heaviest for one of the lightest (two
+  partitions move together, counts unchanged, racks kept): the pair that brings the two
+  closest, only if it does (each swap lowers the spread, so swaps end). Both moves start in
+  one step (they touch the same two brokers); the next check weighs again.
+
 Partitions with observers are left where they are (an observer's placement is the user's), and
 so are offline ones wholly on lost brokers (no replica is left to copy from).
-Leaders follow their preferred replicas through ``auto.leader.rebalance.enable``; bytes per
-broker are not weighed.
+Leaders follow their preferred replicas through ``auto.leader.rebalance.enable``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Set
+import bisect
+from collections.abc import Mapping, Sequence, Set
 
 import msgspec
 
@@ -38,6 +46,7 @@ from raylog.actors.control import placement
 from raylog.actors.control.metadata import NO_LEADER, ClusterMetadata, TopicPartition
 
 BALANCED = "balanced"
+SWAP_NEIGHBOURS = 4  # candidates each side of a swap's ideal partner size
 
 
 class BalanceStep(msgspec.Struct, frozen=True):
@@ -49,8 +58,19 @@ class BalanceStep(msgspec.Struct, frozen=True):
     state: str
 
 
-def next_step(md: ClusterMetadata, lost: Set[int] = frozenset()) -> BalanceStep:
-    """See the module docstring; ``lost``: the ids of lost brokers."""
+class ByteRule(msgspec.Struct, frozen=True):
+    """When bytes are balanced enough (module docstring): the partitions' sizes, in bytes."""
+
+    sizes: Mapping[TopicPartition, int]
+    threshold: float = 1.1  # replica.balancer.bytes.threshold
+    min_gap: int = 64 << 20  # replica.balancer.bytes.min.gap
+
+
+def next_step(
+    md: ClusterMetadata, lost: Set[int] = frozenset(), by_bytes: ByteRule | None = None
+) -> BalanceStep:
+    """See the module docstring; ``lost``: the ids of lost brokers; ``by_bytes``: weigh bytes
+    once counts are balanced (None: counts only)."""
     running = sum(1 for _, p in md_.partitions(md) if p.reassigning)
     if running:
         return BalanceStep({}, f"waiting: {running} partitions being reassigned")
@@ -85,7 +105,68 @@ def next_step(md: ClusterMetadata, lost: Set[int] = frozenset()) -> BalanceStep:
         return BalanceStep(targets, f"moving {len(targets)} partitions")
     if not plan.balanced:
         return BalanceStep({}, "paused: no legal move left (racks, or too few brokers)")
+    if by_bytes is not None:
+        swap = byte_swap(assignment, brokers, by_bytes)
+        if swap:
+            return BalanceStep(swap, f"moving {len(swap)} partitions (bytes)")
     return BalanceStep({}, BALANCED)
 
 
-__all__ = ["BALANCED", "BalanceStep", "next_step"]
+def byte_swap(
+    assignment: Mapping[TopicPartition, Sequence[int]],
+    brokers: Sequence[placement.Broker],
+    rule: ByteRule,
+) -> dict[TopicPartition, tuple[int, ...]]:
+    """The two reassignment targets of the best swap between the heaviest and the lightest
+    broker (module docstring), or none."""
+    rack_of = {b.broker_id: b.rack for b in brokers}
+    held = dict.fromkeys(rack_of, 0)
+    for tp, replicas in assignment.items():
+        for b in replicas:
+            if b in held:
+                held[b] += rule.sizes.get(tp, 0)
+    if len(held) < 2:
+        return {}
+    heavy = max(held, key=lambda b: (held[b], -b))
+    light = min(held, key=lambda b: (held[b], b))
+    gap = held[heavy] - held[light]
+    average = sum(held.values()) / len(held)
+    if gap < rule.min_gap or held[heavy] <= rule.threshold * average:
+        return {}
+
+    def racks(replicas: Sequence[int]) -> int:
+        return len({rack_of.get(b) for b in replicas})
+
+    def swapped(tp: TopicPartition, old: int, new: int) -> tuple[int, ...] | None:
+        before = tuple(assignment[tp])
+        after = tuple(new if b == old else b for b in before)
+        return after if racks(after) >= racks(before) else None
+
+    def size(tp: TopicPartition) -> int:
+        return rule.sizes.get(tp, 0)
+
+    outs = [tp for tp, r in assignment.items() if heavy in r and light not in r]
+    ins = sorted((tp for tp, r in assignment.items() if light in r and heavy not in r), key=size)
+    in_sizes = [size(tp) for tp in ins]
+    best: tuple[int, TopicPartition, TopicPartition] | None = None
+    for out_tp in outs:
+        if swapped(out_tp, heavy, light) is None:
+            continue
+        # The ideal partner moves exactly half the gap: look at the few sizes nearest it.
+        at = bisect.bisect_left(in_sizes, size(out_tp) - gap / 2)
+        for i in range(max(0, at - SWAP_NEIGHBOURS), min(len(ins), at + SWAP_NEIGHBOURS)):
+            moved = size(out_tp) - in_sizes[i]
+            left = abs(gap - 2 * moved)
+            better = moved > 0 and left < gap and (best is None or left < best[0])
+            if better and swapped(ins[i], light, heavy) is not None:
+                best = (left, out_tp, ins[i])
+    if best is None:
+        return {}
+    _, out_tp, in_tp = best
+    return {
+        out_tp: swapped(out_tp, heavy, light) or (),
+        in_tp: swapped(in_tp, light, heavy) or (),
+    }
+
+
+__all__ = ["BALANCED", "BalanceStep", "ByteRule", "byte_swap", "next_step"]

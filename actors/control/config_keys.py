@@ -392,6 +392,8 @@ class BrokerConfig(msgspec.Struct, frozen=True, kw_only=True):
     replica_balancer_check_interval_ms: int
     replica_balancer_throttle_bytes_per_second: int
     replica_balancer_heal_broker_failure_threshold_ms: int
+    replica_balancer_bytes_threshold: float
+    replica_balancer_bytes_min_gap: int
     autoscaler_request_timeout_ms: int
     replica_offline_retry_backoff_ms: int
     listeners: str
@@ -645,8 +647,8 @@ BROKER_CONFIG_DEFS: tuple[ConfigDef, ...] = (
         "within one of the same number, pausing while any partition is under-replicated or "
         "offline or another reassignment runs. `raylog up --address` turns it on unless set.",
         note="Kafka has no such config: Cruise Control or Confluent's Self-Balancing Clusters "
-        "do this beside it. raylog balances replica counts; leaders follow through "
-        "auto.leader.rebalance.enable; bytes per broker are not weighed.",
+        "do this beside it. raylog balances replica counts, then bytes by swaps "
+        "(replica.balancer.bytes.*); leaders follow through auto.leader.rebalance.enable.",
     ),
     ConfigDef(
         name="replica.balancer.check.interval.ms",
@@ -673,6 +675,25 @@ BROKER_CONFIG_DEFS: tuple[ConfigDef, ...] = (
         "for long maintenance.",
         note="Redpanda's partition_autobalancing_node_availability_timeout_sec (900 s) and "
         "Confluent's confluent.balancer.heal.broker.failure.threshold.ms do the same.",
+    ),
+    ConfigDef(
+        name="replica.balancer.bytes.threshold",
+        type="double",
+        default="1.1",
+        minimum=1,
+        doc="Once replica counts are even, the balancer swaps a replica of the broker holding "
+        "the most bytes for a smaller one of the broker holding the fewest while the first "
+        "holds more than this times the average (and replica.balancer.bytes.min.gap more than "
+        "the other).",
+        note="Cruise Control's disk.balance.threshold (1.10) plays the same part.",
+    ),
+    ConfigDef(
+        name="replica.balancer.bytes.min.gap",
+        type="long",
+        default="67108864",
+        minimum=0,
+        doc="Bytes between the fullest and the emptiest broker below which the balancer moves "
+        "nothing for bytes (a swap copies data: not worth it for small logs).",
     ),
     ConfigDef(
         name="autoscaler.request.timeout.ms",

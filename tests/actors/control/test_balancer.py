@@ -8,11 +8,15 @@ runs; a draining broker (being decommissioned) is emptied and never filled, new 
 brokers' decommissions pass it over, and it stays draining across a restart until its drain is
 cancelled; a lost broker's replicas (down past the heal threshold) are re-created on the others
 from each partition's leader, restoring every replication factor, while a partition wholly on
-lost brokers is left alone and holds nothing up.
+lost brokers is left alone and holds nothing up; once counts are even, bytes are evened by
+swaps that keep every broker's count and every partition's racks and narrow the gap between
+the fullest and the emptiest broker (in random layouts too), and not at all within the
+threshold, below the minimum gap or without sizes.
 """
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 
 from raylog.actors.control import balancer, placement
@@ -122,3 +126,72 @@ def test_a_lost_brokers_replicas_are_recreated_on_the_others() -> None:
         else:
             assert 4 not in p.replicas and len(p.replicas) == 2 and set(p.isr) == set(p.replicas)
     assert sorted(counts(md).values()) == [1, 4, 4, 4]  # broker 4 keeps only the offline one
+
+
+def held_bytes(md: ClusterMetadata, sizes: dict[TopicPartition, int]) -> Counter[int]:
+    out: Counter[int] = Counter()
+    for tp, p in m.partitions(md):
+        for b in p.replicas:
+            out[b] += sizes[tp]
+    return out
+
+
+def test_bytes_are_evened_by_swaps_once_counts_are() -> None:
+    # Counts even (two replicas each), bytes not: broker 1 holds both big partitions.
+    md = m.create_topic(cluster(3), "t", "id-t", [[1], [1], [2], [2], [3], [3]])
+    size_list = [1000, 900, 100, 100, 50, 50]
+    sizes = {TopicPartition("t", i): size for i, size in enumerate(size_list)}
+    rule = balancer.ByteRule(sizes, threshold=1.1, min_gap=100)
+    assert held_bytes(md, sizes) == {1: 1900, 2: 200, 3: 100}
+    for _ in range(STEPS_MAX):
+        step = balancer.next_step(md, by_bytes=rule)
+        if not step.targets:
+            break
+        assert step.state == "moving 2 partitions (bytes)" and len(step.targets) == 2
+        before = counts(md)
+        md = finish(r.start(md, step.targets).metadata)
+        assert counts(md) == before, "a swap keeps every broker's count"
+    else:
+        raise AssertionError("swaps did not end")
+    assert step.state == balancer.BALANCED
+    spread = held_bytes(md, sizes)
+    # The best two-per-broker split: the big ones apart, each with a small one.
+    assert sorted(spread.values()) == [200, 950, 1050], spread
+    # Without sizes, or within the threshold or the minimum gap, counts alone decide.
+    md0 = m.create_topic(cluster(3), "t", "id-t", [[1], [1], [2], [2], [3], [3]])
+    assert balancer.next_step(md0).state == balancer.BALANCED
+    loose = balancer.ByteRule(sizes, threshold=3.0, min_gap=100)
+    assert balancer.next_step(md0, by_bytes=loose).state == balancer.BALANCED
+    small = balancer.ByteRule(sizes, threshold=1.1, min_gap=2_000)
+    assert balancer.next_step(md0, by_bytes=small).state == balancer.BALANCED
+
+
+def test_every_swap_keeps_counts_and_racks_and_narrows_the_gap() -> None:
+    rng = random.Random(7)
+    brokers = [placement.BrokerSlot(b, RACK[b]) for b in (1, 2, 3, 4)]
+    swaps = 0
+    for _ in range(300):
+        assignment = {TopicPartition("t", i): tuple(rng.sample([1, 2, 3, 4], 2)) for i in range(8)}
+        sizes = {tp: rng.choice([1, 10, 100, 1000]) for tp in assignment}
+        rule = balancer.ByteRule(sizes, threshold=1.0, min_gap=0)
+        swap = balancer.byte_swap(assignment, brokers, rule)
+        if not swap:
+            continue
+        swaps += 1
+        after = {**assignment, **swap}
+
+        def weigh(
+            a: dict[TopicPartition, tuple[int, ...]], sizes: dict[TopicPartition, int] = sizes
+        ) -> Counter[int]:
+            return Counter({b: sum(sizes[tp] for tp, r in a.items() if b in r) for b in RACK})
+
+        assert Counter(b for r in after.values() for b in r) == Counter(
+            b for r in assignment.values() for b in r
+        )
+        for tp, target in swap.items():
+            assert len({RACK[b] for b in target}) >= len({RACK[b] for b in assignment[tp]})
+        before_w, after_w = weigh(assignment), weigh(after)
+        heavy = max(before_w, key=lambda b: (before_w[b], -b))
+        light = min(before_w, key=lambda b: (before_w[b], b))
+        assert abs(after_w[heavy] - after_w[light]) < before_w[heavy] - before_w[light]
+    assert swaps > 50, swaps
