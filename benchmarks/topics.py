@@ -15,6 +15,13 @@ was called with an argument (Ray then builds its serialization context, which im
 numpy and pydantic where they are installed, as they are with Ray Data) and one never given an
 argument (Ray's floor).
 
+Then, unless ``--balance-gib 0``, a balancing pass on another `raylog up` of four brokers with
+continuous balancing on (checks every second, moves unthrottled: 1 GiB/s): broker 4 is
+decommissioned (emptied and stopped), ``--balance-gib`` GiB of 64 KiB records go to a topic of
+16 partitions, RF=2, on the three others, then `raylog brokers start 4` brings it back as a new,
+empty broker and the clock runs until `raylog status` says balanced with broker 4 holding its
+share: ``balance`` gives the seconds, the replicas moved, the bytes those hold and the rate.
+
 Prints one JSON document, last on stdout: ``create_answered_s`` (CreateTopics or the CLI
 returned), ``create_error`` (None, or what it answered), ``all_acked_s`` (every partition acked
 acks=all; the goal is 2 s for 30x3), ``replica_private_mib`` (median, min, max over the
@@ -147,13 +154,99 @@ def memory_figures(data_dir: Path, partitions: int) -> dict[str, Any]:
     }
 
 
+BALANCE_TOPIC = "bulk"
+BALANCE_PARTITIONS = 16
+BALANCE_VALUE = b"b" * (64 << 10)
+BALANCE_CONFIGS = (
+    "replica.balancer.enable=true",
+    "replica.balancer.check.interval.ms=1000",
+    f"replica.balancer.throttle.bytes.per.second={1 << 30}",
+)
+BALANCE_DEADLINE_S = 3600.0
+
+
+def raylog_json(data_dir: Path, *args: str) -> Any:
+    done = subprocess.run(
+        [*RAYLOG, *args, "--data-dir", str(data_dir)],
+        capture_output=True, text=True, timeout=CALL_TIMEOUT_S * 5,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"raylog {' '.join(args)}: {done.stderr.strip()}")
+    return json.loads(done.stdout) if "--json" in args else done.stdout
+
+
+def balance_pass(gib: float) -> dict[str, Any]:
+    """The module docstring's balancing pass."""
+    extra = tuple(a for c in BALANCE_CONFIGS for a in ("--broker-config", c))
+    with tempfile.TemporaryDirectory(prefix="raylog-balance-") as tmp:
+        data_dir = Path(tmp) / "data"
+        with raylog_up(data_dir, brokers=4, extra=extra) as bootstrap:
+            raylog_json(data_dir, "brokers", "decommission", "4")
+            raylog_json(data_dir, "topics", "create", BALANCE_TOPIC, "--partitions",
+                        str(BALANCE_PARTITIONS), "--replication-factor", "2")  # fmt: skip
+            records = int(gib * (1 << 30)) // len(BALANCE_VALUE)
+            producer = Producer(
+                {"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 20,
+                 "batch.size": 1 << 20, "queue.buffering.max.kbytes": 1 << 20}
+            )  # fmt: skip
+            began = time.monotonic()
+            for i in range(records):
+                while True:  # bounded: the queue drains as the brokers answer
+                    try:
+                        producer.produce(BALANCE_TOPIC, BALANCE_VALUE, partition=i % 16)
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+                producer.poll(0)
+            if producer.flush(CALL_TIMEOUT_S * 10):
+                raise RuntimeError("records still undelivered")
+            produced_s = time.monotonic() - began
+            raylog_json(data_dir, "brokers", "start", "4")
+            began = time.monotonic()
+            while True:  # bounded by BALANCE_DEADLINE_S
+                status = raylog_json(data_dir, "status", "--json")
+                (topic,) = raylog_json(data_dir, "topics", "describe", BALANCE_TOPIC, "--json")
+                on_4 = sum(1 for p in topic["partitions"] if 4 in p["replicas"])
+                if status["replica_balancer"] == "balanced" and on_4 > 0:
+                    break
+                if time.monotonic() - began > BALANCE_DEADLINE_S:
+                    raise RuntimeError(f"not balanced: {status['replica_balancer']}")
+                time.sleep(1.0)
+            seconds = time.monotonic() - began
+    moved_gib = on_4 * gib / BALANCE_PARTITIONS
+    return {
+        "gib": gib,
+        "partitions": BALANCE_PARTITIONS,
+        "replication_factor": 2,
+        "produce_s": round(produced_s, 1),
+        "seconds": round(seconds, 1),
+        "replicas_moved_to_new_broker": on_4,
+        "moved_gib": round(moved_gib, 2),
+        "moved_mib_per_s": round(moved_gib * 1024 / seconds, 1),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--partitions", type=int, default=30)
     parser.add_argument("--rf", type=int, default=3)
     parser.add_argument("--via", choices=("kafka", "cli"), default="kafka")
     parser.add_argument("--timeout", type=float, default=120.0, help="CreateTopics' wait, s")
+    parser.add_argument(
+        "--balance-gib", type=float, default=10.0, help="the balancing pass's data (0: none)"
+    )
+    parser.add_argument("--skip-create", action="store_true", help="the balancing pass only")
     args = parser.parse_args()
+    out: dict[str, Any] = {}
+    if not args.skip_create:
+        out = create_and_memory(args)
+    if args.balance_gib > 0:
+        out["balance"] = balance_pass(args.balance_gib)
+    print(json.dumps(out, indent=2))
+
+
+def create_and_memory(args: argparse.Namespace) -> dict[str, Any]:
+    """The topic creation and the memory figures (module docstring)."""
     with tempfile.TemporaryDirectory(prefix="raylog-topics-") as tmp:
         data_dir = Path(tmp) / "data"
         with raylog_up(data_dir) as bootstrap:
@@ -166,22 +259,17 @@ def main() -> None:
             ok = wait_all_acked(bootstrap, args.partitions, began + ACK_DEADLINE_S)
             all_acked = time.monotonic() - began
             memory = memory_figures(data_dir, args.partitions)
-    print(
-        json.dumps(
-            {
-                "partitions": args.partitions,
-                "replication_factor": args.rf,
-                "via": args.via,
-                "create_answered_s": round(answered, 2),
-                "create_error": error,
-                "all_acked_s": round(all_acked, 2) if ok else None,
-                **memory,
-                "load_average": round(os.getloadavg()[0], 1),
-                "cpus": os.cpu_count(),
-            },
-            indent=2,
-        )
-    )
+    return {
+        "partitions": args.partitions,
+        "replication_factor": args.rf,
+        "via": args.via,
+        "create_answered_s": round(answered, 2),
+        "create_error": error,
+        "all_acked_s": round(all_acked, 2) if ok else None,
+        **memory,
+        "load_average": round(os.getloadavg()[0], 1),
+        "cpus": os.cpu_count(),
+    }
 
 
 if __name__ == "__main__":
