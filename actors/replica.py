@@ -103,7 +103,10 @@ lean_serialization_context()  # before Ray decodes this replica's first argument
 
 READ_UNCOMMITTED = 0  # Kafka's IsolationLevel
 READ_COMMITTED = 1
-TICK_MS = 50  # timer resolution of the state machine (ISR lag, timeouts, parked fetches, flush.ms)
+# Timer resolution of the state machine (ISR lag, timeouts, parked fetches' expiry, flush.ms);
+# appends, replication and parked fetches' answers to new data never wait for it. Each tick
+# costs every replica CPU while idle (docs/DESIGN.md, density).
+TICK_MS = 100
 # Methods the gateway may call over a replica's channel, with their argument types.
 # (Types, not msgspec Decoders: Ray pickles this module's globals with the actor class.)
 _CHANNEL_CALL_ARGS: dict[str, Any] = {
