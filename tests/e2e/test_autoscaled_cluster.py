@@ -32,8 +32,6 @@ How the nodes share one machine: ``tests/support/ray_nodes.py``.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -52,7 +50,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 TOPIC = "wide"
 IDLE_S = 6.0  # the autoscaler's idle timeout for nodes beyond the minimum
 DEADLINE_S = 120.0
-CALL_S = 60.0  # one driver joining Ray to list its nodes
+CALL_S = 60.0  # a consumer's watermark lookup
 LOAD = "load"  # the topic an idempotent producer writes to while replicas move
 LOAD_PARTITIONS = 4
 LOAD_BURST = 20  # records, then a pause: a few hundred records a second
@@ -85,17 +83,9 @@ def _live_racks(up: ClusterUp) -> dict[str, int] | None:
 
 
 def _raylog_nodes(cluster: RayCluster) -> int | None:
-    """Alive Ray nodes with the ``raylog`` resource, asked of Ray by a driver that joins it."""
-    code = (
-        f"import ray; ray.init(address={cluster.address!r}, logging_level='ERROR');"
-        "print('nodes', sum(1 for n in ray.nodes() if n['Alive'] and n['Resources'].get('raylog')))"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=cluster.env,
-        timeout=CALL_S,
-    )  # fmt: skip
-    counts = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("nodes ")]
-    return int(counts[-1]) if done.returncode == 0 and counts else None
+    """Alive Ray nodes with the ``raylog`` resource (None if Ray could not be asked)."""
+    nodes = cluster.alive_nodes()
+    return None if nodes is None else sum(1 for n in nodes if n["Resources"].get("raylog"))
 
 
 class _Load:

@@ -111,16 +111,9 @@ def _balanced(up: ClusterUp, broker_id: int) -> bool:
 def _drain(cluster: RayCluster, ip: str) -> None:
     """Have Ray drain the node at ``ip`` as a spot instance's preemption notice does (the
     command Ray's autoscaler runs for it), with a deadline far ahead."""
-    find = (
-        "import ray, sys; ray.init(address=sys.argv[1], log_to_driver=False); "
-        "print(next(n['NodeID'] for n in ray.nodes() "
-        "if n['Alive'] and n['NodeManagerAddress'] == sys.argv[2]))"
-    )
-    found = subprocess.run(
-        [sys.executable, "-c", find, cluster.address, ip],
-        env=cluster.env, capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
-    node_id = found.stdout.strip().splitlines()[-1]
+    nodes = cluster.alive_nodes()
+    assert nodes is not None, "Ray could not be asked for its nodes"
+    node_id = next(n["NodeID"] for n in nodes if n["NodeManagerAddress"] == ip)
     subprocess.run(
         [
             str(Path(sys.executable).parent / "ray"), "drain-node", "--address", cluster.address,

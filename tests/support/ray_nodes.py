@@ -33,6 +33,8 @@ import os
 import re
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -62,6 +64,7 @@ NO_COMMANDS = (
     "rsync_exclude",
     "rsync_filter",
 )
+NODES_CALL_S = 120.0  # a driver joining the cluster to list its nodes
 WARNINGS_SHOWN = 80  # a failed test prints this many of the actors' last warnings
 _RAYLOG_WARNING = re.compile(r"^\d{4}-\d\d-\d\d [\d:,]+ (WARNING|ERROR|CRITICAL) raylog\.")
 
@@ -100,22 +103,26 @@ class RayCluster:
         return f"{self.head_ip}:{self.gcs_port}"
 
     def start_head(self) -> None:
-        first = free_port_block(7)
+        no_log_monitor = ("--include-log-monitor", "false")
+        self._start_head(free_port_block(7), self.head_ip, self.env, *no_log_monitor)
+
+    def _start_head(self, first: int, ip: str, env: dict[str, str], *extra: str) -> None:
+        """``ray start --head`` on ``ip``, its ports from ``first`` on (7), ``extra`` added."""
         self.gcs_port = first
         self._start(
             "head",
             [
                 "--head", "--port", str(first), "--num-cpus", "1", "--resources", "{}",
-                "--node-ip-address", self.head_ip, "--temp-dir", str(self.ray_tmp / "head"),
+                "--node-ip-address", ip, "--temp-dir", str(self.ray_tmp / "head"),
                 "--include-dashboard", "false", "--dashboard-port", str(first + 1),
                 "--ray-client-server-port", str(first + 2),
                 "--dashboard-agent-listen-port", str(first + 3),
                 "--dashboard-agent-grpc-port", str(first + 4),
                 "--metrics-export-port", str(first + 5), "--runtime-env-agent-port", str(first + 6),
-                "--include-log-monitor", "false", "--object-store-memory", OBJECT_STORE_BYTES,
-                "--system-config", json.dumps(raycluster.FAST_DEATH_SYSTEM_CONFIG),
+                "--object-store-memory", OBJECT_STORE_BYTES,
+                "--system-config", json.dumps(raycluster.FAST_DEATH_SYSTEM_CONFIG), *extra,
             ],
-            self.env,
+            env,
             wrap=False,
         )  # fmt: skip
 
@@ -127,7 +134,6 @@ class RayCluster:
         data dir and a gateway port of its own (as ``add_node``'s). Idle nodes beyond the
         minimum go after ``idle_s``."""
         first = free_port_block(7)
-        self.gcs_port = first
         types: dict[str, Any] = {
             "ray.head.default": {"resources": {"CPU": 1}, "node_config": {}, "max_workers": 0}
         }
@@ -165,23 +171,7 @@ class RayCluster:
         path = self.root / "autoscaling.json"
         path.write_text(json.dumps(config))
         env = {**self.env, "RAY_FAKE_CLUSTER": "1", "AUTOSCALER_UPDATE_INTERVAL_S": "1"}
-        self._start(
-            "head",
-            [
-                "--head", "--port", str(first), "--num-cpus", "1", "--resources", "{}",
-                "--node-ip-address", LOOPBACK, "--temp-dir", str(self.ray_tmp / "head"),
-                "--include-dashboard", "false", "--dashboard-port", str(first + 1),
-                "--ray-client-server-port", str(first + 2),
-                "--dashboard-agent-listen-port", str(first + 3),
-                "--dashboard-agent-grpc-port", str(first + 4),
-                "--metrics-export-port", str(first + 5), "--runtime-env-agent-port", str(first + 6),
-                "--object-store-memory", OBJECT_STORE_BYTES,
-                "--system-config", json.dumps(raycluster.FAST_DEATH_SYSTEM_CONFIG),
-                f"--autoscaling-config={path}",
-            ],
-            env,
-            wrap=False,
-        )  # fmt: skip
+        self._start_head(first, LOOPBACK, env, f"--autoscaling-config={path}")
 
     def add_node(self, rack: str, ip: str) -> None:
         """Start a `raylog` node (rack ``rack``, address ``ip``) and wait until it runs."""
@@ -226,6 +216,21 @@ class RayCluster:
                 node.kill()
                 if attempt == START_ATTEMPTS - 1:
                     raise
+
+    def alive_nodes(self, timeout_s: float = NODES_CALL_S) -> list[dict[str, Any]] | None:
+        """Ray's ``ray.nodes()`` entries of the alive nodes, asked by a driver that joins the
+        cluster in a process of its own (None when it could not)."""
+        code = (
+            "import json, sys, ray; ray.init(address=sys.argv[1], log_to_driver=False, "
+            "logging_level='ERROR'); print('nodes', json.dumps([n for n in ray.nodes() "
+            "if n['Alive']]))"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", code, self.address],
+            capture_output=True, text=True, env=self.env, timeout=timeout_s,
+        )  # fmt: skip
+        found = [line[6:] for line in done.stdout.splitlines() if line.startswith("nodes ")]
+        return json.loads(found[-1]) if done.returncode == 0 and found else None
 
     def stop(self) -> None:
         """Every node at once, each by its own process group; then any process left that
