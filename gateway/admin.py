@@ -26,7 +26,7 @@ Create/Describe/DeleteAcls, Describe/AlterClientQuotas) and handing out producer
    topic exists, and the wait asks again until ``timeout_ms``.
 5. A topic that does not fit the brokers present, while the controller has asked Ray's
    autoscaler for nodes (``CapacityPendingError``), is asked for again every
-   ``CAPACITY_RETRY_S`` within ``timeout_ms``: a node that joins in time gets its replicas;
+   ``capacity.RETRY_S`` within ``timeout_ms``: a node that joins in time gets its replicas;
    at the timeout the answer is the refusal, naming what was asked.
 """
 
@@ -42,7 +42,7 @@ from ray.exceptions import RayTaskError
 
 from raylog.actors.calls import ray_call
 from raylog.actors.control import acls as acls_
-from raylog.actors.control import config_keys
+from raylog.actors.control import capacity, config_keys
 from raylog.actors.control import metadata as md_
 from raylog.gateway.backend import (
     AdminResult,
@@ -72,7 +72,6 @@ __all__ = ["ADMIN_CALL_TIMEOUT_MS", "ControllerAdmin", "ControllerLocator"]
 
 log = logging.getLogger(__name__)
 
-CAPACITY_RETRY_S = 1.0  # CreateTopics waiting for the nodes Ray's autoscaler was asked for
 ADMIN_CALL_TIMEOUT_MS = 30_000  # bound on one admin call to the controller (a CAS write or two)
 VIEW_POLL_S = 0.02  # how often a create/delete looks for its result in the local metadata
 READY_WAIT_MS_MAX = 10_000  # one topic_readiness call waits this long at most (then asks again)
@@ -124,9 +123,9 @@ class ControllerAdmin:
                     await self.call("create_topic", name, partitions, rf, configs, chosen)
                     break
                 except CapacityPendingError:  # step 5: nodes asked for; try again until due
-                    if loop.time() + CAPACITY_RETRY_S >= deadline:
+                    if loop.time() + capacity.RETRY_S >= deadline:
                         raise
-                    await asyncio.sleep(CAPACITY_RETRY_S)
+                    await asyncio.sleep(capacity.RETRY_S)
         except RaylogError as exc:
             return AdminResult(exc.error_code, one_line(exc))
         if timeout_ms <= 0:

@@ -37,7 +37,6 @@ PROGRESS_EVERY_S = 5.0  # and again this often while the count stands still
 READY_POLL_MS = 1_000  # one topic_readiness call waits this long at most
 EXIT_STILL_CREATING = 3  # the topic was created; its partitions did not all serve in time
 PENDING_SHOWN_MAX = 10  # partitions named in the deadline message
-CAPACITY_RETRY_S = 1.0  # a creation waiting for nodes from Ray's autoscaler is asked again
 
 
 def wait_reconciled(controller: Any) -> bool:
@@ -65,8 +64,9 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 
 def create(controller: Any, args: argparse.Namespace, configs: dict[str, str], due: float) -> None:
-    """The controller's ``create_topic``, asked again every CAPACITY_RETRY_S until ``due``
+    """The controller's ``create_topic``, asked again every ``capacity.RETRY_S`` until ``due``
     while it answers that Ray's autoscaler was asked for the nodes the topic needs."""
+    from raylog.actors.control import capacity
     from raylog.storage.errors import CapacityPendingError, one_line
 
     shown = False
@@ -80,13 +80,13 @@ def create(controller: Any, args: argparse.Namespace, configs: dict[str, str], d
             if not isinstance(pending, CapacityPendingError):
                 raise
             left_s = due - time.monotonic()
-            if left_s <= CAPACITY_RETRY_S:
+            if left_s <= capacity.RETRY_S:
                 raise CliError(f"{one_line(pending)}: none joined in time") from None
             if not shown:
                 print(f"raylog: {one_line(pending)}; waiting for them up to {left_s:.0f} s",
                       file=sys.stderr, flush=True)  # fmt: skip
                 shown = True
-            time.sleep(CAPACITY_RETRY_S)
+            time.sleep(capacity.RETRY_S)
 
 
 def wait_serving(args: argparse.Namespace, controller: Any, name: str, timeout_s: float) -> Any:

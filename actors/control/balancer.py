@@ -148,25 +148,22 @@ def byte_swap(
     outs = [tp for tp, r in assignment.items() if heavy in r and light not in r]
     ins = sorted((tp for tp, r in assignment.items() if light in r and heavy not in r), key=size)
     in_sizes = [size(tp) for tp in ins]
-    best: tuple[int, TopicPartition, TopicPartition] | None = None
+    best: tuple[int, dict[TopicPartition, tuple[int, ...]]] | None = None
     for out_tp in outs:
-        if swapped(out_tp, heavy, light) is None:
+        out_target = swapped(out_tp, heavy, light)
+        if out_target is None:
             continue
         # The ideal partner moves exactly half the gap: look at the few sizes nearest it.
         at = bisect.bisect_left(in_sizes, size(out_tp) - gap / 2)
         for i in range(max(0, at - SWAP_NEIGHBOURS), min(len(ins), at + SWAP_NEIGHBOURS)):
             moved = size(out_tp) - in_sizes[i]
             left = abs(gap - 2 * moved)
-            better = moved > 0 and left < gap and (best is None or left < best[0])
-            if better and swapped(ins[i], light, heavy) is not None:
-                best = (left, out_tp, ins[i])
-    if best is None:
-        return {}
-    _, out_tp, in_tp = best
-    return {
-        out_tp: swapped(out_tp, heavy, light) or (),
-        in_tp: swapped(in_tp, light, heavy) or (),
-    }
+            if moved <= 0 or left >= gap or (best is not None and left >= best[0]):
+                continue
+            in_target = swapped(ins[i], light, heavy)
+            if in_target is not None:
+                best = (left, {out_tp: out_target, ins[i]: in_target})
+    return best[1] if best is not None else {}
 
 
 __all__ = ["BALANCED", "BalanceStep", "ByteRule", "byte_swap", "next_step"]

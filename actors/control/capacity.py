@@ -21,9 +21,9 @@ itself is ``actors/autoscaler.py``'s). It is pure: the controller passes what it
    when to clear it: once that many brokers are active, or when its time is up.
 3. The creation itself is not held: the refusal says what was asked
    (:func:`pending_message`), and the caller (the gateway for CreateTopics, `raylog topics
-   create`) asks again until its own timeout, so a node that joins in time gets the topic
-   placed on it, and a client whose timeout is shorter than a cloud machine's boot gets the
-   refusal with the request standing for its next try.
+   create`) asks again every ``RETRY_S`` until its own timeout, so a node that joins in time
+   gets the topic placed on it, and a client whose timeout is shorter than a cloud machine's
+   boot gets the refusal with the request standing for its next try.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import msgspec
 
 MAX_MORE_NODES = 64  # the most nodes one creation asks for
+RETRY_S = 1.0  # step 3: how often a caller asks again while the nodes are awaited
 
 
 class CapacityRequest(msgspec.Struct, frozen=True):
