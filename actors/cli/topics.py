@@ -67,7 +67,7 @@ def create(controller: Any, args: argparse.Namespace, configs: dict[str, str], d
     """The controller's ``create_topic``, asked again every ``capacity.RETRY_S`` until ``due``
     while it answers that Ray's autoscaler was asked for the nodes the topic needs."""
     from raylog.actors.control import capacity
-    from raylog.storage.errors import CapacityPendingError, one_line
+    from raylog.storage.errors import CapacityPendingError, NotControllerError, one_line
 
     shown = False
     while True:  # bounded by ``due``
@@ -77,6 +77,11 @@ def create(controller: Any, args: argparse.Namespace, configs: dict[str, str], d
             return
         except CliError as exc:
             pending = exc.__cause__
+            if isinstance(pending, NotControllerError) and time.monotonic() < due:
+                time.sleep(capacity.RETRY_S)  # a controller failover while waiting: ask anew
+                with contextlib.suppress(CliError):
+                    controller = connect(args)
+                continue
             if not isinstance(pending, CapacityPendingError):
                 raise
             left_s = due - time.monotonic()
